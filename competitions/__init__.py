@@ -1,0 +1,1 @@
+"""Competition definitions: one YAML per competition, bundled demo data under ``data/``."""

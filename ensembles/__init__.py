@@ -1,0 +1,1 @@
+"""Combining predictions: fold averaging now; weighted blends, hill climbing and stacking later."""

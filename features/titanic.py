@@ -1,0 +1,131 @@
+"""Titanic passengers as a few plain English sentences.
+
+Engineered facts: the title from the name, family size, the deck from the cabin, age as a life
+stage and the fare as a quantile band. The fare band edges are the only fitted statistic, and
+``fit`` sees the training fold only. Missing values are stated ("of unknown age"), never guessed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from pipeline.errors import KbertError
+
+TITLE_WORDS = {
+    "Mr": "mister", "Mrs": "missus", "Miss": "miss", "Master": "master", "Mlle": "miss", "Ms": "miss",
+    "Mme": "missus", "Dr": "doctor", "Rev": "reverend", "Col": "officer", "Major": "officer", "Capt": "officer",
+    "Sir": "noble", "Lady": "noble", "Countess": "noble", "the Countess": "noble", "Don": "noble", "Dona": "noble",
+    "Jonkheer": "noble",
+}
+CLASS_WORDS = {1: "first class", 2: "second class", 3: "third class"}
+PORT_WORDS = {"S": "Southampton", "C": "Cherbourg", "Q": "Queenstown"}
+FARE_BANDS = ("a very low", "a low", "a middling", "a high", "a very high")
+NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+
+REQUIRED_COLUMNS = ("Pclass", "Name", "Sex", "Age", "SibSp", "Parch", "Fare", "Cabin", "Embarked")
+
+
+def title_of(name: str) -> str:
+    """'Braund, Mr. Owen Harris' -> 'mister'; unknown titles -> 'other'."""
+    match = re.search(r",\s*([^.]+)\.", name or "")
+    return TITLE_WORDS.get(match.group(1).strip(), "other") if match else "other"
+
+
+def count_words(n: int) -> str:
+    return NUMBER_WORDS[n] if 0 <= n < len(NUMBER_WORDS) else str(n)
+
+
+def life_stage(age: float) -> str:
+    """Fixed, domain-given age bands (not fitted)."""
+    if age is None or math.isnan(age):
+        return "of unknown age"
+    for upper, words in ((1, "an infant"), (13, "a child"), (18, "a teenager"), (30, "a young adult"),
+                         (45, "an adult"), (60, "middle-aged")):
+        if age < upper:
+            return words
+    return "elderly"
+
+
+def person_word(sex: str, age: float, title: str) -> str:
+    young = (age is not None and not math.isnan(age) and age < 16) or title in ("master",)
+    if sex == "female":
+        return "girl" if young else "woman"
+    return "boy" if young else "man"
+
+
+def family_phrase(sibsp: int, parch: int) -> str:
+    if sibsp + parch == 0:
+        return "travelling alone"
+    return (f"travelling with {count_words(sibsp)} siblings or spouses and {count_words(parch)} parents or children, "
+            f"a family of {count_words(sibsp + parch + 1)}")
+
+
+def cabin_phrase(cabin: object) -> str:
+    if not isinstance(cabin, str) or not cabin.strip():
+        return "no cabin on record"
+    deck = cabin.strip()[0]
+    return f"a cabin on deck {deck}"
+
+
+def fare_band(fare: float, edges: np.ndarray) -> str:
+    if fare is None or math.isnan(fare):
+        return "an unknown"
+    return FARE_BANDS[int(np.searchsorted(edges, fare, side="right"))]
+
+
+@dataclass
+class TitanicSerializer:
+    """``fit`` on the training fold, then ``transform`` any rows into text via ``template``."""
+
+    template: str
+    fare_edges: np.ndarray | None = field(default=None, repr=False)
+
+    def fit(self, rows: pd.DataFrame) -> "TitanicSerializer":
+        _check_columns(rows)
+        fares = rows["Fare"].dropna().to_numpy(dtype=float)
+        if fares.size == 0:
+            raise KbertError("titanic serializer: column 'Fare' has no values to fit fare bands on")
+        self.fare_edges = np.quantile(fares, np.linspace(0, 1, len(FARE_BANDS) + 1)[1:-1])
+        return self
+
+    def facts(self, row: pd.Series) -> dict[str, str]:
+        age = float(row["Age"]) if pd.notna(row["Age"]) else float("nan")
+        title = title_of(str(row["Name"]))
+        sex = str(row["Sex"])
+        sibsp, parch = int(row["SibSp"]), int(row["Parch"])
+        return {
+            "person": person_word(sex, age, title),
+            "sex": sex,
+            "title": title,
+            "age": life_stage(age),
+            "pclass": CLASS_WORDS.get(int(row["Pclass"]), "an unknown class"),
+            "port": PORT_WORDS.get(row["Embarked"], "an unknown port") if pd.notna(row["Embarked"]) else "an unknown port",
+            "fare": fare_band(float(row["Fare"]) if pd.notna(row["Fare"]) else float("nan"), self.fare_edges),
+            "family": family_phrase(sibsp, parch),
+            "cabin": cabin_phrase(row["Cabin"]),
+        }
+
+    def transform(self, rows: pd.DataFrame) -> list[str]:
+        if self.fare_edges is None:
+            raise RuntimeError("TitanicSerializer.transform called before fit")
+        _check_columns(rows)
+        return [render(self.template, self.facts(row)) for _, row in rows.iterrows()]
+
+
+def render(template: str, facts: dict[str, str]) -> str:
+    try:
+        text = template.format(**facts)
+    except KeyError as exc:
+        raise KbertError(f"text template uses unknown field {exc}; available: {sorted(facts)}") from None
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _check_columns(rows: pd.DataFrame) -> None:
+    missing = [c for c in REQUIRED_COLUMNS if c not in rows.columns]
+    if missing:
+        raise KbertError(f"titanic serializer: missing column(s) {missing}")

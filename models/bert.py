@@ -1,0 +1,210 @@
+"""Classic BERT encoder in MLX.
+
+Parameter names follow Hugging Face `BertModel` (``embeddings.word_embeddings``,
+``encoder.layer.{i}.attention.self.query``, ...), so a transformers checkpoint maps onto it
+without renaming. Post-LayerNorm, exact (erf) GELU, learned absolute positions, token types.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    add_pooling_layer: bool = True
+    model_type: str = "bert"
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "BertConfig":
+        """Build from a Hugging Face ``config.json`` dict; unknown keys are ignored."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+ACTIVATIONS = {"gelu": nn.gelu, "gelu_new": nn.gelu_approx, "gelu_pytorch_tanh": nn.gelu_approx, "relu": nn.relu}
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def __call__(self, input_ids: mx.array, token_type_ids: mx.array | None = None) -> mx.array:
+        seq_len = input_ids.shape[1]
+        # Position ids are computed per call, never stored: a stored array would become a parameter.
+        positions = mx.arange(seq_len)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        if config.hidden_size % config.num_attention_heads:
+            raise ValueError(
+                f"hidden_size {config.hidden_size} is not divisible by num_attention_heads {config.num_attention_heads}"
+            )
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+        self.attention_dropout = config.attention_probs_dropout_prob
+
+    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
+        batch, seq_len, hidden = x.shape
+
+        def split_heads(t: mx.array) -> mx.array:
+            return t.reshape(batch, seq_len, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+
+        q, k, v = split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x))
+        scale = 1.0 / math.sqrt(self.head_dim)
+        if self.training and self.attention_dropout > 0:
+            # The fused kernel has no dropout on the attention probabilities; spell it out in training.
+            scores = (q * scale) @ k.transpose(0, 1, 3, 2)
+            if mask is not None:
+                scores = scores + mask
+            out = self.dropout(mx.softmax(scores, axis=-1, precise=True)) @ v
+        else:
+            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+        return out.transpose(0, 2, 1, 3).reshape(batch, seq_len, hidden)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def __call__(self, hidden: mx.array, residual: mx.array) -> mx.array:
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
+        return self.output(self.self(x, mask), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        if config.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"unsupported hidden_act {config.hidden_act!r}; known: {sorted(ACTIVATIONS)}")
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACTIVATIONS[config.hidden_act]
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.act(self.dense(x))
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def __call__(self, hidden: mx.array, residual: mx.array) -> mx.array:
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
+        attended = self.attention(x, mask)
+        return self.output(self.intermediate(attended), attended)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = [BertLayer(config) for _ in range(config.num_hidden_layers)]
+
+    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
+        for layer in self.layer:
+            x = layer(x, mask)
+        return x
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def __call__(self, hidden: mx.array) -> mx.array:
+        return mx.tanh(self.dense(hidden[:, 0]))
+
+
+def additive_padding_mask(attention_mask: mx.array, dtype: mx.Dtype) -> mx.array:
+    """(batch, seq) 1/0 mask -> (batch, 1, 1, seq) additive mask that removes padded keys."""
+    blocked = (1 - attention_mask.astype(dtype)) * mx.finfo(dtype).min
+    return blocked[:, None, None, :]
+
+
+class BertModel(nn.Module):
+    """BERT encoder: returns ``(last_hidden_state, pooler_output)``; pooler output is None without a pooler."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        if config.add_pooling_layer:
+            self.pooler = BertPooler(config)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
+
+    def __call__(
+        self,
+        input_ids: mx.array,
+        attention_mask: mx.array | None = None,
+        token_type_ids: mx.array | None = None,
+    ) -> tuple[mx.array, mx.array | None]:
+        x = self.embeddings(input_ids, token_type_ids)
+        mask = None if attention_mask is None else additive_padding_mask(attention_mask, x.dtype)
+        hidden = self.encoder(x, mask)
+        pooled = self.pooler(hidden) if self.config.add_pooling_layer else None
+        return hidden, pooled

@@ -1,0 +1,81 @@
+"""WordPiece tokenizers (Hugging Face ``tokenizers``): train on competition text, cache, encode to int32."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers.models import WordPiece
+from tokenizers.trainers import WordPieceTrainer
+
+from pipeline.io import write_text
+
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+TOKENIZER_VERSION = "wordpiece-v2"  # bump when training settings change, to invalidate caches
+
+
+def _bare_tokenizer(model: WordPiece) -> Tokenizer:
+    tokenizer = Tokenizer(model)
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    return tokenizer
+
+
+def continuation_tokens(tokenizer: Tokenizer, texts: list[str]) -> list[str]:
+    """Sorted ``##c`` tokens for every character that follows another inside a word."""
+    chars: set[str] = set()
+    for text in texts:
+        for word, _ in tokenizer.pre_tokenizer.pre_tokenize_str(tokenizer.normalizer.normalize_str(text)):
+            chars.update(word[1:])
+    return [f"##{c}" for c in sorted(chars)]
+
+
+def train_wordpiece(texts: list[str], vocab_size: int) -> Tokenizer:
+    """A lowercasing BERT-style WordPiece tokenizer trained on ``texts`` ([PAD] is id 0). Deterministic.
+
+    The trainer creates ``##c`` continuation tokens in hash-map order, and their ids break ties between
+    merges, so plain training differs from run to run (huggingface/tokenizers#1794). Registering them up
+    front, sorted, fixes every id; the learned vocabulary is then rebuilt into a clean tokenizer.
+    """
+    trainer_tokenizer = _bare_tokenizer(WordPiece(unk_token="[UNK]"))
+    continuation = continuation_tokens(trainer_tokenizer, texts)
+    trainer = WordPieceTrainer(vocab_size=max(vocab_size, len(SPECIAL_TOKENS) + 2 * len(continuation)),
+                               special_tokens=SPECIAL_TOKENS + continuation, min_frequency=1, show_progress=False)
+    trainer_tokenizer.train_from_iterator(texts, trainer=trainer, length=len(texts))
+
+    tokenizer = _bare_tokenizer(WordPiece(trainer_tokenizer.get_vocab(), unk_token="[UNK]"))
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]")), ("[SEP]", tokenizer.token_to_id("[SEP]"))],
+    )
+    return tokenizer
+
+
+def corpus_key(texts: list[str], vocab_size: int) -> str:
+    digest = hashlib.sha256(f"{TOKENIZER_VERSION}|{vocab_size}|".encode())
+    for text in texts:
+        digest.update(text.encode("utf-8"))
+        digest.update(b"\n")
+    return digest.hexdigest()[:16]
+
+
+def load_or_train_tokenizer(texts: list[str], vocab_size: int, cache_dir: Path) -> tuple[Tokenizer, Path]:
+    """Train once per distinct corpus and vocabulary size; later runs load the cached ``tokenizer.json``."""
+    path = Path(cache_dir) / f"tokenizer-{corpus_key(texts, vocab_size)}.json"
+    if path.exists():
+        return Tokenizer.from_file(str(path)), path
+    tokenizer = train_wordpiece(texts, vocab_size)
+    write_text(path, tokenizer.to_str())
+    return tokenizer, path
+
+
+def encode(tokenizer: Tokenizer, texts: list[str], max_length: int) -> list[np.ndarray]:
+    """Token ids per text (with [CLS]/[SEP]), truncated to ``max_length``, as int32 arrays."""
+    tokenizer.enable_truncation(max_length)
+    tokenizer.no_padding()
+    return [np.asarray(e.ids, dtype=np.int32) for e in tokenizer.encode_batch(texts)]

@@ -1,0 +1,83 @@
+"""The ``kbert`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipeline.errors import KbertError
+
+DESCRIPTION = """kbert: fine-tune BERT-family encoders in MLX on Kaggle competitions.
+
+Tabular rows become text, a BERT encoder is trained per fold, and the fold models'
+out-of-fold and test predictions are written to runs/ with a submission file."""
+
+RUN_EPILOG = """examples:
+  kbert run titanic                          bundled Titanic data, 5 folds, seed 42
+  kbert run titanic --epochs 5 --folds 3     a quicker run
+  kbert run titanic --data-dir ~/kaggle/titanic --out /tmp/runs
+  kbert run path/to/my_competition.yaml
+
+artifacts: <out>/<competition>/<run-id>/{config.yaml, folds.csv, oof.csv, test.csv, metrics.json, folds/<k>/}
+submission: <submissions-dir>/<competition>/<run-id>.csv"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kbert", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    run = commands.add_parser("run", help="train k fold models and write OOF, test predictions and a submission",
+                              description="Run the whole pipeline for one competition: folds -> text -> tokens -> "
+                                          "MLX training per fold -> OOF/test predictions -> submission.",
+                              epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("competition", help="a name under competitions/ (e.g. titanic) or a path to a competition YAML")
+    run.add_argument("--folds", type=int, help="number of CV folds (default: the competition's, 5 for titanic)")
+    run.add_argument("--seed", type=int, help="training seed: initialisation, dropout, batch order (default 42)")
+    run.add_argument("--epochs", type=int, help="maximum epochs per fold (early stopping may end sooner)")
+    run.add_argument("--batch-size", type=int, help="training batch size")
+    run.add_argument("--lr", type=float, dest="learning_rate", help="peak learning rate")
+    run.add_argument("--max-length", type=int, help="maximum tokens per row")
+    run.add_argument("--data-dir", help="folder with the competition's CSV files (default: the bundled copy)")
+    run.add_argument("--out", dest="out_dir", help="runs folder (default: runs)")
+    run.add_argument("--submissions-dir", help="submissions folder (default: submissions)")
+    run.add_argument("--run-id", help="name of the run folder (default: <timestamp>-seed<S>)")
+    run.add_argument("--limit-rows", type=int, help="use only the first N training rows (quick smoke runs)")
+    run.add_argument("--no-progress", action="store_true", help="hide the per-fold progress bars")
+    return parser
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pipeline.config import load_competition, resolve_run_config
+    from pipeline.run import run_competition
+
+    overrides = {name: getattr(args, name) for name in ("folds", "seed", "epochs", "batch_size", "learning_rate",
+                                                         "max_length", "data_dir", "out_dir", "submissions_dir",
+                                                         "limit_rows")}
+    config = resolve_run_config(load_competition(args.competition), overrides)
+    result = run_competition(config, run_id=args.run_id, progress=not args.no_progress)
+    print(f"CV {result.metric}: {result.cv_score:.4f}  (folds: {', '.join(f'{s:.4f}' for s in result.fold_scores)})")
+    print(f"run folder: {result.run_dir}")
+    print(f"submission: {result.submission_path}")
+    print(f"wall time: {result.seconds:.0f}s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return {"run": cmd_run}[args.command](args)
+    except KbertError as exc:
+        print(f"kbert: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kbert: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""Configuration dataclasses: a competition (from its YAML) and a run (competition + model + training).
+
+A run's config is resolved once (YAML defaults, then the competition's overrides, then CLI flags)
+and written to ``runs/<competition>/<run-id>/config.yaml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.errors import KbertError
+
+COMPETITIONS_DIR = Path(__file__).resolve().parent.parent / "competitions"
+BUNDLED_DATA_DIR = COMPETITIONS_DIR / "data"
+TASKS = ("binary",)  # grows with the heads issue: multiclass, multilabel, regression, ordinal, time-series
+COLUMN_DTYPES = ("int", "float", "str")
+
+
+@dataclass
+class TextConfig:
+    serializer: str
+    template: str
+
+
+@dataclass
+class FoldConfig:
+    k: int = 5
+    seed: int = 42
+    stratify: bool = True
+
+
+@dataclass
+class CompetitionConfig:
+    name: str
+    id_column: str
+    target: str
+    task: str
+    metric: str
+    train_file: str
+    test_file: str
+    sample_submission_file: str
+    columns: dict[str, str]  # raw input columns (excluding the target) -> int | float | str
+    submission_columns: dict[str, str]  # submission column -> int | float | str, in order
+    text: TextConfig
+    folds: FoldConfig = field(default_factory=FoldConfig)
+    training: dict[str, Any] = field(default_factory=dict)  # overrides for TrainConfig / ModelConfig fields
+
+
+@dataclass
+class ModelConfig:
+    """From-scratch classic BERT size; the encoders issue adds pretrained choices."""
+
+    encoder: str = "bert"
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    intermediate_size: int = 512
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    head_dropout: float = 0.1
+    pooling: str = "cls"
+    vocab_size: int = 1000
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 20
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_ratio: float = 0.1
+    min_lr_ratio: float = 0.05
+    max_grad_norm: float = 1.0
+    patience: int = 6
+    max_length: int = 96
+    length_bucket: int = 16
+
+
+@dataclass
+class RunConfig:
+    competition: CompetitionConfig
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    seed: int = 42
+    data_dir: str = ""
+    out_dir: str = "runs"
+    submissions_dir: str = "submissions"
+    limit_rows: int | None = None  # train on the first N training rows only (smoke runs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _require(data: dict[str, Any], key: str, source: Path) -> Any:
+    if key not in data or data[key] in (None, ""):
+        raise KbertError(f"{source}: missing required key '{key}'")
+    return data[key]
+
+
+def _check_dtypes(mapping: dict[str, str], source: Path, key: str) -> dict[str, str]:
+    if not isinstance(mapping, dict) or not mapping:
+        raise KbertError(f"{source}: '{key}' must be a non-empty mapping of column -> dtype")
+    for column, dtype in mapping.items():
+        if dtype not in COLUMN_DTYPES:
+            raise KbertError(f"{source}: {key}.{column} has dtype '{dtype}'; expected one of {COLUMN_DTYPES}")
+    return {str(k): str(v) for k, v in mapping.items()}
+
+
+def competition_path(name_or_path: str) -> Path:
+    """A competition is a name under ``competitions/`` or a path to a YAML file."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in (".yaml", ".yml"):
+        if not candidate.is_file():
+            raise KbertError(f"competition file not found: {candidate}")
+        return candidate
+    path = COMPETITIONS_DIR / f"{name_or_path}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in COMPETITIONS_DIR.glob("*.yaml"))
+        raise KbertError(f"unknown competition '{name_or_path}': no {path}; known: {', '.join(known)}")
+    return path
+
+
+def load_competition(name_or_path: str) -> CompetitionConfig:
+    source = competition_path(name_or_path)
+    try:
+        data = yaml.safe_load(source.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise KbertError(f"{source}: invalid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise KbertError(f"{source}: expected a mapping at the top level")
+    task = _require(data, "task", source)
+    if task not in TASKS:
+        raise KbertError(f"{source}: task '{task}' is not supported; supported: {', '.join(TASKS)}")
+    files = _require(data, "files", source)
+    text = _require(data, "text", source)
+    folds = data.get("folds", {}) or {}
+    unknown_fold_keys = set(folds) - {f.name for f in fields(FoldConfig)}
+    if unknown_fold_keys:
+        raise KbertError(f"{source}: unknown keys under 'folds': {sorted(unknown_fold_keys)}")
+    return CompetitionConfig(
+        name=_require(data, "name", source),
+        id_column=_require(data, "id_column", source),
+        target=_require(data, "target", source),
+        task=task,
+        metric=_require(data, "metric", source),
+        train_file=_require(files, "train", source),
+        test_file=_require(files, "test", source),
+        sample_submission_file=_require(files, "sample_submission", source),
+        columns=_check_dtypes(_require(data, "columns", source), source, "columns"),
+        submission_columns=_check_dtypes(_require(data, "submission", source).get("columns"), source, "submission.columns"),
+        text=TextConfig(serializer=_require(text, "serializer", source), template=_require(text, "template", source)),
+        folds=FoldConfig(**folds),
+        training=data.get("training", {}) or {},
+    )
+
+
+def _apply(obj: Any, overrides: dict[str, Any], source: str) -> Any:
+    names = {f.name for f in fields(obj)}
+    unknown = set(overrides) - names
+    if unknown:
+        raise KbertError(f"{source}: unknown setting(s) {sorted(unknown)} for {type(obj).__name__}")
+    return replace(obj, **overrides)
+
+
+def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Defaults, then the competition's ``training`` section, then CLI ``overrides`` (flat field names)."""
+    model, train = ModelConfig(), TrainConfig()
+    run_fields = {"seed", "data_dir", "out_dir", "submissions_dir", "limit_rows"}
+    merged = {**competition.training, **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    model_names = {f.name for f in fields(ModelConfig)}
+    train_names = {f.name for f in fields(TrainConfig)}
+    unknown = set(merged) - model_names - train_names - run_fields - {"folds"}
+    if unknown:
+        raise KbertError(f"unknown setting(s) {sorted(unknown)}; see `kbert run --help`")
+    model = _apply(model, {k: v for k, v in merged.items() if k in model_names}, "model")
+    train = _apply(train, {k: v for k, v in merged.items() if k in train_names}, "train")
+    folds = competition.folds
+    if "folds" in merged:
+        folds = replace(folds, k=int(merged["folds"]))
+    if folds.k < 2:
+        raise KbertError(f"folds must be at least 2, got {folds.k}")
+    # The fold split keeps the competition's own seed, so runs with different training seeds share
+    # folds and can be blended on OOF; --seed changes initialisation, dropout and batch order.
+    run = RunConfig(competition=replace(competition, folds=folds), model=model, train=train)
+    return replace(run, **{k: merged[k] for k in run_fields if k in merged})
+
+
+def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
+    """Inverse of ``RunConfig.to_dict`` (reads a run's ``config.yaml``)."""
+    comp = dict(data["competition"])
+    comp["text"] = TextConfig(**comp["text"])
+    comp["folds"] = FoldConfig(**comp["folds"])
+    rest = {k: v for k, v in data.items() if k not in ("competition", "model", "train")}
+    return RunConfig(
+        competition=CompetitionConfig(**comp),
+        model=ModelConfig(**data["model"]),
+        train=TrainConfig(**data["train"]),
+        **rest,
+    )
+
+
+def as_plain(obj: Any) -> Any:
+    return asdict(obj) if is_dataclass(obj) else obj

@@ -1,0 +1,107 @@
+"""Load a competition's CSV files and validate them against its YAML. Errors name the file and column."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from pipeline.config import BUNDLED_DATA_DIR, CompetitionConfig
+from pipeline.errors import KbertError
+
+
+@dataclass
+class CompetitionData:
+    train: pd.DataFrame
+    test: pd.DataFrame
+    sample_submission: pd.DataFrame
+    data_dir: Path
+
+
+def resolve_data_dir(competition: CompetitionConfig, data_dir: str | Path | None) -> Path:
+    """``--data-dir`` if given, else the copy bundled under ``competitions/data/<name>``."""
+    path = Path(data_dir) if data_dir else BUNDLED_DATA_DIR / competition.name
+    if not path.is_dir():
+        raise KbertError(f"data folder not found: {path}")
+    return path
+
+
+def read_csv(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise KbertError(f"{path}: file not found")
+    try:
+        frame = pd.read_csv(path, encoding="utf-8-sig", keep_default_na=True)
+    except pd.errors.EmptyDataError:
+        raise KbertError(f"{path}: file is empty") from None
+    except UnicodeDecodeError as exc:
+        raise KbertError(f"{path}: not valid UTF-8 (byte {exc.start}); re-save the file as UTF-8") from None
+    except pd.errors.ParserError as exc:
+        raise KbertError(f"{path}: could not parse CSV: {exc}") from None
+    if frame.empty:
+        raise KbertError(f"{path}: has a header but no rows")
+    return frame
+
+
+def _check_columns(frame: pd.DataFrame, required: list[str], path: Path) -> None:
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise KbertError(f"{path}: missing column(s) {', '.join(repr(c) for c in missing)}")
+
+
+def _check_dtype(frame: pd.DataFrame, column: str, dtype: str, path: Path, allow_missing: bool = True) -> None:
+    values = frame[column]
+    if dtype == "str":
+        return
+    numeric = pd.to_numeric(values, errors="coerce")
+    bad = numeric.isna() & values.notna()
+    if bad.any():
+        example = values[bad].iloc[0]
+        raise KbertError(f"{path}: column '{column}' must be {dtype}, found {example!r} (row {int(bad.idxmax()) + 2})")
+    if not allow_missing and numeric.isna().any():
+        raise KbertError(f"{path}: column '{column}' has missing values (row {int(numeric.isna().idxmax()) + 2})")
+    finite = numeric.dropna()
+    if not np.isfinite(finite.to_numpy(dtype=float)).all():
+        raise KbertError(f"{path}: column '{column}' has infinite values")
+    if dtype == "int" and not (finite == finite.round()).all():
+        raise KbertError(f"{path}: column '{column}' must hold integers")
+
+
+def _check_ids(frame: pd.DataFrame, id_column: str, path: Path) -> None:
+    if frame[id_column].isna().any():
+        raise KbertError(f"{path}: id column '{id_column}' has missing values")
+    duplicated = frame[id_column].duplicated()
+    if duplicated.any():
+        raise KbertError(f"{path}: id column '{id_column}' has duplicate id {frame[id_column][duplicated].iloc[0]!r}")
+
+
+def load_competition_data(competition: CompetitionConfig, data_dir: str | Path | None = None) -> CompetitionData:
+    folder = resolve_data_dir(competition, data_dir)
+    train_path = folder / competition.train_file
+    test_path = folder / competition.test_file
+    sample_path = folder / competition.sample_submission_file
+    train, test, sample = read_csv(train_path), read_csv(test_path), read_csv(sample_path)
+
+    feature_columns = list(competition.columns)
+    _check_columns(train, feature_columns + [competition.target], train_path)
+    _check_columns(test, feature_columns, test_path)
+    _check_columns(sample, list(competition.submission_columns), sample_path)
+    for column, dtype in competition.columns.items():
+        is_id = column == competition.id_column
+        _check_dtype(train, column, dtype, train_path, allow_missing=not is_id)
+        _check_dtype(test, column, dtype, test_path, allow_missing=not is_id)
+    _check_dtype(train, competition.target, "float", train_path, allow_missing=False)
+    if competition.task == "binary":
+        labels = set(pd.to_numeric(train[competition.target]).unique())
+        if not labels <= {0, 1}:
+            raise KbertError(f"{train_path}: binary target '{competition.target}' must be 0/1, found {sorted(labels)}")
+        if len(labels) < 2:
+            raise KbertError(f"{train_path}: binary target '{competition.target}' has a single class {sorted(labels)}")
+    _check_ids(train, competition.id_column, train_path)
+    _check_ids(test, competition.id_column, test_path)
+    _check_ids(sample, competition.id_column, sample_path)
+    if set(sample[competition.id_column]) != set(test[competition.id_column]):
+        raise KbertError(f"{sample_path}: ids in '{competition.id_column}' differ from those in {test_path}")
+    return CompetitionData(train=train.reset_index(drop=True), test=test.reset_index(drop=True), sample_submission=sample,
+                           data_dir=folder)

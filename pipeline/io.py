@@ -1,0 +1,44 @@
+"""Atomic file writes: write to a temp file beside the target, then rename. Nothing is half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
+    """Call ``write(tmp_path)``, then move the temp file onto ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        write(tmp_path)
+        os.replace(tmp_path, path)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+    return path
+
+
+def write_text(path: Path, text: str) -> Path:
+    return atomic_write(path, lambda p: p.write_text(text, encoding="utf-8"))
+
+
+def write_json(path: Path, data: Any) -> Path:
+    return write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def write_yaml(path: Path, data: Any) -> Path:
+    return write_text(path, yaml.safe_dump(data, sort_keys=False))
+
+
+def write_csv(path: Path, frame: pd.DataFrame) -> Path:
+    return atomic_write(path, lambda p: frame.to_csv(p, index=False))

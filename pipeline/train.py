@@ -1,0 +1,133 @@
+"""Train one fold: AdamW with warm-up + cosine decay, gradient clipping, early stopping on the metric.
+
+Knows nothing about runs, folds on disk or tuning; it takes token arrays and returns predictions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from tqdm import tqdm
+
+from models.task_model import TaskModel
+from pipeline.config import TrainConfig
+from pipeline.metrics import Metric, score_binary
+
+
+@dataclass
+class FoldData:
+    train_tokens: list[np.ndarray]
+    train_targets: np.ndarray
+    valid_tokens: list[np.ndarray]
+    valid_targets: np.ndarray
+    test_tokens: list[np.ndarray]
+
+
+@dataclass
+class FoldResult:
+    valid_predictions: np.ndarray  # probabilities from the best epoch
+    test_predictions: np.ndarray
+    best_epoch: int
+    best_score: float
+    history: list[dict] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def pad_batch(sequences: list[np.ndarray], length_bucket: int, pad_id: int = 0) -> tuple[mx.array, mx.array]:
+    """Pad to the longest sequence rounded up to a multiple of ``length_bucket`` (few distinct shapes)."""
+    longest = max(len(s) for s in sequences)
+    width = -(-longest // length_bucket) * length_bucket
+    ids = np.full((len(sequences), width), pad_id, dtype=np.int32)
+    mask = np.zeros((len(sequences), width), dtype=np.int32)
+    for row, seq in enumerate(sequences):
+        ids[row, : len(seq)] = seq
+        mask[row, : len(seq)] = 1
+    return mx.array(ids), mx.array(mask)
+
+
+def make_schedule(config: TrainConfig, total_steps: int) -> Callable[[mx.array], mx.array]:
+    warmup = max(1, int(round(config.warmup_ratio * total_steps)))
+    decay = optim.cosine_decay(config.learning_rate, max(1, total_steps - warmup),
+                               end=config.learning_rate * config.min_lr_ratio)
+    return optim.join_schedules([optim.linear_schedule(0.0, config.learning_rate, warmup), decay], [warmup])
+
+
+def predict_logits(model: TaskModel, tokens: list[np.ndarray], config: TrainConfig) -> np.ndarray:
+    """Eval-mode logits in input order; batches are sorted by length to keep padding small."""
+    was_training = model.training
+    model.eval()
+    order = np.argsort([len(t) for t in tokens], kind="stable")
+    out = np.empty(len(tokens), dtype=np.float32)
+    for start in range(0, len(tokens), config.eval_batch_size):
+        index = order[start : start + config.eval_batch_size]
+        ids, mask = pad_batch([tokens[i] for i in index], config.length_bucket)
+        logits = model(ids, mask)
+        mx.eval(logits)
+        out[index] = np.array(logits, dtype=np.float32)
+    model.train(was_training)
+    return out
+
+
+def loss_fn(model: TaskModel, ids: mx.array, mask: mx.array, targets: mx.array) -> mx.array:
+    return model.head.loss(model(ids, mask), targets)
+
+
+def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, metric: Metric, seed: int,
+               description: str = "fold", progress: bool = True) -> FoldResult:
+    """Train ``model`` in place; on return it holds the weights of the best validation epoch."""
+    started = time.perf_counter()
+    rng = np.random.default_rng(seed)
+    steps_per_epoch = -(-len(data.train_tokens) // config.batch_size)
+    optimizer = optim.AdamW(learning_rate=make_schedule(config, steps_per_epoch * config.epochs),
+                            weight_decay=config.weight_decay)
+    loss_and_grad = nn.value_and_grad(model, loss_fn)
+    best_key: tuple[float, float] | None = None
+    best_params, best_valid, best_epoch = None, None, -1
+    history: list[dict] = []
+    epochs_without_gain = 0
+    sign = 1.0 if metric.greater_is_better else -1.0
+
+    bar = tqdm(total=steps_per_epoch * config.epochs, desc=description, unit="step", disable=not progress,
+               leave=False, dynamic_ncols=True)
+    model.train()
+    for epoch in range(config.epochs):
+        order = rng.permutation(len(data.train_tokens))
+        losses = []
+        for start in range(0, len(order), config.batch_size):
+            index = order[start : start + config.batch_size]
+            ids, mask = pad_batch([data.train_tokens[i] for i in index], config.length_bucket)
+            targets = mx.array(data.train_targets[index].astype(np.float32))
+            loss, grads = loss_and_grad(model, ids, mask, targets)
+            grads, _ = optim.clip_grad_norm(grads, config.max_grad_norm)
+            optimizer.update(model, grads)
+            mx.eval(loss, model.parameters(), optimizer.state)
+            losses.append(loss.item())
+            bar.update(1)
+        valid_logits = predict_logits(model, data.valid_tokens, config)
+        valid_probs = model.head.predict(valid_logits)
+        valid_loss = float(np.mean(np.logaddexp(0, valid_logits) - data.valid_targets * valid_logits))
+        score = score_binary(metric, data.valid_targets, valid_probs)
+        history.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "valid_loss": valid_loss,
+                        "valid_score": score})
+        bar.set_postfix(loss=f"{np.mean(losses):.3f}", valid=f"{score:.4f}")
+        # Best by the metric; ties (common for accuracy) go to the lower validation loss.
+        key = (sign * score, -valid_loss)
+        if best_key is None or key > best_key:
+            best_key, best_params, best_valid, best_epoch = key, model.parameters(), valid_probs, epoch
+            epochs_without_gain = 0
+        else:
+            epochs_without_gain += 1
+            if epochs_without_gain >= config.patience:
+                break
+    bar.close()
+    model.update(best_params)  # parameters are immutable arrays, so the saved tree is the best epoch's
+    mx.eval(model.parameters())
+    test_probs = model.head.predict(predict_logits(model, data.test_tokens, config))
+    return FoldResult(valid_predictions=best_valid, test_predictions=test_probs, best_epoch=best_epoch,
+                      best_score=sign * best_key[0], history=history, seconds=time.perf_counter() - started)

@@ -1,0 +1,75 @@
+"""End-to-end smoke runs of the `kbert` command on a slice of the real Titanic data."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from pipeline.config import BUNDLED_DATA_DIR, load_competition
+from pipeline.submission import validate_submission
+
+SMOKE = ["--limit-rows", "200", "--folds", "2", "--epochs", "2", "--no-progress"]
+
+
+def kbert(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_help_lists_commands_and_flags(tmp_path):
+    top = kbert("--help", cwd=tmp_path)
+    assert top.returncode == 0 and "run" in top.stdout
+    run = kbert("run", "--help", cwd=tmp_path)
+    for flag in ("--folds", "--seed", "--epochs", "--data-dir", "--out"):
+        assert flag in run.stdout
+
+
+def test_smoke_run_writes_artifacts_and_a_valid_submission(tmp_path):
+    started = time.perf_counter()
+    result = kbert("run", "titanic", *SMOKE, "--run-id", "smoke", "--out", "runs", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert time.perf_counter() - started < 60
+    assert "CV accuracy:" in result.stdout and "fold 2/2: accuracy" in result.stdout
+
+    run_dir = tmp_path / "runs" / "titanic" / "smoke"
+    for name in ("config.yaml", "folds.csv", "oof.csv", "test.csv", "metrics.json"):
+        assert (run_dir / name).is_file(), name
+    for k in range(2):
+        for name in ("model.safetensors", "config.json", "tokenizer.json", "test.csv"):
+            assert (run_dir / "folds" / str(k) / name).is_file()
+    oof = pd.read_csv(run_dir / "oof.csv")
+    assert len(oof) == 200 and oof["Survived"].between(0, 1).all()
+
+    submission_path = tmp_path / "submissions" / "titanic" / "smoke.csv"
+    assert f"submission: {Path('submissions') / 'titanic' / 'smoke.csv'}" in result.stdout
+    submission = pd.read_csv(submission_path)
+    sample = pd.read_csv(BUNDLED_DATA_DIR / "titanic" / "gender_submission.csv")
+    validate_submission(submission, sample, load_competition("titanic"))
+    assert list(submission["PassengerId"]) == list(sample["PassengerId"])
+
+
+def test_same_seed_gives_identical_oof(tmp_path):
+    for run_id in ("a", "b"):
+        result = kbert("run", "titanic", *SMOKE, "--seed", "7", "--run-id", run_id, "--out", "runs", cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+    a = (tmp_path / "runs" / "titanic" / "a" / "oof.csv").read_bytes()
+    b = (tmp_path / "runs" / "titanic" / "b" / "oof.csv").read_bytes()
+    assert a == b
+
+
+def test_user_errors_exit_nonzero_with_one_line(tmp_path):
+    result = kbert("run", "no-such-competition", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("kbert: error: unknown competition 'no-such-competition'")
+    assert "Traceback" not in result.stderr
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.csv").write_text((BUNDLED_DATA_DIR / "titanic" / "train.csv").read_text())
+    result = kbert("run", "titanic", "--data-dir", str(data), "--out", "runs", cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"{data / 'test.csv'}: file not found" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "submissions").exists()

@@ -1,0 +1,113 @@
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from models.checkpoints import load_checkpoint, load_weights_strict, save_checkpoint
+from models.task_model import build_task_model
+from pipeline.config import TrainConfig
+from pipeline.errors import KbertError
+from pipeline.metrics import get_metric
+from pipeline.train import FoldData, pad_batch, predict_logits, train_fold
+
+TINY = {"vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 64, "max_position_embeddings": 32, "add_pooling_layer": False}
+CHECKPOINT_CONFIG = {"encoder": "bert", "encoder_config": TINY, "task": "binary", "pooling": "cls", "head_dropout": 0.1}
+
+
+def tiny_model(seed=0):
+    mx.random.seed(seed)
+    return build_task_model("bert", TINY, "binary", "cls", 0.1)
+
+
+def toy_tokens(n, seed=0):
+    """Label 1 iff token 7 appears: learnable from the tokens alone."""
+    rng = np.random.default_rng(seed)
+    tokens, labels = [], []
+    for _ in range(n):
+        seq = rng.integers(10, 50, size=rng.integers(4, 12)).astype(np.int32)
+        label = int(rng.random() < 0.5)
+        if label:
+            seq[rng.integers(len(seq))] = 7
+        tokens.append(np.concatenate([[2], seq, [3]]).astype(np.int32))
+        labels.append(label)
+    return tokens, np.array(labels)
+
+
+def test_parameters_are_exactly_the_weights():
+    """No stored position ids or other arrays sneak in as trainable parameters."""
+    h, i, v, p, layers = 32, 64, 50, 32, 2
+    embeddings = v * h + p * h + 2 * h + 2 * h
+    per_layer = 4 * (h * h + h) + 2 * h + (h * i + i) + (i * h + h) + 2 * h
+    head = h + 1
+    n = sum(x.size for _, x in tree_flatten(tiny_model().trainable_parameters()))
+    assert n == embeddings + layers * per_layer + head
+
+
+def test_pad_batch_buckets_lengths_and_masks():
+    ids, mask = pad_batch([np.array([2, 5, 3], np.int32), np.array([2, 3], np.int32)], length_bucket=8)
+    assert ids.dtype == mx.int32 and ids.shape == (2, 8)
+    assert mask.tolist() == [[1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0]]
+
+
+def test_padding_does_not_change_outputs():
+    model = tiny_model()
+    model.eval()
+    tokens, _ = toy_tokens(6)
+    config = TrainConfig(eval_batch_size=6, length_bucket=4)
+    batched = predict_logits(model, tokens, config)
+    alone = np.array([predict_logits(model, [t], TrainConfig(eval_batch_size=1, length_bucket=1))[0] for t in tokens])
+    np.testing.assert_allclose(batched, alone, atol=1e-5)
+
+
+def test_training_loss_goes_down_on_a_small_batch():
+    model = tiny_model()
+    tokens, labels = toy_tokens(32)
+    data = FoldData(tokens, labels, tokens, labels, tokens[:4])
+    config = TrainConfig(epochs=40, batch_size=32, learning_rate=3e-3, warmup_ratio=0.1, patience=100)
+    result = train_fold(model, data, config, get_metric("accuracy"), seed=0, progress=False)
+    losses = [h["train_loss"] for h in result.history]
+    assert losses[-1] < 0.5 * losses[0]
+    assert result.best_score >= 0.9
+    assert result.test_predictions.shape == (4,)
+    assert ((result.test_predictions >= 0) & (result.test_predictions <= 1)).all()
+
+
+def test_early_stopping_keeps_the_best_epoch():
+    model = tiny_model()
+    tokens, labels = toy_tokens(48)
+    data = FoldData(tokens[:32], labels[:32], tokens[32:], labels[32:], tokens[32:])
+    config = TrainConfig(epochs=12, batch_size=16, learning_rate=3e-3, patience=2)
+    result = train_fold(model, data, config, get_metric("accuracy"), seed=0, progress=False)
+    scores = [h["valid_score"] for h in result.history]
+    assert result.best_score == max(scores)
+    assert len(result.history) <= config.epochs
+    # The model returned holds the best epoch's weights: its validation predictions are reproduced.
+    again = model.head.predict(predict_logits(model, tokens[32:], config))
+    np.testing.assert_allclose(again, result.valid_predictions, atol=1e-6)
+
+
+def test_checkpoint_round_trip_is_exact(tmp_path):
+    model = tiny_model(seed=3)
+    model.eval()
+    save_checkpoint(model, tmp_path / "fold0", CHECKPOINT_CONFIG)
+    loaded, config = load_checkpoint(tmp_path / "fold0")
+    assert config == CHECKPOINT_CONFIG
+    for (name, a), (name_b, b) in zip(tree_flatten(model.parameters()), tree_flatten(loaded.parameters())):
+        assert name == name_b
+        assert np.array_equal(np.array(a), np.array(b)), name
+    tokens, _ = toy_tokens(5)
+    config = TrainConfig()
+    np.testing.assert_array_equal(predict_logits(model, tokens, config), predict_logits(loaded, tokens, config))
+
+
+def test_checkpoint_with_a_renamed_key_fails_loudly(tmp_path):
+    model = tiny_model()
+    save_checkpoint(model, tmp_path / "fold0", CHECKPOINT_CONFIG)
+    weights = mx.load(str(tmp_path / "fold0" / "model.safetensors"))
+    weights["encoder.embeddings.word_embedding.weight"] = weights.pop("encoder.embeddings.word_embeddings.weight")
+    mx.save_safetensors(str(tmp_path / "bad.safetensors"), weights)
+    with pytest.raises(KbertError) as error:
+        load_weights_strict(tiny_model(), tmp_path / "bad.safetensors")
+    assert "missing keys: ['encoder.embeddings.word_embeddings.weight']" in str(error.value)
+    assert "unexpected keys: ['encoder.embeddings.word_embedding.weight']" in str(error.value)

@@ -1,0 +1,31 @@
+import numpy as np
+
+from models.tokenizer import encode, load_or_train_tokenizer, train_wordpiece
+
+TEXTS = ["A man with the title mister, travelling in third class.",
+         "A woman with the title missus, travelling in first class.",
+         "A girl with the title miss, boarded at Cherbourg."] * 5
+
+
+def test_wordpiece_ids_are_int32_with_special_tokens():
+    tokenizer = train_wordpiece(TEXTS, vocab_size=200)
+    assert tokenizer.token_to_id("[PAD]") == 0
+    ids = encode(tokenizer, ["A woman travelling in first class."], max_length=64)[0]
+    assert ids.dtype == np.int32
+    assert ids[0] == tokenizer.token_to_id("[CLS]") and ids[-1] == tokenizer.token_to_id("[SEP]")
+    assert tokenizer.token_to_id("[UNK]") not in ids.tolist()
+    assert len(encode(tokenizer, [TEXTS[0] * 10], max_length=16)[0]) == 16
+
+
+def test_training_is_deterministic():
+    a, b = train_wordpiece(TEXTS, vocab_size=200), train_wordpiece(TEXTS, vocab_size=200)
+    assert a.get_vocab() == b.get_vocab()
+
+
+def test_tokenizer_is_cached_per_corpus(tmp_path):
+    first, path = load_or_train_tokenizer(TEXTS, 200, tmp_path)
+    assert path.exists()
+    again, path_again = load_or_train_tokenizer(TEXTS, 200, tmp_path)
+    assert path_again == path and again.get_vocab() == first.get_vocab()
+    _, other = load_or_train_tokenizer(TEXTS[:3], 200, tmp_path)
+    assert other != path
