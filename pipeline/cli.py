@@ -44,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="name of the run folder (default: <timestamp>-seed<S>)")
     run.add_argument("--limit-rows", type=int, help="use only the first N training rows (quick smoke runs)")
     run.add_argument("--no-progress", action="store_true", help="hide the per-fold progress bars")
+
+    validate = commands.add_parser("validate", help="check a submission file against the sample submission",
+                                   description="Check that a submission CSV has the sample submission's columns, "
+                                               "row count, ids and dtypes. Exits 0 when it does, 2 otherwise.")
+    validate.add_argument("competition", help="a name under competitions/ or a path to a competition YAML")
+    validate.add_argument("file", help="the submission CSV to check")
+    validate.add_argument("--data-dir", help="folder with the sample submission (default: the bundled copy)")
     return parser
 
 
@@ -63,6 +70,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pipeline.config import load_competition
+    from pipeline.data import load_competition_data, read_csv
+    from pipeline.submission import validate_submission
+
+    competition = load_competition(args.competition)
+    sample = load_competition_data(competition, args.data_dir).sample_submission
+    validate_submission(read_csv(Path(args.file)), sample, competition, source=args.file)
+    print(f"{args.file}: valid {competition.name} submission ({len(sample)} rows)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -70,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return {"run": cmd_run}[args.command](args)
+        return {"run": cmd_run, "validate": cmd_validate}[args.command](args)
     except KbertError as exc:
         print(f"kbert: error: {exc}", file=sys.stderr)
         return 2

@@ -6,7 +6,7 @@ and written to ``runs/<competition>/<run-id>/config.yaml``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ COMPETITIONS_DIR = Path(__file__).resolve().parent.parent / "competitions"
 BUNDLED_DATA_DIR = COMPETITIONS_DIR / "data"
 TASKS = ("binary",)  # grows with the heads issue: multiclass, multilabel, regression, ordinal, time-series
 COLUMN_DTYPES = ("int", "float", "str")
+REQUIRED_KEYS = ("name", "id_column", "target", "task", "metric", "files", "columns", "submission", "text")
 
 
 @dataclass
@@ -133,6 +134,8 @@ def load_competition(name_or_path: str) -> CompetitionConfig:
         raise KbertError(f"{source}: invalid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise KbertError(f"{source}: expected a mapping at the top level")
+    for key in REQUIRED_KEYS:
+        _require(data, key, source)
     task = _require(data, "task", source)
     if task not in TASKS:
         raise KbertError(f"{source}: task '{task}' is not supported; supported: {', '.join(TASKS)}")
@@ -203,6 +206,3 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
         **rest,
     )
 
-
-def as_plain(obj: Any) -> Any:
-    return asdict(obj) if is_dataclass(obj) else obj

@@ -25,9 +25,10 @@ def make_folds(ids: pd.Series, targets: pd.Series | None, config: FoldConfig) ->
     return pd.DataFrame({ids.name or "id": ids.to_numpy(), "fold": fold})
 
 
-def folds_path(out_dir: Path, competition: str, config: FoldConfig) -> Path:
+def folds_path(competition_dir: Path, config: FoldConfig) -> Path:
+    """``runs/<competition>/folds/stratified-k5-seed42.csv``: shared by every run with that split."""
     kind = "stratified" if config.stratify else "kfold"
-    return Path(out_dir) / competition / "folds" / f"{kind}-k{config.k}-seed{config.seed}.csv"
+    return Path(competition_dir) / "folds" / f"{kind}-k{config.k}-seed{config.seed}.csv"
 
 
 def load_or_make_folds(path: Path, ids: pd.Series, targets: pd.Series | None, config: FoldConfig) -> pd.DataFrame:

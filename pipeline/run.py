@@ -78,7 +78,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     run_dir.mkdir(parents=True)
     write_yaml(run_dir / "config.yaml", {"run_id": run_id, **config.to_dict()})
 
-    fold_file = folds_path(comp_dir, comp.name, comp.folds)
+    fold_file = folds_path(comp_dir, comp.folds)
     if config.limit_rows is not None:
         fold_file = fold_file.with_name(fold_file.stem + f"-first{config.limit_rows}.csv")
     folds = load_or_make_folds(fold_file, train[comp.id_column], train[comp.target], comp.folds)

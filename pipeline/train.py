@@ -94,7 +94,7 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, metric: Me
     sign = 1.0 if metric.greater_is_better else -1.0
 
     bar = tqdm(total=steps_per_epoch * config.epochs, desc=description, unit="step", disable=not progress,
-               leave=False, dynamic_ncols=True)
+               leave=False, dynamic_ncols=True, mininterval=0.5)
     model.train()
     for epoch in range(config.epochs):
         order = rng.permutation(len(data.train_tokens))

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from pipeline.config import BUNDLED_DATA_DIR, load_competition
 from pipeline.submission import validate_submission
@@ -34,6 +35,7 @@ def test_smoke_run_writes_artifacts_and_a_valid_submission(tmp_path):
     assert "CV accuracy:" in result.stdout and "fold 2/2: accuracy" in result.stdout
 
     run_dir = tmp_path / "runs" / "titanic" / "smoke"
+    assert (tmp_path / "runs" / "titanic" / "folds" / "stratified-k2-seed42-first200.csv").is_file()
     for name in ("config.yaml", "folds.csv", "oof.csv", "test.csv", "metrics.json"):
         assert (run_dir / name).is_file(), name
     for k in range(2):
@@ -73,3 +75,23 @@ def test_user_errors_exit_nonzero_with_one_line(tmp_path):
     assert f"{data / 'test.csv'}: file not found" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "submissions").exists()
+
+
+def test_validate_command_accepts_the_sample_and_rejects_a_short_file(tmp_path):
+    sample = BUNDLED_DATA_DIR / "titanic" / "gender_submission.csv"
+    ok = kbert("validate", "titanic", str(sample), cwd=tmp_path)
+    assert ok.returncode == 0 and "valid titanic submission (418 rows)" in ok.stdout
+    short = tmp_path / "short.csv"
+    short.write_text("\n".join(sample.read_text().splitlines()[:-1]) + "\n")
+    bad = kbert("validate", "titanic", str(short), cwd=tmp_path)
+    assert bad.returncode == 2 and "417 rows, but the sample submission has 418" in bad.stderr
+
+
+REPO_SUBMISSIONS = sorted((Path(__file__).resolve().parent.parent / "submissions" / "titanic").glob("*.csv"))
+
+
+@pytest.mark.parametrize("path", REPO_SUBMISSIONS, ids=[p.name for p in REPO_SUBMISSIONS])
+def test_submissions_written_by_full_runs_are_valid(path):
+    """Every submission `kbert run titanic` left in submissions/titanic/ matches the sample submission."""
+    sample = pd.read_csv(BUNDLED_DATA_DIR / "titanic" / "gender_submission.csv")
+    validate_submission(pd.read_csv(path), sample, load_competition("titanic"), source=str(path))

@@ -20,7 +20,7 @@ def test_stratified_folds_are_balanced_and_seeded(titanic_train):
 def test_fold_file_is_saved_and_reused(tmp_path, titanic_train):
     ids, y = titanic_train["PassengerId"], titanic_train["Survived"]
     config = FoldConfig(k=5, seed=42)
-    path = folds_path(tmp_path, "titanic", config)
+    path = folds_path(tmp_path / "titanic", config)
     first = load_or_make_folds(path, ids, y, config)
     assert path.exists()
     # Edit the saved assignment: a re-run must read the file, not re-split.
@@ -37,7 +37,7 @@ def test_fold_file_is_saved_and_reused(tmp_path, titanic_train):
 
 def test_fold_file_for_other_ids_is_rejected(tmp_path, titanic_train):
     config = FoldConfig(k=5, seed=42)
-    path = folds_path(tmp_path, "titanic", config)
+    path = folds_path(tmp_path / "titanic", config)
     load_or_make_folds(path, titanic_train["PassengerId"], titanic_train["Survived"], config)
     subset = titanic_train.iloc[:100]
     with pytest.raises(KbertError, match="do not match the training data"):
