@@ -187,6 +187,11 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         folds = replace(folds, k=int(merged["folds"]))
     if folds.k < 2:
         raise KbertError(f"folds must be at least 2, got {folds.k}")
+    for name in ("epochs", "batch_size", "eval_batch_size", "max_length", "length_bucket"):
+        if getattr(train, name) < 1:
+            raise KbertError(f"{name} must be at least 1, got {getattr(train, name)}")
+    if train.learning_rate <= 0:
+        raise KbertError(f"learning_rate must be positive, got {train.learning_rate}")
     # The fold split keeps the competition's own seed, so runs with different training seeds share
     # folds and can be blended on OOF; --seed changes initialisation, dropout and batch order.
     run = RunConfig(competition=replace(competition, folds=folds), model=model, train=train)

@@ -20,8 +20,11 @@ def make_folds(ids: pd.Series, targets: pd.Series | None, config: FoldConfig) ->
     else:
         splitter = KFold(n_splits=config.k, shuffle=True, random_state=config.seed)
     fold = np.full(len(ids), -1, dtype=int)
-    for k, (_, valid_index) in enumerate(splitter.split(np.zeros(len(ids)), targets)):
-        fold[valid_index] = k
+    try:
+        for k, (_, valid_index) in enumerate(splitter.split(np.zeros(len(ids)), targets)):
+            fold[valid_index] = k
+    except ValueError as exc:  # e.g. fewer rows of a class than folds
+        raise KbertError(f"cannot split {len(ids)} rows into {config.k} folds: {exc}") from None
     return pd.DataFrame({ids.name or "id": ids.to_numpy(), "fold": fold})
 
 

@@ -26,6 +26,8 @@ def test_bad_settings_are_rejected(titanic, tmp_path):
         resolve_run_config(titanic, {"epocs": 3})
     with pytest.raises(KbertError, match="folds must be at least 2"):
         resolve_run_config(titanic, {"folds": 1})
+    with pytest.raises(KbertError, match="epochs must be at least 1, got 0"):
+        resolve_run_config(titanic, {"epochs": 0})
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: broken\ntask: binary\n")
     with pytest.raises(KbertError, match=r"broken\.yaml: missing required key 'id_column'"):

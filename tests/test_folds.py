@@ -42,3 +42,9 @@ def test_fold_file_for_other_ids_is_rejected(tmp_path, titanic_train):
     subset = titanic_train.iloc[:100]
     with pytest.raises(KbertError, match="do not match the training data"):
         load_or_make_folds(path, subset["PassengerId"], subset["Survived"], config)
+
+
+def test_too_few_rows_for_the_folds_is_a_clear_error(titanic_train):
+    tiny = titanic_train.iloc[:6]
+    with pytest.raises(KbertError, match="cannot split 6 rows into 5 folds"):
+        make_folds(tiny["PassengerId"], tiny["Survived"], FoldConfig(k=5, seed=42))
