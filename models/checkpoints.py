@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from models.task_model import TaskModel, build_task_model
@@ -41,22 +42,29 @@ def _save_safetensors(path: Path, weights: dict[str, mx.array]) -> None:
     target.replace(path)
 
 
-def load_weights_strict(model: TaskModel, path: Path) -> None:
+def load_state_strict(module: nn.Module, weights: dict[str, mx.array], source: str) -> None:
+    """Load flat ``name -> array`` weights into ``module``; any missing, unexpected or mis-shaped name is an error.
+
+    Names are unflattened before ``Module.update`` (which silently ignores dotted keys).
+    """
+    expected = dict(tree_flatten(module.parameters()))
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    if missing or unexpected:
+        raise KbertError(f"{source}: weights do not match the model; missing keys: {missing or 'none'}; "
+                         f"unexpected keys: {unexpected or 'none'}")
+    wrong_shape = [f"{k} {tuple(weights[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
+                   if tuple(weights[k].shape) != tuple(v.shape)]
+    if wrong_shape:
+        raise KbertError(f"{source}: weight shapes do not match the model: {wrong_shape}")
+    module.update(tree_unflatten(list(weights.items())))
+    mx.eval(module.parameters())
+
+
+def load_weights_strict(model: nn.Module, path: Path) -> None:
     if not path.is_file():
         raise KbertError(f"{path}: weight file not found")
-    loaded = mx.load(str(path))
-    expected = dict(tree_flatten(model.parameters()))
-    missing = sorted(set(expected) - set(loaded))
-    unexpected = sorted(set(loaded) - set(expected))
-    if missing or unexpected:
-        raise KbertError(f"{path}: weights do not match the model; missing keys: {missing or 'none'}; "
-                         f"unexpected keys: {unexpected or 'none'}")
-    wrong_shape = [f"{k} {tuple(loaded[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
-                   if tuple(loaded[k].shape) != tuple(v.shape)]
-    if wrong_shape:
-        raise KbertError(f"{path}: weight shapes do not match the model: {wrong_shape}")
-    model.update(tree_unflatten(list(loaded.items())))
-    mx.eval(model.parameters())
+    load_state_strict(model, mx.load(str(path)), str(path))
 
 
 def load_checkpoint(folder: Path) -> tuple[TaskModel, dict[str, Any]]:
