@@ -54,11 +54,11 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def __call__(self, input_ids: mx.array, token_type_ids: mx.array | None = None) -> mx.array:
-        seq_len = input_ids.shape[1]
+    def __call__(self, input_ids: mx.array | None, token_type_ids: mx.array | None = None,
+                 inputs_embeds: mx.array | None = None) -> mx.array:
+        x = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
         # Position ids are computed per call, never stored: a stored array would become a parameter.
-        positions = mx.arange(seq_len)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        x = x + self.position_embeddings(mx.arange(x.shape[1]))
         if token_type_ids is None:
             x = x + self.token_type_embeddings.weight[0]
         else:
@@ -199,12 +199,48 @@ class BertModel(nn.Module):
 
     def __call__(
         self,
-        input_ids: mx.array,
+        input_ids: mx.array | None = None,
         attention_mask: mx.array | None = None,
         token_type_ids: mx.array | None = None,
+        inputs_embeds: mx.array | None = None,
     ) -> tuple[mx.array, mx.array | None]:
-        x = self.embeddings(input_ids, token_type_ids)
+        x = self.embeddings(input_ids, token_type_ids, inputs_embeds)
         mask = None if attention_mask is None else additive_padding_mask(attention_mask, x.dtype)
         hidden = self.encoder(x, mask)
         pooled = self.pooler(hidden) if self.config.add_pooling_layer else None
         return hidden, pooled
+
+
+def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Hugging Face BERT checkpoint names -> ours.
+
+    Strips the ``bert.`` prefix of task-model checkpoints (BertForMaskedLM, ...), drops their heads
+    (``cls.*``, ``classifier.*``) and the ``position_ids`` buffer older checkpoints saved, and renames
+    TF-era ``gamma``/``beta`` LayerNorm weights. Anything else passes through for the strict loader to judge.
+    """
+    out = {}
+    for name, value in weights.items():
+        if name.startswith("bert."):
+            name = name[len("bert."):]
+        if name.startswith(("cls.", "classifier.")) or name.endswith("position_ids"):
+            continue
+        if ".LayerNorm." in name:
+            name = name.replace(".LayerNorm.gamma", ".LayerNorm.weight").replace(".LayerNorm.beta", ".LayerNorm.bias")
+        out[name] = value
+    return out
+
+
+def _preset(layers: int, hidden: int, heads: int) -> dict[str, Any]:
+    return {"model_type": "bert", "num_hidden_layers": layers, "hidden_size": hidden, "num_attention_heads": heads,
+            "intermediate_size": 4 * hidden}
+
+
+# Sizes of the Google BERT family (Turc et al., 2019), for training from scratch. Pretrained
+# checkpoints (such as the shipped "minilm-l6") are loaded by name in models/encoders.py instead.
+PRESETS: dict[str, dict[str, Any]] = {
+    "bert-tiny": _preset(2, 128, 2),
+    "bert-mini": _preset(4, 256, 4),
+    "bert-small": _preset(4, 512, 8),
+    "bert-medium": _preset(8, 512, 8),
+    "bert-base": _preset(12, 768, 12),
+}

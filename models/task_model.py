@@ -7,11 +7,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from models.bert import BertConfig, BertModel
+from models.encoders import build_encoder
 from models.heads import HEADS
 from models.pooling import POOLING
-
-ENCODERS = {"bert": (BertConfig, BertModel)}
 
 
 class TaskModel(nn.Module):
@@ -28,16 +26,10 @@ class TaskModel(nn.Module):
         return self.head(POOLING[self.pooling](hidden, attention_mask))
 
 
-def encoder_config(encoder: str, values: dict[str, Any]) -> Any:
-    if encoder not in ENCODERS:
-        raise ValueError(f"unknown encoder '{encoder}'; known: {sorted(ENCODERS)}")
-    return ENCODERS[encoder][0].from_dict(values)
-
-
-def build_task_model(encoder: str, encoder_values: dict[str, Any], task: str, pooling: str,
-                     head_dropout: float) -> TaskModel:
-    """Fresh (randomly initialised) model; ``encoder_values`` are Hugging Face-style config keys."""
-    config = encoder_config(encoder, encoder_values)
-    encoder_module = ENCODERS[encoder][1](config)
-    head = HEADS[task](config.hidden_size, head_dropout)
-    return TaskModel(encoder_module, head, pooling)
+def build_task_model(encoder_config: dict[str, Any], task: str, pooling: str, head_dropout: float,
+                     encoder: nn.Module | None = None) -> TaskModel:
+    """A task model around ``encoder`` (e.g. a pretrained one), or around a fresh encoder built from
+    ``encoder_config`` (config.json-style values; ``model_type`` picks the architecture)."""
+    if encoder is None:
+        encoder, _ = build_encoder(encoder_config)
+    return TaskModel(encoder, HEADS[task](encoder.hidden_size, head_dropout), pooling)

@@ -15,6 +15,7 @@ out-of-fold and test predictions are written to runs/ with a submission file."""
 RUN_EPILOG = """examples:
   kbert run titanic                          bundled Titanic data, 5 folds, seed 42
   kbert run titanic --epochs 5 --folds 3     a quicker run
+  kbert run titanic --encoder minilm-l6      fine-tune pretrained all-MiniLM-L6-v2
   kbert run titanic --data-dir ~/kaggle/titanic --out /tmp/runs
   kbert run path/to/my_competition.yaml
 
@@ -34,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("competition", help="a name under competitions/ (e.g. titanic) or a path to a competition YAML")
     run.add_argument("--folds", type=int, help="number of CV folds (default: the competition's, 5 for titanic)")
     run.add_argument("--seed", type=int, help="training seed: initialisation, dropout, batch order (default 42)")
+    run.add_argument("--encoder", help="bert (default: a small BERT trained from scratch), a size to train from "
+                                       "scratch (bert-tiny, bert-mini, modernbert-base, neobert, ...), a shipped "
+                                       "pretrained name (minilm-l6), or a local Hugging Face model folder")
     run.add_argument("--epochs", type=int, help="maximum epochs per fold (early stopping may end sooner)")
     run.add_argument("--batch-size", type=int, help="training batch size")
     run.add_argument("--lr", type=float, dest="learning_rate", help="peak learning rate")
@@ -44,6 +48,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="name of the run folder (default: <timestamp>-seed<S>)")
     run.add_argument("--limit-rows", type=int, help="use only the first N training rows (quick smoke runs)")
     run.add_argument("--no-progress", action="store_true", help="hide the per-fold progress bars")
+
+    embed = commands.add_parser("embed", help="write sentence embeddings of a text file with an encoder",
+                                description="Embed one text per line of FILE with a pretrained encoder and write "
+                                            "a (lines, hidden) float32 .npy array.")
+    embed.add_argument("model", help="a shipped name (minilm-l6) or a local Hugging Face model folder")
+    embed.add_argument("--texts", required=True, help="UTF-8 text file, one text per line")
+    embed.add_argument("--out", required=True, help="output .npy file")
+    embed.add_argument("--pooling", choices=("cls", "mean"), default="mean", help="how to pool tokens (default mean)")
+    embed.add_argument("--normalize", action="store_true", help="L2-normalise each embedding")
+    embed.add_argument("--max-length", type=int, default=256, help="maximum tokens per text (default 256)")
+    embed.add_argument("--batch-size", type=int, default=64)
 
     validate = commands.add_parser("validate", help="check a submission file against the sample submission",
                                    description="Check that a submission CSV has the sample submission's columns, "
@@ -58,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipeline.config import load_competition, resolve_run_config
     from pipeline.run import run_competition
 
-    overrides = {name: getattr(args, name) for name in ("folds", "seed", "epochs", "batch_size", "learning_rate",
+    overrides = {name: getattr(args, name) for name in ("folds", "seed", "encoder", "epochs", "batch_size", "learning_rate",
                                                          "max_length", "data_dir", "out_dir", "submissions_dir",
                                                          "limit_rows")}
     config = resolve_run_config(load_competition(args.competition), overrides)
@@ -67,6 +82,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"run folder: {result.run_dir}")
     print(f"submission: {result.submission_path}")
     print(f"wall time: {result.seconds:.0f}s")
+    return 0
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import numpy as np
+
+    from models.encoders import load_encoder
+    from pipeline.embed import embed_texts
+    from pipeline.errors import KbertError
+    from pipeline.io import atomic_write
+
+    path = Path(args.texts)
+    if not path.is_file():
+        raise KbertError(f"{path}: file not found")
+    try:
+        texts = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise KbertError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
+    if not texts:
+        raise KbertError(f"{path}: no lines to embed")
+    encoder, _, tokenizer = load_encoder(args.model)
+    vectors = embed_texts(encoder, tokenizer, texts, args.pooling, args.normalize, args.max_length, args.batch_size)
+    out = Path(args.out)
+    with_suffix = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")
+
+    def save(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:  # a handle: np.save would append ".npy" to the temp name
+            np.save(handle, vectors)
+
+    atomic_write(with_suffix, save)
+    print(f"{with_suffix}: {vectors.shape[0]} x {vectors.shape[1]} embeddings")
     return 0
 
 
@@ -91,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return {"run": cmd_run, "validate": cmd_validate}[args.command](args)
+        return {"run": cmd_run, "embed": cmd_embed, "validate": cmd_validate}[args.command](args)
     except KbertError as exc:
         print(f"kbert: error: {exc}", file=sys.stderr)
         return 2

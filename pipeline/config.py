@@ -53,7 +53,9 @@ class CompetitionConfig:
 
 @dataclass
 class ModelConfig:
-    """From-scratch classic BERT size; the encoders issue adds pretrained choices."""
+    """The encoder: "bert" trains a classic BERT from scratch at the sizes below, a preset name
+    (bert-mini, modernbert-base, neobert, ...) trains that architecture from scratch at that size, and a
+    shipped name (``minilm-l6``) or a Hugging Face model folder fine-tunes that pretrained encoder."""
 
     encoder: str = "bert"
     hidden_size: int = 128
@@ -72,7 +74,7 @@ class TrainConfig:
     epochs: int = 20
     batch_size: int = 32
     eval_batch_size: int = 128
-    learning_rate: float = 1e-3
+    learning_rate: float | None = None  # None: 1e-3 from scratch, 5e-5 for a pretrained encoder
     weight_decay: float = 0.01
     warmup_ratio: float = 0.1
     min_lr_ratio: float = 0.05
@@ -190,6 +192,11 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     for name in ("epochs", "batch_size", "eval_batch_size", "max_length", "length_bucket"):
         if getattr(train, name) < 1:
             raise KbertError(f"{name} must be at least 1, got {getattr(train, name)}")
+    if train.learning_rate is None:
+        from models.encoders import is_preset
+
+        scratch = model.encoder == "bert" or is_preset(model.encoder)
+        train = replace(train, learning_rate=1e-3 if scratch else 5e-5)
     if train.learning_rate <= 0:
         raise KbertError(f"learning_rate must be positive, got {train.learning_rate}")
     # The fold split keeps the competition's own seed, so runs with different training seeds share

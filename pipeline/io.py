@@ -22,10 +22,17 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
     tmp_path = Path(tmp)
     try:
         write(tmp_path)
+        os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual mode
         os.replace(tmp_path, path)
     finally:
         tmp_path.unlink(missing_ok=True)
     return path
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
 
 
 def write_text(path: Path, text: str) -> Path:

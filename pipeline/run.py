@@ -21,13 +21,14 @@ from ensembles.blend import average_folds
 from features import SERIALIZERS
 from models.blas import STATUS as BLAS_STATUS
 from models.checkpoints import save_checkpoint
+from models.encoders import is_preset, load_encoder, preset_config, read_config, resolve_encoder_path
 from models.task_model import build_task_model
 from models.tokenizer import encode, load_or_train_tokenizer
 from pipeline.config import RunConfig
 from pipeline.data import load_competition_data
 from pipeline.errors import KbertError
 from pipeline.folds import folds_path, load_or_make_folds
-from pipeline.io import write_csv, write_json, write_yaml
+from pipeline.io import write_csv, write_json, write_text, write_yaml
 from pipeline.metrics import get_metric, score_binary
 from pipeline.submission import build_submission, write_submission
 from pipeline.train import FoldData, train_fold
@@ -85,13 +86,26 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     write_csv(run_dir / "folds.csv", folds)
     fold_of_row = folds["fold"].to_numpy()
 
-    # The vocabulary is trained on feature text of train and test rows, never on labels.
-    corpus_serializer = make_serializer(config).fit(features)
-    corpus = corpus_serializer.transform(features) + corpus_serializer.transform(data.test)
-    tokenizer, tokenizer_path = load_or_train_tokenizer(corpus, config.model.vocab_size, comp_dir / "cache")
+    from_scratch = config.model.encoder == "bert" or is_preset(config.model.encoder)
+    pretrained_folder = None if from_scratch else resolve_encoder_path(config.model.encoder)
+    if pretrained_folder is None:
+        # The vocabulary is trained on feature text of train and test rows, never on labels.
+        corpus_serializer = make_serializer(config).fit(features)
+        corpus = corpus_serializer.transform(features) + corpus_serializer.transform(data.test)
+        tokenizer, tokenizer_path = load_or_train_tokenizer(corpus, config.model.vocab_size, comp_dir / "cache")
+        encoder_config = scratch_encoder_config(config, tokenizer.get_vocab_size())
+    else:
+        _, _, tokenizer = load_encoder(pretrained_folder)  # fails early, and loudly, on a bad checkpoint
+        tokenizer_path = run_dir / "tokenizer.json"
+        write_text(tokenizer_path, tokenizer.to_str())
+        encoder_config = read_config(pretrained_folder)
+        limit = encoder_config.get("max_position_embeddings")
+        if limit is not None and config.train.max_length > limit:
+            raise KbertError(f"--max-length {config.train.max_length} exceeds the encoder's "
+                             f"max_position_embeddings {limit}")
     log(f"{comp.name}: {len(train)} train rows, {len(data.test)} test rows, {comp.folds.k} folds, "
-        f"vocabulary {tokenizer.get_vocab_size()}, BLAS {BLAS_STATUS.name}")
-    log(f"example text: {corpus[0]}")
+        f"encoder {config.model.encoder}, vocabulary {tokenizer.get_vocab_size()}, BLAS {BLAS_STATUS.name}")
+    log(f"example text: {make_serializer(config).fit(features).transform(features.iloc[:1])[0]}")
 
     oof = np.full(len(train), np.nan)
     test_predictions, fold_scores, fold_records = [], [], []
@@ -107,15 +121,10 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         )
         fold_seed = config.seed * 1000 + k
         seed_everything(fold_seed)
-        checkpoint_config = {
-            "encoder": config.model.encoder,
-            "encoder_config": encoder_values(config, tokenizer.get_vocab_size()),
-            "task": comp.task,
-            "pooling": config.model.pooling,
-            "head_dropout": config.model.head_dropout,
-        }
-        model = build_task_model(checkpoint_config["encoder"], checkpoint_config["encoder_config"], comp.task,
-                                 config.model.pooling, config.model.head_dropout)
+        checkpoint_config = {"encoder_config": encoder_config, "task": comp.task, "pooling": config.model.pooling,
+                             "head_dropout": config.model.head_dropout, "source": config.model.encoder}
+        encoder = None if pretrained_folder is None else load_encoder(pretrained_folder)[0]  # fresh weights per fold
+        model = build_task_model(encoder_config, comp.task, config.model.pooling, config.model.head_dropout, encoder)
         result = train_fold(model, fold_data, config.train, metric, seed=fold_seed,
                             description=f"fold {k + 1}/{comp.folds.k}", progress=progress)
         oof[valid_index] = result.valid_predictions
@@ -150,10 +159,17 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                      submission_path=submission_path, seconds=seconds)
 
 
-def encoder_values(config: RunConfig, vocab_size: int) -> dict:
-    """Hugging Face-style config keys for a from-scratch encoder sized by ``config.model``."""
+def scratch_encoder_config(config: RunConfig, vocab_size: int) -> dict:
+    """config.json-style values for a from-scratch encoder: a named preset (bert-mini, modernbert-base, ...)
+    or, for "bert", a classic BERT sized by ``config.model``."""
     m = config.model
+    positions = -(-config.train.max_length // config.train.length_bucket) * config.train.length_bucket
+    if is_preset(m.encoder):
+        values = preset_config(m.encoder)
+        key = "max_length" if values["model_type"] == "neobert" else "max_position_embeddings"
+        return {**values, "vocab_size": vocab_size, key: max(positions, values.get(key, 0)), "pad_token_id": 0}
     return {
+        "model_type": "bert",
         "vocab_size": vocab_size,
         "hidden_size": m.hidden_size,
         "num_hidden_layers": m.num_hidden_layers,
@@ -161,6 +177,6 @@ def encoder_values(config: RunConfig, vocab_size: int) -> dict:
         "intermediate_size": m.intermediate_size,
         "hidden_dropout_prob": m.hidden_dropout_prob,
         "attention_probs_dropout_prob": m.attention_probs_dropout_prob,
-        "max_position_embeddings": -(-config.train.max_length // config.train.length_bucket) * config.train.length_bucket,
+        "max_position_embeddings": positions,
         "add_pooling_layer": False,
     }

@@ -95,3 +95,32 @@ def test_submissions_written_by_full_runs_are_valid(path):
     """Every submission `kbert run titanic` left in submissions/titanic/ matches the sample submission."""
     sample = pd.read_csv(BUNDLED_DATA_DIR / "titanic" / "gender_submission.csv")
     validate_submission(pd.read_csv(path), sample, load_competition("titanic"), source=str(path))
+
+
+@pytest.mark.parametrize("kind", ["bert", "modernbert"])
+def test_run_fine_tunes_a_pretrained_encoder_folder(tmp_path, kind):
+    """`--encoder FOLDER` loads a Hugging Face checkpoint (here a tiny random one) and its tokenizer."""
+    from tests.test_pretrained import random_reference, tiny_tokenizer_folder
+
+    folder = tmp_path / kind
+    folder.mkdir()
+    tokenizer = tiny_tokenizer_folder(folder)
+    random_reference(kind, tokenizer.get_vocab_size()).save_pretrained(folder)
+    result = kbert("run", "titanic", "--encoder", str(folder), "--max-length", "64", *SMOKE, "--run-id", kind,
+                   "--out", "runs", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"encoder {folder}" in result.stdout
+    saved = tmp_path / "runs" / "titanic" / kind / "folds" / "0"
+    from models.checkpoints import load_checkpoint
+
+    model, config = load_checkpoint(saved)
+    assert config["encoder_config"]["model_type"] == kind and config["source"] == str(folder)
+
+
+def test_run_trains_a_named_size_from_scratch(tmp_path):
+    result = kbert("run", "titanic", "--encoder", "bert-mini", *SMOKE, "--run-id", "mini", "--out", "runs", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    from models.checkpoints import load_checkpoint
+
+    _, config = load_checkpoint(tmp_path / "runs" / "titanic" / "mini" / "folds" / "0")
+    assert (config["encoder_config"]["num_hidden_layers"], config["encoder_config"]["hidden_size"]) == (4, 256)

@@ -37,3 +37,25 @@ def test_bad_settings_are_rejected(titanic, tmp_path):
     broken.write_text(competition_path("titanic").read_text().replace("task: binary", "task: sorting"))
     with pytest.raises(KbertError, match="task 'sorting' is not supported"):
         load_competition(str(broken))
+
+
+def test_every_named_size_resolves_to_a_buildable_config(titanic):
+    from models.encoders import ARCHITECTURES, architecture
+    from pipeline.run import scratch_encoder_config
+
+    names = [name for arch in ARCHITECTURES.values() for name in arch.presets]
+    assert {"bert-tiny", "bert-mini", "bert-small", "bert-base", "modernbert-base", "modernbert-large",
+            "neobert"} <= set(names)
+    for name in names:
+        config = resolve_run_config(titanic, {"encoder": name})
+        assert config.train.learning_rate == 1e-3  # from scratch
+        values = scratch_encoder_config(config, vocab_size=251)
+        parsed = architecture(values["model_type"]).config.from_dict(values)
+        assert parsed.vocab_size == 251
+    assert resolve_run_config(titanic, {"encoder": "minilm-l6"}).train.learning_rate == 5e-5
+
+
+def test_shipped_pretrained_names_are_not_size_presets():
+    from models.encoders import SHIPPED, is_preset
+
+    assert not any(is_preset(name) for name in SHIPPED)

@@ -3,21 +3,22 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from models.checkpoints import load_checkpoint, load_weights_strict, save_checkpoint
+from models.checkpoints import load_checkpoint, save_checkpoint
+from models.weights import load_weights_strict
 from models.task_model import build_task_model
 from pipeline.config import TrainConfig
 from pipeline.errors import KbertError
 from pipeline.metrics import get_metric
 from pipeline.train import FoldData, pad_batch, predict_logits, train_fold
 
-TINY = {"vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+TINY = {"model_type": "bert", "vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
         "intermediate_size": 64, "max_position_embeddings": 32, "add_pooling_layer": False}
-CHECKPOINT_CONFIG = {"encoder": "bert", "encoder_config": TINY, "task": "binary", "pooling": "cls", "head_dropout": 0.1}
+CHECKPOINT_CONFIG = {"encoder_config": TINY, "task": "binary", "pooling": "cls", "head_dropout": 0.1}
 
 
 def tiny_model(seed=0):
     mx.random.seed(seed)
-    return build_task_model("bert", TINY, "binary", "cls", 0.1)
+    return build_task_model(TINY, "binary", "cls", 0.1)
 
 
 def toy_tokens(n, seed=0):

