@@ -86,3 +86,20 @@ def load_fast_blas() -> BlasStatus:
             return STATUS
     STATUS = BlasStatus("reference", None, "no fast BLAS found: pip install mkl, or apt install libopenblas0-pthread")
     return STATUS
+
+
+def measure_sgemm_gflops(n: int = 1024, repeats: int = 5) -> float:
+    """float32 n x n x n matmul throughput of MLX's CPU path, in GFLOP/s (best of ``repeats``)."""
+    import time
+
+    import mlx.core as mx
+
+    a = mx.random.normal((n, n))
+    b = mx.random.normal((n, n))
+    mx.eval(a, b, a @ b)  # warm-up
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        mx.eval(a @ b)
+        best = min(best, time.perf_counter() - started)
+    return 2 * n**3 / best / 1e9

@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--max-length", type=int, default=256, help="maximum tokens per text (default 256)")
     embed.add_argument("--batch-size", type=int, default=64)
 
+    commands.add_parser("doctor", help="report the MLX device, the bound BLAS and its measured speed",
+                        description="Report the MLX version and device, which BLAS MLX's CPU matmuls use, and "
+                                    "the measured 1024^3 float32 sgemm throughput. Warns on the slow reference BLAS.")
+
     validate = commands.add_parser("validate", help="check a submission file against the sample submission",
                                    description="Check that a submission CSV has the sample submission's columns, "
                                                "row count, ids and dtypes. Exits 0 when it does, 2 otherwise.")
@@ -118,6 +122,29 @@ def cmd_embed(args: argparse.Namespace) -> int:
     return 0
 
 
+SLOW_BLAS_GFLOPS = 20.0  # the reference netlib BLAS measures ~5; OpenBLAS and MKL measure 100+
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import platform
+
+    import mlx.core as mx
+
+    from models.blas import STATUS, measure_sgemm_gflops
+
+    print(f"platform: {platform.system()} {platform.machine()}, Python {platform.python_version()}")
+    print(f"mlx: {mx.__version__}, default device {mx.default_device()}")
+    print(f"BLAS: {STATUS.name}" + (f" ({STATUS.path})" if STATUS.path else "") + (f"; {STATUS.note}" if STATUS.note else ""))
+    with mx.stream(mx.cpu):
+        gflops = measure_sgemm_gflops()
+    print(f"sgemm 1024^3 float32 on CPU: {gflops:.1f} GFLOP/s")
+    if platform.system() == "Linux" and gflops < SLOW_BLAS_GFLOPS:
+        print("warning: MLX is using a slow BLAS; pip install mkl, or apt install libopenblas0-pthread, "
+              "or set KBERT_BLAS=/path/to/libblas.so", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -139,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return {"run": cmd_run, "embed": cmd_embed, "validate": cmd_validate}[args.command](args)
+        commands = {"run": cmd_run, "embed": cmd_embed, "doctor": cmd_doctor, "validate": cmd_validate}
+        return commands[args.command](args)
     except KbertError as exc:
         print(f"kbert: error: {exc}", file=sys.stderr)
         return 2
