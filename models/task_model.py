@@ -26,10 +26,8 @@ class TaskModel(nn.Module):
         return self.head(POOLING[self.pooling](hidden, attention_mask))
 
 
-def build_task_model(encoder_config: dict[str, Any], task: str, pooling: str, head_dropout: float,
-                     encoder: nn.Module | None = None) -> TaskModel:
-    """A task model around ``encoder`` (e.g. a pretrained one), or around a fresh encoder built from
-    ``encoder_config`` (config.json-style values; ``model_type`` picks the architecture)."""
-    if encoder is None:
-        encoder, _ = build_encoder(encoder_config)
+def build_task_model(encoder_config: dict[str, Any], task: str, pooling: str, head_dropout: float) -> TaskModel:
+    """A freshly initialised task model; ``encoder_config`` holds config.json-style values (``model_type``
+    picks the architecture). Load pretrained encoder weights into ``model.encoder`` afterwards."""
+    encoder, _ = build_encoder(encoder_config)
     return TaskModel(encoder, HEADS[task](encoder.hidden_size, head_dropout), pooling)

@@ -16,6 +16,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pandas as pd
+from mlx.utils import tree_flatten
 
 from ensembles.blend import average_folds
 from features import SERIALIZERS
@@ -23,6 +24,7 @@ from models.blas import STATUS as BLAS_STATUS
 from models.checkpoints import save_checkpoint
 from models.encoders import is_preset, load_encoder, preset_config, read_config, resolve_encoder_path
 from models.task_model import build_task_model
+from models.weights import load_state_strict
 from models.tokenizer import encode, load_or_train_tokenizer
 from pipeline.config import RunConfig
 from pipeline.data import load_competition_data
@@ -87,15 +89,18 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     fold_of_row = folds["fold"].to_numpy()
 
     from_scratch = config.model.encoder == "bert" or is_preset(config.model.encoder)
-    pretrained_folder = None if from_scratch else resolve_encoder_path(config.model.encoder)
-    if pretrained_folder is None:
+    # Fitted on all training rows (features only): for the vocabulary corpus and the example line, never for folds.
+    full_serializer = make_serializer(config).fit(features)
+    pretrained_weights = None
+    if from_scratch:
         # The vocabulary is trained on feature text of train and test rows, never on labels.
-        corpus_serializer = make_serializer(config).fit(features)
-        corpus = corpus_serializer.transform(features) + corpus_serializer.transform(data.test)
+        corpus = full_serializer.transform(features) + full_serializer.transform(data.test)
         tokenizer, tokenizer_path = load_or_train_tokenizer(corpus, config.model.vocab_size, comp_dir / "cache")
         encoder_config = scratch_encoder_config(config, tokenizer.get_vocab_size())
     else:
-        _, _, tokenizer = load_encoder(pretrained_folder)  # fails early, and loudly, on a bad checkpoint
+        pretrained_folder = resolve_encoder_path(config.model.encoder)
+        pretrained, _, tokenizer = load_encoder(pretrained_folder)  # read once; fails loudly on a bad checkpoint
+        pretrained_weights = dict(tree_flatten(pretrained.parameters()))  # immutable arrays: safe to share
         tokenizer_path = run_dir / "tokenizer.json"
         write_text(tokenizer_path, tokenizer.to_str())
         encoder_config = read_config(pretrained_folder)
@@ -105,7 +110,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                              f"max_position_embeddings {limit}")
     log(f"{comp.name}: {len(train)} train rows, {len(data.test)} test rows, {comp.folds.k} folds, "
         f"encoder {config.model.encoder}, vocabulary {tokenizer.get_vocab_size()}, BLAS {BLAS_STATUS.name}")
-    log(f"example text: {make_serializer(config).fit(features).transform(features.iloc[:1])[0]}")
+    log(f"example text: {full_serializer.transform(features.iloc[:1])[0]}")
 
     oof = np.full(len(train), np.nan)
     test_predictions, fold_scores, fold_records = [], [], []
@@ -123,8 +128,9 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         seed_everything(fold_seed)
         checkpoint_config = {"encoder_config": encoder_config, "task": comp.task, "pooling": config.model.pooling,
                              "head_dropout": config.model.head_dropout, "source": config.model.encoder}
-        encoder = None if pretrained_folder is None else load_encoder(pretrained_folder)[0]  # fresh weights per fold
-        model = build_task_model(encoder_config, comp.task, config.model.pooling, config.model.head_dropout, encoder)
+        model = build_task_model(encoder_config, comp.task, config.model.pooling, config.model.head_dropout)
+        if pretrained_weights is not None:  # every fold starts from the pretrained weights
+            load_state_strict(model.encoder, pretrained_weights, config.model.encoder)
         result = train_fold(model, fold_data, config.train, metric, seed=fold_seed,
                             description=f"fold {k + 1}/{comp.folds.k}", progress=progress)
         oof[valid_index] = result.valid_predictions
