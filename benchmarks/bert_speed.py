@@ -31,13 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import models  # noqa: E402,F401  (binds the fast BLAS before mlx.core loads)
 import mlx.core as mx  # noqa: E402
-import mlx.nn as nn  # noqa: E402
 import mlx.optimizers as optim  # noqa: E402
 import numpy as np  # noqa: E402
 
 from models.blas import STATUS, measure_sgemm_gflops  # noqa: E402
 from models.task_model import build_task_model  # noqa: E402
-from pipeline.train import loss_fn  # noqa: E402
+from pipeline.train import make_forward, make_train_step  # noqa: E402
 
 SIZES = {
     "minilm": dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
@@ -54,20 +53,20 @@ def train_flops(size: dict, batch: int, seq: int) -> float:
     return 3 * per_token * batch * seq
 
 
-def mlx_setup(size: dict, seq: int):
+def mlx_setup(size: dict, seq: int, compiled: bool):
+    """kbert's own train step and eval forward (pipeline/train.py), as `kbert run` uses them."""
     values = {**size, "model_type": "bert", "max_position_embeddings": max(512, seq), "add_pooling_layer": False}
     model = build_task_model(values, "binary", "cls", 0.1)
     optimizer = optim.AdamW(learning_rate=5e-5, weight_decay=0.01)
-    loss_and_grad = nn.value_and_grad(model, loss_fn)
+    step = make_train_step(model, optimizer, max_grad_norm=1.0, compiled=compiled)
+    forward = make_forward(model, compiled=compiled)
 
     def train_step(ids, mask, targets):
-        loss, grads = loss_and_grad(model, ids, mask, targets)
-        grads, _ = optim.clip_grad_norm(grads, 1.0)
-        optimizer.update(model, grads)
+        loss = step(ids, mask, targets)
         mx.eval(loss, model.parameters(), optimizer.state)
 
     def infer(ids, mask):
-        mx.eval(model(ids, mask))
+        mx.eval(forward(ids, mask))
 
     return model, train_step, infer
 
@@ -104,7 +103,8 @@ def timed(fn, args, steps: int) -> float:
     return (time.perf_counter() - started) / steps
 
 
-def bench(size_name: str, seq: int, batch: int, infer_batch: int, reps: int, steps: int, peak: float) -> dict:
+def bench(size_name: str, seq: int, batch: int, infer_batch: int, reps: int, steps: int, peak: float,
+          compiled: bool) -> dict:
     import torch
 
     size = SIZES[size_name]
@@ -114,7 +114,7 @@ def bench(size_name: str, seq: int, batch: int, infer_batch: int, reps: int, ste
     targets = rng.integers(0, 2, batch).astype(np.float32)
 
     mx.random.seed(0)
-    mlx_model, mlx_train, mlx_infer = mlx_setup(size, seq)
+    _, mlx_train, mlx_infer = mlx_setup(size, seq, compiled)
     torch.manual_seed(0)
     _, torch_train, torch_infer = torch_setup(size, seq)
     mlx_train_args = (mx.array(ids), mx.ones(ids.shape, dtype=mx.int32), mx.array(targets))
@@ -123,15 +123,12 @@ def bench(size_name: str, seq: int, batch: int, infer_batch: int, reps: int, ste
                         torch.tensor(targets))
     torch_infer_args = (torch.tensor(infer_ids, dtype=torch.long), torch.ones(infer_ids.shape, dtype=torch.long))
 
-    mlx_model.train()
     mlx_train(*mlx_train_args)  # warm-up both before timing
     torch_train(*torch_train_args)
     results = {"mlx_train": [], "torch_train": [], "mlx_infer": [], "torch_infer": []}
     for _ in range(reps):  # alternate, so drifting machine load hits both sides alike
-        mlx_model.train()
         results["mlx_train"].append(batch / timed(mlx_train, mlx_train_args, steps))
         results["torch_train"].append(batch / timed(torch_train, torch_train_args, steps))
-        mlx_model.eval()
         results["mlx_infer"].append(infer_batch / timed(mlx_infer, mlx_infer_args, steps))
         results["torch_infer"].append(infer_batch / timed(torch_infer, torch_infer_args, steps))
     median = {k: statistics.median(v) for k, v in results.items()}
@@ -166,6 +163,7 @@ def main() -> None:
     parser.add_argument("--infer-batch", type=int, default=64)
     parser.add_argument("--reps", type=int, default=5, help="alternating MLX/PyTorch repetitions")
     parser.add_argument("--steps", type=int, default=3, help="steps timed per repetition")
+    parser.add_argument("--no-compile", action="store_true", help="time kbert's eager (uncompiled) steps")
     parser.add_argument("--end-to-end", action="store_true", help="also time `kbert run titanic` end to end")
     parser.add_argument("--end-to-end-reference", action="store_true",
                         help="also time it with MLX's reference BLAS (KBERT_BLAS=reference; over 30 minutes)")
@@ -182,7 +180,7 @@ def main() -> None:
     print(header + "\n" + "-" * len(header))
     for size in args.size:
         for seq in args.seq:
-            r = bench(size, seq, args.batch, args.infer_batch, args.reps, args.steps, peak)
+            r = bench(size, seq, args.batch, args.infer_batch, args.reps, args.steps, peak, not args.no_compile)
             print(f"{size:8} {seq:>4} | {r['mlx_train']:9.1f} {r['torch_train']:11.1f} {r['train_ratio']:5.2f} | "
                   f"{r['mlx_infer']:9.1f} {r['torch_infer']:11.1f} {r['infer_ratio']:5.2f} | "
                   f"{r['mlx_train_mfu']:5.1%}", flush=True)

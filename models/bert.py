@@ -14,6 +14,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from models.activations import ACTIVATIONS
+
 
 @dataclass
 class BertConfig:
@@ -40,9 +42,6 @@ class BertConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-ACTIVATIONS = {"gelu": nn.gelu, "gelu_new": nn.gelu_approx, "gelu_pytorch_tanh": nn.gelu_approx, "relu": nn.relu}
 
 
 class BertEmbeddings(nn.Module):

@@ -16,6 +16,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from models.activations import ACTIVATIONS
+
 GLOBAL = "full_attention"
 LOCAL = "sliding_attention"
 
@@ -101,10 +103,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     "modernbert-large": {**_SHARED, "hidden_size": 1024, "intermediate_size": 2624, "num_hidden_layers": 28,
                          "num_attention_heads": 16},
 }
-
-ACTIVATIONS = {"gelu": nn.gelu, "gelu_new": nn.gelu_approx, "gelu_pytorch_tanh": nn.gelu_approx, "relu": nn.relu,
-               "silu": nn.silu}
-
 
 class ModernBertEmbeddings(nn.Module):
     def __init__(self, config: ModernBertConfig):

@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="name of the run folder (default: <timestamp>-seed<S>)")
     run.add_argument("--limit-rows", type=int, help="use only the first N training rows (quick smoke runs)")
     run.add_argument("--no-progress", action="store_true", help="hide the per-fold progress bars")
+    run.add_argument("--no-compile", dest="compile", action="store_const", const=False,
+                     help="run the train and eval steps eagerly instead of with mx.compile")
+    run.add_argument("--no-dynamic-padding", dest="dynamic_padding", action="store_const", const=False,
+                     help="pad every batch to --max-length instead of to its own longest row")
 
     embed = commands.add_parser("embed", help="write sentence embeddings of a text file with an encoder",
                                 description="Embed one text per line of FILE with a pretrained encoder and write "
@@ -79,7 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     overrides = {name: getattr(args, name) for name in ("folds", "seed", "encoder", "epochs", "batch_size", "learning_rate",
                                                          "max_length", "data_dir", "out_dir", "submissions_dir",
-                                                         "limit_rows")}
+                                                         "limit_rows", "compile", "dynamic_padding")}
     config = resolve_run_config(load_competition(args.competition), overrides)
     result = run_competition(config, run_id=args.run_id, progress=not args.no_progress)
     print(f"CV {result.metric}: {result.cv_score:.4f}  (folds: {', '.join(f'{s:.4f}' for s in result.fold_scores)})")

@@ -81,7 +81,9 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     patience: int = 6
     max_length: int = 96
-    length_bucket: int = 16
+    length_bucket: int = 16  # batches are padded to their own longest row, rounded up to a multiple of this
+    dynamic_padding: bool = True  # False: pad every batch to max_length (slower; for speed comparisons)
+    compile: bool = True  # mx.compile the train and eval steps
 
 
 @dataclass

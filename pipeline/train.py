@@ -39,16 +39,28 @@ class FoldResult:
     seconds: float = 0.0
 
 
-def pad_batch(sequences: list[np.ndarray], length_bucket: int, pad_id: int = 0) -> tuple[mx.array, mx.array]:
-    """Pad to the longest sequence rounded up to a multiple of ``length_bucket`` (few distinct shapes)."""
+def pad_batch(sequences: list[np.ndarray], length_bucket: int, pad_id: int = 0,
+              width: int | None = None) -> tuple[mx.array, mx.array]:
+    """Pad to the longest sequence rounded up to a multiple of ``length_bucket`` (few distinct shapes),
+    or to a fixed ``width``."""
     longest = max(len(s) for s in sequences)
-    width = -(-longest // length_bucket) * length_bucket
+    if width is None:
+        width = -(-longest // length_bucket) * length_bucket
+    elif longest > width:
+        raise ValueError(f"a sequence of {longest} tokens does not fit the padded width {width}")
     ids = np.full((len(sequences), width), pad_id, dtype=np.int32)
     mask = np.zeros((len(sequences), width), dtype=np.int32)
     for row, seq in enumerate(sequences):
         ids[row, : len(seq)] = seq
         mask[row, : len(seq)] = 1
     return mx.array(ids), mx.array(mask)
+
+
+def batch_width(config: TrainConfig) -> int | None:
+    """None: pad each batch to its own length (bucketed); otherwise the fixed width of every batch."""
+    if config.dynamic_padding:
+        return None
+    return -(-config.max_length // config.length_bucket) * config.length_bucket
 
 
 def make_schedule(config: TrainConfig, total_steps: int) -> Callable[[mx.array], mx.array]:
@@ -58,24 +70,58 @@ def make_schedule(config: TrainConfig, total_steps: int) -> Callable[[mx.array],
     return optim.join_schedules([optim.linear_schedule(0.0, config.learning_rate, warmup), decay], [warmup])
 
 
-def predict_logits(model: TaskModel, tokens: list[np.ndarray], config: TrainConfig) -> np.ndarray:
+def loss_fn(model: TaskModel, ids: mx.array, mask: mx.array, targets: mx.array) -> mx.array:
+    return model.head.loss(model(ids, mask), targets)
+
+
+def make_train_step(model: TaskModel, optimizer: optim.Optimizer, max_grad_norm: float,
+                    compiled: bool = True) -> Callable[[mx.array, mx.array, mx.array], mx.array]:
+    """One optimizer step; returns the loss. The caller evaluates loss, parameters and optimizer state.
+
+    ``model.train()`` runs inside the step, so every trace (one per input shape) is a training-mode
+    trace: a compiled step keeps the mode it was traced in, whatever mode the model is in later.
+    """
+    loss_and_grad = nn.value_and_grad(model, loss_fn)
+
+    def step(ids: mx.array, mask: mx.array, targets: mx.array) -> mx.array:
+        model.train()
+        loss, grads = loss_and_grad(model, ids, mask, targets)
+        grads, _ = optim.clip_grad_norm(grads, max_grad_norm)
+        optimizer.update(model, grads)
+        return loss
+
+    if not compiled:
+        return step
+    optimizer.init(model.trainable_parameters())  # the state must exist before compile captures it
+    state = [model.state, optimizer.state, mx.random.state]  # dropout draws from mx.random.state
+    return mx.compile(step, inputs=state, outputs=state)
+
+
+def make_forward(model: TaskModel, compiled: bool = True) -> Callable[[mx.array, mx.array], mx.array]:
+    """Eval-mode logits. The parameters are inputs of the compiled graph, so later updates are seen."""
+
+    def forward(ids: mx.array, mask: mx.array) -> mx.array:
+        model.eval()
+        return model(ids, mask)
+
+    return mx.compile(forward, inputs=[model.state]) if compiled else forward
+
+
+def predict_logits(model: TaskModel, tokens: list[np.ndarray], config: TrainConfig,
+                   forward: Callable[[mx.array, mx.array], mx.array] | None = None) -> np.ndarray:
     """Eval-mode logits in input order; batches are sorted by length to keep padding small."""
     was_training = model.training
-    model.eval()
+    forward = forward or make_forward(model, config.compile)
     order = np.argsort([len(t) for t in tokens], kind="stable")
     out = np.empty(len(tokens), dtype=np.float32)
     for start in range(0, len(tokens), config.eval_batch_size):
         index = order[start : start + config.eval_batch_size]
-        ids, mask = pad_batch([tokens[i] for i in index], config.length_bucket)
-        logits = model(ids, mask)
+        ids, mask = pad_batch([tokens[i] for i in index], config.length_bucket, width=batch_width(config))
+        logits = forward(ids, mask)
         mx.eval(logits)
         out[index] = np.array(logits, dtype=np.float32)
     model.train(was_training)
     return out
-
-
-def loss_fn(model: TaskModel, ids: mx.array, mask: mx.array, targets: mx.array) -> mx.array:
-    return model.head.loss(model(ids, mask), targets)
 
 
 def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, metric: Metric, seed: int,
@@ -86,7 +132,9 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, metric: Me
     steps_per_epoch = -(-len(data.train_tokens) // config.batch_size)
     optimizer = optim.AdamW(learning_rate=make_schedule(config, steps_per_epoch * config.epochs),
                             weight_decay=config.weight_decay)
-    loss_and_grad = nn.value_and_grad(model, loss_fn)
+    train_step = make_train_step(model, optimizer, config.max_grad_norm, config.compile)
+    forward = make_forward(model, config.compile)
+    width = batch_width(config)
     best_key: tuple[float, float] | None = None
     best_params, best_valid, best_epoch = None, None, -1
     history: list[dict] = []
@@ -101,15 +149,13 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, metric: Me
         losses = []
         for start in range(0, len(order), config.batch_size):
             index = order[start : start + config.batch_size]
-            ids, mask = pad_batch([data.train_tokens[i] for i in index], config.length_bucket)
+            ids, mask = pad_batch([data.train_tokens[i] for i in index], config.length_bucket, width=width)
             targets = mx.array(data.train_targets[index].astype(np.float32))
-            loss, grads = loss_and_grad(model, ids, mask, targets)
-            grads, _ = optim.clip_grad_norm(grads, config.max_grad_norm)
-            optimizer.update(model, grads)
+            loss = train_step(ids, mask, targets)
             mx.eval(loss, model.parameters(), optimizer.state)
             losses.append(loss.item())
             bar.update(1)
-        valid_logits = predict_logits(model, data.valid_tokens, config)
+        valid_logits = predict_logits(model, data.valid_tokens, config, forward)
         valid_probs = model.head.predict(valid_logits)
         valid_loss = float(np.mean(np.logaddexp(0, valid_logits) - data.valid_targets * valid_logits))
         score = score_binary(metric, data.valid_targets, valid_probs)
@@ -128,6 +174,6 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, metric: Me
     bar.close()
     model.update(best_params)  # parameters are immutable arrays, so the saved tree is the best epoch's
     mx.eval(model.parameters())
-    test_probs = model.head.predict(predict_logits(model, data.test_tokens, config))
+    test_probs = model.head.predict(predict_logits(model, data.test_tokens, config, forward))
     return FoldResult(valid_predictions=best_valid, test_predictions=test_probs, best_epoch=best_epoch,
                       best_score=sign * best_key[0], history=history, seconds=time.perf_counter() - started)
