@@ -21,7 +21,7 @@ TOKENIZER_FILE = "tokenizer.json"
 
 
 def save_checkpoint(model: TaskModel, folder: Path, config: dict[str, Any], tokenizer_path: Path | None = None) -> Path:
-    """``config`` holds what ``build_task_model`` needs: encoder_config, task, pooling, head_dropout."""
+    """``config`` holds what ``build_task_model`` needs: encoder_config, head (a HeadConfig dict), pooling."""
     folder = Path(folder)
     write_safetensors(folder / WEIGHTS_FILE, model)
     write_json(folder / CONFIG_FILE, config)
@@ -36,7 +36,10 @@ def load_checkpoint(folder: Path) -> tuple[TaskModel, dict[str, Any]]:
     if not config_path.is_file():
         raise KbertError(f"{config_path}: checkpoint config not found")
     config = json.loads(config_path.read_text())
-    model = build_task_model(config["encoder_config"], config["task"], config["pooling"], config["head_dropout"])
+    for key in ("encoder_config", "head", "pooling"):
+        if key not in config:
+            raise KbertError(f"{config_path}: missing key '{key}'")
+    model = build_task_model(config["encoder_config"], config["head"], config["pooling"])
     load_weights_strict(model, folder / WEIGHTS_FILE)
     model.eval()
     return model, config

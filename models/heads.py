@@ -1,34 +1,222 @@
-"""Task heads: each maps a pooled vector to outputs and knows its loss and its predictions.
+"""Task heads: each maps a pooled vector to outputs and knows its loss, its predictions and its default metric.
 
-Only the binary head exists yet; the heads issue adds multiclass, multilabel, regression, ordinal
-and time-series heads behind the same three methods.
+- binary: one logit and binary cross-entropy (or focal loss), or two logits and softmax cross-entropy;
+  predictions are positive-class probabilities.
+- multiclass: C logits, cross-entropy with label smoothing and class weights, or focal loss; predictions are
+  class probabilities (n, C).
+- multilabel: L logits, per-label binary cross-entropy with ``pos_weight`` (or focal); predictions (n, L).
+- regression: one value (MSE, MAE or Huber), or a mean and a log-variance with a Gaussian NLL
+  (``loss: gaussian_nll``, the uncertainty option). Trained on the transformed target (see
+  pipeline/targets.py); predictions come back in the transformed space and the pipeline inverts them.
+- ordinal: a cumulative-link (CORAL) head: one score per row and K-1 ordered thresholds,
+  P(y > k) = sigmoid(score - threshold_k). The thresholds are a start plus cumulative softplus gaps,
+  so they stay ordered whatever the optimizer does. Predictions are the K-1 cumulative probabilities.
+- timeseries: H values at once, one per forecast horizon, with the regression losses.
+
+Heads hold only MLX parameters and Python settings; arrays they need (class weights) are built per call.
 """
 
 from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from models.losses import (binary_cross_entropy, binary_focal_loss, coral_loss, cross_entropy, gaussian_nll_loss,
+                           huber_loss, mae_loss, mse_loss, softmax_focal_loss)
 
-class BinaryHead(nn.Module):
-    """One logit per row, trained with binary cross-entropy."""
+TASKS = ("binary", "multiclass", "multilabel", "regression", "ordinal", "timeseries")
+LOSSES = {
+    "binary": ("bce", "focal", "softmax"),
+    "multiclass": ("cross_entropy", "focal"),
+    "multilabel": ("bce", "focal"),
+    "regression": ("mse", "mae", "huber", "gaussian_nll"),
+    "ordinal": ("coral",),
+    "timeseries": ("mse", "mae", "huber"),
+}
+DEFAULT_METRICS = {"binary": "roc_auc", "multiclass": "accuracy", "multilabel": "roc_auc", "regression": "rmse",
+                   "ordinal": "qwk", "timeseries": "rmse"}
 
-    def __init__(self, hidden_size: int, dropout: float = 0.1):
+
+@dataclass
+class HeadConfig:
+    """Everything a head needs; ``loss: default`` picks the first of ``LOSSES[task]``."""
+
+    task: str = "binary"
+    num_outputs: int = 1  # classes (multiclass, ordinal), labels (multilabel) or horizons (timeseries)
+    dropout: float = 0.1
+    loss: str = "default"
+    focal_gamma: float = 2.0
+    focal_alpha: float | None = None  # binary/multilabel focal loss: weight of the positive class
+    label_smoothing: float = 0.0  # multiclass cross-entropy
+    pos_weight: float | list[float] | None = None  # binary/multilabel BCE: weight of positives (per label)
+    class_weights: list[float] | None = None  # multiclass: one weight per class
+    huber_delta: float = 1.0
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "HeadConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def resolved_loss(self) -> str:
+        return LOSSES[self.task][0] if self.loss == "default" else self.loss
+
+
+def check_head_config(config: HeadConfig) -> None:
+    """Raise ValueError on an unknown task or loss, or options that do not fit the task."""
+    if config.task not in TASKS:
+        raise ValueError(f"unknown task '{config.task}'; known: {', '.join(TASKS)}")
+    loss = config.resolved_loss()
+    if loss not in LOSSES[config.task]:
+        raise ValueError(f"loss '{loss}' does not fit task '{config.task}'; choose one of {', '.join(LOSSES[config.task])}")
+    if not 0.0 <= config.label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {config.label_smoothing}")
+    if config.class_weights is not None and len(config.class_weights) != config.num_outputs:
+        raise ValueError(f"class_weights has {len(config.class_weights)} entries for {config.num_outputs} classes")
+    if isinstance(config.pos_weight, list) and len(config.pos_weight) != config.num_outputs:
+        raise ValueError(f"pos_weight has {len(config.pos_weight)} entries for {config.num_outputs} labels")
+    minimum = 3 if config.task == "ordinal" else 2 if config.task == "multiclass" else 1
+    if config.num_outputs < minimum:
+        raise ValueError(f"task '{config.task}' needs at least {minimum} classes/outputs, got {config.num_outputs}")
+
+
+def output_size(config: HeadConfig) -> int:
+    """Width of the head's output for ``config``."""
+    loss = config.resolved_loss()
+    if config.task == "binary":
+        return 2 if loss == "softmax" else 1
+    if config.task == "regression":
+        return 2 if loss == "gaussian_nll" else 1
+    if config.task == "ordinal":
+        return config.num_outputs - 1
+    return config.num_outputs
+
+
+class LinearHead(nn.Module):
+    """Dropout + a linear layer; the binary, multiclass, multilabel, regression and time-series heads."""
+
+    def __init__(self, hidden_size: int, config: HeadConfig):
         super().__init__()
-        self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(hidden_size, 1)
+        check_head_config(config)
+        self.config = config
+        self.dropout = nn.Dropout(config.dropout)
+        self.classifier = nn.Linear(hidden_size, output_size(config))
 
     def __call__(self, pooled: mx.array) -> mx.array:
-        return self.classifier(self.dropout(pooled)).squeeze(-1)
+        out = self.classifier(self.dropout(pooled))
+        if self.classifier.weight.shape[0] == 1:
+            return out.squeeze(-1)  # (n,) for one logit or one value
+        return out
 
-    def loss(self, logits: mx.array, targets: mx.array) -> mx.array:
-        return nn.losses.binary_cross_entropy(logits, targets, with_logits=True, reduction="mean")
+    def loss(self, outputs: mx.array, targets: mx.array) -> mx.array:
+        c, loss = self.config, self.config.resolved_loss()
+        if c.task in ("binary", "multilabel"):
+            if loss == "softmax":
+                return cross_entropy(outputs, targets.astype(mx.int32))
+            if loss == "focal":
+                return binary_focal_loss(outputs, targets, gamma=c.focal_gamma, alpha=c.focal_alpha)
+            pos_weight = None if c.pos_weight is None else mx.array(c.pos_weight, dtype=mx.float32)
+            return binary_cross_entropy(outputs, targets, pos_weight=pos_weight)
+        if c.task == "multiclass":
+            weights = None if c.class_weights is None else mx.array(c.class_weights, dtype=mx.float32)
+            if loss == "focal":
+                return softmax_focal_loss(outputs, targets, gamma=c.focal_gamma, class_weights=weights)
+            return cross_entropy(outputs, targets, label_smoothing=c.label_smoothing, class_weights=weights)
+        if loss == "gaussian_nll":
+            return gaussian_nll_loss(outputs[:, 0], outputs[:, 1], targets)
+        if loss == "mae":
+            return mae_loss(outputs, targets)
+        if loss == "huber":
+            return huber_loss(outputs, targets, delta=c.huber_delta)
+        return mse_loss(outputs, targets)
 
-    @staticmethod
-    def predict(logits: np.ndarray) -> np.ndarray:
-        """Logits -> positive-class probabilities."""
-        return 1.0 / (1.0 + np.exp(-np.asarray(logits, dtype=np.float64)))
+
+class OrdinalHead(nn.Module):
+    """Cumulative-link (CORAL) head with thresholds ordered by construction."""
+
+    def __init__(self, hidden_size: int, config: HeadConfig):
+        super().__init__()
+        check_head_config(config)
+        self.config = config
+        k = config.num_outputs
+        self.dropout = nn.Dropout(config.dropout)
+        self.score = nn.Linear(hidden_size, 1, bias=False)
+        # Spread the initial thresholds over [-1, 1]; the gaps are stored before softplus.
+        start = -1.0
+        gap = 2.0 / max(k - 2, 1)
+        self.threshold_start = mx.array([start], dtype=mx.float32)
+        self.threshold_gaps = mx.full((k - 2,), float(np.log(np.expm1(gap - self.MIN_GAP))), dtype=mx.float32)
+
+    MIN_GAP = 1e-3  # keeps neighbouring thresholds apart in float32 even when the data wants them merged
+
+    def thresholds(self) -> mx.array:
+        gaps = nn.softplus(self.threshold_gaps) + self.MIN_GAP
+        return mx.concatenate([self.threshold_start, self.threshold_start + mx.cumsum(gaps)])
+
+    def __call__(self, pooled: mx.array) -> mx.array:
+        score = self.score(self.dropout(pooled))  # (n, 1)
+        return score - self.thresholds()[None, :]  # (n, K-1) cumulative logits of P(y > k)
+
+    def loss(self, outputs: mx.array, targets: mx.array) -> mx.array:
+        return coral_loss(outputs, targets)
 
 
-HEADS = {"binary": BinaryHead}
+def build_head(hidden_size: int, config: HeadConfig) -> nn.Module:
+    return OrdinalHead(hidden_size, config) if config.task == "ordinal" else LinearHead(hidden_size, config)
+
+
+# ---- numpy side: raw outputs -> predictions ------------------------------------------------------------
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return np.exp(-np.logaddexp(0.0, -x))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    z = np.exp(x - x.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+def predict(config: HeadConfig, outputs: np.ndarray) -> np.ndarray:
+    """Raw head outputs -> predictions: probabilities for classification, values for regression
+    (still in the transformed target space), cumulative probabilities P(y > k) for ordinal."""
+    loss = config.resolved_loss()
+    if config.task == "binary":
+        return _softmax(outputs)[:, 1] if loss == "softmax" else _sigmoid(outputs)
+    if config.task == "multiclass":
+        return _softmax(outputs)
+    if config.task in ("multilabel", "ordinal"):
+        return _sigmoid(outputs)
+    if config.task == "regression" and loss == "gaussian_nll":
+        return np.asarray(outputs[:, 0], dtype=np.float64)
+    return np.asarray(outputs, dtype=np.float64)
+
+
+def predictive_std(config: HeadConfig, outputs: np.ndarray) -> np.ndarray | None:
+    """The uncertainty head's standard deviation (transformed space); None for other heads."""
+    if config.task == "regression" and config.resolved_loss() == "gaussian_nll":
+        return np.exp(0.5 * np.asarray(outputs[:, 1], dtype=np.float64))
+    return None
+
+
+def ordinal_class_probabilities(cumulative: np.ndarray) -> np.ndarray:
+    """P(y > k), k = 0..K-2 -> P(y = k), k = 0..K-1 (monotone by construction of the head)."""
+    above = np.concatenate([np.ones((len(cumulative), 1)), cumulative, np.zeros((len(cumulative), 1))], axis=1)
+    return np.clip(above[:, :-1] - above[:, 1:], 0.0, 1.0)
+
+
+def ordinal_expected_value(cumulative: np.ndarray) -> np.ndarray:
+    """E[y] in class-index units: the sum of P(y > k)."""
+    return cumulative.sum(axis=1)
+
+
+def ordinal_labels(cumulative: np.ndarray) -> np.ndarray:
+    """The CORAL label: how many thresholds the row clears with probability over 1/2."""
+    return (cumulative > 0.5).sum(axis=1)

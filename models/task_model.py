@@ -1,4 +1,4 @@
-"""An encoder, a pooling function and a task head, as one trainable module."""
+"""An encoder, a pooler and a task head, as one trainable module."""
 
 from __future__ import annotations
 
@@ -8,26 +8,32 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from models.encoders import build_encoder
-from models.heads import HEADS
-from models.pooling import POOLING
+from models.heads import HeadConfig, build_head
+from models.pooling import Pooler
 
 
 class TaskModel(nn.Module):
-    def __init__(self, encoder: nn.Module, head: nn.Module, pooling: str):
+    def __init__(self, encoder: nn.Module, pooler: Pooler, head: nn.Module):
         super().__init__()
-        if pooling not in POOLING:
-            raise ValueError(f"unknown pooling '{pooling}'; known: {sorted(POOLING)}")
         self.encoder = encoder
+        self.pooler = pooler
         self.head = head
-        self.pooling = pooling
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         hidden, _ = self.encoder(input_ids, attention_mask)
-        return self.head(POOLING[self.pooling](hidden, attention_mask))
+        return self.head(self.pooler(hidden, attention_mask))
 
 
-def build_task_model(encoder_config: dict[str, Any], task: str, pooling: str, head_dropout: float) -> TaskModel:
+def build_task_model(encoder_config: dict[str, Any], head: HeadConfig | dict[str, Any] | str, pooling: str,
+                     head_dropout: float | None = None) -> TaskModel:
     """A freshly initialised task model; ``encoder_config`` holds config.json-style values (``model_type``
-    picks the architecture). Load pretrained encoder weights into ``model.encoder`` afterwards."""
+    picks the architecture). ``head`` is a HeadConfig, its dict, or just a task name (default options).
+    Load pretrained encoder weights into ``model.encoder`` afterwards."""
+    if isinstance(head, str):
+        head = HeadConfig(task=head)
+    elif isinstance(head, dict):
+        head = HeadConfig.from_dict(head)
+    if head_dropout is not None:
+        head = HeadConfig.from_dict({**head.to_dict(), "dropout": head_dropout})
     encoder, _ = build_encoder(encoder_config)
-    return TaskModel(encoder, HEADS[task](encoder.hidden_size, head_dropout), pooling)
+    return TaskModel(encoder, Pooler(pooling, encoder.hidden_size), build_head(encoder.hidden_size, head))

@@ -48,6 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--run-id", help="name of the run folder (default: <timestamp>-seed<S>)")
     run.add_argument("--limit-rows", type=int, help="use only the first N training rows (quick smoke runs)")
     run.add_argument("--no-progress", action="store_true", help="hide the per-fold progress bars")
+    run.add_argument("--pooling", choices=("cls", "mean", "max", "attention"), help="how token states are pooled")
+    run.add_argument("--loss", help="the head's loss (e.g. focal, huber, gaussian_nll; see models/heads.py)")
+    run.add_argument("--label-smoothing", type=float, help="multiclass cross-entropy label smoothing")
+    run.add_argument("--focal-gamma", type=float, help="focal loss gamma")
+    run.add_argument("--head-dropout", type=float, help="dropout before the head")
+    run.add_argument("--target-transform", choices=("none", "log1p", "standardize", "log1p_standardize"),
+                     help="regression/timeseries target transform, fitted per fold")
+    run.add_argument("--threshold", help="binary/multilabel cut-off for label submissions: a probability or 'tune'")
+    run.add_argument("--calibrate", action="store_const", const=True,
+                     help="temperature-scale binary/multiclass probabilities on OOF logits")
     run.add_argument("--no-compile", dest="compile", action="store_const", const=False,
                      help="run the train and eval steps eagerly instead of with mx.compile")
     run.add_argument("--no-dynamic-padding", dest="dynamic_padding", action="store_const", const=False,
@@ -59,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("model", help="a shipped name (minilm-l6) or a local Hugging Face model folder")
     embed.add_argument("--texts", required=True, help="UTF-8 text file, one text per line")
     embed.add_argument("--out", required=True, help="output .npy file")
-    embed.add_argument("--pooling", choices=("cls", "mean"), default="mean", help="how to pool tokens (default mean)")
+    embed.add_argument("--pooling", choices=("cls", "mean", "max"), default="mean", help="how to pool tokens (default mean)")
     embed.add_argument("--normalize", action="store_true", help="L2-normalise each embedding")
     embed.add_argument("--max-length", type=int, default=256, help="maximum tokens per text (default 256)")
     embed.add_argument("--batch-size", type=int, default=64)
@@ -77,13 +87,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _probability(text: str) -> float:
+    from pipeline.errors import KbertError
+
+    try:
+        return float(text)
+    except ValueError:
+        raise KbertError(f"--threshold must be a probability or 'tune', got {text!r}") from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from pipeline.config import load_competition, resolve_run_config
     from pipeline.run import run_competition
 
     overrides = {name: getattr(args, name) for name in ("folds", "seed", "encoder", "epochs", "batch_size", "learning_rate",
                                                          "max_length", "data_dir", "out_dir", "submissions_dir",
-                                                         "limit_rows", "compile", "dynamic_padding")}
+                                                         "limit_rows", "compile", "dynamic_padding", "pooling", "loss",
+                                                         "label_smoothing", "focal_gamma", "head_dropout",
+                                                         "target_transform", "calibrate")}
+    if args.threshold is not None:
+        overrides["threshold"] = args.threshold if args.threshold == "tune" else _probability(args.threshold)
     config = resolve_run_config(load_competition(args.competition), overrides)
     result = run_competition(config, run_id=args.run_id, progress=not args.no_progress)
     print(f"CV {result.metric}: {result.cv_score:.4f}  (folds: {', '.join(f'{s:.4f}' for s in result.fold_scores)})")

@@ -16,7 +16,8 @@ from pipeline.errors import KbertError
 
 COMPETITIONS_DIR = Path(__file__).resolve().parent.parent / "competitions"
 BUNDLED_DATA_DIR = COMPETITIONS_DIR / "data"
-TASKS = ("binary",)  # grows with the heads issue: multiclass, multilabel, regression, ordinal, time-series
+TASKS = ("binary", "multiclass", "multilabel", "regression", "ordinal", "timeseries")  # = models.heads.TASKS
+TARGET_TRANSFORMS = ("none", "log1p", "standardize", "log1p_standardize")
 COLUMN_DTYPES = ("int", "float", "str")
 REQUIRED_KEYS = ("name", "id_column", "target", "task", "metric", "files", "columns", "submission", "text")
 
@@ -24,31 +25,41 @@ REQUIRED_KEYS = ("name", "id_column", "target", "task", "metric", "files", "colu
 @dataclass
 class TextConfig:
     serializer: str
-    template: str
+    template: str = ""  # for template-based serializers (titanic)
+    columns: list[str] | None = None  # for the generic "list" serializer: which columns, in order (None: all)
 
 
 @dataclass
 class FoldConfig:
     k: int = 5
     seed: int = 42
-    stratify: bool = True
+    stratify: bool = True  # classification targets only
+    shuffle: bool = True  # False: contiguous blocks in file order (time series)
+    purge: int = 0  # with shuffle False: also drop this many training rows on each side of the validation block
 
 
 @dataclass
 class CompetitionConfig:
     name: str
     id_column: str
-    target: str
+    target: str | list[str]  # a list for multilabel (one 0/1 column per label) and timeseries (one per horizon)
     task: str
     metric: str
     train_file: str
     test_file: str
-    sample_submission_file: str
+    sample_submission_file: str  # "" when the competition has none: the submission is id + target columns
     columns: dict[str, str]  # raw input columns (excluding the target) -> int | float | str
     submission_columns: dict[str, str]  # submission column -> int | float | str, in order
     text: TextConfig
     folds: FoldConfig = field(default_factory=FoldConfig)
     training: dict[str, Any] = field(default_factory=dict)  # overrides for TrainConfig / ModelConfig fields
+    head: dict[str, Any] = field(default_factory=dict)  # overrides for HeadOptions fields
+    classes: list[Any] | None = None  # ordinal/multiclass: the class values in order (default: sorted unique)
+    data_dir: str = ""  # the data folder, relative to the YAML file ("" = competitions/data/<name>)
+
+    @property
+    def target_columns(self) -> list[str]:
+        return list(self.target) if isinstance(self.target, list) else [self.target]
 
 
 @dataclass
@@ -87,10 +98,28 @@ class TrainConfig:
 
 
 @dataclass
+class HeadOptions:
+    """The head's loss and its options (see models/heads.py), plus how predictions become a submission."""
+
+    loss: str = "default"  # binary: bce|focal|softmax; multiclass: cross_entropy|focal; multilabel: bce|focal;
+    # regression: mse|mae|huber|gaussian_nll (uncertainty); ordinal: coral; timeseries: mse|mae|huber
+    focal_gamma: float = 2.0
+    focal_alpha: float | None = None
+    label_smoothing: float = 0.0
+    pos_weight: float | list[float] | None = None
+    class_weights: list[float] | None = None
+    huber_delta: float = 1.0
+    target_transform: str = "none"  # regression/timeseries: none|log1p|standardize|log1p_standardize (per fold)
+    threshold: float | str = 0.5  # binary/multilabel labels: a probability, or "tune" to pick it on OOF
+    calibrate: bool = False  # binary/multiclass: temperature scaling fitted on OOF logits
+
+
+@dataclass
 class RunConfig:
     competition: CompetitionConfig
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    head: HeadOptions = field(default_factory=HeadOptions)
     seed: int = 42
     data_dir: str = ""
     out_dir: str = "runs"
@@ -143,8 +172,33 @@ def load_competition(name_or_path: str) -> CompetitionConfig:
     task = _require(data, "task", source)
     if task not in TASKS:
         raise KbertError(f"{source}: task '{task}' is not supported; supported: {', '.join(TASKS)}")
+    target = _require(data, "target", source)
+    if isinstance(target, list):
+        if task not in ("multilabel", "timeseries") or not target or not all(isinstance(t, str) for t in target):
+            raise KbertError(f"{source}: 'target' may be a list of columns only for multilabel and timeseries tasks")
+    elif task in ("multilabel", "timeseries"):
+        target = [str(target)]
+    metric = str(_require(data, "metric", source))
+    from pipeline.metrics import get_metric
+
+    try:
+        get_metric(metric)
+    except KbertError as exc:
+        raise KbertError(f"{source}: {exc}") from None
     files = _require(data, "files", source)
     text = _require(data, "text", source)
+    if not isinstance(text, dict) or "serializer" not in text:
+        raise KbertError(f"{source}: 'text' must be a mapping with a 'serializer'")
+    unknown_text_keys = set(text) - {f.name for f in fields(TextConfig)}
+    if unknown_text_keys:
+        raise KbertError(f"{source}: unknown keys under 'text': {sorted(unknown_text_keys)}")
+    head = data.get("head", {}) or {}
+    unknown_head_keys = set(head) - {f.name for f in fields(HeadOptions)}
+    if unknown_head_keys:
+        raise KbertError(f"{source}: unknown keys under 'head': {sorted(unknown_head_keys)}")
+    data_dir = data.get("data_dir") or ""
+    if data_dir:
+        data_dir = str((source.parent / data_dir).resolve())
     folds = data.get("folds", {}) or {}
     unknown_fold_keys = set(folds) - {f.name for f in fields(FoldConfig)}
     if unknown_fold_keys:
@@ -152,17 +206,20 @@ def load_competition(name_or_path: str) -> CompetitionConfig:
     return CompetitionConfig(
         name=_require(data, "name", source),
         id_column=_require(data, "id_column", source),
-        target=_require(data, "target", source),
+        target=target,
         task=task,
-        metric=_require(data, "metric", source),
+        metric=metric,
         train_file=_require(files, "train", source),
         test_file=_require(files, "test", source),
-        sample_submission_file=_require(files, "sample_submission", source),
+        sample_submission_file=files.get("sample_submission") or "",
         columns=_check_dtypes(_require(data, "columns", source), source, "columns"),
         submission_columns=_check_dtypes(_require(data, "submission", source).get("columns"), source, "submission.columns"),
-        text=TextConfig(serializer=_require(text, "serializer", source), template=_require(text, "template", source)),
+        text=TextConfig(**text),
         folds=FoldConfig(**folds),
         training=data.get("training", {}) or {},
+        head=head,
+        classes=data.get("classes"),
+        data_dir=data_dir,
     )
 
 
@@ -176,16 +233,27 @@ def _apply(obj: Any, overrides: dict[str, Any], source: str) -> Any:
 
 def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Defaults, then the competition's ``training`` section, then CLI ``overrides`` (flat field names)."""
-    model, train = ModelConfig(), TrainConfig()
+    model, train, head = ModelConfig(), TrainConfig(), HeadOptions()
     run_fields = {"seed", "data_dir", "out_dir", "submissions_dir", "limit_rows"}
-    merged = {**competition.training, **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    merged = {**competition.head, **competition.training,
+              **{k: v for k, v in (overrides or {}).items() if v is not None}}
     model_names = {f.name for f in fields(ModelConfig)}
     train_names = {f.name for f in fields(TrainConfig)}
-    unknown = set(merged) - model_names - train_names - run_fields - {"folds"}
+    head_names = {f.name for f in fields(HeadOptions)}
+    unknown = set(merged) - model_names - train_names - head_names - run_fields - {"folds"}
     if unknown:
         raise KbertError(f"unknown setting(s) {sorted(unknown)}; see `kbert run --help`")
     model = _apply(model, {k: v for k, v in merged.items() if k in model_names}, "model")
     train = _apply(train, {k: v for k, v in merged.items() if k in train_names}, "train")
+    head = _apply(head, {k: v for k, v in merged.items() if k in head_names}, "head")
+    if head.target_transform not in TARGET_TRANSFORMS:
+        raise KbertError(f"target_transform '{head.target_transform}' is unknown; known: {', '.join(TARGET_TRANSFORMS)}")
+    if head.target_transform != "none" and competition.task not in ("regression", "timeseries"):
+        raise KbertError(f"target_transform applies to regression and timeseries tasks, not '{competition.task}'")
+    if not (head.threshold == "tune" or isinstance(head.threshold, (int, float)) and 0 < head.threshold < 1):
+        raise KbertError(f"threshold must be a probability in (0, 1) or 'tune', got {head.threshold!r}")
+    if head.calibrate and competition.task not in ("binary", "multiclass"):
+        raise KbertError(f"calibrate applies to binary and multiclass tasks, not '{competition.task}'")
     folds = competition.folds
     if "folds" in merged:
         folds = replace(folds, k=int(merged["folds"]))
@@ -203,7 +271,7 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         raise KbertError(f"learning_rate must be positive, got {train.learning_rate}")
     # The fold split keeps the competition's own seed, so runs with different training seeds share
     # folds and can be blended on OOF; --seed changes initialisation, dropout and batch order.
-    run = RunConfig(competition=replace(competition, folds=folds), model=model, train=train)
+    run = RunConfig(competition=replace(competition, folds=folds), model=model, train=train, head=head)
     return replace(run, **{k: merged[k] for k in run_fields if k in merged})
 
 
@@ -212,11 +280,12 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
     comp = dict(data["competition"])
     comp["text"] = TextConfig(**comp["text"])
     comp["folds"] = FoldConfig(**comp["folds"])
-    rest = {k: v for k, v in data.items() if k not in ("competition", "model", "train")}
+    rest = {k: v for k, v in data.items() if k not in ("competition", "model", "train", "head")}
     return RunConfig(
         competition=CompetitionConfig(**comp),
         model=ModelConfig(**data["model"]),
         train=TrainConfig(**data["train"]),
+        head=HeadOptions(**data.get("head", {})),
         **rest,
     )
 

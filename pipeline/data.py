@@ -16,13 +16,13 @@ from pipeline.errors import KbertError
 class CompetitionData:
     train: pd.DataFrame
     test: pd.DataFrame
-    sample_submission: pd.DataFrame
+    sample_submission: pd.DataFrame | None  # None when the competition has no sample submission
     data_dir: Path
 
 
 def resolve_data_dir(competition: CompetitionConfig, data_dir: str | Path | None) -> Path:
-    """``--data-dir`` if given, else the copy bundled under ``competitions/data/<name>``."""
-    path = Path(data_dir) if data_dir else BUNDLED_DATA_DIR / competition.name
+    """``--data-dir`` if given, else the YAML's ``data_dir``, else the copy bundled under ``competitions/data/<name>``."""
+    path = Path(data_dir or competition.data_dir or BUNDLED_DATA_DIR / competition.name)
     if not path.is_dir():
         raise KbertError(f"data folder not found: {path}")
     return path
@@ -76,32 +76,53 @@ def _check_ids(frame: pd.DataFrame, id_column: str, path: Path) -> None:
         raise KbertError(f"{path}: id column '{id_column}' has duplicate id {frame[id_column][duplicated].iloc[0]!r}")
 
 
+def check_targets(train: pd.DataFrame, competition: CompetitionConfig, path: Path) -> None:
+    """Each task's target columns hold what that task needs; no missing or infinite values."""
+    task = competition.task
+    for column in competition.target_columns:
+        if task == "multiclass":
+            if train[column].isna().any():
+                raise KbertError(f"{path}: target column '{column}' has missing values "
+                                 f"(row {int(train[column].isna().values.argmax()) + 2})")
+        else:
+            _check_dtype(train, column, "float", path, allow_missing=False)
+        values = train[column] if task == "multiclass" else pd.to_numeric(train[column])
+        distinct = sorted(values.unique(), key=str)
+        if task in ("binary", "multilabel") and not set(distinct) <= {0, 1}:
+            raise KbertError(f"{path}: {task} target '{column}' must be 0/1, found {distinct[:10]}")
+        if task in ("binary", "multiclass", "multilabel", "ordinal") and len(distinct) < 2:
+            raise KbertError(f"{path}: {task} target '{column}' has a single value {distinct}; nothing to learn")
+        if task == "ordinal" and not (values == values.round()).all():
+            raise KbertError(f"{path}: ordinal target '{column}' must hold integer levels")
+        if task == "ordinal" and competition.classes is not None:
+            unknown = set(distinct) - set(competition.classes)
+            if unknown:
+                raise KbertError(f"{path}: ordinal target '{column}' has values {sorted(unknown)} not in 'classes'")
+
+
 def load_competition_data(competition: CompetitionConfig, data_dir: str | Path | None = None) -> CompetitionData:
     folder = resolve_data_dir(competition, data_dir)
     train_path = folder / competition.train_file
     test_path = folder / competition.test_file
-    sample_path = folder / competition.sample_submission_file
-    train, test, sample = read_csv(train_path), read_csv(test_path), read_csv(sample_path)
+    train, test = read_csv(train_path), read_csv(test_path)
+    sample_path = folder / competition.sample_submission_file if competition.sample_submission_file else None
+    sample = read_csv(sample_path) if sample_path else None
 
     feature_columns = list(competition.columns)
-    _check_columns(train, feature_columns + [competition.target], train_path)
+    _check_columns(train, feature_columns + competition.target_columns, train_path)
     _check_columns(test, feature_columns, test_path)
-    _check_columns(sample, list(competition.submission_columns), sample_path)
+    if sample is not None:
+        _check_columns(sample, list(competition.submission_columns), sample_path)
     for column, dtype in competition.columns.items():
         is_id = column == competition.id_column
         _check_dtype(train, column, dtype, train_path, allow_missing=not is_id)
         _check_dtype(test, column, dtype, test_path, allow_missing=not is_id)
-    _check_dtype(train, competition.target, "float", train_path, allow_missing=False)
-    if competition.task == "binary":
-        labels = set(pd.to_numeric(train[competition.target]).unique())
-        if not labels <= {0, 1}:
-            raise KbertError(f"{train_path}: binary target '{competition.target}' must be 0/1, found {sorted(labels)}")
-        if len(labels) < 2:
-            raise KbertError(f"{train_path}: binary target '{competition.target}' has a single class {sorted(labels)}")
+    check_targets(train, competition, train_path)
     _check_ids(train, competition.id_column, train_path)
     _check_ids(test, competition.id_column, test_path)
-    _check_ids(sample, competition.id_column, sample_path)
-    if set(sample[competition.id_column]) != set(test[competition.id_column]):
-        raise KbertError(f"{sample_path}: ids in '{competition.id_column}' differ from those in {test_path}")
+    if sample is not None:
+        _check_ids(sample, competition.id_column, sample_path)
+        if set(sample[competition.id_column]) != set(test[competition.id_column]):
+            raise KbertError(f"{sample_path}: ids in '{competition.id_column}' differ from those in {test_path}")
     return CompetitionData(train=train.reset_index(drop=True), test=test.reset_index(drop=True), sample_submission=sample,
                            data_dir=folder)

@@ -7,7 +7,7 @@ import mlx.nn as nn
 import numpy as np
 from tokenizers import Tokenizer
 
-from models.pooling import POOLING
+from models.pooling import cls_pool, max_pool, mean_pool
 from models.tokenizer import encode
 from pipeline.train import pad_batch
 
@@ -15,8 +15,9 @@ from pipeline.train import pad_batch
 def embed_texts(encoder: nn.Module, tokenizer: Tokenizer, texts: list[str], pooling: str = "mean",
                 normalize: bool = False, max_length: int = 256, batch_size: int = 64) -> np.ndarray:
     """(len(texts), hidden) float32 embeddings, in input order; batches are sorted by length."""
-    if pooling not in POOLING:
-        raise ValueError(f"unknown pooling '{pooling}'; known: {sorted(POOLING)}")
+    pools = {"cls": cls_pool, "mean": mean_pool, "max": max_pool}
+    if pooling not in pools:
+        raise ValueError(f"unknown pooling '{pooling}'; known: {', '.join(pools)}")
     encoder.eval()
     pad_id = tokenizer.token_to_id("[PAD]") or 0
     tokens = encode(tokenizer, texts, max_length)
@@ -26,7 +27,7 @@ def embed_texts(encoder: nn.Module, tokenizer: Tokenizer, texts: list[str], pool
         index = order[start : start + batch_size]
         ids, mask = pad_batch([tokens[i] for i in index], length_bucket=8, pad_id=pad_id)
         hidden, _ = encoder(ids, mask)
-        pooled = POOLING[pooling](hidden, mask)
+        pooled = pools[pooling](hidden, mask)
         if normalize:
             pooled = pooled / mx.maximum(mx.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12)
         out[index] = np.array(pooled)

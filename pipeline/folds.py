@@ -15,7 +15,9 @@ from pipeline.io import write_csv
 
 def make_folds(ids: pd.Series, targets: pd.Series | None, config: FoldConfig) -> pd.DataFrame:
     """Return ``id, fold`` in the order of ``ids``."""
-    if config.stratify and targets is not None:
+    if not config.shuffle:
+        splitter = KFold(n_splits=config.k, shuffle=False)  # contiguous blocks in file order (time series)
+    elif config.stratify and targets is not None:
         splitter = StratifiedKFold(n_splits=config.k, shuffle=True, random_state=config.seed)
     else:
         splitter = KFold(n_splits=config.k, shuffle=True, random_state=config.seed)
@@ -28,10 +30,21 @@ def make_folds(ids: pd.Series, targets: pd.Series | None, config: FoldConfig) ->
     return pd.DataFrame({ids.name or "id": ids.to_numpy(), "fold": fold})
 
 
-def folds_path(competition_dir: Path, config: FoldConfig) -> Path:
+def folds_path(competition_dir: Path, config: FoldConfig, stratified: bool = True) -> Path:
     """``runs/<competition>/folds/stratified-k5-seed42.csv``: shared by every run with that split."""
-    kind = "stratified" if config.stratify else "kfold"
+    if not config.shuffle:
+        return Path(competition_dir) / "folds" / f"contiguous-k{config.k}.csv"
+    kind = "stratified" if config.stratify and stratified else "kfold"
     return Path(competition_dir) / "folds" / f"{kind}-k{config.k}-seed{config.seed}.csv"
+
+
+def purge_training_rows(train_index: np.ndarray, valid_index: np.ndarray, config: FoldConfig) -> np.ndarray:
+    """With contiguous folds and ``purge`` > 0, drop training rows within ``purge`` rows of the validation
+    block, so overlapping time-series windows do not leak the validation targets into training."""
+    if config.shuffle or config.purge <= 0 or len(valid_index) == 0:
+        return train_index
+    low, high = valid_index.min() - config.purge, valid_index.max() + config.purge
+    return train_index[(train_index < low) | (train_index > high)]
 
 
 def load_or_make_folds(path: Path, ids: pd.Series, targets: pd.Series | None, config: FoldConfig) -> pd.DataFrame:

@@ -1,7 +1,8 @@
 """A whole run: data -> folds -> text -> tokens -> one model per fold -> OOF/test -> submission.
 
-Artifacts (``runs/<competition>/<run-id>/``): config.yaml, folds.csv, oof.csv, test.csv,
-metrics.json, folds/<k>/{model.safetensors, config.json, tokenizer.json, test.csv, history.json}.
+Artifacts (``runs/<competition>/<run-id>/``): config.yaml, folds.csv, oof.csv, test.csv (predictions;
+see pipeline/predictions.py for their columns), outputs.npz (raw OOF and fold-averaged test head
+outputs), metrics.json, folds/<k>/{model.safetensors, config.json, tokenizer.json, test.csv, history.json}.
 """
 
 from __future__ import annotations
@@ -23,16 +24,21 @@ from features import SERIALIZERS
 from models.blas import STATUS as BLAS_STATUS
 from models.checkpoints import save_checkpoint
 from models.encoders import is_preset, load_encoder, preset_config, read_config, resolve_encoder_path
+from models.heads import HeadConfig, check_head_config, predict
 from models.task_model import build_task_model
 from models.weights import load_state_strict
 from models.tokenizer import encode, load_or_train_tokenizer
+from pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature
 from pipeline.config import RunConfig
 from pipeline.data import load_competition_data
 from pipeline.errors import KbertError
-from pipeline.folds import folds_path, load_or_make_folds
-from pipeline.io import write_csv, write_json, write_text, write_yaml
-from pipeline.metrics import get_metric, score_binary
-from pipeline.submission import build_submission, write_submission
+from pipeline.folds import folds_path, load_or_make_folds, purge_training_rows
+from pipeline.io import atomic_write, write_csv, write_json, write_text, write_yaml
+from pipeline.metrics import get_metric
+from pipeline.predictions import (check_metric_fits_task, metric_targets, prediction_columns, prediction_table, score,
+                                  submission_frame, submission_values, tune_label_thresholds, tune_threshold)
+from pipeline.submission import write_submission
+from pipeline.targets import TargetTransform, encode_targets, fit_target_transform, num_outputs
 from pipeline.train import FoldData, train_fold
 
 
@@ -58,10 +64,31 @@ def seed_everything(seed: int) -> None:
 
 
 def make_serializer(config: RunConfig):
-    text = config.competition.text
+    comp = config.competition
+    text = comp.text
     if text.serializer not in SERIALIZERS:
         raise KbertError(f"unknown serializer '{text.serializer}'; known: {', '.join(sorted(SERIALIZERS))}")
+    if text.serializer == "list":
+        return SERIALIZERS["list"](columns=text.columns, exclude=(comp.id_column, *comp.target_columns))
     return SERIALIZERS[text.serializer](template=text.template)
+
+
+def make_head_config(config: RunConfig, outputs: int) -> HeadConfig:
+    h = config.head
+    head = HeadConfig(task=config.competition.task, num_outputs=outputs, dropout=config.model.head_dropout, loss=h.loss,
+                      focal_gamma=h.focal_gamma, focal_alpha=h.focal_alpha, label_smoothing=h.label_smoothing,
+                      pos_weight=h.pos_weight, class_weights=h.class_weights, huber_delta=h.huber_delta)
+    try:
+        check_head_config(head)
+    except ValueError as exc:
+        raise KbertError(f"{config.competition.name}: {exc}") from None
+    return head
+
+
+def to_predictions(head: HeadConfig, outputs: np.ndarray, transform: TargetTransform | None) -> np.ndarray:
+    """Raw outputs -> predictions, regression values back on the target's original scale."""
+    predictions = predict(head, outputs)
+    return transform.inverse(predictions) if transform is not None else predictions
 
 
 def run_competition(config: RunConfig, run_id: str | None = None, progress: bool = True,
@@ -69,10 +96,18 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     started = time.perf_counter()
     comp = config.competition
     metric = get_metric(comp.metric)
+    check_metric_fits_task(metric, comp.task)
+    task = comp.task
     data = load_competition_data(comp, config.data_dir or None)
     train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows].reset_index(drop=True)
-    features = train.drop(columns=[comp.target])
-    targets = train[comp.target].to_numpy(dtype=np.int64)
+    features = train.drop(columns=comp.target_columns)
+    targets = encode_targets(train, comp)
+    raw_targets = train[comp.target_columns].to_numpy(dtype=np.float64) if task in ("regression", "timeseries") else None
+    if task == "regression":
+        raw_targets = raw_targets[:, 0]
+    head = make_head_config(config, num_outputs(task, targets))
+    truth = metric_targets(task, targets.values, raw_targets, metric.kind, targets.classes)
+    threshold = 0.5 if config.head.threshold == "tune" else float(config.head.threshold)
     run_id = run_id or new_run_id(config.seed)
     comp_dir = Path(config.out_dir) / comp.name
     run_dir = comp_dir / run_id
@@ -81,10 +116,11 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     run_dir.mkdir(parents=True)
     write_yaml(run_dir / "config.yaml", {"run_id": run_id, **config.to_dict()})
 
-    fold_file = folds_path(comp_dir, comp.folds)
+    fold_file = folds_path(comp_dir, comp.folds, stratified=targets.stratify is not None)
     if config.limit_rows is not None:
         fold_file = fold_file.with_name(fold_file.stem + f"-first{config.limit_rows}.csv")
-    folds = load_or_make_folds(fold_file, train[comp.id_column], train[comp.target], comp.folds)
+    stratify = pd.Series(targets.stratify) if targets.stratify is not None else None
+    folds = load_or_make_folds(fold_file, train[comp.id_column], stratify, comp.folds)
     write_csv(run_dir / "folds.csv", folds)
     fold_of_row = folds["fold"].to_numpy()
 
@@ -112,33 +148,55 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         f"encoder {config.model.encoder}, vocabulary {tokenizer.get_vocab_size()}, BLAS {BLAS_STATUS.name}")
     log(f"example text: {full_serializer.transform(features.iloc[:1])[0]}")
 
-    oof = np.full(len(train), np.nan)
-    test_predictions, fold_scores, fold_records = [], [], []
+    oof_outputs: np.ndarray | None = None
+    oof_predictions: np.ndarray | None = None
+    test_outputs, test_predictions, fold_scores, fold_records = [], [], [], []
+    checkpoint_config = {"encoder_config": encoder_config, "head": head.to_dict(), "pooling": config.model.pooling,
+                         "source": config.model.encoder}
     for k in range(comp.folds.k):
         train_index, valid_index = np.flatnonzero(fold_of_row != k), np.flatnonzero(fold_of_row == k)
+        train_index = purge_training_rows(train_index, valid_index, comp.folds)
         serializer = make_serializer(config).fit(features.iloc[train_index])  # fitted on the training fold only
+        transform = None
+        if raw_targets is not None:  # regression/timeseries: transform statistics from the training fold only
+            transform = fit_target_transform(config.head.target_transform, raw_targets[train_index],
+                                             ", ".join(comp.target_columns))
+            fold_targets = transform.forward(raw_targets)
+        else:
+            fold_targets = targets.values
         fold_data = FoldData(
             train_tokens=encode(tokenizer, serializer.transform(features.iloc[train_index]), config.train.max_length),
-            train_targets=targets[train_index],
+            train_targets=fold_targets[train_index],
             valid_tokens=encode(tokenizer, serializer.transform(features.iloc[valid_index]), config.train.max_length),
-            valid_targets=targets[valid_index],
+            valid_targets=fold_targets[valid_index],
             test_tokens=encode(tokenizer, serializer.transform(data.test), config.train.max_length),
         )
         fold_seed = config.seed * 1000 + k
         seed_everything(fold_seed)
-        checkpoint_config = {"encoder_config": encoder_config, "task": comp.task, "pooling": config.model.pooling,
-                             "head_dropout": config.model.head_dropout, "source": config.model.encoder}
-        model = build_task_model(encoder_config, comp.task, config.model.pooling, config.model.head_dropout)
+        model = build_task_model(encoder_config, head, config.model.pooling)
         if pretrained_weights is not None:  # every fold starts from the pretrained weights
             load_state_strict(model.encoder, pretrained_weights, config.model.encoder)
-        result = train_fold(model, fold_data, config.train, metric, seed=fold_seed,
+
+        def evaluate(outputs: np.ndarray, index=valid_index, transform=transform) -> float:
+            return score(metric, task, truth[index], to_predictions(head, outputs, transform), threshold,
+                         targets.classes)
+
+        result = train_fold(model, fold_data, config.train, evaluate, metric.greater_is_better, seed=fold_seed,
                             description=f"fold {k + 1}/{comp.folds.k}", progress=progress)
-        oof[valid_index] = result.valid_predictions
-        test_predictions.append(result.test_predictions)
+        valid_predictions = to_predictions(head, result.valid_outputs, transform)
+        fold_test_predictions = to_predictions(head, result.test_outputs, transform)
+        if oof_outputs is None:
+            oof_outputs = np.full((len(train),) + result.valid_outputs.shape[1:], np.nan, dtype=np.float32)
+            oof_predictions = np.full((len(train),) + valid_predictions.shape[1:], np.nan)
+        oof_outputs[valid_index] = result.valid_outputs
+        oof_predictions[valid_index] = valid_predictions
+        test_outputs.append(result.test_outputs)
+        test_predictions.append(fold_test_predictions)
         fold_dir = run_dir / "folds" / str(k)
-        save_checkpoint(model, fold_dir, checkpoint_config, tokenizer_path)
-        write_csv(fold_dir / "test.csv", pd.DataFrame({comp.id_column: data.test[comp.id_column],
-                                                       comp.target: result.test_predictions}))
+        save_checkpoint(model, fold_dir, {**checkpoint_config, "target_transform": vars(transform) if transform else None},
+                        tokenizer_path)
+        write_csv(fold_dir / "test.csv", predictions_frame(comp, targets.classes, data.test[comp.id_column],
+                                                          fold_test_predictions))
         write_json(fold_dir / "history.json", result.history)
         fold_scores.append(result.best_score)
         fold_records.append({"fold": k, "score": result.best_score, "best_epoch": result.best_epoch,
@@ -147,22 +205,56 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         log(f"fold {k + 1}/{comp.folds.k}: {comp.metric} {result.best_score:.4f} "
             f"(best epoch {result.best_epoch + 1}, {result.seconds:.0f}s)")
 
-    cv_score = score_binary(metric, targets, oof)
+    scored = np.flatnonzero(fold_of_row >= 0)
     test_mean = average_folds(test_predictions)
-    write_csv(run_dir / "oof.csv", pd.DataFrame({comp.id_column: train[comp.id_column], comp.target: oof}))
-    write_csv(run_dir / "test.csv", pd.DataFrame({comp.id_column: data.test[comp.id_column], comp.target: test_mean}))
-    submission = build_submission(comp, data.test[comp.id_column], test_mean)
+    test_outputs_mean = average_folds(test_outputs)
+    extra: dict = {}
+    if config.head.calibrate:
+        calibrated = cross_fitted_temperature(oof_outputs, targets.values.astype(int), fold_of_row)
+        temperature = fit_temperature(oof_outputs, targets.values.astype(int))
+        extra["calibration"] = {
+            "temperature": temperature,
+            "cv_uncalibrated": score(metric, task, truth, oof_predictions, threshold, targets.classes),
+        }
+        oof_predictions = predict(head, calibrated)
+        test_mean = predict(head, apply_temperature(test_outputs_mean, temperature))
+    cv_score = score(metric, task, truth[scored], oof_predictions[scored], threshold, targets.classes)
+    if config.head.threshold == "tune" and task in ("binary", "multilabel"):
+        if task == "binary":
+            tuning_metric = metric if metric.kind == "label" else get_metric("accuracy")
+            threshold = tune_threshold(tuning_metric, targets.values.astype(int), oof_predictions)
+        else:
+            threshold = tune_label_thresholds(targets.values.astype(int), oof_predictions)
+        extra["threshold"] = {"tuned_on_oof": np.atleast_1d(threshold).tolist(),
+                              "cv_at_tuned_threshold_optimistic": score(metric, task, truth, oof_predictions,
+                                                                        threshold, targets.classes)}
+    write_csv(run_dir / "oof.csv", predictions_frame(comp, targets.classes, train[comp.id_column], oof_predictions))
+    write_csv(run_dir / "test.csv", predictions_frame(comp, targets.classes, data.test[comp.id_column], test_mean))
+    atomic_write(run_dir / "outputs.npz", lambda p: np.savez(open(p, "wb"), oof=oof_outputs, test=test_outputs_mean))
+    value_columns = {c: t for c, t in comp.submission_columns.items() if c != comp.id_column}
+    values = submission_values(task, test_mean, value_columns, comp.target_columns, targets.classes, threshold)
+    submission = submission_frame(comp.id_column, data.test[comp.id_column], values, comp.submission_columns)
     submission_path = write_submission(submission, data.sample_submission, comp,
-                                       Path(config.submissions_dir) / comp.name / f"{run_id}.csv")
+                                       Path(config.submissions_dir) / comp.name / f"{run_id}.csv",
+                                       test_ids=data.test[comp.id_column])
     seconds = time.perf_counter() - started
     write_json(run_dir / "metrics.json", {
-        "run_id": run_id, "metric": comp.metric, "greater_is_better": metric.greater_is_better,
+        "run_id": run_id, "task": task, "metric": comp.metric, "greater_is_better": metric.greater_is_better,
         "cv": cv_score, "fold_mean": float(np.mean(fold_scores)), "fold_std": float(np.std(fold_scores)),
-        "folds": fold_records, "wall_time_s": round(seconds, 2), "blas": BLAS_STATUS.name,
-        "submission": str(submission_path),
+        "folds": fold_records, **extra, "head": head.to_dict(), "wall_time_s": round(seconds, 2),
+        "blas": BLAS_STATUS.name, "submission": str(submission_path),
     })
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=fold_scores, cv_score=cv_score, metric=comp.metric,
                      submission_path=submission_path, seconds=seconds)
+
+
+def predictions_frame(comp, classes: list | None, ids: pd.Series, predictions: np.ndarray) -> pd.DataFrame:
+    """oof.csv / test.csv: the id, then one column per prediction (see pipeline/predictions.py)."""
+    frame = pd.DataFrame({comp.id_column: ids.to_numpy()})
+    table = prediction_table(comp.task, predictions)
+    for j, name in enumerate(prediction_columns(comp.task, comp.target_columns, classes)):
+        frame[name] = table[:, j]
+    return frame
 
 
 def scratch_encoder_config(config: RunConfig, vocab_size: int) -> dict:

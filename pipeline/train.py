@@ -1,6 +1,7 @@
 """Train one fold: AdamW with warm-up + cosine decay, gradient clipping, early stopping on the metric.
 
-Knows nothing about runs, folds on disk or tuning; it takes token arrays and returns predictions.
+Knows nothing about runs, folds on disk, tasks or tuning: it takes token arrays and training-space
+targets, scores each epoch with the caller's ``evaluate`` and returns the raw head outputs.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ from tqdm import tqdm
 
 from models.task_model import TaskModel
 from pipeline.config import TrainConfig
-from pipeline.metrics import Metric, score_binary
 
 
 @dataclass
 class FoldData:
     train_tokens: list[np.ndarray]
-    train_targets: np.ndarray
+    train_targets: np.ndarray  # in training space: float32, int32 class indices, or (n, k) float32
     valid_tokens: list[np.ndarray]
     valid_targets: np.ndarray
     test_tokens: list[np.ndarray]
@@ -31,8 +31,8 @@ class FoldData:
 
 @dataclass
 class FoldResult:
-    valid_predictions: np.ndarray  # probabilities from the best epoch
-    test_predictions: np.ndarray
+    valid_outputs: np.ndarray  # raw head outputs (logits, values) of the best epoch
+    test_outputs: np.ndarray
     best_epoch: int
     best_score: float
     history: list[dict] = field(default_factory=list)
@@ -107,26 +107,32 @@ def make_forward(model: TaskModel, compiled: bool = True) -> Callable[[mx.array,
     return mx.compile(forward, inputs=[model.state]) if compiled else forward
 
 
-def predict_logits(model: TaskModel, tokens: list[np.ndarray], config: TrainConfig,
-                   forward: Callable[[mx.array, mx.array], mx.array] | None = None) -> np.ndarray:
-    """Eval-mode logits in input order; batches are sorted by length to keep padding small."""
+def predict_outputs(model: TaskModel, tokens: list[np.ndarray], config: TrainConfig,
+                    forward: Callable[[mx.array, mx.array], mx.array] | None = None) -> np.ndarray:
+    """Eval-mode head outputs in input order, (n,) or (n, k); batches are sorted by length, then unsorted."""
     was_training = model.training
     forward = forward or make_forward(model, config.compile)
     order = np.argsort([len(t) for t in tokens], kind="stable")
-    out = np.empty(len(tokens), dtype=np.float32)
+    out = None
     for start in range(0, len(tokens), config.eval_batch_size):
         index = order[start : start + config.eval_batch_size]
         ids, mask = pad_batch([tokens[i] for i in index], config.length_bucket, width=batch_width(config))
-        logits = forward(ids, mask)
-        mx.eval(logits)
-        out[index] = np.array(logits, dtype=np.float32)
+        outputs = forward(ids, mask)
+        mx.eval(outputs)
+        if out is None:
+            out = np.empty((len(tokens),) + tuple(outputs.shape[1:]), dtype=np.float32)
+        out[index] = np.array(outputs, dtype=np.float32)
     model.train(was_training)
     return out
 
 
-def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, metric: Metric, seed: int,
-               description: str = "fold", progress: bool = True) -> FoldResult:
-    """Train ``model`` in place; on return it holds the weights of the best validation epoch."""
+def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: Callable[[np.ndarray], float],
+               greater_is_better: bool, seed: int, description: str = "fold", progress: bool = True) -> FoldResult:
+    """Train ``model`` in place; on return it holds the weights of the best validation epoch.
+
+    ``evaluate(valid_outputs)`` returns the competition metric for the validation rows; the best epoch
+    is the best score, ties (common for accuracy) going to the lower validation loss.
+    """
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
     steps_per_epoch = -(-len(data.train_tokens) // config.batch_size)
@@ -135,37 +141,34 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, metric: Me
     train_step = make_train_step(model, optimizer, config.max_grad_norm, config.compile)
     forward = make_forward(model, config.compile)
     width = batch_width(config)
+    valid_targets = mx.array(data.valid_targets)
     best_key: tuple[float, float] | None = None
     best_params, best_valid, best_epoch = None, None, -1
     history: list[dict] = []
     epochs_without_gain = 0
-    sign = 1.0 if metric.greater_is_better else -1.0
+    sign = 1.0 if greater_is_better else -1.0
 
     bar = tqdm(total=steps_per_epoch * config.epochs, desc=description, unit="step", disable=not progress,
                leave=False, dynamic_ncols=True, mininterval=0.5)
-    model.train()
     for epoch in range(config.epochs):
         order = rng.permutation(len(data.train_tokens))
         losses = []
         for start in range(0, len(order), config.batch_size):
             index = order[start : start + config.batch_size]
             ids, mask = pad_batch([data.train_tokens[i] for i in index], config.length_bucket, width=width)
-            targets = mx.array(data.train_targets[index].astype(np.float32))
-            loss = train_step(ids, mask, targets)
+            loss = train_step(ids, mask, mx.array(data.train_targets[index]))
             mx.eval(loss, model.parameters(), optimizer.state)
             losses.append(loss.item())
             bar.update(1)
-        valid_logits = predict_logits(model, data.valid_tokens, config, forward)
-        valid_probs = model.head.predict(valid_logits)
-        valid_loss = float(np.mean(np.logaddexp(0, valid_logits) - data.valid_targets * valid_logits))
-        score = score_binary(metric, data.valid_targets, valid_probs)
+        valid_outputs = predict_outputs(model, data.valid_tokens, config, forward)
+        valid_loss = model.head.loss(mx.array(valid_outputs), valid_targets).item()
+        score = float(evaluate(valid_outputs))
         history.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "valid_loss": valid_loss,
                         "valid_score": score})
         bar.set_postfix(loss=f"{np.mean(losses):.3f}", valid=f"{score:.4f}")
-        # Best by the metric; ties (common for accuracy) go to the lower validation loss.
         key = (sign * score, -valid_loss)
         if best_key is None or key > best_key:
-            best_key, best_params, best_valid, best_epoch = key, model.parameters(), valid_probs, epoch
+            best_key, best_params, best_valid, best_epoch = key, model.parameters(), valid_outputs, epoch
             epochs_without_gain = 0
         else:
             epochs_without_gain += 1
@@ -174,6 +177,6 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, metric: Me
     bar.close()
     model.update(best_params)  # parameters are immutable arrays, so the saved tree is the best epoch's
     mx.eval(model.parameters())
-    test_probs = model.head.predict(predict_logits(model, data.test_tokens, config, forward))
-    return FoldResult(valid_predictions=best_valid, test_predictions=test_probs, best_epoch=best_epoch,
+    test_outputs = predict_outputs(model, data.test_tokens, config, forward)
+    return FoldResult(valid_outputs=best_valid, test_outputs=test_outputs, best_epoch=best_epoch,
                       best_score=sign * best_key[0], history=history, seconds=time.perf_counter() - started)

@@ -9,11 +9,23 @@ from models.task_model import build_task_model
 from pipeline.config import TrainConfig
 from pipeline.errors import KbertError
 from pipeline.metrics import get_metric
-from pipeline.train import FoldData, pad_batch, predict_logits, train_fold
+from models.heads import predict
+from pipeline.train import FoldData, pad_batch, predict_outputs, train_fold
 
 TINY = {"model_type": "bert", "vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
         "intermediate_size": 64, "max_position_embeddings": 32, "add_pooling_layer": False}
-CHECKPOINT_CONFIG = {"encoder_config": TINY, "task": "binary", "pooling": "cls", "head_dropout": 0.1}
+CHECKPOINT_CONFIG = {"encoder_config": TINY, "head": {"task": "binary", "dropout": 0.1}, "pooling": "cls"}
+
+
+def accuracy_of(labels):
+    """evaluate(outputs) for train_fold: accuracy of the binary head's predictions."""
+    return lambda outputs: get_metric("accuracy")(labels, (predict(model_head_config(), outputs) >= 0.5).astype(int))
+
+
+def model_head_config():
+    from models.heads import HeadConfig
+
+    return HeadConfig(task="binary")
 
 
 def tiny_model(seed=0):
@@ -56,36 +68,37 @@ def test_padding_does_not_change_outputs():
     model.eval()
     tokens, _ = toy_tokens(6)
     config = TrainConfig(eval_batch_size=6, length_bucket=4)
-    batched = predict_logits(model, tokens, config)
-    alone = np.array([predict_logits(model, [t], TrainConfig(eval_batch_size=1, length_bucket=1))[0] for t in tokens])
+    batched = predict_outputs(model, tokens, config)
+    alone = np.array([predict_outputs(model, [t], TrainConfig(eval_batch_size=1, length_bucket=1))[0] for t in tokens])
     np.testing.assert_allclose(batched, alone, atol=1e-5)
 
 
 def test_training_loss_goes_down_on_a_small_batch():
     model = tiny_model()
     tokens, labels = toy_tokens(32)
+    labels = labels.astype(np.float32)
     data = FoldData(tokens, labels, tokens, labels, tokens[:4])
     config = TrainConfig(epochs=40, batch_size=32, learning_rate=3e-3, warmup_ratio=0.1, patience=100)
-    result = train_fold(model, data, config, get_metric("accuracy"), seed=0, progress=False)
+    result = train_fold(model, data, config, accuracy_of(labels), True, seed=0, progress=False)
     losses = [h["train_loss"] for h in result.history]
     assert losses[-1] < 0.5 * losses[0]
     assert result.best_score >= 0.9
-    assert result.test_predictions.shape == (4,)
-    assert ((result.test_predictions >= 0) & (result.test_predictions <= 1)).all()
+    assert result.test_outputs.shape == (4,)
 
 
 def test_early_stopping_keeps_the_best_epoch():
     model = tiny_model()
     tokens, labels = toy_tokens(48)
+    labels = labels.astype(np.float32)
     data = FoldData(tokens[:32], labels[:32], tokens[32:], labels[32:], tokens[32:])
     config = TrainConfig(epochs=12, batch_size=16, learning_rate=3e-3, patience=2)
-    result = train_fold(model, data, config, get_metric("accuracy"), seed=0, progress=False)
+    result = train_fold(model, data, config, accuracy_of(labels[32:]), True, seed=0, progress=False)
     scores = [h["valid_score"] for h in result.history]
     assert result.best_score == max(scores)
     assert len(result.history) <= config.epochs
     # The model returned holds the best epoch's weights: its validation predictions are reproduced.
-    again = model.head.predict(predict_logits(model, tokens[32:], config))
-    np.testing.assert_allclose(again, result.valid_predictions, atol=1e-6)
+    again = predict_outputs(model, tokens[32:], config)
+    np.testing.assert_allclose(again, result.valid_outputs, atol=1e-6)
 
 
 def test_checkpoint_round_trip_is_exact(tmp_path):
@@ -99,7 +112,7 @@ def test_checkpoint_round_trip_is_exact(tmp_path):
         assert np.array_equal(np.array(a), np.array(b)), name
     tokens, _ = toy_tokens(5)
     config = TrainConfig()
-    np.testing.assert_array_equal(predict_logits(model, tokens, config), predict_logits(loaded, tokens, config))
+    np.testing.assert_array_equal(predict_outputs(model, tokens, config), predict_outputs(loaded, tokens, config))
 
 
 def test_checkpoint_with_a_renamed_key_fails_loudly(tmp_path):

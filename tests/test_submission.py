@@ -3,7 +3,8 @@ import pandas as pd
 import pytest
 
 from pipeline.errors import KbertError
-from pipeline.submission import build_submission, validate_submission, write_submission
+from pipeline.predictions import submission_frame, submission_values
+from pipeline.submission import validate_submission, write_submission
 
 
 @pytest.fixture
@@ -15,7 +16,9 @@ def sample():
 
 def good(titanic, sample):
     probs = np.linspace(0, 1, len(sample))
-    return build_submission(titanic, sample["PassengerId"], probs)
+    columns = {"Survived": "int"}
+    values = submission_values("binary", probs, columns, ["Survived"], [0, 1], threshold=0.5)
+    return submission_frame("PassengerId", sample["PassengerId"], values, titanic.submission_columns)
 
 
 def test_a_good_submission_is_written_in_the_sample_format(titanic, sample, tmp_path):

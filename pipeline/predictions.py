@@ -1,0 +1,134 @@
+"""Predictions per task: what a metric is scored on, OOF-tuned thresholds, prediction tables and submission values.
+
+Predictions are what ``models.heads.predict`` returns, with regression values already back on the original
+scale: binary P(positive) (n,); multiclass class probabilities (n, C); multilabel label probabilities (n, L);
+regression values (n,); ordinal cumulative probabilities P(y > k) (n, K-1); timeseries values (n, H).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from models.heads import ordinal_class_probabilities, ordinal_labels
+from pipeline.errors import KbertError
+from pipeline.metrics import Metric
+
+METRIC_KINDS = {
+    "binary": ("label", "score"),
+    "multiclass": ("label", "score"),
+    "multilabel": ("label", "score"),
+    "regression": ("value",),
+    "ordinal": ("label", "score", "value"),
+    "timeseries": ("value",),
+}
+
+
+def check_metric_fits_task(metric: Metric, task: str) -> None:
+    if metric.kind not in METRIC_KINDS[task]:
+        raise KbertError(f"metric '{metric.name}' scores {metric.kind}s, which a {task} task does not produce; "
+                         f"pick a metric of kind {' or '.join(METRIC_KINDS[task])}")
+
+
+def metric_input(task: str, predictions: np.ndarray, kind: str, threshold: float | np.ndarray = 0.5,
+                 classes: list | None = None) -> np.ndarray:
+    """Turn predictions into what a metric of ``kind`` scores (labels, scores or values)."""
+    if task in ("binary", "multilabel"):
+        return (predictions >= threshold).astype(int) if kind == "label" else predictions
+    if task == "multiclass":
+        return predictions.argmax(axis=1) if kind == "label" else predictions
+    if task == "ordinal":
+        if kind == "label":
+            return ordinal_labels(predictions)
+        probabilities = ordinal_class_probabilities(predictions)
+        if kind == "score":
+            return probabilities
+        return probabilities @ np.asarray(classes, dtype=np.float64)  # expected value in the target's units
+    return predictions
+
+
+def metric_targets(task: str, encoded: np.ndarray, raw: np.ndarray, kind: str, classes: list | None) -> np.ndarray:
+    """Targets in the form the metric compares against: class indices / 0-1 labels, or raw values."""
+    if task == "ordinal" and kind == "value":
+        return np.asarray(classes, dtype=np.float64)[encoded]
+    if task in ("regression", "timeseries"):
+        return raw
+    return encoded.astype(int)
+
+
+def score(metric: Metric, task: str, targets: np.ndarray, predictions: np.ndarray,
+          threshold: float | np.ndarray = 0.5, classes: list | None = None) -> float:
+    """``targets`` as from ``metric_targets``."""
+    return metric(targets, metric_input(task, predictions, metric.kind, threshold, classes))
+
+
+def tune_threshold(metric: Metric, targets: np.ndarray, probabilities: np.ndarray) -> float:
+    """The probability cut-off that scores best on these (OOF) predictions; candidates 0.05 .. 0.95."""
+    candidates = np.round(np.linspace(0.05, 0.95, 91), 4)
+    scores = [metric(targets, (probabilities >= t).astype(int)) for t in candidates]
+    best = int(np.argmax(scores) if metric.greater_is_better else np.argmin(scores))
+    return float(candidates[best])
+
+
+def tune_label_thresholds(targets: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
+    """Multilabel: one cut-off per label, each maximising that label's F1 on the (OOF) predictions."""
+    from sklearn.metrics import f1_score
+
+    candidates = np.round(np.linspace(0.05, 0.95, 91), 4)
+    thresholds = []
+    for j in range(targets.shape[1]):
+        scores = [f1_score(targets[:, j], (probabilities[:, j] >= t).astype(int), zero_division=0) for t in candidates]
+        thresholds.append(candidates[int(np.argmax(scores))])
+    return np.asarray(thresholds)
+
+
+def prediction_columns(task: str, target_columns: list[str], classes: list | None) -> list[str]:
+    """Column names of oof.csv / test.csv (besides the id)."""
+    if task in ("multiclass", "ordinal"):
+        return [str(c) for c in classes]
+    return list(target_columns)
+
+
+def prediction_table(task: str, predictions: np.ndarray) -> np.ndarray:
+    """Predictions as a 2-D table matching ``prediction_columns``; ordinal as class probabilities."""
+    if task == "ordinal":
+        return ordinal_class_probabilities(predictions)
+    return predictions.reshape(len(predictions), -1)
+
+
+def submission_values(task: str, predictions: np.ndarray, columns: dict[str, str], target_columns: list[str],
+                      classes: list | None, threshold: float | np.ndarray = 0.5) -> dict[str, np.ndarray]:
+    """Values for each submission column (besides the id), following the column dtypes in the YAML:
+    int columns get labels, float columns probabilities or values, and multiclass submissions with one
+    column per class get class probabilities."""
+    names = list(columns)
+    if task in ("multiclass", "ordinal"):
+        probabilities = predictions if task == "multiclass" else ordinal_class_probabilities(predictions)
+        if names == [str(c) for c in classes]:
+            return {name: probabilities[:, j] for j, name in enumerate(names)}
+        if len(names) == 1:
+            labels = probabilities.argmax(axis=1) if task == "multiclass" else ordinal_labels(predictions)
+            if columns[names[0]] == "float" and task == "ordinal":
+                return {names[0]: probabilities @ np.asarray(classes, dtype=np.float64)}
+            return {names[0]: np.asarray(classes, dtype=object)[labels]}
+        raise KbertError(f"submission columns {names} fit neither one label column nor one column per class {classes}")
+    table = predictions.reshape(len(predictions), -1)
+    if len(names) != table.shape[1]:
+        raise KbertError(f"submission has {len(names)} value column(s) {names} but the task predicts {table.shape[1]}")
+    out = {}
+    for j, name in enumerate(names):
+        values = table[:, j]
+        if task in ("binary", "multilabel") and columns[name] == "int":
+            cut = threshold[j] if isinstance(threshold, np.ndarray) else threshold
+            values = (values >= cut).astype(int)
+        out[name] = values
+    return out
+
+
+def submission_frame(id_column: str, ids: pd.Series, values: dict[str, np.ndarray], columns: dict[str, str]) -> pd.DataFrame:
+    frame = pd.DataFrame({id_column: ids.to_numpy()})
+    for name, column in values.items():
+        if columns[name] == "int":
+            column = np.asarray(column).astype(np.int64)
+        frame[name] = column
+    return frame

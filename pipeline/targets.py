@@ -1,0 +1,97 @@
+"""Targets: raw target columns -> training arrays per task, and regression target transforms fitted per fold."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from pipeline.config import CompetitionConfig
+from pipeline.errors import KbertError
+
+
+@dataclass
+class Targets:
+    values: np.ndarray  # binary: float 0/1 (n,); multiclass/ordinal: class index (n,); regression: float (n,);
+    # multilabel: float 0/1 (n, L); timeseries: float (n, H)
+    classes: list | None  # multiclass/ordinal: the original value of each class index
+    stratify: np.ndarray | None  # what the fold split stratifies on (None: plain k-fold)
+
+
+def _python_value(value):
+    return value.item() if hasattr(value, "item") else value
+
+
+def encode_targets(train: pd.DataFrame, competition: CompetitionConfig) -> Targets:
+    task, columns = competition.task, competition.target_columns
+    if task in ("multilabel", "timeseries"):
+        values = train[columns].to_numpy(dtype=np.float32)
+        return Targets(values=values, classes=None, stratify=None)
+    raw = train[columns[0]]
+    if task == "binary":
+        values = raw.to_numpy(dtype=np.float32)
+        return Targets(values=values, classes=[0, 1], stratify=values.astype(int))
+    if task == "regression":
+        return Targets(values=raw.to_numpy(dtype=np.float32), classes=None, stratify=None)
+    if task == "ordinal":
+        classes = competition.classes or sorted(pd.to_numeric(raw).unique().tolist())
+    else:  # multiclass: numbers sort numerically, strings alphabetically
+        classes = competition.classes or sorted(raw.unique().tolist(), key=lambda v: (isinstance(v, str), v))
+    classes = [_python_value(c) for c in classes]
+    index = {c: i for i, c in enumerate(classes)}
+    if task == "ordinal":
+        codes = [index.get(_python_value(v)) for v in pd.to_numeric(raw)]
+    else:
+        codes = [index.get(_python_value(v)) for v in raw]
+    if any(c is None for c in codes):
+        raise KbertError(f"target '{columns[0]}' has values outside the classes {classes}")
+    values = np.asarray(codes, dtype=np.int32)
+    return Targets(values=values, classes=classes, stratify=values)
+
+
+def num_outputs(task: str, targets: Targets) -> int:
+    """Classes for multiclass/ordinal, labels for multilabel, horizons for timeseries, else 1."""
+    if task in ("multiclass", "ordinal"):
+        return len(targets.classes)
+    if task in ("multilabel", "timeseries"):
+        return targets.values.shape[1]
+    return 1
+
+
+@dataclass
+class TargetTransform:
+    """``none``, ``log1p``, ``standardize`` or ``log1p_standardize``; the statistics come from the
+    training fold only and are kept per target column."""
+
+    kind: str = "none"
+    center: tuple[float, ...] = (0.0,)
+    scale: tuple[float, ...] = (1.0,)
+
+    @property
+    def uses_log(self) -> bool:
+        return self.kind.startswith("log1p")
+
+    def forward(self, y: np.ndarray) -> np.ndarray:
+        y = np.asarray(y, dtype=np.float64)
+        if self.uses_log:
+            y = np.log1p(y)
+        return ((y - np.asarray(self.center)) / np.asarray(self.scale)).astype(np.float32)
+
+    def inverse(self, z: np.ndarray) -> np.ndarray:
+        y = np.asarray(z, dtype=np.float64) * np.asarray(self.scale) + np.asarray(self.center)
+        return np.expm1(y) if self.uses_log else y
+
+
+def fit_target_transform(kind: str, y: np.ndarray, column: str = "target") -> TargetTransform:
+    y = np.asarray(y, dtype=np.float64)
+    if kind.startswith("log1p"):
+        if (y <= -1).any():
+            raise KbertError(f"target_transform '{kind}' needs values above -1; '{column}' has {y.min():g}")
+        y = np.log1p(y)
+    if kind.endswith("standardize"):
+        center = y.mean(axis=0)
+        scale = y.std(axis=0)
+        scale = np.where(scale > 0, scale, 1.0)
+        return TargetTransform(kind, tuple(np.atleast_1d(center).tolist()), tuple(np.atleast_1d(scale).tolist()))
+    return TargetTransform(kind)

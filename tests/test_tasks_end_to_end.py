@@ -1,0 +1,90 @@
+"""Every task through the whole pipeline on small slices of real data: artifacts, submissions, no leakage."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.config import load_competition, resolve_run_config
+from pipeline.data import load_competition_data
+from pipeline.run import run_competition
+
+HEADS = Path(__file__).resolve().parent.parent / "benchmarks" / "heads"
+TINY = {"folds": 2, "epochs": 1, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "intermediate_size": 64, "vocab_size": 300, "max_length": 64}
+
+
+def run(competition: str, tmp_path, limit_rows: int = 80, **overrides):
+    comp = load_competition(competition)
+    config = resolve_run_config(comp, {**TINY, "limit_rows": limit_rows, "out_dir": str(tmp_path / "runs"),
+                                       "submissions_dir": str(tmp_path / "subs"), **overrides})
+    result = run_competition(config, run_id="t", progress=False, log=lambda _: None)
+    return comp, result, json.loads((result.run_dir / "metrics.json").read_text())
+
+
+@pytest.mark.parametrize("competition, prediction_columns", [
+    (str(HEADS / "titanic-pclass.yaml"), ["1", "2", "3"]),
+    (str(HEADS / "spaceship-spending.yaml"), ["spent_RoomService", "spent_FoodCourt", "spent_ShoppingMall",
+                                              "spent_Spa", "spent_VRDeck"]),
+    (str(HEADS / "house-prices-overallqual.yaml"), [str(q) for q in range(1, 11)]),
+    (str(HEADS / "elnino.yaml"), ["h1", "h2", "h3"]),
+])
+def test_each_task_writes_predictions_and_a_submission(competition, prediction_columns, tmp_path):
+    comp, result, metrics = run(competition, tmp_path)
+    assert np.isfinite(metrics["cv"]) and metrics["task"] == comp.task
+    oof = pd.read_csv(result.run_dir / "oof.csv")
+    assert list(oof.columns) == [comp.id_column, *prediction_columns] and len(oof) == 80
+    assert oof[prediction_columns].notna().all().all()
+    if comp.task in ("multiclass", "ordinal"):
+        np.testing.assert_allclose(oof[prediction_columns].sum(axis=1), 1.0, atol=1e-6)
+    test = load_competition_data(comp).test
+    submission = pd.read_csv(result.submission_path)
+    assert list(submission.columns) == list(comp.submission_columns)
+    assert submission[comp.id_column].tolist() == test[comp.id_column].tolist()
+    if comp.task == "multiclass":
+        assert set(submission["Pclass"]) <= {1, 2, 3}
+    if comp.task == "ordinal":
+        assert set(submission["OverallQual"]) <= set(range(1, 11))
+    assert np.load(result.run_dir / "outputs.npz")["oof"].shape[0] == 80
+
+
+def test_house_prices_submission_is_on_the_price_scale_and_transform_is_fitted_per_fold(tmp_path):
+    comp, result, metrics = run("house-prices-advanced-regression-techniques", tmp_path, limit_rows=120)
+    assert metrics["metric"] == "rmse_log" and metrics["greater_is_better"] is False
+    submission = pd.read_csv(result.submission_path)
+    assert len(submission) == 1459 and list(submission.columns) == ["Id", "SalePrice"]
+    assert submission["SalePrice"].between(1e4, 1e6).all()  # original scale, not log or standardized
+    train = load_competition_data(comp).train.iloc[:120]
+    folds = pd.read_csv(result.run_dir / "folds.csv")["fold"].to_numpy()
+    log_price = np.log1p(train["SalePrice"].to_numpy())
+    for k in (0, 1):
+        saved = json.loads((result.run_dir / "folds" / str(k) / "config.json").read_text())["target_transform"]
+        assert saved["kind"] == "log1p_standardize"
+        assert saved["center"][0] == pytest.approx(log_price[folds != k].mean())  # training rows of the fold only
+        assert saved["center"][0] != pytest.approx(log_price.mean())
+
+
+def test_calibration_and_a_tuned_threshold_leave_accuracy_honest(tmp_path):
+    _, result, metrics = run("titanic", tmp_path, limit_rows=120, calibrate=True, threshold="tune")
+    calibration = metrics["calibration"]
+    assert calibration["temperature"] > 0
+    assert metrics["cv"] == pytest.approx(calibration["cv_uncalibrated"])  # scaling logits keeps accuracy
+    assert 0.05 <= metrics["threshold"]["tuned_on_oof"][0] <= 0.95
+    assert metrics["threshold"]["cv_at_tuned_threshold_optimistic"] >= metrics["cv"] - 1e-12
+    assert set(pd.read_csv(result.submission_path)["Survived"]) <= {0, 1}
+
+
+def test_metric_that_does_not_fit_the_task_is_refused(tmp_path):
+    import yaml
+
+    from pipeline.errors import KbertError
+
+    data = yaml.safe_load((HEADS / "elnino.yaml").read_text())
+    data["metric"] = "accuracy"
+    data["data_dir"] = str(HEADS / "data" / "elnino")
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(KbertError, match="metric 'accuracy' scores labels"):
+        run(str(path), tmp_path)
