@@ -18,6 +18,7 @@ COMPETITIONS_DIR = Path(__file__).resolve().parent.parent / "competitions"
 BUNDLED_DATA_DIR = COMPETITIONS_DIR / "data"
 TASKS = ("binary", "multiclass", "multilabel", "regression", "ordinal", "timeseries")  # = models.heads.TASKS
 TARGET_TRANSFORMS = ("none", "log1p", "standardize", "log1p_standardize")
+POOLINGS = ("cls", "mean", "max", "attention")  # = models.pooling.POOLING_KINDS
 COLUMN_DTYPES = ("int", "float", "str")
 REQUIRED_KEYS = ("name", "id_column", "target", "task", "metric", "files", "columns", "submission", "text")
 
@@ -246,6 +247,8 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     model = _apply(model, {k: v for k, v in merged.items() if k in model_names}, "model")
     train = _apply(train, {k: v for k, v in merged.items() if k in train_names}, "train")
     head = _apply(head, {k: v for k, v in merged.items() if k in head_names}, "head")
+    if model.pooling not in POOLINGS:
+        raise KbertError(f"pooling '{model.pooling}' is unknown; known: {', '.join(POOLINGS)}")
     if head.target_transform not in TARGET_TRANSFORMS:
         raise KbertError(f"target_transform '{head.target_transform}' is unknown; known: {', '.join(TARGET_TRANSFORMS)}")
     if head.target_transform != "none" and competition.task not in ("regression", "timeseries"):

@@ -174,3 +174,17 @@ def test_submission_values_follow_the_column_dtypes():
     np.testing.assert_allclose(multilabel["r"], [0.1, 0.8])
     ordinal = submission_values("ordinal", np.array([[0.9, 0.6], [0.2, 0.1]]), {"q": "int"}, ["q"], [3, 4, 5])
     assert ordinal["q"].tolist() == [5, 3]
+
+
+def test_run_config_rejects_unknown_pooling_and_misplaced_options(titanic):
+    from pipeline.config import resolve_run_config
+    from pipeline.errors import KbertError
+
+    with pytest.raises(KbertError, match="pooling 'sum' is unknown"):
+        resolve_run_config(titanic, {"pooling": "sum"})
+    with pytest.raises(KbertError, match="target_transform applies to regression"):
+        resolve_run_config(titanic, {"target_transform": "log1p"})
+    with pytest.raises(KbertError, match="threshold must be"):
+        resolve_run_config(titanic, {"threshold": 1.5})
+    config = resolve_run_config(titanic, {"pooling": "attention", "loss": "focal", "threshold": "tune"})
+    assert config.model.pooling == "attention" and config.head.loss == "focal" and config.head.threshold == "tune"
