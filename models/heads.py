@@ -38,7 +38,7 @@ LOSSES = {
     "timeseries": ("mse", "mae", "huber"),
 }
 DEFAULT_METRICS = {"binary": "roc_auc", "multiclass": "accuracy", "multilabel": "roc_auc", "regression": "rmse",
-                   "ordinal": "qwk", "timeseries": "rmse"}
+                   "ordinal": "qwk", "timeseries": "rmse"}  # used when a competition YAML names no metric
 
 
 @dataclass

@@ -20,7 +20,7 @@ TASKS = ("binary", "multiclass", "multilabel", "regression", "ordinal", "timeser
 TARGET_TRANSFORMS = ("none", "log1p", "standardize", "log1p_standardize")
 POOLINGS = ("cls", "mean", "max", "attention")  # = models.pooling.POOLING_KINDS
 COLUMN_DTYPES = ("int", "float", "str")
-REQUIRED_KEYS = ("name", "id_column", "target", "task", "metric", "files", "columns", "submission", "text")
+REQUIRED_KEYS = ("name", "id_column", "target", "task", "files", "columns", "submission", "text")
 
 
 @dataclass
@@ -179,7 +179,9 @@ def load_competition(name_or_path: str) -> CompetitionConfig:
             raise KbertError(f"{source}: 'target' may be a list of columns only for multilabel and timeseries tasks")
     elif task in ("multilabel", "timeseries"):
         target = [str(target)]
-    metric = str(_require(data, "metric", source))
+    from models.heads import DEFAULT_METRICS
+
+    metric = str(data.get("metric") or DEFAULT_METRICS[task])  # no metric: the task's default
     from pipeline.metrics import get_metric
 
     try:

@@ -1,5 +1,7 @@
 """Heads, pooling, target transforms and per-task predictions."""
 
+from pathlib import Path
+
 import mlx.core as mx
 import mlx.optimizers as optim
 import numpy as np
@@ -188,3 +190,15 @@ def test_run_config_rejects_unknown_pooling_and_misplaced_options(titanic):
         resolve_run_config(titanic, {"threshold": 1.5})
     config = resolve_run_config(titanic, {"pooling": "attention", "loss": "focal", "threshold": "tune"})
     assert config.model.pooling == "attention" and config.head.loss == "focal" and config.head.threshold == "tune"
+
+
+def test_a_yaml_without_a_metric_gets_its_tasks_default(tmp_path):
+    import yaml
+
+    from pipeline.config import load_competition
+
+    data = yaml.safe_load((Path(__file__).parent.parent / "benchmarks" / "heads" / "elnino.yaml").read_text())
+    del data["metric"]
+    path = tmp_path / "no-metric.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert load_competition(str(path)).metric == "rmse"
