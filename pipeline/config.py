@@ -26,8 +26,13 @@ REQUIRED_KEYS = ("name", "id_column", "target", "task", "files", "columns", "sub
 @dataclass
 class TextConfig:
     serializer: str
-    template: str = ""  # for template-based serializers (titanic)
-    columns: list[str] | None = None  # for the generic "list" serializer: which columns, in order (None: all)
+    template: str = ""  # for the template-based serializers (template, titanic)
+    # The generic serializers (list, sentence, template; features/generic.py):
+    columns: list[str] | None = None  # which columns, in order (None: all but the id and targets)
+    numeric: str = "raw"  # raw | round | bins (quantile-bin words, edges fitted per fold)
+    bins: int = 5
+    missing: str = "unknown"  # unknown | drop
+    mappings: dict[str, dict] = field(default_factory=dict)  # column -> {code: readable word}
 
 
 @dataclass

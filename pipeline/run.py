@@ -20,7 +20,7 @@ import pandas as pd
 from mlx.utils import tree_flatten
 
 from ensembles.blend import average_folds
-from features import SERIALIZERS
+from features import GENERIC_SERIALIZERS, SERIALIZERS
 from models.blas import STATUS as BLAS_STATUS
 from models.checkpoints import save_checkpoint
 from models.encoders import is_preset, load_encoder, preset_config, read_config, resolve_encoder_path
@@ -68,8 +68,10 @@ def make_serializer(config: RunConfig):
     text = comp.text
     if text.serializer not in SERIALIZERS:
         raise KbertError(f"unknown serializer '{text.serializer}'; known: {', '.join(sorted(SERIALIZERS))}")
-    if text.serializer == "list":
-        return SERIALIZERS["list"](columns=text.columns, exclude=(comp.id_column, *comp.target_columns))
+    if text.serializer in GENERIC_SERIALIZERS:
+        return SERIALIZERS[text.serializer](template=text.template, columns=text.columns, numeric=text.numeric,
+                                            bins=text.bins, missing=text.missing, mappings=text.mappings,
+                                            exclude=(comp.id_column, *comp.target_columns))
     return SERIALIZERS[text.serializer](template=text.template)
 
 
