@@ -84,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("competition", help="a name under competitions/ or a path to a competition YAML")
     validate.add_argument("file", help="the submission CSV to check")
     validate.add_argument("--data-dir", help="folder with the sample submission (default: the bundled copy)")
+
+    show = commands.add_parser("show-text", help="print training rows as the model reads them",
+                               description="Serialize the first N training rows with the competition's text "
+                                           "settings (fitted on all training rows) and print them with their targets.")
+    show.add_argument("competition", help="a name under competitions/ or a path to a competition YAML")
+    show.add_argument("--n", type=int, default=5, help="how many rows (default 5)")
+    show.add_argument("--data-dir", help="folder with the competition's CSV files (default: the bundled copy)")
     return parser
 
 
@@ -180,9 +187,29 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from pipeline.submission import validate_submission
 
     competition = load_competition(args.competition)
-    sample = load_competition_data(competition, args.data_dir).sample_submission
-    validate_submission(read_csv(Path(args.file)), sample, competition, source=args.file)
-    print(f"{args.file}: valid {competition.name} submission ({len(sample)} rows)")
+    data = load_competition_data(competition, args.data_dir)
+    test_ids = data.test[competition.id_column]
+    validate_submission(read_csv(Path(args.file)), data.sample_submission, competition, source=args.file,
+                        test_ids=test_ids)
+    print(f"{args.file}: valid {competition.name} submission ({len(test_ids)} rows)")
+    return 0
+
+
+def cmd_show_text(args: argparse.Namespace) -> int:
+    from pipeline.config import load_competition, resolve_run_config
+    from pipeline.data import load_competition_data
+    from pipeline.run import make_serializer
+
+    competition = load_competition(args.competition)
+    config = resolve_run_config(competition)
+    data = load_competition_data(competition, args.data_dir)
+    features = data.train.drop(columns=competition.target_columns)
+    all_texts = make_serializer(config).fit(features).transform(features)
+    texts, lengths = all_texts[: args.n], [len(t.split()) for t in all_texts]
+    for (_, row), text in zip(data.train.iloc[: args.n].iterrows(), texts):
+        target = ", ".join(f"{c}={row[c]}" for c in competition.target_columns)
+        print(f"[{row[competition.id_column]}] {target}\n  {text}")
+    print(f"{len(features)} training rows; words per row: mean {sum(lengths) / len(lengths):.1f}, max {max(lengths)}")
     return 0
 
 
@@ -193,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        commands = {"run": cmd_run, "embed": cmd_embed, "doctor": cmd_doctor, "validate": cmd_validate}
+        commands = {"run": cmd_run, "embed": cmd_embed, "doctor": cmd_doctor, "validate": cmd_validate,
+                    "show-text": cmd_show_text}
         return commands[args.command](args)
     except KbertError as exc:
         print(f"kbert: error: {exc}", file=sys.stderr)

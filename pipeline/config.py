@@ -19,7 +19,7 @@ BUNDLED_DATA_DIR = COMPETITIONS_DIR / "data"
 TASKS = ("binary", "multiclass", "multilabel", "regression", "ordinal", "timeseries")  # = models.heads.TASKS
 TARGET_TRANSFORMS = ("none", "log1p", "standardize", "log1p_standardize")
 POOLINGS = ("cls", "mean", "max", "attention")  # = models.pooling.POOLING_KINDS
-COLUMN_DTYPES = ("int", "float", "str")
+COLUMN_DTYPES = ("int", "float", "str", "bool")
 REQUIRED_KEYS = ("name", "id_column", "target", "task", "files", "columns", "submission", "text")
 
 

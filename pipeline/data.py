@@ -54,6 +54,12 @@ def _check_dtype(frame: pd.DataFrame, column: str, dtype: str, path: Path, allow
     values = frame[column]
     if dtype == "str":
         return
+    if dtype == "bool":
+        bad = values.notna() & ~values.astype(str).isin(["True", "False"])
+        if bad.any():
+            raise KbertError(f"{path}: column '{column}' must be True/False, found {values[bad].iloc[0]!r} "
+                             f"(row {int(bad.values.argmax()) + 2})")
+        return
     numeric = pd.to_numeric(values, errors="coerce")
     bad = numeric.isna() & values.notna()
     if bad.any():

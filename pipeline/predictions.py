@@ -118,7 +118,7 @@ def submission_values(task: str, predictions: np.ndarray, columns: dict[str, str
     out = {}
     for j, name in enumerate(names):
         values = table[:, j]
-        if task in ("binary", "multilabel") and columns[name] == "int":
+        if task in ("binary", "multilabel") and columns[name] in ("int", "bool"):
             cut = threshold[j] if isinstance(threshold, np.ndarray) else threshold
             values = (values >= cut).astype(int)
         out[name] = values
@@ -130,5 +130,7 @@ def submission_frame(id_column: str, ids: pd.Series, values: dict[str, np.ndarra
     for name, column in values.items():
         if columns[name] == "int":
             column = np.asarray(column).astype(np.int64)
+        elif columns[name] == "bool":
+            column = np.asarray(column).astype(bool)
         frame[name] = column
     return frame

@@ -43,6 +43,8 @@ def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, compet
             raise KbertError(f"{source}: column '{column}' has missing values")
         if dtype == "int" and not pd.api.types.is_integer_dtype(values):
             raise KbertError(f"{source}: column '{column}' must be integers, found dtype {values.dtype}")
+        if dtype == "bool" and not pd.api.types.is_bool_dtype(values):
+            raise KbertError(f"{source}: column '{column}' must be True/False, found dtype {values.dtype}")
         if dtype == "float" and not pd.api.types.is_numeric_dtype(values):
             raise KbertError(f"{source}: column '{column}' must be numeric, found dtype {values.dtype}")
         if dtype == "float" and not np.isfinite(values.to_numpy(dtype=float)).all():

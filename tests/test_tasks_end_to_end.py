@@ -88,3 +88,28 @@ def test_metric_that_does_not_fit_the_task_is_refused(tmp_path):
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(KbertError, match="metric 'accuracy' scores labels"):
         run(str(path), tmp_path)
+
+
+@pytest.mark.parametrize("competition, target, values", [
+    ("spaceship-titanic", "Transported", {True, False}),
+    ("nlp-getting-started", "target", {0, 1}),
+])
+def test_bundled_binary_competitions_run_from_yaml_alone(competition, target, values, tmp_path):
+    comp, result, metrics = run(competition, tmp_path, limit_rows=100)
+    submission = pd.read_csv(result.submission_path)
+    assert list(submission.columns) == list(comp.submission_columns)
+    assert len(submission) == len(load_competition_data(comp).test)
+    assert set(submission[target]) <= values
+    if competition == "nlp-getting-started":
+        assert "tuned_on_oof" in metrics["threshold"]  # F1 with threshold: tune
+
+
+def test_show_text_prints_examples_with_their_targets():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "show-text", "titanic", "--n", "2"],
+                         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert "[1] Survived=0" in out.stdout and "A man with the title mister" in out.stdout
+    assert "891 training rows" in out.stdout
