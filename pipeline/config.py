@@ -42,6 +42,8 @@ class FoldConfig:
     stratify: bool = True  # classification targets only
     shuffle: bool = True  # False: contiguous blocks in file order (time series)
     purge: int = 0  # with shuffle False: also drop this many training rows on each side of the validation block
+    group_column: str = ""  # rows sharing a group stay in one fold (group k-fold; stratified too when stratify)
+    group_regex: str = ""  # optional: the group is this regex's first capture group in group_column
 
 
 @dataclass

@@ -32,7 +32,7 @@ from pipeline.calibration import apply_temperature, cross_fitted_temperature, fi
 from pipeline.config import RunConfig
 from pipeline.data import load_competition_data
 from pipeline.errors import KbertError
-from pipeline.folds import folds_path, load_or_make_folds, purge_training_rows
+from pipeline.folds import fold_groups, folds_path, load_or_make_folds, purge_training_rows
 from pipeline.io import atomic_write, write_csv, write_json, write_text, write_yaml
 from pipeline.metrics import get_metric
 from pipeline.predictions import (check_metric_fits_task, metric_targets, prediction_columns, prediction_table, score,
@@ -122,7 +122,8 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     if config.limit_rows is not None:
         fold_file = fold_file.with_name(fold_file.stem + f"-first{config.limit_rows}.csv")
     stratify = pd.Series(targets.stratify) if targets.stratify is not None else None
-    folds = load_or_make_folds(fold_file, train[comp.id_column], stratify, comp.folds)
+    groups = fold_groups(train, comp.folds, comp.train_file)
+    folds = load_or_make_folds(fold_file, train[comp.id_column], stratify, comp.folds, groups)
     write_csv(run_dir / "folds.csv", folds)
     fold_of_row = folds["fold"].to_numpy()
 

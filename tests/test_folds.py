@@ -48,3 +48,23 @@ def test_too_few_rows_for_the_folds_is_a_clear_error(titanic_train):
     tiny = titanic_train.iloc[:6]
     with pytest.raises(KbertError, match="cannot split 6 rows into 5 folds"):
         make_folds(tiny["PassengerId"], tiny["Survived"], FoldConfig(k=5, seed=42))
+
+
+def test_group_folds_keep_each_group_in_one_fold():
+    from pipeline.folds import fold_groups
+
+    rows = pd.DataFrame({"PassengerId": [f"{g:04d}_{m:02d}" for g in range(40) for m in range(1 + g % 3)]})
+    rows["y"] = [i % 2 for i in range(len(rows))]
+    for stratify in (True, False):
+        config = FoldConfig(k=4, seed=0, stratify=stratify, group_column="PassengerId", group_regex=r"^(\d+)_")
+        groups = fold_groups(rows, config)
+        assert groups[0] == "0000" and len(set(groups)) == 40
+        folds = make_folds(rows["PassengerId"], rows["y"], config, groups)
+        per_group = pd.Series(folds["fold"].to_numpy()).groupby(groups).nunique()
+        assert (per_group == 1).all()  # no travel group is split across folds
+        assert sorted(folds["fold"].unique()) == [0, 1, 2, 3]
+    bad = FoldConfig(group_column="PassengerId", group_regex=r"^(x+)_")
+    with pytest.raises(KbertError, match="captures nothing"):
+        fold_groups(rows, bad)
+    with pytest.raises(KbertError, match="not a column"):
+        fold_groups(rows, FoldConfig(group_column="Group"))
