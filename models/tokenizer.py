@@ -79,3 +79,10 @@ def encode(tokenizer: Tokenizer, texts: list[str], max_length: int) -> list[np.n
     tokenizer.enable_truncation(max_length)
     tokenizer.no_padding()
     return [np.asarray(e.ids, dtype=np.int32) for e in tokenizer.encode_batch(texts)]
+
+
+def token_lengths(tokenizer: Tokenizer, texts: list[str]) -> np.ndarray:
+    """Untruncated token counts per text (with [CLS]/[SEP]), for the token-budget check."""
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    return np.asarray([len(e.ids) for e in tokenizer.encode_batch(texts)], dtype=np.int64)

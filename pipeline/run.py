@@ -27,7 +27,7 @@ from models.encoders import is_preset, load_encoder, preset_config, read_config,
 from models.heads import HeadConfig, check_head_config, predict
 from models.task_model import build_task_model
 from models.weights import load_state_strict
-from models.tokenizer import encode, load_or_train_tokenizer
+from models.tokenizer import encode, load_or_train_tokenizer, token_lengths
 from pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature
 from pipeline.config import RunConfig
 from pipeline.data import load_competition_data
@@ -150,6 +150,11 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     log(f"{comp.name}: {len(train)} train rows, {len(data.test)} test rows, {comp.folds.k} folds, "
         f"encoder {config.model.encoder}, vocabulary {tokenizer.get_vocab_size()}, BLAS {BLAS_STATUS.name}")
     log(f"example text: {full_serializer.transform(features.iloc[:1])[0]}")
+    budget = token_budget(token_lengths(tokenizer, full_serializer.transform(features)), config.train.max_length)
+    if budget["truncated_rows"]:
+        log(f"warning: {budget['truncated_rows']} of {len(features)} rows ({budget['truncated_share']:.1%}) exceed "
+            f"--max-length {config.train.max_length} tokens (longest {budget['max_tokens']}) and lose their end; "
+            f"raise --max-length or choose fewer text.columns")
 
     oof_outputs: np.ndarray | None = None
     oof_predictions: np.ndarray | None = None
@@ -244,11 +249,18 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     write_json(run_dir / "metrics.json", {
         "run_id": run_id, "task": task, "metric": comp.metric, "greater_is_better": metric.greater_is_better,
         "cv": cv_score, "fold_mean": float(np.mean(fold_scores)), "fold_std": float(np.std(fold_scores)),
-        "folds": fold_records, **extra, "head": head.to_dict(), "wall_time_s": round(seconds, 2),
+        "folds": fold_records, **extra, "tokens": budget, "head": head.to_dict(), "wall_time_s": round(seconds, 2),
         "blas": BLAS_STATUS.name, "submission": str(submission_path),
     })
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=fold_scores, cv_score=cv_score, metric=comp.metric,
                      submission_path=submission_path, seconds=seconds)
+
+
+def token_budget(lengths: np.ndarray, max_length: int) -> dict:
+    """Token counts of the serialized training rows against ``max_length``."""
+    truncated = int((lengths > max_length).sum())
+    return {"mean_tokens": round(float(lengths.mean()), 1), "max_tokens": int(lengths.max()),
+            "max_length": max_length, "truncated_rows": truncated, "truncated_share": truncated / len(lengths)}
 
 
 def predictions_frame(comp, classes: list | None, ids: pd.Series, predictions: np.ndarray) -> pd.DataFrame:

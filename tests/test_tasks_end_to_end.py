@@ -113,3 +113,14 @@ def test_show_text_prints_examples_with_their_targets():
     assert out.returncode == 0, out.stderr
     assert "[1] Survived=0" in out.stdout and "A man with the title mister" in out.stdout
     assert "891 training rows" in out.stdout
+
+
+def test_token_budget_is_reported_and_overflow_warned(tmp_path):
+    comp = load_competition("house-prices-advanced-regression-techniques")
+    config = resolve_run_config(comp, {**TINY, "limit_rows": 60, "max_length": 32, "out_dir": str(tmp_path / "runs"),
+                                       "submissions_dir": str(tmp_path / "subs")})
+    lines = []
+    result = run_competition(config, run_id="t", progress=False, log=lines.append)
+    tokens = json.loads((result.run_dir / "metrics.json").read_text())["tokens"]
+    assert tokens["max_length"] == 32 and tokens["mean_tokens"] > 32 and tokens["truncated_rows"] == 60
+    assert any(line.startswith("warning: 60 of 60 rows (100.0%) exceed --max-length 32") for line in lines)
