@@ -85,6 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("file", help="the submission CSV to check")
     validate.add_argument("--data-dir", help="folder with the sample submission (default: the bundled copy)")
 
+    init = commands.add_parser("init", help="write a competition YAML for a new train/test CSV pair",
+                               description="Infer the id, target, task and column types of a CSV pair and write "
+                                           "a competition YAML to edit; `kbert run` works on it as is.")
+    init.add_argument("name", help="the competition's name")
+    init.add_argument("--train", required=True, help="training CSV")
+    init.add_argument("--test", required=True, help="test CSV (same folder)")
+    init.add_argument("--sample-submission", help="sample submission CSV: names the id and target columns")
+    init.add_argument("--out", help="where to write the YAML (default: competitions/<name>.yaml)")
+    init.add_argument("--id", dest="id_column", help="the id column (default: inferred)")
+    init.add_argument("--target", help="the target column (default: the training column missing from test)")
+    init.add_argument("--force", action="store_true", help="overwrite an existing YAML")
+
     show = commands.add_parser("show-text", help="print training rows as the model reads them",
                                description="Serialize the first N training rows with the competition's text "
                                            "settings (fitted on all training rows) and print them with their targets.")
@@ -195,6 +207,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    from pipeline.init import init_competition
+
+    path = init_competition(args.name, args.train, args.test, args.sample_submission, args.out, args.id_column,
+                            args.target, args.force)
+    print(f"wrote {path}; check it, then: kbert run {path}")
+    return 0
+
+
 def cmd_show_text(args: argparse.Namespace) -> int:
     from pipeline.config import load_competition, resolve_run_config
     from pipeline.data import load_competition_data
@@ -221,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         commands = {"run": cmd_run, "embed": cmd_embed, "doctor": cmd_doctor, "validate": cmd_validate,
-                    "show-text": cmd_show_text}
+                    "show-text": cmd_show_text, "init": cmd_init}
         return commands[args.command](args)
     except KbertError as exc:
         print(f"kbert: error: {exc}", file=sys.stderr)
