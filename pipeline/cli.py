@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--threshold", help="binary/multilabel cut-off for label submissions: a probability or 'tune'")
     run.add_argument("--calibrate", action="store_const", const=True,
                      help="temperature-scale binary/multiclass probabilities on OOF logits")
+    run.add_argument("--permute-target", action="store_const", const=True,
+                     help="sanity check: shuffle the training targets; the CV should fall to the trivial baseline")
     run.add_argument("--no-compile", dest="compile", action="store_const", const=False,
                      help="run the train and eval steps eagerly instead of with mx.compile")
     run.add_argument("--no-dynamic-padding", dest="dynamic_padding", action="store_const", const=False,
@@ -123,7 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                                          "max_length", "data_dir", "out_dir", "submissions_dir",
                                                          "limit_rows", "compile", "dynamic_padding", "pooling", "loss",
                                                          "label_smoothing", "focal_gamma", "head_dropout",
-                                                         "target_transform", "calibrate")}
+                                                         "target_transform", "calibrate", "permute_target")}
     if args.threshold is not None:
         overrides["threshold"] = args.threshold if args.threshold == "tune" else _probability(args.threshold)
     config = resolve_run_config(load_competition(args.competition), overrides)

@@ -133,6 +133,7 @@ class RunConfig:
     out_dir: str = "runs"
     submissions_dir: str = "submissions"
     limit_rows: int | None = None  # train on the first N training rows only (smoke runs)
+    permute_target: bool = False  # sanity check: shuffle the targets; CV should fall to the trivial baseline
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -244,7 +245,7 @@ def _apply(obj: Any, overrides: dict[str, Any], source: str) -> Any:
 def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Defaults, then the competition's ``training`` section, then CLI ``overrides`` (flat field names)."""
     model, train, head = ModelConfig(), TrainConfig(), HeadOptions()
-    run_fields = {"seed", "data_dir", "out_dir", "submissions_dir", "limit_rows"}
+    run_fields = {"seed", "data_dir", "out_dir", "submissions_dir", "limit_rows", "permute_target"}
     merged = {**competition.head, **competition.training,
               **{k: v for k, v in (overrides or {}).items() if v is not None}}
     model_names = {f.name for f in fields(ModelConfig)}

@@ -102,6 +102,9 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     task = comp.task
     data = load_competition_data(comp, config.data_dir or None)
     train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows].reset_index(drop=True)
+    if config.permute_target:  # a leak-hunting sanity run: with shuffled targets nothing real can be learned
+        order = np.random.default_rng(config.seed).permutation(len(train))
+        train = train.assign(**{c: train[c].to_numpy()[order] for c in comp.target_columns})
     features = train.drop(columns=comp.target_columns)
     targets = encode_targets(train, comp)
     raw_targets = train[comp.target_columns].to_numpy(dtype=np.float64) if task in ("regression", "timeseries") else None

@@ -124,3 +124,20 @@ def test_token_budget_is_reported_and_overflow_warned(tmp_path):
     tokens = json.loads((result.run_dir / "metrics.json").read_text())["tokens"]
     assert tokens["max_length"] == 32 and tokens["mean_tokens"] > 32 and tokens["truncated_rows"] == 60
     assert any(line.startswith("warning: 60 of 60 rows (100.0%) exceed --max-length 32") for line in lines)
+
+
+def test_permute_target_shuffles_labels_but_keeps_their_distribution(tmp_path, monkeypatch):
+    import pipeline.run as run_module
+
+    seen = {}
+    original = run_module.encode_targets
+
+    def spy(train, comp):
+        seen["targets"] = train[comp.target].to_numpy().copy()
+        return original(train, comp)
+
+    monkeypatch.setattr(run_module, "encode_targets", spy)
+    _, result, _ = run("titanic", tmp_path, limit_rows=120, permute_target=True)
+    real = load_competition_data(load_competition("titanic")).train["Survived"].to_numpy()[:120]
+    assert sorted(seen["targets"]) == sorted(real) and not np.array_equal(seen["targets"], real)
+    assert "permute_target: true" in (result.run_dir / "config.yaml").read_text()
