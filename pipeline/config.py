@@ -12,13 +12,13 @@ from typing import Any
 
 import yaml
 
+from models.heads import DEFAULT_METRICS, TASKS
+from models.pooling import POOLING_KINDS
 from pipeline.errors import KbertError
 
 COMPETITIONS_DIR = Path(__file__).resolve().parent.parent / "competitions"
 BUNDLED_DATA_DIR = COMPETITIONS_DIR / "data"
-TASKS = ("binary", "multiclass", "multilabel", "regression", "ordinal", "timeseries")  # = models.heads.TASKS
 TARGET_TRANSFORMS = ("none", "log1p", "standardize", "log1p_standardize")
-POOLINGS = ("cls", "mean", "max", "attention")  # = models.pooling.POOLING_KINDS
 COLUMN_DTYPES = ("int", "float", "str", "bool")
 REQUIRED_KEYS = ("name", "id_column", "target", "task", "files", "columns", "submission", "text")
 
@@ -187,8 +187,6 @@ def load_competition(name_or_path: str) -> CompetitionConfig:
             raise KbertError(f"{source}: 'target' may be a list of columns only for multilabel and timeseries tasks")
     elif task in ("multilabel", "timeseries"):
         target = [str(target)]
-    from models.heads import DEFAULT_METRICS
-
     metric = str(data.get("metric") or DEFAULT_METRICS[task])  # no metric: the task's default
     from pipeline.metrics import get_metric
 
@@ -257,8 +255,8 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     model = _apply(model, {k: v for k, v in merged.items() if k in model_names}, "model")
     train = _apply(train, {k: v for k, v in merged.items() if k in train_names}, "train")
     head = _apply(head, {k: v for k, v in merged.items() if k in head_names}, "head")
-    if model.pooling not in POOLINGS:
-        raise KbertError(f"pooling '{model.pooling}' is unknown; known: {', '.join(POOLINGS)}")
+    if model.pooling not in POOLING_KINDS:
+        raise KbertError(f"pooling '{model.pooling}' is unknown; known: {', '.join(POOLING_KINDS)}")
     if head.target_transform not in TARGET_TRANSFORMS:
         raise KbertError(f"target_transform '{head.target_transform}' is unknown; known: {', '.join(TARGET_TRANSFORMS)}")
     if head.target_transform != "none" and competition.task not in ("regression", "timeseries"):

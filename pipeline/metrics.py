@@ -215,8 +215,3 @@ def get_metric(name: str) -> Metric:
             raise KbertError(f"metric '{name}': K in '{prefix}@K' must be an integer >= 1")
         return _metric_at_k(prefix, int(k))
     raise KbertError(f"unknown metric '{name}'; known: {', '.join(METRIC_NAMES)} (K an integer >= 1)")
-
-
-def score_binary(metric: Metric, targets: np.ndarray, probabilities: np.ndarray, threshold: float = 0.5) -> float:
-    predictions = (probabilities >= threshold).astype(int) if metric.needs_labels else probabilities
-    return metric(targets, predictions)

@@ -133,10 +133,11 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     from_scratch = config.model.encoder == "bert" or is_preset(config.model.encoder)
     # Fitted on all training rows (features only): for the vocabulary corpus and the example line, never for folds.
     full_serializer = make_serializer(config).fit(features)
+    train_texts = full_serializer.transform(features)
     pretrained_weights = None
     if from_scratch:
         # The vocabulary is trained on feature text of train and test rows, never on labels.
-        corpus = full_serializer.transform(features) + full_serializer.transform(data.test)
+        corpus = train_texts + full_serializer.transform(data.test)
         tokenizer, tokenizer_path = load_or_train_tokenizer(corpus, config.model.vocab_size, comp_dir / "cache")
         encoder_config = scratch_encoder_config(config, tokenizer.get_vocab_size())
     else:
@@ -152,8 +153,8 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                              f"max_position_embeddings {limit}")
     log(f"{comp.name}: {len(train)} train rows, {len(data.test)} test rows, {comp.folds.k} folds, "
         f"encoder {config.model.encoder}, vocabulary {tokenizer.get_vocab_size()}, BLAS {BLAS_STATUS.name}")
-    log(f"example text: {full_serializer.transform(features.iloc[:1])[0]}")
-    budget = token_budget(token_lengths(tokenizer, full_serializer.transform(features)), config.train.max_length)
+    log(f"example text: {train_texts[0]}")
+    budget = token_budget(token_lengths(tokenizer, train_texts), config.train.max_length)
     if budget["truncated_rows"]:
         log(f"warning: {budget['truncated_rows']} of {len(features)} rows ({budget['truncated_share']:.1%}) exceed "
             f"--max-length {config.train.max_length} tokens (longest {budget['max_tokens']}) and lose their end; "
@@ -216,7 +217,6 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         log(f"fold {k + 1}/{comp.folds.k}: {comp.metric} {result.best_score:.4f} "
             f"(best epoch {result.best_epoch + 1}, {result.seconds:.0f}s)")
 
-    scored = np.flatnonzero(fold_of_row >= 0)
     test_mean = average_folds(test_predictions)
     test_outputs_mean = average_folds(test_outputs)
     extra: dict = {}
@@ -229,7 +229,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         }
         oof_predictions = predict(head, calibrated)
         test_mean = predict(head, apply_temperature(test_outputs_mean, temperature))
-    cv_score = score(metric, task, truth[scored], oof_predictions[scored], threshold, targets.classes)
+    cv_score = score(metric, task, truth, oof_predictions, threshold, targets.classes)
     if config.head.threshold == "tune" and task in ("binary", "multilabel"):
         if task == "binary":
             tuning_metric = metric if metric.kind == "label" else get_metric("accuracy")

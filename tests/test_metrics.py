@@ -7,7 +7,8 @@ from sklearn import metrics as skm
 from sklearn.exceptions import UndefinedMetricWarning
 
 from pipeline.errors import KbertError
-from pipeline.metrics import KINDS, METRIC_NAMES, METRICS, Metric, get_metric, score_binary
+from pipeline.metrics import KINDS, METRIC_NAMES, METRICS, Metric, get_metric
+from pipeline.predictions import score
 
 N = 200
 
@@ -96,19 +97,19 @@ def test_unknown_metric_lists_known_names():
 def test_call_returns_python_float():
     y, p = binary_case(0)
     for name in ("accuracy", "roc_auc", "log_loss"):
-        value = score_binary(get_metric(name), y, p)
+        value = score(get_metric(name), "binary", y, p)
         assert type(value) is float
     metric = Metric("custom", lambda t, q: np.float32(0.5), greater_is_better=True, kind="value")
     assert type(metric(y, p)) is float
 
 
-def test_score_binary_thresholds_only_label_metrics():
+def test_binary_scoring_thresholds_only_label_metrics():
     y, p = binary_case(1)
-    close(score_binary(get_metric("accuracy"), y, p), skm.accuracy_score(y, p >= 0.5))
-    close(score_binary(get_metric("accuracy"), y, p, threshold=0.3), skm.accuracy_score(y, p >= 0.3))
-    close(score_binary(get_metric("f1"), y, p), skm.f1_score(y, (p >= 0.5).astype(int)))
-    close(score_binary(get_metric("roc_auc"), y, p), skm.roc_auc_score(y, p))
-    close(score_binary(get_metric("log_loss"), y, p), skm.log_loss(y, p))
+    close(score(get_metric("accuracy"), "binary", y, p), skm.accuracy_score(y, p >= 0.5))
+    close(score(get_metric("accuracy"), "binary", y, p, threshold=0.3), skm.accuracy_score(y, p >= 0.3))
+    close(score(get_metric("f1"), "binary", y, p), skm.f1_score(y, (p >= 0.5).astype(int)))
+    close(score(get_metric("roc_auc"), "binary", y, p), skm.roc_auc_score(y, p))
+    close(score(get_metric("log_loss"), "binary", y, p), skm.log_loss(y, p))
 
 
 # --- label metrics ---------------------------------------------------------------------------------------------
