@@ -27,9 +27,13 @@ NUMERIC_MODES = ("raw", "round", "bins")
 MISSING_MODES = ("unknown", "drop")
 
 
+def is_missing(value: object) -> bool:
+    return value is None or value is pd.NA or value is pd.NaT or (isinstance(value, float) and math.isnan(value))
+
+
 def format_value(value: object) -> str:
     """Missing -> "unknown"; whole floats lose their ".0"; other floats keep 4 significant digits."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if is_missing(value):
         return "unknown"
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:.4g}"
@@ -100,7 +104,7 @@ class TableSerializer:
 
     def render(self, column: str, value: object) -> str | None:
         """One cell as text; None when it is missing and ``missing`` is "drop"."""
-        if value is None or (isinstance(value, float) and math.isnan(value)):
+        if is_missing(value):
             return None if self.missing == "drop" else "unknown"
         if column in self.mappings:
             mapping = self.mappings[column]

@@ -1,8 +1,10 @@
 """Titanic passengers as a few plain English sentences.
 
-Engineered facts: the title from the name, family size, the deck from the cabin, age as a life
-stage and the fare as a quantile band. The fare band edges are the only fitted statistic, and
-``fit`` sees the training fold only. Missing values are stated ("of unknown age"), never guessed.
+Engineered facts (``add_features``): the title from the name, family size, the deck from the cabin and
+the ticket group size (passengers of train and test together sharing one ticket number; label-free).
+The serializer adds age as a life stage and the fare as a quantile band. The fare band edges are its
+only fitted statistic, and ``fit`` sees the training fold only. Missing values are stated
+("of unknown age"), never guessed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,16 @@ FARE_BANDS = ("a very low", "a low", "a middling", "a high", "a very high")
 NUMBER_WORDS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 
 REQUIRED_COLUMNS = ("Pclass", "Name", "Sex", "Age", "SibSp", "Parch", "Fare", "Cabin", "Embarked")
+
+
+def add_features(rows: pd.DataFrame) -> pd.DataFrame:
+    """Title, FamilySize, Deck and TicketGroupSize, added to train and test features together."""
+    rows = rows.copy()
+    rows["Title"] = [title_of(str(name)) for name in rows["Name"]]
+    rows["FamilySize"] = rows["SibSp"] + rows["Parch"] + 1
+    rows["Deck"] = [c.strip()[0] if isinstance(c, str) and c.strip() else np.nan for c in rows["Cabin"]]
+    rows["TicketGroupSize"] = rows.groupby("Ticket")["Ticket"].transform("size").fillna(1).astype(int)
+    return rows
 
 
 def title_of(name: str) -> str:
@@ -72,6 +84,13 @@ def cabin_phrase(cabin: object) -> str:
     return f"a cabin on deck {deck}"
 
 
+def ticket_phrase(group_size: object) -> str:
+    if group_size is None or pd.isna(group_size):
+        return "an unknown ticket"
+    others = int(group_size) - 1
+    return "a ticket of their own" if others <= 0 else f"a ticket shared with {count_words(others)} others"
+
+
 def fare_band(fare: float, edges: np.ndarray) -> str:
     if fare is None or math.isnan(fare):
         return "an unknown"
@@ -98,7 +117,7 @@ class TitanicSerializer:
         title = title_of(str(row["Name"]))
         sex = str(row["Sex"])
         sibsp, parch = int(row["SibSp"]), int(row["Parch"])
-        return {
+        facts = {
             "person": person_word(sex, age, title),
             "sex": sex,
             "title": title,
@@ -109,6 +128,9 @@ class TitanicSerializer:
             "family": family_phrase(sibsp, parch),
             "cabin": cabin_phrase(row["Cabin"]),
         }
+        if "TicketGroupSize" in row.index:  # from add_features (YAML ``features: titanic``)
+            facts["ticket"] = ticket_phrase(row["TicketGroupSize"])
+        return facts
 
     def transform(self, rows: pd.DataFrame) -> list[str]:
         if self.fare_edges is None:

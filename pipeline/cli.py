@@ -221,12 +221,13 @@ def cmd_init(args: argparse.Namespace) -> int:
 def cmd_show_text(args: argparse.Namespace) -> int:
     from pipeline.config import load_competition, resolve_run_config
     from pipeline.data import load_competition_data
+    from features import add_features
     from pipeline.run import make_serializer
 
     competition = load_competition(args.competition)
     config = resolve_run_config(competition)
     data = load_competition_data(competition, args.data_dir)
-    features = data.train.drop(columns=competition.target_columns)
+    features, _ = add_features(competition.features, data.train.drop(columns=competition.target_columns), data.test)
     all_texts = make_serializer(config).fit(features).transform(features)
     texts, lengths = all_texts[: args.n], [len(t.split()) for t in all_texts]
     for (_, row), text in zip(data.train.iloc[: args.n].iterrows(), texts):

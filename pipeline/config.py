@@ -21,6 +21,7 @@ BUNDLED_DATA_DIR = COMPETITIONS_DIR / "data"
 TARGET_TRANSFORMS = ("none", "log1p", "standardize", "log1p_standardize")
 COLUMN_DTYPES = ("int", "float", "str", "bool")
 REQUIRED_KEYS = ("name", "id_column", "target", "task", "files", "columns", "submission", "text")
+OPTIONAL_KEYS = ("metric", "features", "folds", "training", "head", "classes", "data_dir")
 
 
 @dataclass
@@ -64,6 +65,7 @@ class CompetitionConfig:
     head: dict[str, Any] = field(default_factory=dict)  # overrides for HeadOptions fields
     classes: list[Any] | None = None  # ordinal/multiclass: the class values in order (default: sorted unique)
     data_dir: str = ""  # the data folder, relative to the YAML file ("" = competitions/data/<name>)
+    features: str = ""  # a feature function in features/__init__.py FEATURES, run before serialization
 
     @property
     def target_columns(self) -> list[str]:
@@ -178,6 +180,10 @@ def load_competition(name_or_path: str) -> CompetitionConfig:
         raise KbertError(f"{source}: expected a mapping at the top level")
     for key in REQUIRED_KEYS:
         _require(data, key, source)
+    unknown_keys = set(data) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS)
+    if unknown_keys:
+        raise KbertError(f"{source}: unknown top-level keys {sorted(unknown_keys)}; known: "
+                         f"{', '.join(REQUIRED_KEYS + OPTIONAL_KEYS)}")
     task = _require(data, "task", source)
     if task not in TASKS:
         raise KbertError(f"{source}: task '{task}' is not supported; supported: {', '.join(TASKS)}")
@@ -229,6 +235,7 @@ def load_competition(name_or_path: str) -> CompetitionConfig:
         head=head,
         classes=data.get("classes"),
         data_dir=data_dir,
+        features=str(data.get("features") or ""),
     )
 
 

@@ -20,7 +20,7 @@ import pandas as pd
 from mlx.utils import tree_flatten
 
 from ensembles.blend import average_folds
-from features import GENERIC_SERIALIZERS, SERIALIZERS
+from features import GENERIC_SERIALIZERS, SERIALIZERS, add_features
 from models.blas import STATUS as BLAS_STATUS
 from models.checkpoints import save_checkpoint
 from models.encoders import is_preset, load_encoder, preset_config, read_config, resolve_encoder_path
@@ -105,7 +105,8 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     if config.permute_target:  # a leak-hunting sanity run: with shuffled targets nothing real can be learned
         order = np.random.default_rng(config.seed).permutation(len(train))
         train = train.assign(**{c: train[c].to_numpy()[order] for c in comp.target_columns})
-    features = train.drop(columns=comp.target_columns)
+    # Feature functions see feature columns only: the targets are dropped first.
+    features, test_features = add_features(comp.features, train.drop(columns=comp.target_columns), data.test)
     targets = encode_targets(train, comp)
     raw_targets = train[comp.target_columns].to_numpy(dtype=np.float64) if task in ("regression", "timeseries") else None
     if task == "regression":
@@ -131,16 +132,8 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     fold_of_row = folds["fold"].to_numpy()
 
     from_scratch = config.model.encoder == "bert" or is_preset(config.model.encoder)
-    # Fitted on all training rows (features only): for the vocabulary corpus and the example line, never for folds.
-    full_serializer = make_serializer(config).fit(features)
-    train_texts = full_serializer.transform(features)
-    pretrained_weights = None
-    if from_scratch:
-        # The vocabulary is trained on feature text of train and test rows, never on labels.
-        corpus = train_texts + full_serializer.transform(data.test)
-        tokenizer, tokenizer_path = load_or_train_tokenizer(corpus, config.model.vocab_size, comp_dir / "cache")
-        encoder_config = scratch_encoder_config(config, tokenizer.get_vocab_size())
-    else:
+    encoder_config, tokenizer, tokenizer_path, pretrained_weights = None, None, None, None
+    if not from_scratch:
         pretrained_folder = resolve_encoder_path(config.model.encoder)
         pretrained, _, tokenizer = load_encoder(pretrained_folder)  # read once; fails loudly on a bad checkpoint
         pretrained_weights = dict(tree_flatten(pretrained.parameters()))  # immutable arrays: safe to share
@@ -151,24 +144,29 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         if limit is not None and config.train.max_length > limit:
             raise KbertError(f"--max-length {config.train.max_length} exceeds the encoder's "
                              f"max_position_embeddings {limit}")
-    log(f"{comp.name}: {len(train)} train rows, {len(data.test)} test rows, {comp.folds.k} folds, "
-        f"encoder {config.model.encoder}, vocabulary {tokenizer.get_vocab_size()}, BLAS {BLAS_STATUS.name}")
-    log(f"example text: {train_texts[0]}")
-    budget = token_budget(token_lengths(tokenizer, train_texts), config.train.max_length)
-    if budget["truncated_rows"]:
-        log(f"warning: {budget['truncated_rows']} of {len(features)} rows ({budget['truncated_share']:.1%}) exceed "
-            f"--max-length {config.train.max_length} tokens (longest {budget['max_tokens']}) and lose their end; "
-            f"raise --max-length or choose fewer text.columns")
+    log(f"{comp.name}: {len(train)} train rows, {len(test_features)} test rows, {comp.folds.k} folds, "
+        f"encoder {config.model.encoder}, BLAS {BLAS_STATUS.name}")
 
     oof_outputs: np.ndarray | None = None
     oof_predictions: np.ndarray | None = None
     test_outputs, test_predictions, fold_scores, fold_records = [], [], [], []
-    checkpoint_config = {"encoder_config": encoder_config, "head": head.to_dict(), "pooling": config.model.pooling,
-                         "source": config.model.encoder}
+    budget: dict = {}
     for k in range(comp.folds.k):
         train_index, valid_index = np.flatnonzero(fold_of_row != k), np.flatnonzero(fold_of_row == k)
         train_index = purge_training_rows(train_index, valid_index, comp.folds)
         serializer = make_serializer(config).fit(features.iloc[train_index])  # fitted on the training fold only
+        train_texts = serializer.transform(features.iloc[train_index])
+        if from_scratch:  # the vocabulary, too, is fitted on the training fold's feature text only
+            tokenizer, tokenizer_path = load_or_train_tokenizer(train_texts, config.model.vocab_size,
+                                                                comp_dir / "cache")
+            encoder_config = scratch_encoder_config(config, tokenizer.get_vocab_size())
+        if k == 0:
+            log(f"example text: {train_texts[0]}")
+            budget = token_budget(token_lengths(tokenizer, train_texts), config.train.max_length)
+            if budget["truncated_rows"]:
+                log(f"warning: {budget['truncated_rows']} of {len(train_texts)} rows ({budget['truncated_share']:.1%}) "
+                    f"exceed --max-length {config.train.max_length} tokens (longest {budget['max_tokens']}) and lose "
+                    f"their end; raise --max-length or choose fewer text.columns")
         transform = None
         if raw_targets is not None:  # regression/timeseries: transform statistics from the training fold only
             transform = fit_target_transform(config.head.target_transform, raw_targets[train_index],
@@ -177,11 +175,11 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         else:
             fold_targets = targets.values
         fold_data = FoldData(
-            train_tokens=encode(tokenizer, serializer.transform(features.iloc[train_index]), config.train.max_length),
+            train_tokens=encode(tokenizer, train_texts, config.train.max_length),
             train_targets=fold_targets[train_index],
             valid_tokens=encode(tokenizer, serializer.transform(features.iloc[valid_index]), config.train.max_length),
             valid_targets=fold_targets[valid_index],
-            test_tokens=encode(tokenizer, serializer.transform(data.test), config.train.max_length),
+            test_tokens=encode(tokenizer, serializer.transform(test_features), config.train.max_length),
         )
         fold_seed = config.seed * 1000 + k
         seed_everything(fold_seed)
@@ -205,9 +203,10 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         test_outputs.append(result.test_outputs)
         test_predictions.append(fold_test_predictions)
         fold_dir = run_dir / "folds" / str(k)
-        save_checkpoint(model, fold_dir, {**checkpoint_config, "target_transform": vars(transform) if transform else None},
-                        tokenizer_path)
-        write_csv(fold_dir / "test.csv", predictions_frame(comp, targets.classes, data.test[comp.id_column],
+        checkpoint_config = {"encoder_config": encoder_config, "head": head.to_dict(), "pooling": config.model.pooling,
+                             "source": config.model.encoder, "target_transform": vars(transform) if transform else None}
+        save_checkpoint(model, fold_dir, checkpoint_config, tokenizer_path)
+        write_csv(fold_dir / "test.csv", predictions_frame(comp, targets.classes, test_features[comp.id_column],
                                                           fold_test_predictions))
         write_json(fold_dir / "history.json", result.history)
         fold_scores.append(result.best_score)

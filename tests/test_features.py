@@ -2,7 +2,24 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from features import add_features
 from features.titanic import TitanicSerializer, cabin_phrase, life_stage, title_of
+
+
+@pytest.fixture(scope="module")
+def engineered(titanic_train, titanic_test):
+    """Titanic feature rows (no target) after the competition's add_features."""
+    return add_features("titanic", titanic_train.drop(columns="Survived"), titanic_test)
+
+
+@pytest.fixture(scope="module")
+def train_rows(engineered):
+    return engineered[0]
+
+
+@pytest.fixture(scope="module")
+def test_rows(engineered):
+    return engineered[1]
 
 
 def test_title_age_and_cabin_facts():
@@ -16,28 +33,28 @@ def test_title_age_and_cabin_facts():
     assert cabin_phrase("C85") == "a cabin on deck C"
 
 
-def test_text_states_missing_values_explicitly(titanic, titanic_train):
-    serializer = TitanicSerializer(titanic.text.template).fit(titanic_train)
-    row = titanic_train[titanic_train["PassengerId"] == 6]  # Moran, Mr. James: no age, no cabin
+def test_text_states_missing_values_explicitly(titanic, train_rows):
+    serializer = TitanicSerializer(titanic.text.template).fit(train_rows)
+    row = train_rows[train_rows["PassengerId"] == 6]  # Moran, Mr. James: no age, no cabin
     text = serializer.transform(row)[0]
     assert "of unknown age" in text
     assert "no cabin on record" in text
     assert "nan" not in text.lower()
-    first = serializer.transform(titanic_train.iloc[:1])[0]
+    first = serializer.transform(train_rows.iloc[:1])[0]
     assert first.startswith("A man with the title mister, a young adult, travelling in third class.")
     assert "a family of two" in first
 
 
-def test_every_row_of_train_and_test_serializes(titanic, titanic_train, titanic_test):
-    serializer = TitanicSerializer(titanic.text.template).fit(titanic_train)
-    texts = serializer.transform(titanic_train) + serializer.transform(titanic_test)  # test has a missing Fare
-    assert len(texts) == len(titanic_train) + len(titanic_test)
+def test_every_row_of_train_and_test_serializes(titanic, train_rows, test_rows):
+    serializer = TitanicSerializer(titanic.text.template).fit(train_rows)
+    texts = serializer.transform(train_rows) + serializer.transform(test_rows)  # test has a missing Fare
+    assert len(texts) == len(train_rows) + len(test_rows)
     assert all(len(t.split()) > 20 for t in texts)
-    assert any("an unknown fare" in t for t in serializer.transform(titanic_test))
+    assert any("an unknown fare" in t for t in serializer.transform(test_rows))
 
 
-def test_fare_bands_are_fitted_on_the_training_fold_only(titanic, titanic_train):
-    train_part, valid_part = titanic_train.iloc[:600], titanic_train.iloc[600:].copy()
+def test_fare_bands_are_fitted_on_the_training_fold_only(titanic, train_rows):
+    train_part, valid_part = train_rows.iloc[:600], train_rows.iloc[600:].copy()
     fitted = TitanicSerializer(titanic.text.template).fit(train_part)
     expected = np.quantile(train_part["Fare"], [0.2, 0.4, 0.6, 0.8])
     np.testing.assert_allclose(fitted.fare_edges, expected)
@@ -52,14 +69,14 @@ def test_fare_bands_are_fitted_on_the_training_fold_only(titanic, titanic_train)
     assert not np.allclose(leaky.fare_edges, fitted.fare_edges)
 
 
-def test_template_with_unknown_field_is_a_clear_error(titanic_train):
+def test_template_with_unknown_field_is_a_clear_error(train_rows):
     from pipeline.errors import KbertError
 
-    serializer = TitanicSerializer("A {person} named {surname}.").fit(titanic_train)
+    serializer = TitanicSerializer("A {person} named {surname}.").fit(train_rows)
     with pytest.raises(KbertError, match="unknown field 'surname'"):
-        serializer.transform(titanic_train.iloc[:1])
+        serializer.transform(train_rows.iloc[:1])
 
 
-def test_transform_before_fit_fails(titanic, titanic_train):
+def test_transform_before_fit_fails(titanic, train_rows):
     with pytest.raises(RuntimeError, match="before fit"):
-        TitanicSerializer(titanic.text.template).transform(titanic_train.iloc[:1])
+        TitanicSerializer(titanic.text.template).transform(train_rows.iloc[:1])
