@@ -9,12 +9,21 @@ rounded to a few significant digits, or as quantile-bin words whose edges are fi
 fold only (``numeric: raw | round | bins``), missing values as "unknown" or left out
 (``missing: unknown | drop``), and readable words for codes (``mappings: {column: {code: word}}``).
 ``fit`` sees the training rows only and stores nothing else, so validation and test rows cannot leak.
+
+Augmentation (``transform(rows, rng)``, training rows and test-time augmentation only): the column
+order is shuffled per row, the phrasing is drawn from a few paraphrases (``list``/``sentence``) or
+from ``paraphrases`` (``template``), and numbers are jittered by a relative ``jitter`` but kept inside
+their fitted quantile bin, so a jittered value never crosses into the next bin.
+
+Token budget (``transform(rows, fits=...)``): a row whose text does not fit loses its least important
+columns, the end of ``priority`` (default: ``columns`` order) first, until it fits.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +34,9 @@ from pipeline.errors import KbertError
 BIN_WORDS = {3: ("low", "medium", "high"), 5: ("very low", "low", "medium", "high", "very high")}
 NUMERIC_MODES = ("raw", "round", "bins")
 MISSING_MODES = ("unknown", "drop")
+# Paraphrases: (cell format, separator) for list; a sentence format for sentence. The first is the default.
+LIST_PHRASINGS = (("{column}: {value}", "; "), ("{column} is {value}", ", "), ("{column} = {value}", " | "))
+SENTENCE_PHRASINGS = ("The {column} is {value}.", "{Column} is {value}.", "The value of {column} is {value}.")
 
 
 def is_missing(value: object) -> bool:
@@ -73,8 +85,14 @@ class TableSerializer:
     bins: int = 5
     missing: str = "unknown"
     mappings: dict[str, dict] = field(default_factory=dict)
+    priority: list[str] | None = None  # most important first; the end is dropped first when over budget
+    paraphrases: list[str] = field(default_factory=list)  # template style: alternative templates
+    shuffle_columns: bool = True  # augmentation: shuffle the column order (list and sentence)
+    paraphrase: bool = True  # augmentation: draw a phrasing per row
+    jitter: float = 0.05  # augmentation: relative numeric jitter, kept inside the value's quantile bin
     fitted_columns: list[str] = field(default_factory=list)
     numeric_columns: set[str] = field(default_factory=set)
+    integer_columns: set[str] = field(default_factory=set)
     bin_edges: dict[str, np.ndarray] = field(default_factory=dict)
 
     def fit(self, rows: pd.DataFrame) -> "TableSerializer":
@@ -91,18 +109,41 @@ class TableSerializer:
         leaked = [c for c in columns if c in self.exclude]
         if leaked:
             raise KbertError(f"{self.style} serializer: text.columns includes the target or id column(s) {leaked}")
+        unknown = [c for c in (self.priority or []) if c not in columns]
+        if unknown:
+            raise KbertError(f"{self.style} serializer: text.priority names column(s) {unknown} not in text.columns")
         self.fitted_columns = list(columns)
         self.numeric_columns = {c for c in columns if c not in self.mappings and pd.api.types.is_numeric_dtype(rows[c])
                                 and not pd.api.types.is_bool_dtype(rows[c])}
-        self.bin_edges = {}
-        if self.numeric == "bins":
-            quantiles = np.linspace(0, 1, self.bins + 1)[1:-1]
-            for c in sorted(self.numeric_columns):
-                values = rows[c].dropna().to_numpy(dtype=float)
-                self.bin_edges[c] = np.quantile(values, quantiles) if values.size else np.array([])
+        # Quantile bin edges, from the training rows only: bin words, and the bounds of numeric jitter.
+        self.bin_edges, self.integer_columns = {}, set()
+        quantiles = np.linspace(0, 1, self.bins + 1)[1:-1]
+        for c in sorted(self.numeric_columns):
+            values = rows[c].dropna().to_numpy(dtype=float)
+            self.bin_edges[c] = np.quantile(values, quantiles) if values.size else np.array([])
+            if values.size and np.all(values == np.round(values)):
+                self.integer_columns.add(c)
         return self
 
-    def render(self, column: str, value: object) -> str | None:
+    def fitted_statistics(self) -> dict:
+        """What ``fit`` learned from the training rows (saved with each fold, compared by the leakage test)."""
+        return {"columns": self.fitted_columns, "numeric_columns": sorted(self.numeric_columns),
+                "integer_columns": sorted(self.integer_columns),
+                "bin_edges": {c: edges.tolist() for c, edges in sorted(self.bin_edges.items())}}
+
+    def jittered(self, column: str, value: float, rng: np.random.Generator) -> float:
+        """``value`` times (1 + jitter * N(0, 1)), clipped to the quantile bin it started in."""
+        edges = self.bin_edges.get(column, np.array([]))
+        index = int(np.searchsorted(edges, value, side="right"))
+        low = edges[index - 1] if index > 0 else -np.inf
+        high = np.nextafter(edges[index], -np.inf) if index < len(edges) else np.inf
+        new = float(np.clip(value * (1.0 + self.jitter * rng.standard_normal()), low, high))
+        if column in self.integer_columns:
+            rounded = float(np.round(new))
+            new = rounded if low <= rounded <= high else value
+        return new
+
+    def render(self, column: str, value: object, rng: np.random.Generator | None = None) -> str | None:
         """One cell as text; None when it is missing and ``missing`` is "drop"."""
         if is_missing(value):
             return None if self.missing == "drop" else "unknown"
@@ -111,27 +152,49 @@ class TableSerializer:
             key = format_value(value)
             return str(mapping.get(key, mapping.get(value, key)))
         if column in self.numeric_columns:
+            if rng is not None and self.jitter > 0 and self.numeric != "bins":
+                value = self.jittered(column, float(value), rng)
             if self.numeric == "bins" and self.bin_edges.get(column) is not None and len(self.bin_edges[column]):
                 return bin_word(float(value), self.bin_edges[column])
             if self.numeric == "round":
                 return round_value(float(value))
         return format_value(value)
 
-    def transform(self, rows: pd.DataFrame) -> list[str]:
+    def transform(self, rows: pd.DataFrame, rng: np.random.Generator | None = None,
+                  fits: Callable[[str], bool] | None = None) -> list[str]:
+        """Text per row. ``rng``: an augmented variant; ``fits``: drop low-priority columns until it is true."""
         if not self.fitted_columns:
             raise RuntimeError("TableSerializer.transform called before fit")
         values = rows[self.fitted_columns].to_numpy(dtype=object)
-        return [self.row_text(row) for row in values]
+        return [self.row_text(row, rng, fits) for row in values]
 
-    def row_text(self, row) -> str:
-        cells = [(c, self.render(c, v)) for c, v in zip(self.fitted_columns, row)]
+    def row_text(self, row, rng: np.random.Generator | None = None, fits: Callable[[str], bool] | None = None) -> str:
+        cells = [(c, self.render(c, v, rng)) for c, v in zip(self.fitted_columns, row)]
         if self.style == "template":
+            templates = [self.template, *self.paraphrases]
+            template = templates[rng.integers(len(templates))] if rng is not None and self.paraphrase else self.template
             fields = {c: ("unknown" if text is None else text) for c, text in cells}
             try:
-                return re.sub(r"\s+", " ", self.template.format(**fields)).strip()
+                return re.sub(r"\s+", " ", template.format(**fields)).strip()
             except (KeyError, IndexError, ValueError) as exc:
                 raise KbertError(f"text.template: {exc!r}; available fields: {self.fitted_columns}") from None
         present = [(c, text) for c, text in cells if text is not None]
+        if rng is not None and self.shuffle_columns:
+            present = [present[i] for i in rng.permutation(len(present))]
+        phrasing = int(rng.integers(len(LIST_PHRASINGS))) if rng is not None and self.paraphrase else 0
+        text = self.join(present, phrasing)
+        if fits is not None and not fits(text):
+            for column in reversed(self.priority or self.fitted_columns):  # least important first
+                present = [(c, t) for c, t in present if c != column]
+                text = self.join(present, phrasing)
+                if fits(text) or not present:
+                    break
+        return text
+
+    def join(self, cells: list[tuple[str, str]], phrasing: int = 0) -> str:
         if self.style == "sentence":
-            return " ".join(f"The {humanize(c)} is {text}." for c, text in present)
-        return "; ".join(f"{c}: {text}" for c, text in present)
+            pattern = SENTENCE_PHRASINGS[phrasing % len(SENTENCE_PHRASINGS)]
+            return " ".join(pattern.format(column=humanize(c), Column=humanize(c).capitalize(), value=text)
+                            for c, text in cells)
+        pattern, separator = LIST_PHRASINGS[phrasing % len(LIST_PHRASINGS)]
+        return separator.join(pattern.format(column=c, value=text) for c, text in cells)

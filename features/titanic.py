@@ -102,6 +102,9 @@ class TitanicSerializer:
     """``fit`` on the training fold, then ``transform`` any rows into text via ``template``."""
 
     template: str
+    paraphrases: list[str] = field(default_factory=list)  # augmentation: alternative templates
+    shuffle_columns: bool = True  # augmentation: shuffle the order of the sentences
+    paraphrase: bool = True  # augmentation: draw the template from [template, *paraphrases]
     fare_edges: np.ndarray | None = field(default=None, repr=False)
 
     def fit(self, rows: pd.DataFrame) -> "TitanicSerializer":
@@ -111,6 +114,10 @@ class TitanicSerializer:
             raise KbertError("titanic serializer: column 'Fare' has no values to fit fare bands on")
         self.fare_edges = np.quantile(fares, np.linspace(0, 1, len(FARE_BANDS) + 1)[1:-1])
         return self
+
+    def fitted_statistics(self) -> dict:
+        """What ``fit`` learned from the training rows (saved with each fold, compared by the leakage test)."""
+        return {"fare_edges": self.fare_edges.tolist()}
 
     def facts(self, row: pd.Series) -> dict[str, str]:
         age = float(row["Age"]) if pd.notna(row["Age"]) else float("nan")
@@ -132,11 +139,21 @@ class TitanicSerializer:
             facts["ticket"] = ticket_phrase(row["TicketGroupSize"])
         return facts
 
-    def transform(self, rows: pd.DataFrame) -> list[str]:
+    def transform(self, rows: pd.DataFrame, rng: np.random.Generator | None = None, fits=None) -> list[str]:
+        """Text per row; with ``rng`` an augmented variant. ``fits`` is ignored: the text is short."""
         if self.fare_edges is None:
             raise RuntimeError("TitanicSerializer.transform called before fit")
         _check_columns(rows)
-        return [render(self.template, self.facts(row)) for _, row in rows.iterrows()]
+        templates = [self.template, *self.paraphrases]
+        texts = []
+        for _, row in rows.iterrows():
+            template = templates[rng.integers(len(templates))] if rng is not None and self.paraphrase else self.template
+            text = render(template, self.facts(row))
+            if rng is not None and self.shuffle_columns:
+                sentences = re.split(r"(?<=\.)\s+", text)
+                text = " ".join(sentences[i] for i in rng.permutation(len(sentences)))
+            texts.append(text)
+        return texts
 
 
 def render(template: str, facts: dict[str, str]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -86,3 +87,13 @@ def token_lengths(tokenizer: Tokenizer, texts: list[str]) -> np.ndarray:
     tokenizer.no_truncation()
     tokenizer.no_padding()
     return np.asarray([len(e.ids) for e in tokenizer.encode_batch(texts)], dtype=np.int64)
+
+
+def fits_in(tokenizer: Tokenizer, max_length: int) -> Callable[[str], bool]:
+    """A check that a text's untruncated token count (with [CLS]/[SEP]) is at most ``max_length``."""
+
+    def fits(text: str) -> bool:
+        tokenizer.no_truncation()
+        return len(tokenizer.encode(text).ids) <= max_length
+
+    return fits

@@ -34,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
                               epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("competition", help="a name under competitions/ (e.g. titanic) or a path to a competition YAML")
     run.add_argument("--folds", type=int, help="number of CV folds (default: the competition's, 5 for titanic)")
+    run.add_argument("--repeats", type=int, help="repeated k-fold: this many different splits, OOF averaged")
+    run.add_argument("--augment", type=int, help="augmented serializations of the training rows (column shuffle, "
+                     "paraphrase, numeric jitter); epochs cycle through them (default 0: off)")
+    run.add_argument("--tta", type=int, help="test-time augmentation: average over this many serializations "
+                     "(default 1: off)")
     run.add_argument("--seed", type=int, help="training seed: initialisation, dropout, batch order (default 42)")
     run.add_argument("--encoder", help="bert (default: a small BERT trained from scratch), a size to train from "
                                        "scratch (bert-tiny, bert-mini, modernbert-base, neobert, ...), a shipped "
@@ -125,7 +130,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                                          "max_length", "data_dir", "out_dir", "submissions_dir",
                                                          "limit_rows", "compile", "dynamic_padding", "pooling", "loss",
                                                          "label_smoothing", "focal_gamma", "head_dropout",
-                                                         "target_transform", "calibrate", "permute_target")}
+                                                         "target_transform", "calibrate", "permute_target",
+                                                         "repeats", "augment", "tta")}
     if args.threshold is not None:
         overrides["threshold"] = args.threshold if args.threshold == "tune" else _probability(args.threshold)
     config = resolve_run_config(load_competition(args.competition), overrides)

@@ -34,6 +34,13 @@ class TextConfig:
     bins: int = 5
     missing: str = "unknown"  # unknown | drop
     mappings: dict[str, dict] = field(default_factory=dict)  # column -> {code: readable word}
+    truncate: str = "warn"  # over max_length: warn (the tokenizer cuts the end) | priority (drop whole columns)
+    priority: list[str] | None = None  # truncate: priority drops from the end of this list (default: columns)
+    # Augmentation of training rows (training.augment) and test-time augmentation (training.tta):
+    shuffle_columns: bool = True  # shuffle the column (or sentence) order
+    paraphrase: bool = True  # draw the phrasing per row; template serializers draw from [template, *paraphrases]
+    paraphrases: list[str] = field(default_factory=list)
+    jitter: float = 0.05  # relative numeric jitter, kept inside the value's fitted quantile bin
 
 
 @dataclass
@@ -45,6 +52,7 @@ class FoldConfig:
     purge: int = 0  # with shuffle False: also drop this many training rows on each side of the validation block
     group_column: str = ""  # rows sharing a group stay in one fold (group k-fold; stratified too when stratify)
     group_regex: str = ""  # optional: the group is this regex's first capture group in group_column
+    repeats: int = 1  # repeated k-fold: this many splits, seeds seed, seed + 1, ...; OOF averaged over repeats
 
 
 @dataclass
@@ -105,6 +113,8 @@ class TrainConfig:
     length_bucket: int = 16  # batches are padded to their own longest row, rounded up to a multiple of this
     dynamic_padding: bool = True  # False: pad every batch to max_length (slower; for speed comparisons)
     compile: bool = True  # mx.compile the train and eval steps
+    augment: int = 0  # augmented serializations of the training rows; epoch e trains on variant e % (augment + 1)
+    tta: int = 1  # test-time augmentation: valid and test outputs averaged over this many serializations
 
 
 @dataclass
@@ -256,7 +266,7 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     model_names = {f.name for f in fields(ModelConfig)}
     train_names = {f.name for f in fields(TrainConfig)}
     head_names = {f.name for f in fields(HeadOptions)}
-    unknown = set(merged) - model_names - train_names - head_names - run_fields - {"folds"}
+    unknown = set(merged) - model_names - train_names - head_names - run_fields - {"folds", "repeats"}
     if unknown:
         raise KbertError(f"unknown setting(s) {sorted(unknown)}; see `kbert run --help`")
     model = _apply(model, {k: v for k, v in merged.items() if k in model_names}, "model")
@@ -275,9 +285,19 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     folds = competition.folds
     if "folds" in merged:
         folds = replace(folds, k=int(merged["folds"]))
+    if "repeats" in merged:
+        folds = replace(folds, repeats=int(merged["repeats"]))
     if folds.k < 2:
         raise KbertError(f"folds must be at least 2, got {folds.k}")
-    for name in ("epochs", "batch_size", "eval_batch_size", "max_length", "length_bucket"):
+    if folds.repeats < 1:
+        raise KbertError(f"folds.repeats must be at least 1, got {folds.repeats}")
+    if folds.repeats > 1 and not folds.shuffle:
+        raise KbertError("folds.repeats > 1 needs shuffled folds; contiguous (shuffle: false) folds never change")
+    if competition.text.truncate not in ("warn", "priority"):
+        raise KbertError(f"text.truncate must be warn or priority, got '{competition.text.truncate}'")
+    if train.augment < 0:
+        raise KbertError(f"augment must be at least 0, got {train.augment}")
+    for name in ("epochs", "batch_size", "eval_batch_size", "max_length", "length_bucket", "tta"):
         if getattr(train, name) < 1:
             raise KbertError(f"{name} must be at least 1, got {getattr(train, name)}")
     if train.learning_rate is None:

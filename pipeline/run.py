@@ -2,7 +2,8 @@
 
 Artifacts (``runs/<competition>/<run-id>/``): config.yaml, folds.csv, oof.csv, test.csv (predictions;
 see pipeline/predictions.py for their columns), outputs.npz (raw OOF and fold-averaged test head
-outputs), metrics.json, folds/<k>/{model.safetensors, config.json, tokenizer.json, test.csv, history.json}.
+outputs), metrics.json, folds/<k>/{model.safetensors, config.json, tokenizer.json, test.csv, history.json,
+serializer.json (the serializer's fitted statistics)}; with repeated k-fold the fold folders are r<repeat>-<k>.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import mlx.core as mx
 import numpy as np
 import pandas as pd
 from mlx.utils import tree_flatten
+from tokenizers import Tokenizer
 
 from ensembles.blend import average_folds
 from features import GENERIC_SERIALIZERS, SERIALIZERS, add_features
@@ -27,7 +29,7 @@ from models.encoders import is_preset, load_encoder, preset_config, read_config,
 from models.heads import HeadConfig, check_head_config, predict
 from models.task_model import build_task_model
 from models.weights import load_state_strict
-from models.tokenizer import encode, load_or_train_tokenizer, token_lengths
+from models.tokenizer import encode, fits_in, load_or_train_tokenizer, token_lengths
 from pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature
 from pipeline.config import RunConfig
 from pipeline.data import load_competition_data
@@ -68,11 +70,43 @@ def make_serializer(config: RunConfig):
     text = comp.text
     if text.serializer not in SERIALIZERS:
         raise KbertError(f"unknown serializer '{text.serializer}'; known: {', '.join(sorted(SERIALIZERS))}")
+    augmentation = {"paraphrases": text.paraphrases, "shuffle_columns": text.shuffle_columns,
+                    "paraphrase": text.paraphrase}
     if text.serializer in GENERIC_SERIALIZERS:
         return SERIALIZERS[text.serializer](template=text.template, columns=text.columns, numeric=text.numeric,
                                             bins=text.bins, missing=text.missing, mappings=text.mappings,
-                                            exclude=(comp.id_column, *comp.target_columns))
-    return SERIALIZERS[text.serializer](template=text.template)
+                                            exclude=(comp.id_column, *comp.target_columns), priority=text.priority,
+                                            jitter=text.jitter, **augmentation)
+    return SERIALIZERS[text.serializer](template=text.template, **augmentation)
+
+
+@dataclass
+class FoldFit:
+    """Everything fitted for one fold, on its training rows only."""
+
+    serializer: object  # a features/ serializer: bin edges and jitter bounds
+    train_texts: list[str]  # the training rows' plain text
+    target_transform: TargetTransform | None  # regression/timeseries: log1p/standardize statistics
+    tokenizer: Tokenizer | None = None  # from-scratch encoders: a WordPiece vocabulary
+    tokenizer_path: Path | None = None
+    encoder_config: dict | None = None  # from-scratch encoders: sized to that vocabulary
+
+
+def fit_fold(config: RunConfig, train_rows: pd.DataFrame, train_targets: np.ndarray | None,
+             cache_dir: Path) -> FoldFit:
+    """Fit the serializer, the target transform and (from scratch) the vocabulary on a fold's training
+    rows. Nothing else goes in, so the validation and test rows cannot move any fitted statistic."""
+    serializer = make_serializer(config).fit(train_rows)
+    texts = serializer.transform(train_rows)
+    transform = None
+    if train_targets is not None:  # regression/timeseries
+        transform = fit_target_transform(config.head.target_transform, train_targets,
+                                         ", ".join(config.competition.target_columns))
+    fit = FoldFit(serializer=serializer, train_texts=texts, target_transform=transform)
+    if config.model.encoder == "bert" or is_preset(config.model.encoder):
+        fit.tokenizer, fit.tokenizer_path = load_or_train_tokenizer(texts, config.model.vocab_size, cache_dir)
+        fit.encoder_config = scratch_encoder_config(config, fit.tokenizer.get_vocab_size())
+    return fit
 
 
 def make_head_config(config: RunConfig, outputs: int) -> HeadConfig:
@@ -122,14 +156,12 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     run_dir.mkdir(parents=True)
     write_yaml(run_dir / "config.yaml", {"run_id": run_id, **config.to_dict()})
 
-    fold_file = folds_path(comp_dir, comp.folds, stratified=targets.stratify is not None)
-    if config.limit_rows is not None:
-        fold_file = fold_file.with_name(fold_file.stem + f"-first{config.limit_rows}.csv")
-    stratify = pd.Series(targets.stratify) if targets.stratify is not None else None
-    groups = fold_groups(train, comp.folds, comp.train_file)
-    folds = load_or_make_folds(fold_file, train[comp.id_column], stratify, comp.folds, groups)
-    write_csv(run_dir / "folds.csv", folds)
-    fold_of_row = folds["fold"].to_numpy()
+    fold_sets = make_fold_sets(config, train, targets, comp_dir)  # one fold-per-row array per repeat
+    fold_table = pd.DataFrame({comp.id_column: train[comp.id_column].to_numpy(), "fold": fold_sets[0]})
+    for r, fold_of_row in enumerate(fold_sets[1:], start=1):
+        fold_table[f"fold_repeat{r}"] = fold_of_row
+    write_csv(run_dir / "folds.csv", fold_table)
+    fold_of_row = fold_sets[0]
 
     from_scratch = config.model.encoder == "bert" or is_preset(config.model.encoder)
     encoder_config, tokenizer, tokenizer_path, pretrained_weights = None, None, None, None
@@ -147,41 +179,53 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     log(f"{comp.name}: {len(train)} train rows, {len(test_features)} test rows, {comp.folds.k} folds, "
         f"encoder {config.model.encoder}, BLAS {BLAS_STATUS.name}")
 
-    oof_outputs: np.ndarray | None = None
-    oof_predictions: np.ndarray | None = None
+    oof_output_sum: np.ndarray | None = None
+    oof_prediction_sum: np.ndarray | None = None
+    oof_count = np.zeros(len(train), dtype=np.int64)
     test_outputs, test_predictions, fold_scores, fold_records = [], [], [], []
     budget: dict = {}
-    for k in range(comp.folds.k):
-        train_index, valid_index = np.flatnonzero(fold_of_row != k), np.flatnonzero(fold_of_row == k)
+    repeats, k_folds = len(fold_sets), comp.folds.k
+    for r, k in ((r, k) for r in range(repeats) for k in range(k_folds)):
+        fold_name = str(k) if repeats == 1 else f"r{r}-{k}"
+        description = f"fold {k + 1}/{k_folds}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else "")
+        train_index, valid_index = np.flatnonzero(fold_sets[r] != k), np.flatnonzero(fold_sets[r] == k)
         train_index = purge_training_rows(train_index, valid_index, comp.folds)
-        serializer = make_serializer(config).fit(features.iloc[train_index])  # fitted on the training fold only
-        train_texts = serializer.transform(features.iloc[train_index])
-        if from_scratch:  # the vocabulary, too, is fitted on the training fold's feature text only
-            tokenizer, tokenizer_path = load_or_train_tokenizer(train_texts, config.model.vocab_size,
-                                                                comp_dir / "cache")
-            encoder_config = scratch_encoder_config(config, tokenizer.get_vocab_size())
-        if k == 0:
-            log(f"example text: {train_texts[0]}")
-            budget = token_budget(token_lengths(tokenizer, train_texts), config.train.max_length)
+        fitted = fit_fold(config, features.iloc[train_index], None if raw_targets is None else raw_targets[train_index],
+                          comp_dir / "cache")
+        serializer, transform, plain_train_texts = fitted.serializer, fitted.target_transform, fitted.train_texts
+        if from_scratch:
+            tokenizer, tokenizer_path, encoder_config = fitted.tokenizer, fitted.tokenizer_path, fitted.encoder_config
+        if r == 0 and k == 0:
+            log(f"example text: {plain_train_texts[0]}")
+            all_texts = serializer.transform(features)  # for the report only: every training row's length
+            budget = token_budget(token_lengths(tokenizer, all_texts), config.train.max_length)
             if budget["truncated_rows"]:
-                log(f"warning: {budget['truncated_rows']} of {len(train_texts)} rows ({budget['truncated_share']:.1%}) "
-                    f"exceed --max-length {config.train.max_length} tokens (longest {budget['max_tokens']}) and lose "
-                    f"their end; raise --max-length or choose fewer text.columns")
-        transform = None
-        if raw_targets is not None:  # regression/timeseries: transform statistics from the training fold only
-            transform = fit_target_transform(config.head.target_transform, raw_targets[train_index],
-                                             ", ".join(comp.target_columns))
-            fold_targets = transform.forward(raw_targets)
-        else:
-            fold_targets = targets.values
+                remedy = ("their lowest-priority columns are dropped (text.truncate: priority)"
+                          if comp.text.truncate == "priority" else
+                          "lose their end; raise --max-length, choose fewer text.columns or set text.truncate: priority")
+                log(f"warning: {budget['truncated_rows']} of {len(all_texts)} rows "
+                    f"({budget['truncated_share']:.1%}) exceed --max-length {config.train.max_length} tokens "
+                    f"(longest {budget['max_tokens']}): {remedy}")
+        fold_targets = transform.forward(raw_targets) if transform is not None else targets.values
+
+        def tokens(rows: pd.DataFrame, variant: int = 0) -> list[np.ndarray]:
+            """Token ids of ``rows``; variant 0 is the plain text, others are seeded augmentations."""
+            rng = np.random.default_rng([config.seed, r, k, variant]) if variant else None
+            fits = fits_in(tokenizer, config.train.max_length) if comp.text.truncate == "priority" else None
+            return encode(tokenizer, serializer.transform(rows, rng=rng, fits=fits), config.train.max_length)
+
+        train_rows, valid_rows = features.iloc[train_index], features.iloc[valid_index]
         fold_data = FoldData(
-            train_tokens=encode(tokenizer, train_texts, config.train.max_length),
+            train_tokens=tokens(train_rows),
             train_targets=fold_targets[train_index],
-            valid_tokens=encode(tokenizer, serializer.transform(features.iloc[valid_index]), config.train.max_length),
+            valid_tokens=tokens(valid_rows),
             valid_targets=fold_targets[valid_index],
-            test_tokens=encode(tokenizer, serializer.transform(test_features), config.train.max_length),
+            test_tokens=tokens(test_features),
+            train_variants=[tokens(train_rows, v) for v in range(1, config.train.augment + 1)],
+            valid_tta=[tokens(valid_rows, v) for v in range(1, config.train.tta)],
+            test_tta=[tokens(test_features, v) for v in range(1, config.train.tta)],
         )
-        fold_seed = config.seed * 1000 + k
+        fold_seed = config.seed * 1000 + r * 100 + k
         seed_everything(fold_seed)
         model = build_task_model(encoder_config, head, config.model.pooling)
         if pretrained_weights is not None:  # every fold starts from the pretrained weights
@@ -192,30 +236,37 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                          targets.classes)
 
         result = train_fold(model, fold_data, config.train, evaluate, metric.greater_is_better, seed=fold_seed,
-                            description=f"fold {k + 1}/{comp.folds.k}", progress=progress)
+                            description=description, progress=progress)
         valid_predictions = to_predictions(head, result.valid_outputs, transform)
         fold_test_predictions = to_predictions(head, result.test_outputs, transform)
-        if oof_outputs is None:
-            oof_outputs = np.full((len(train),) + result.valid_outputs.shape[1:], np.nan, dtype=np.float32)
-            oof_predictions = np.full((len(train),) + valid_predictions.shape[1:], np.nan)
-        oof_outputs[valid_index] = result.valid_outputs
-        oof_predictions[valid_index] = valid_predictions
+        if oof_output_sum is None:
+            oof_output_sum = np.zeros((len(train),) + result.valid_outputs.shape[1:], dtype=np.float64)
+            oof_prediction_sum = np.zeros((len(train),) + valid_predictions.shape[1:], dtype=np.float64)
+        # Repeats: each row's OOF is the mean over its repeats (predictions on the target's own scale).
+        oof_output_sum[valid_index] += result.valid_outputs
+        oof_prediction_sum[valid_index] += valid_predictions
+        oof_count[valid_index] += 1
         test_outputs.append(result.test_outputs)
         test_predictions.append(fold_test_predictions)
-        fold_dir = run_dir / "folds" / str(k)
+        fold_dir = run_dir / "folds" / fold_name
         checkpoint_config = {"encoder_config": encoder_config, "head": head.to_dict(), "pooling": config.model.pooling,
                              "source": config.model.encoder, "target_transform": vars(transform) if transform else None}
         save_checkpoint(model, fold_dir, checkpoint_config, tokenizer_path)
         write_csv(fold_dir / "test.csv", predictions_frame(comp, targets.classes, test_features[comp.id_column],
                                                           fold_test_predictions))
         write_json(fold_dir / "history.json", result.history)
+        write_json(fold_dir / "serializer.json", serializer.fitted_statistics())
         fold_scores.append(result.best_score)
-        fold_records.append({"fold": k, "score": result.best_score, "best_epoch": result.best_epoch,
+        fold_records.append({"fold": k, "repeat": r, "score": result.best_score, "best_epoch": result.best_epoch,
                              "n_train": len(train_index), "n_valid": len(valid_index),
                              "seconds": round(result.seconds, 2)})
-        log(f"fold {k + 1}/{comp.folds.k}: {comp.metric} {result.best_score:.4f} "
+        log(f"{description}: {comp.metric} {result.best_score:.4f} "
             f"(best epoch {result.best_epoch + 1}, {result.seconds:.0f}s)")
 
+    if oof_count.min() == 0:
+        raise KbertError(f"{int((oof_count == 0).sum())} training rows were in no validation fold")
+    oof_outputs = (oof_output_sum / expand(oof_count, oof_output_sum)).astype(np.float32)
+    oof_predictions = oof_prediction_sum / expand(oof_count, oof_prediction_sum)
     test_mean = average_folds(test_predictions)
     test_outputs_mean = average_folds(test_outputs)
     extra: dict = {}
@@ -256,6 +307,28 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     })
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=fold_scores, cv_score=cv_score, metric=comp.metric,
                      submission_path=submission_path, seconds=seconds)
+
+
+def expand(counts: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """``counts`` shaped to divide ``like`` row-wise."""
+    return counts.reshape((-1,) + (1,) * (like.ndim - 1))
+
+
+def make_fold_sets(config: RunConfig, train: pd.DataFrame, targets, comp_dir: Path) -> list[np.ndarray]:
+    """The fold of each training row, once per repeat (repeat r splits with seed ``folds.seed + r``).
+    Fold files live in ``runs/<competition>/folds/`` and are shared by every run with the same split."""
+    comp = config.competition
+    stratify = pd.Series(targets.stratify) if targets.stratify is not None else None
+    groups = fold_groups(train, comp.folds, comp.train_file)
+    fold_sets = []
+    for r in range(comp.folds.repeats):
+        fold_config = replace(comp.folds, seed=comp.folds.seed + r)
+        fold_file = folds_path(comp_dir, fold_config, stratified=targets.stratify is not None)
+        if config.limit_rows is not None:
+            fold_file = fold_file.with_name(fold_file.stem + f"-first{config.limit_rows}.csv")
+        folds = load_or_make_folds(fold_file, train[comp.id_column], stratify, fold_config, groups)
+        fold_sets.append(folds["fold"].to_numpy())
+    return fold_sets
 
 
 def token_budget(lengths: np.ndarray, max_length: int) -> dict:

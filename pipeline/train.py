@@ -27,6 +27,10 @@ class FoldData:
     valid_tokens: list[np.ndarray]
     valid_targets: np.ndarray
     test_tokens: list[np.ndarray]
+    # Augmentation: extra serializations of the same rows, in the same order.
+    train_variants: list[list[np.ndarray]] = field(default_factory=list)  # epoch e: variant e % (len + 1)
+    valid_tta: list[list[np.ndarray]] = field(default_factory=list)  # averaged with the plain outputs
+    test_tta: list[list[np.ndarray]] = field(default_factory=list)
 
 
 @dataclass
@@ -34,7 +38,7 @@ class FoldResult:
     valid_outputs: np.ndarray  # raw head outputs (logits, values) of the best epoch
     test_outputs: np.ndarray
     best_epoch: int
-    best_score: float
+    best_score: float  # of valid_outputs (with test-time augmentation when it is on)
     history: list[dict] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -150,12 +154,14 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
 
     bar = tqdm(total=steps_per_epoch * config.epochs, desc=description, unit="step", disable=not progress,
                leave=False, dynamic_ncols=True, mininterval=0.5)
+    train_sets = [data.train_tokens, *data.train_variants]
     for epoch in range(config.epochs):
-        order = rng.permutation(len(data.train_tokens))
+        train_tokens = train_sets[epoch % len(train_sets)]
+        order = rng.permutation(len(train_tokens))
         losses = []
         for start in range(0, len(order), config.batch_size):
             index = order[start : start + config.batch_size]
-            ids, mask = pad_batch([data.train_tokens[i] for i in index], config.length_bucket, width=width)
+            ids, mask = pad_batch([train_tokens[i] for i in index], config.length_bucket, width=width)
             loss = train_step(ids, mask, mx.array(data.train_targets[index]))
             mx.eval(loss, model.parameters(), optimizer.state)
             losses.append(loss.item())
@@ -178,5 +184,11 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
     model.update(best_params)  # parameters are immutable arrays, so the saved tree is the best epoch's
     mx.eval(model.parameters())
     test_outputs = predict_outputs(model, data.test_tokens, config, forward)
+    best_score = sign * best_key[0]
+    if data.valid_tta or data.test_tta:  # test-time augmentation: average the outputs over the serializations
+        best_valid = np.mean([best_valid] + [predict_outputs(model, v, config, forward) for v in data.valid_tta], axis=0)
+        test_outputs = np.mean([test_outputs] + [predict_outputs(model, t, config, forward) for t in data.test_tta],
+                               axis=0)
+        best_score = float(evaluate(best_valid))
     return FoldResult(valid_outputs=best_valid, test_outputs=test_outputs, best_epoch=best_epoch,
-                      best_score=sign * best_key[0], history=history, seconds=time.perf_counter() - started)
+                      best_score=best_score, history=history, seconds=time.perf_counter() - started)

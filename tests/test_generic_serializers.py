@@ -86,3 +86,59 @@ def test_bad_options_fail_loudly():
         serializer("list", missing="guess").fit(ROWS)
     with pytest.raises(KbertError, match="needs a text.template"):
         serializer("template").fit(ROWS)
+
+
+def cells_of(text: str) -> dict[str, str]:
+    """'A: 1; B: x' / 'A is 1, B is x' / 'A = 1 | B = x' -> {column: value}."""
+    for pattern, separator in (("{}: {}", "; "), ("{} = {}", " | "), ("{} is {}", ", ")):
+        key_value = pattern.replace("{}", "")
+        parts = text.split(separator)
+        if all(key_value in p for p in parts):
+            return dict(p.split(key_value, 1) for p in parts)
+    raise AssertionError(f"unparsed: {text}")
+
+
+def test_augmented_variants_shuffle_paraphrase_and_keep_every_fact():
+    fitted = serializer("list", columns=["Sex", "Embarked", "Age"], jitter=0.0).fit(ROWS)
+    plain = fitted.transform(ROWS)
+    assert fitted.transform(ROWS, rng=None) == plain  # no rng: the plain text, every time
+    variants = [fitted.transform(ROWS, rng=np.random.default_rng(seed)) for seed in range(12)]
+    assert variants[3] == fitted.transform(ROWS, rng=np.random.default_rng(3))  # seeded: reproducible
+    assert len({v[0] for v in variants}) > 3  # orders and phrasings vary
+    for variant in variants:
+        for text, original in zip(variant, plain):
+            assert cells_of(text) == cells_of(original)  # the same facts, whatever the order and phrasing
+    templated = serializer("template", template="{Sex}, {Age}", paraphrases=["Aged {Age}, {Sex}"],
+                           jitter=0.0).fit(ROWS)
+    drawn = {templated.transform(ROWS.iloc[:1], rng=np.random.default_rng(s))[0] for s in range(10)}
+    assert drawn == {"male, 22", "Aged 22, male"}
+
+
+def test_numeric_jitter_stays_inside_the_fitted_bin():
+    rows = pd.DataFrame({"Id": range(200), "Fare": np.random.default_rng(0).lognormal(3, 1, 200),
+                         "Rooms": np.random.default_rng(1).integers(1, 12, 200)})
+    fitted = SERIALIZERS["list"](exclude=("Id",), jitter=0.3).fit(rows)
+    rng = np.random.default_rng(0)
+    for column in ("Fare", "Rooms"):
+        edges = fitted.bin_edges[column]
+        for value in rows[column].to_numpy(dtype=float):
+            new = fitted.jittered(column, value, rng)
+            assert np.searchsorted(edges, new, side="right") == np.searchsorted(edges, value, side="right")
+            assert column != "Rooms" or new == int(new)  # integer columns stay integers
+    plain = fitted.transform(rows)
+    jittered = fitted.transform(rows, rng=np.random.default_rng(1))
+    fares = lambda texts: np.array([float(cells_of(t)["Fare"]) for t in texts])
+    assert np.mean(np.abs(fares(jittered) / fares(plain) - 1) > 0.01) > 0.5  # ...and it does move them
+    binned = SERIALIZERS["list"](exclude=("Id",), numeric="bins", jitter=0.3, shuffle_columns=False,
+                                 paraphrase=False).fit(rows)
+    assert binned.transform(rows, rng=np.random.default_rng(0)) == binned.transform(rows)  # bin words stay
+
+
+def test_token_budget_truncates_lowest_priority_columns_first():
+    fitted = serializer("list", priority=["Sex", "Age", "Embarked", "GrLivArea"]).fit(ROWS)
+    fits = lambda text: len(text) <= 24  # stands in for "at most max_length tokens"
+    texts = fitted.transform(ROWS.iloc[:2], fits=fits)
+    assert texts == ["Age: 22; Sex: male", "Age: 38; Sex: female"]  # GrLivArea, then Embarked, dropped
+    assert fitted.transform(ROWS.iloc[:2], fits=lambda text: True) == fitted.transform(ROWS.iloc[:2])
+    with pytest.raises(KbertError, match="text.priority"):
+        serializer("list", priority=["Nope"]).fit(ROWS)

@@ -141,3 +141,47 @@ def test_permute_target_shuffles_labels_but_keeps_their_distribution(tmp_path, m
     real = load_competition_data(load_competition("titanic")).train["Survived"].to_numpy()[:120]
     assert sorted(seen["targets"]) == sorted(real) and not np.array_equal(seen["targets"], real)
     assert "permute_target: true" in (result.run_dir / "config.yaml").read_text()
+
+
+def test_priority_truncation_drops_whole_low_priority_columns(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    import pipeline.run as run_module
+    from models.tokenizer import token_lengths
+
+    encoded = []
+    original = run_module.encode
+    monkeypatch.setattr(run_module, "encode", lambda tok, texts, n: encoded.append((tok, texts)) or original(tok, texts, n))
+    comp = load_competition("house-prices-advanced-regression-techniques")
+    comp = replace(comp, text=replace(comp.text, truncate="priority"))
+    config = resolve_run_config(comp, {**TINY, "limit_rows": 60, "max_length": 32, "out_dir": str(tmp_path / "runs"),
+                                       "submissions_dir": str(tmp_path / "subs")})
+    lines = []
+    run_competition(config, run_id="t", progress=False, log=lines.append)
+    assert any("lowest-priority columns are dropped" in line for line in lines)
+    assert len(encoded) == 6  # train, valid, test for each of 2 folds
+    for tokenizer, texts in encoded:
+        assert token_lengths(tokenizer, texts).max() <= 32  # nothing is cut mid-column by the tokenizer
+        assert all(t.startswith("OverallQualWords: ") and "OverallCondWords" not in t for t in texts)
+
+
+def test_repeated_folds_augmentation_and_tta(tmp_path, monkeypatch):
+    import pipeline.run as run_module
+
+    seen = []
+    original = run_module.train_fold
+    monkeypatch.setattr(run_module, "train_fold", lambda model, data, *a, **k: seen.append(data) or
+                        original(model, data, *a, **k))
+    comp, result, metrics = run("titanic", tmp_path, limit_rows=80, repeats=2, augment=2, tta=3)
+    folds = pd.read_csv(result.run_dir / "folds.csv")
+    assert list(folds.columns) == ["PassengerId", "fold", "fold_repeat1"]
+    assert (folds["fold"] != folds["fold_repeat1"]).any()  # a second, different split
+    assert [(f["repeat"], f["fold"]) for f in metrics["folds"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert sorted(p.name for p in (result.run_dir / "folds").iterdir()) == ["r0-0", "r0-1", "r1-0", "r1-1"]
+    assert pd.read_csv(result.run_dir / "oof.csv")["Survived"].notna().all()
+    assert len(seen) == 4
+    for data in seen:
+        assert len(data.train_variants) == 2 and len(data.valid_tta) == 2 and len(data.test_tta) == 2
+        changed = np.mean([not np.array_equal(a, b) for a, b in zip(data.train_tokens, data.train_variants[0])])
+        assert changed > 0.5  # augmented text differs from the plain text for most rows
+        assert len(data.train_variants[0]) == len(data.train_tokens)
