@@ -56,6 +56,11 @@ def is_preset(name: str) -> bool:
     return any(name in arch.presets for arch in ARCHITECTURES.values())
 
 
+def trains_from_scratch(encoder: str) -> bool:
+    """"bert" (sized by the run config) and the preset names train from scratch; anything else is pretrained."""
+    return encoder == "bert" or is_preset(encoder)
+
+
 def preset_config(name: str) -> dict[str, Any]:
     """A named size (bert-tiny, modernbert-base, ...) as config.json-style values, including model_type."""
     for model_type, arch in ARCHITECTURES.items():

@@ -301,10 +301,9 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         if getattr(train, name) < 1:
             raise KbertError(f"{name} must be at least 1, got {getattr(train, name)}")
     if train.learning_rate is None:
-        from models.encoders import is_preset
+        from models.encoders import trains_from_scratch
 
-        scratch = model.encoder == "bert" or is_preset(model.encoder)
-        train = replace(train, learning_rate=1e-3 if scratch else 5e-5)
+        train = replace(train, learning_rate=1e-3 if trains_from_scratch(model.encoder) else 5e-5)
     if train.learning_rate <= 0:
         raise KbertError(f"learning_rate must be positive, got {train.learning_rate}")
     # The fold split keeps the competition's own seed, so runs with different training seeds share

@@ -25,7 +25,8 @@ from ensembles.blend import average_folds
 from features import GENERIC_SERIALIZERS, SERIALIZERS, add_features
 from models.blas import STATUS as BLAS_STATUS
 from models.checkpoints import save_checkpoint
-from models.encoders import is_preset, load_encoder, preset_config, read_config, resolve_encoder_path
+from models.encoders import (is_preset, load_encoder, preset_config, read_config, resolve_encoder_path,
+                             trains_from_scratch)
 from models.heads import HeadConfig, check_head_config, predict
 from models.task_model import build_task_model
 from models.weights import load_state_strict
@@ -103,7 +104,7 @@ def fit_fold(config: RunConfig, train_rows: pd.DataFrame, train_targets: np.ndar
         transform = fit_target_transform(config.head.target_transform, train_targets,
                                          ", ".join(config.competition.target_columns))
     fit = FoldFit(serializer=serializer, train_texts=texts, target_transform=transform)
-    if config.model.encoder == "bert" or is_preset(config.model.encoder):
+    if trains_from_scratch(config.model.encoder):
         fit.tokenizer, fit.tokenizer_path = load_or_train_tokenizer(texts, config.model.vocab_size, cache_dir)
         fit.encoder_config = scratch_encoder_config(config, fit.tokenizer.get_vocab_size())
     return fit
@@ -163,7 +164,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     write_csv(run_dir / "folds.csv", fold_table)
     fold_of_row = fold_sets[0]
 
-    from_scratch = config.model.encoder == "bert" or is_preset(config.model.encoder)
+    from_scratch = trains_from_scratch(config.model.encoder)
     encoder_config, tokenizer, tokenizer_path, pretrained_weights = None, None, None, None
     if not from_scratch:
         pretrained_folder = resolve_encoder_path(config.model.encoder)
@@ -208,15 +209,16 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                     f"(longest {budget['max_tokens']}): {remedy}")
         fold_targets = transform.forward(raw_targets) if transform is not None else targets.values
 
+        fits = fits_in(tokenizer, config.train.max_length) if comp.text.truncate == "priority" else None
+
         def tokens(rows: pd.DataFrame, variant: int = 0) -> list[np.ndarray]:
             """Token ids of ``rows``; variant 0 is the plain text, others are seeded augmentations."""
             rng = np.random.default_rng([config.seed, r, k, variant]) if variant else None
-            fits = fits_in(tokenizer, config.train.max_length) if comp.text.truncate == "priority" else None
             return encode(tokenizer, serializer.transform(rows, rng=rng, fits=fits), config.train.max_length)
 
         train_rows, valid_rows = features.iloc[train_index], features.iloc[valid_index]
-        fold_data = FoldData(
-            train_tokens=tokens(train_rows),
+        fold_data = FoldData(  # the training rows' plain text is already serialized, unless it must be truncated
+            train_tokens=tokens(train_rows) if fits else encode(tokenizer, plain_train_texts, config.train.max_length),
             train_targets=fold_targets[train_index],
             valid_tokens=tokens(valid_rows),
             valid_targets=fold_targets[valid_index],
