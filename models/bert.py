@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from models.activations import ACTIVATIONS
+from models.recompute import Dropout, call_layer
 
 
 @dataclass
@@ -51,7 +52,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def __call__(self, input_ids: mx.array | None, token_type_ids: mx.array | None = None,
                  inputs_embeds: mx.array | None = None) -> mx.array:
@@ -77,7 +78,7 @@ class BertSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
-        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+        self.dropout = Dropout(config.attention_probs_dropout_prob)
         self.attention_dropout = config.attention_probs_dropout_prob
 
     def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
@@ -104,7 +105,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def __call__(self, hidden: mx.array, residual: mx.array) -> mx.array:
         return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
@@ -137,7 +138,7 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def __call__(self, hidden: mx.array, residual: mx.array) -> mx.array:
         return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
@@ -159,10 +160,11 @@ class BertEncoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.layer = [BertLayer(config) for _ in range(config.num_hidden_layers)]
+        self.recompute_layers = False  # gradient checkpointing (models/recompute.py)
 
     def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
         for layer in self.layer:
-            x = layer(x, mask)
+            x = call_layer(layer, x, mask, self.recompute_layers)
         return x
 
 

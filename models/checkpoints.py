@@ -1,5 +1,8 @@
 """Save and load fold models: ``model.safetensors`` + ``config.json`` (+ ``tokenizer.json``) in one folder.
 
+A fold trained with adapters may instead be adapter-only: ``adapter.safetensors`` (adapter weights, head
+and pooler) + ``adapter_config.json``, on top of the base encoder that ``config.json`` names under
+``source``; loading re-reads that base and checks its weights' fingerprint.
 Loading is strict: a missing or unexpected weight name is an error that lists the names.
 """
 
@@ -10,8 +13,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from models.adapters import (ADAPTER_CONFIG_FILE, AdapterConfig, apply_adapters, load_adapter_weights,
+                             read_adapter_config, save_adapters, weights_fingerprint)
+from models.encoders import architecture, read_weights, resolve_encoder_path
 from models.task_model import TaskModel, build_task_model
-from models.weights import load_weights_strict, write_safetensors
+from models.weights import load_state_strict, load_weights_strict, write_safetensors
 from pipeline.errors import KbertError
 from pipeline.io import atomic_write, write_json
 
@@ -20,10 +26,15 @@ CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def save_checkpoint(model: TaskModel, folder: Path, config: dict[str, Any], tokenizer_path: Path | None = None) -> Path:
-    """``config`` holds what ``build_task_model`` needs: encoder_config, head (a HeadConfig dict), pooling."""
+def save_checkpoint(model: TaskModel, folder: Path, config: dict[str, Any], tokenizer_path: Path | None = None,
+                    adapter: AdapterConfig | None = None, base_fingerprint: str = "") -> Path:
+    """``config`` holds what ``build_task_model`` needs: encoder_config, head (a HeadConfig dict), pooling,
+    and ``source`` (the base encoder). With ``adapter``, only the adapter and head weights are written."""
     folder = Path(folder)
-    write_safetensors(folder / WEIGHTS_FILE, model)
+    if adapter is None:
+        write_safetensors(folder / WEIGHTS_FILE, model)
+    else:
+        save_adapters(model, folder, adapter, base=config["source"], base_fingerprint=base_fingerprint)
     write_json(folder / CONFIG_FILE, config)
     if tokenizer_path is not None:
         atomic_write(folder / TOKENIZER_FILE, lambda p: shutil.copyfile(tokenizer_path, p))
@@ -40,6 +51,17 @@ def load_checkpoint(folder: Path) -> tuple[TaskModel, dict[str, Any]]:
         if key not in config:
             raise KbertError(f"{config_path}: missing key '{key}'")
     model = build_task_model(config["encoder_config"], config["head"], config["pooling"])
-    load_weights_strict(model, folder / WEIGHTS_FILE)
+    if (folder / ADAPTER_CONFIG_FILE).is_file():
+        saved = read_adapter_config(folder)
+        base = resolve_encoder_path(saved["base_encoder"])
+        if saved.get("base_fingerprint") and weights_fingerprint(base) != saved["base_fingerprint"]:
+            raise KbertError(f"{folder}: the adapters were trained on another version of the base encoder "
+                             f"{saved['base_encoder']} (its weight files changed)")
+        model_type = config["encoder_config"].get("model_type", "bert")
+        load_state_strict(model.encoder, architecture(model_type).sanitize(read_weights(base)), str(base))
+        apply_adapters(model, AdapterConfig.from_dict(saved["adapter"]))
+        load_adapter_weights(model, folder)
+    else:
+        load_weights_strict(model, folder / WEIGHTS_FILE)
     model.eval()
     return model, config

@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from models.activations import ACTIVATIONS
+from models.recompute import Dropout, call_layer
 
 GLOBAL = "full_attention"
 LOCAL = "sliding_attention"
@@ -109,7 +110,7 @@ class ModernBertEmbeddings(nn.Module):
         super().__init__()
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
-        self.drop = nn.Dropout(config.embedding_dropout)
+        self.drop = Dropout(config.embedding_dropout)
 
     def __call__(self, input_ids: mx.array | None = None, inputs_embeds: mx.array | None = None) -> mx.array:
         x = self.tok_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
@@ -131,8 +132,8 @@ class ModernBertAttention(nn.Module):
         self.Wqkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=config.attention_bias)
         self.Wo = nn.Linear(config.hidden_size, config.hidden_size, bias=config.attention_bias)
         self.attention_dropout = config.attention_dropout
-        self.dropout = nn.Dropout(config.attention_dropout)
-        self.out_drop = nn.Dropout(config.attention_dropout)
+        self.dropout = Dropout(config.attention_dropout)
+        self.out_drop = Dropout(config.attention_dropout)
 
     def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
         batch, seq_len, hidden = x.shape
@@ -166,7 +167,7 @@ class ModernBertMLP(nn.Module):
             )
         self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.act = ACTIVATIONS[config.hidden_activation]
-        self.drop = nn.Dropout(config.mlp_dropout)
+        self.drop = Dropout(config.mlp_dropout)
         self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -218,6 +219,7 @@ class ModernBertModel(nn.Module):
         self.config = config
         self.embeddings = ModernBertEmbeddings(config)
         self.layers = [ModernBertEncoderLayer(config, i) for i in range(config.num_hidden_layers)]
+        self.recompute_layers = False  # gradient checkpointing (models/recompute.py)
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
 
     @property
@@ -237,7 +239,7 @@ class ModernBertModel(nn.Module):
         x = self.embeddings(input_ids, inputs_embeds)
         global_mask, local_mask = attention_masks(attention_mask, x.shape[1], self.config.sliding_window, x.dtype)
         for layer in self.layers:
-            x = layer(x, local_mask if layer.is_local else global_mask)
+            x = call_layer(layer, x, local_mask if layer.is_local else global_mask, self.recompute_layers)
         return self.final_norm(x), None
 
 

@@ -16,6 +16,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from models.recompute import call_layer
+
 ROPE_BASE = 10000.0  # hard-coded in the reference (precompute_freqs_cis theta)
 
 
@@ -164,6 +166,7 @@ class NeoBertModel(nn.Module):
         self.config = config
         self.encoder = nn.Embedding(config.vocab_size, config.hidden_size)
         self.transformer_encoder = [EncoderBlock(config) for _ in range(config.num_hidden_layers)]
+        self.recompute_layers = False  # gradient checkpointing (models/recompute.py)
         self.layer_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
         self._init_weights()
 
@@ -199,7 +202,7 @@ class NeoBertModel(nn.Module):
                              "(the reference's RoPE table covers positions 0..max_length-1 only)")
         mask = None if attention_mask is None else key_padding_mask(attention_mask, x.dtype)
         for block in self.transformer_encoder:
-            x = block(x, mask)
+            x = call_layer(block, x, mask, self.recompute_layers)
         return self.layer_norm(x), None
 
 

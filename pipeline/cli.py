@@ -43,6 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--encoder", help="bert (default: a small BERT trained from scratch), a size to train from "
                                        "scratch (bert-tiny, bert-mini, modernbert-base, neobert, ...), a shipped "
                                        "pretrained name (minilm-l6), or a local Hugging Face model folder")
+    run.add_argument("--adapter", help="train adapters on a pretrained encoder instead of all its weights: a preset "
+                     "(efficient r=4, balanced r=8, expressive r=16, qlora_memory: 4-bit base r=8) or a kind "
+                     "(lora, rslora, dora, qlora)")
+    run.add_argument("--lora-rank", type=int, help="adapter rank (overrides the preset's)")
+    run.add_argument("--lora-alpha", type=float, help="adapter alpha: the update is scaled by alpha / rank")
+    run.add_argument("--lora-dropout", type=float, help="dropout on the adapters' input")
+    run.add_argument("--lora-targets", help="comma-separated encoder layers to adapt, as name patterns "
+                     "(e.g. query,value or attention.* or Wqkv,Wo,Wi; default: every linear layer of the blocks)")
+    run.add_argument("--adapter-checkpoint", choices=("adapter", "merged"),
+                     help="fold checkpoints hold the adapter weights only (default) or the merged full model")
     run.add_argument("--epochs", type=int, help="maximum epochs per fold (early stopping may end sooner)")
     run.add_argument("--batch-size", type=int, help="training batch size")
     run.add_argument("--lr", type=float, dest="learning_rate", help="peak learning rate")
@@ -65,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="temperature-scale binary/multiclass probabilities on OOF logits")
     run.add_argument("--permute-target", action="store_const", const=True,
                      help="sanity check: shuffle the training targets; the CV should fall to the trivial baseline")
+    run.add_argument("--gradient-checkpointing", action="store_const", const=True,
+                     help="recompute encoder layers in the backward pass: much less memory, about 1/3 more time")
     run.add_argument("--no-compile", dest="compile", action="store_const", const=False,
                      help="run the train and eval steps eagerly instead of with mx.compile")
     run.add_argument("--no-dynamic-padding", dest="dynamic_padding", action="store_const", const=False,
@@ -128,10 +140,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     overrides = {name: getattr(args, name) for name in ("folds", "seed", "encoder", "epochs", "batch_size", "learning_rate",
                                                          "max_length", "data_dir", "out_dir", "submissions_dir",
-                                                         "limit_rows", "compile", "dynamic_padding", "pooling", "loss",
+                                                         "limit_rows", "compile", "gradient_checkpointing", "dynamic_padding", "pooling", "loss",
                                                          "label_smoothing", "focal_gamma", "head_dropout",
                                                          "target_transform", "calibrate", "permute_target",
-                                                         "repeats", "augment", "tta")}
+                                                         "repeats", "augment", "tta", "adapter",
+                                                         "adapter_checkpoint")}
+    adapter_options = {name: getattr(args, f"lora_{name}") for name in ("rank", "alpha", "dropout", "targets")
+                       if getattr(args, f"lora_{name}") is not None}
+    if adapter_options:
+        overrides["adapter_options"] = adapter_options
     if args.threshold is not None:
         overrides["threshold"] = args.threshold if args.threshold == "tune" else _probability(args.threshold)
     config = resolve_run_config(load_competition(args.competition), overrides)

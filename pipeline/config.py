@@ -96,6 +96,11 @@ class ModelConfig:
     head_dropout: float = 0.1
     pooling: str = "cls"
     vocab_size: int = 1000
+    # Adapters (models/adapters.py) on a pretrained encoder: none | a preset (efficient, balanced, expressive,
+    # qlora_memory) | a kind (lora, rslora, dora, qlora); adapter_options overrides AdapterConfig fields.
+    adapter: str = "none"
+    adapter_options: dict = field(default_factory=dict)
+    adapter_checkpoint: str = "adapter"  # fold checkpoints: adapter (adapter weights + head only) | merged
 
 
 @dataclass
@@ -113,6 +118,7 @@ class TrainConfig:
     length_bucket: int = 16  # batches are padded to their own longest row, rounded up to a multiple of this
     dynamic_padding: bool = True  # False: pad every batch to max_length (slower; for speed comparisons)
     compile: bool = True  # mx.compile the train and eval steps
+    gradient_checkpointing: bool = False  # recompute encoder layers in the backward pass: less memory, ~1/3 more time
     augment: int = 0  # augmented serializations of the training rows; epoch e trains on variant e % (augment + 1)
     tta: int = 1  # test-time augmentation: valid and test outputs averaged over this many serializations
 
@@ -263,6 +269,9 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     run_fields = {"seed", "data_dir", "out_dir", "submissions_dir", "limit_rows", "permute_target"}
     merged = {**competition.head, **competition.training,
               **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    options = {**(competition.training.get("adapter_options") or {}), **((overrides or {}).get("adapter_options") or {})}
+    if options:  # YAML adapter settings and CLI flags combine
+        merged["adapter_options"] = options
     model_names = {f.name for f in fields(ModelConfig)}
     train_names = {f.name for f in fields(TrainConfig)}
     head_names = {f.name for f in fields(HeadOptions)}
@@ -300,16 +309,35 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     for name in ("epochs", "batch_size", "eval_batch_size", "max_length", "length_bucket", "tta"):
         if getattr(train, name) < 1:
             raise KbertError(f"{name} must be at least 1, got {getattr(train, name)}")
-    if train.learning_rate is None:
-        from models.encoders import trains_from_scratch
+    from models.encoders import trains_from_scratch
 
-        train = replace(train, learning_rate=1e-3 if trains_from_scratch(model.encoder) else 5e-5)
+    adapter = adapter_config(model)
+    if adapter is None and model.adapter_options:
+        raise KbertError(f"adapter settings {sorted(model.adapter_options)} given without an adapter; "
+                         f"choose one with --adapter (e.g. balanced)")
+    if adapter is not None and trains_from_scratch(model.encoder):
+        raise KbertError(f"--adapter {model.adapter} needs a pretrained encoder: '{model.encoder}' trains from "
+                         f"scratch, so every weight trains anyway; drop --adapter or pass a pretrained --encoder")
+    if model.adapter_checkpoint not in ("adapter", "merged"):
+        raise KbertError(f"adapter_checkpoint must be adapter or merged, got '{model.adapter_checkpoint}'")
+    if adapter is not None and model.adapter_checkpoint == "merged" and adapter.bits and not adapter.merge_dequantize:
+        raise KbertError("adapter_checkpoint: merged with a quantized base needs merge_dequantize: true")
+    if train.learning_rate is None:  # adapters train few weights from zero: a LoRA-sized rate
+        default = 1e-3 if trains_from_scratch(model.encoder) else 5e-5 if adapter is None else 5e-4
+        train = replace(train, learning_rate=default)
     if train.learning_rate <= 0:
         raise KbertError(f"learning_rate must be positive, got {train.learning_rate}")
     # The fold split keeps the competition's own seed, so runs with different training seeds share
     # folds and can be blended on OOF; --seed changes initialisation, dropout and batch order.
     run = RunConfig(competition=replace(competition, folds=folds), model=model, train=train, head=head)
     return replace(run, **{k: merged[k] for k in run_fields if k in merged})
+
+
+def adapter_config(model: ModelConfig):
+    """The run's AdapterConfig, or None without adapters (unknown names and settings are errors)."""
+    from models.adapters import resolve_adapter
+
+    return resolve_adapter(model.adapter, **model.adapter_options)
 
 
 def run_config_from_dict(data: dict[str, Any]) -> RunConfig:

@@ -24,15 +24,17 @@ from tokenizers import Tokenizer
 from ensembles.blend import average_folds
 from features import GENERIC_SERIALIZERS, SERIALIZERS, add_features
 from models.blas import STATUS as BLAS_STATUS
+from models.adapters import apply_adapters, merge_adapters, weights_fingerprint
+from models.recompute import set_recompute
 from models.checkpoints import save_checkpoint
-from models.encoders import (is_preset, load_encoder, preset_config, read_config, resolve_encoder_path,
+from models.encoders import (SHIPPED, is_preset, load_encoder, preset_config, read_config, resolve_encoder_path,
                              trains_from_scratch)
 from models.heads import HeadConfig, check_head_config, predict
 from models.task_model import build_task_model
 from models.weights import load_state_strict
 from models.tokenizer import encode, fits_in, load_or_train_tokenizer, token_lengths
 from pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature
-from pipeline.config import RunConfig
+from pipeline.config import RunConfig, adapter_config
 from pipeline.data import load_competition_data
 from pipeline.errors import KbertError
 from pipeline.folds import fold_groups, folds_path, load_or_make_folds, purge_training_rows
@@ -177,8 +179,11 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         if limit is not None and config.train.max_length > limit:
             raise KbertError(f"--max-length {config.train.max_length} exceeds the encoder's "
                              f"max_position_embeddings {limit}")
+    adapter = adapter_config(config.model)
+    base_fingerprint = weights_fingerprint(pretrained_folder) if adapter is not None else ""
     log(f"{comp.name}: {len(train)} train rows, {len(test_features)} test rows, {comp.folds.k} folds, "
-        f"encoder {config.model.encoder}, BLAS {BLAS_STATUS.name}")
+        f"encoder {config.model.encoder}" + (f" + {config.model.adapter} adapters" if adapter else "") +
+        f", BLAS {BLAS_STATUS.name}")
 
     oof_output_sum: np.ndarray | None = None
     oof_prediction_sum: np.ndarray | None = None
@@ -232,6 +237,12 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         model = build_task_model(encoder_config, head, config.model.pooling)
         if pretrained_weights is not None:  # every fold starts from the pretrained weights
             load_state_strict(model.encoder, pretrained_weights, config.model.encoder)
+        if config.train.gradient_checkpointing:
+            set_recompute(model.encoder, True)
+        if adapter is not None:
+            report = apply_adapters(model, adapter)
+            if r == 0 and k == 0:
+                log(report.summary())
 
         def evaluate(outputs: np.ndarray, index=valid_index, transform=transform) -> float:
             return score(metric, task, truth[index], to_predictions(head, outputs, transform), threshold,
@@ -253,7 +264,15 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         fold_dir = run_dir / "folds" / fold_name
         checkpoint_config = {"encoder_config": encoder_config, "head": head.to_dict(), "pooling": config.model.pooling,
                              "source": config.model.encoder, "target_transform": vars(transform) if transform else None}
-        save_checkpoint(model, fold_dir, checkpoint_config, tokenizer_path)
+        if adapter is not None:  # an adapter checkpoint names its base so that it loads from anywhere
+            checkpoint_config["source"] = str(config.model.encoder if config.model.encoder in SHIPPED
+                                              else pretrained_folder.resolve())
+        if adapter is not None and config.model.adapter_checkpoint == "merged":
+            merge_adapters(model, dequantize=True)
+            checkpoint_config["merged_adapter"] = adapter.to_dict()
+        adapter_only = adapter is not None and config.model.adapter_checkpoint == "adapter"
+        save_checkpoint(model, fold_dir, checkpoint_config, tokenizer_path, adapter=adapter if adapter_only else None,
+                        base_fingerprint=base_fingerprint)
         write_csv(fold_dir / "test.csv", predictions_frame(comp, targets.classes, test_features[comp.id_column],
                                                           fold_test_predictions))
         write_json(fold_dir / "history.json", result.history)

@@ -1,0 +1,421 @@
+"""Low-rank adapters on an encoder's linear layers: LoRA, rsLoRA, DoRA and QLoRA, with merging and saving.
+
+``apply_adapters(model, config)`` wraps the linear layers whose names match ``config.targets`` in
+``LoRALinear`` (quantizing their base weight first for QLoRA), freezes everything else except
+``config.modules_to_save`` (the task head and pooler by default), and returns a report of what it did.
+The wrapped layers are set on their parent modules directly: ``Module.update`` would silently ignore
+dotted names, so the report's trainable count is checked against what the adapters should add.
+
+The formulas are PEFT's (``peft.tuners.lora``), with the weights in PEFT's layout:
+``lora_a`` is (rank, in), ``lora_b`` is (out, rank), and ``magnitude`` (DoRA) is (out,).
+  LoRA:   y = base(x) + s * B A dropout(x),   s = alpha / rank  (rsLoRA: alpha / sqrt(rank))
+  DoRA:   y = m / ||W + s B A|| * (W + s B A) x + bias, the norm per output row and not differentiated,
+          so that at initialisation (B = 0, m = ||W||) the output is the base output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field, fields
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
+from models.recompute import Dropout, set_recompute
+from pipeline.errors import KbertError
+from pipeline.io import atomic_write, write_json
+
+ADAPTER_WEIGHTS_FILE = "adapter.safetensors"
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+
+# Every linear layer inside the transformer blocks, per encoder class (the embeddings, BERT's pooler and
+# the task head are not adapted; the head trains fully through modules_to_save).
+DEFAULT_TARGETS = {
+    "BertModel": "query,key,value,attention.output.dense,intermediate.dense,output.dense",
+    "ModernBertModel": "Wqkv,Wo,Wi",
+    "NeoBertModel": "qkv,wo,w12,w3",
+}
+
+
+@dataclass
+class AdapterConfig:
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: str = "default"  # comma-separated name patterns (globs) of encoder linear layers, or "default"
+    rslora: bool = False  # scale by alpha / sqrt(rank) instead of alpha / rank
+    dora: bool = False  # weight-decomposed LoRA: a trained magnitude per output row
+    bits: int = 0  # QLoRA: quantize the adapted layers' base weights to 4 or 8 bits (0: keep float32)
+    group_size: int = 64  # QLoRA quantization group size (must divide the layer's input size)
+    init: str = "kaiming"  # lora_a initialisation: kaiming (uniform, PEFT's default) | gaussian (std 1/rank)
+    rank_pattern: dict[str, int] = field(default_factory=dict)  # regex searched in the layer name -> rank
+    alpha_pattern: dict[str, float] = field(default_factory=dict)  # regex searched in the layer name -> alpha
+    modules_to_save: str = "head,pooler"  # comma-separated task-model module names or patterns that train fully
+    merge_dequantize: bool = True  # merging a quantized base: dequantize into a plain Linear, or keep it separate
+    gradient_checkpointing: bool = False  # recompute each encoder layer in the backward pass (models/recompute.py)
+    quantize_embeddings: bool = False  # QLoRA: also quantize the frozen token-embedding table, as nn.quantize does
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "AdapterConfig":
+        unknown = set(values) - {f.name for f in fields(cls)}
+        if unknown:
+            raise KbertError(f"unknown adapter setting(s) {sorted(unknown)}; known: {[f.name for f in fields(cls)]}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# Names usable in YAML (``training: {adapter: balanced}``) and on the command line (``--adapter balanced``).
+PRESETS: dict[str, dict[str, Any]] = {
+    "efficient": {"rank": 4, "alpha": 8.0},
+    "balanced": {"rank": 8, "alpha": 16.0},
+    "expressive": {"rank": 16, "alpha": 32.0},
+    "qlora_memory": {"rank": 8, "alpha": 16.0, "bits": 4, "quantize_embeddings": True, "gradient_checkpointing": True},
+    # Kinds, at the balanced rank:
+    "lora": {},
+    "rslora": {"rslora": True},
+    "dora": {"dora": True},
+    "qlora": {"bits": 4, "quantize_embeddings": True},
+}
+
+
+def resolve_adapter(name: str, **overrides: Any) -> AdapterConfig | None:
+    """A preset or kind name plus explicit settings (None values are ignored); None for "none"."""
+    if name in ("", "none", None):
+        return None
+    if name not in PRESETS:
+        raise KbertError(f"unknown adapter '{name}'; known: none, {', '.join(PRESETS)}")
+    config = AdapterConfig.from_dict({**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}})
+    check_adapter_config(config)
+    return config
+
+
+def check_adapter_config(config: AdapterConfig) -> None:
+    if config.rank < 1 or any(r < 1 for r in config.rank_pattern.values()):
+        raise KbertError(f"adapter rank must be at least 1, got {config.rank} / {config.rank_pattern}")
+    if not 0.0 <= config.dropout < 1.0:
+        raise KbertError(f"adapter dropout must be in [0, 1), got {config.dropout}")
+    if config.bits not in (0, 4, 8):
+        raise KbertError(f"adapter bits must be 0 (no quantization), 4 or 8, got {config.bits}")
+    if config.init not in ("kaiming", "gaussian"):
+        raise KbertError(f"adapter init must be kaiming or gaussian, got '{config.init}'")
+
+
+QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+
+
+def dense_weight(linear: nn.Module) -> mx.array:
+    """The float weight of a Linear or Embedding, or of its quantized form after dequantization."""
+    if isinstance(linear, QUANTIZED):
+        return mx.dequantize(linear.weight, linear.scales, linear.get("biases"), group_size=linear.group_size,
+                             bits=linear.bits, mode=linear.mode)
+    return linear.weight
+
+
+def linear_shape(linear: nn.Module) -> tuple[int, int]:
+    """(out, in) of a Linear or QuantizedLinear (whose packed weight is narrower)."""
+    out_dims, packed = linear.weight.shape
+    return (out_dims, packed * 32 // linear.bits) if isinstance(linear, nn.QuantizedLinear) else (out_dims, packed)
+
+
+def row_norms(weight: mx.array) -> mx.array:
+    return mx.sqrt(mx.sum(weight * weight, axis=1))
+
+
+class LoRALinear(nn.Module):
+    """A frozen base Linear (or QuantizedLinear) plus a trainable low-rank update, optionally DoRA."""
+
+    def __init__(self, base: nn.Module, rank: int, alpha: float, dropout: float = 0.0, rslora: bool = False,
+                 dora: bool = False, init: str = "kaiming"):
+        super().__init__()
+        out_dims, in_dims = linear_shape(base)
+        self.base = base
+        self.scale = float(alpha / (math.sqrt(rank) if rslora else rank))  # a float, not a parameter
+        self.dropout_p = float(dropout)
+        self.dropout = Dropout(dropout)
+        if init == "gaussian":
+            self.lora_a = mx.random.normal((rank, in_dims)) * (1.0 / rank)
+        else:  # kaiming_uniform_(a=sqrt(5)), as torch.nn.Linear and PEFT initialise lora_A
+            bound = 1.0 / math.sqrt(in_dims)
+            self.lora_a = mx.random.uniform(-bound, bound, (rank, in_dims))
+        self.lora_b = mx.zeros((out_dims, rank))
+        if dora:
+            self.magnitude = row_norms(dense_weight(base))
+
+    @property
+    def rank(self) -> int:
+        return self.lora_a.shape[0]
+
+    def delta_weight(self) -> mx.array:
+        return self.scale * (self.lora_b @ self.lora_a)
+
+    def base_output(self, x: mx.array) -> mx.array:
+        if isinstance(self.base, nn.QuantizedLinear) and mx.default_device().type == mx.DeviceType.cpu:
+            # On a CPU, quantized_matmul has no BLAS kernel (measured ~50x slower at MiniLM size): dequantize
+            # the weight for this product only and use the BLAS matmul. The stored weight stays quantized.
+            y = x @ dense_weight(self.base).T
+            return y + self.base.bias if "bias" in self.base else y
+        return self.base(x)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        h = self.dropout(x)
+        update = (h @ self.lora_a.T) @ self.lora_b.T
+        if "magnitude" not in self:
+            return self.base_output(x) + self.scale * update
+        weight = dense_weight(self.base)
+        norm = mx.stop_gradient(row_norms(weight + mx.stop_gradient(self.delta_weight())))
+        factor = self.magnitude / norm
+        if self.training and self.dropout_p > 0:  # PEFT: the base term sees the dropped-out input
+            return self.base_output(x) + (factor - 1.0) * (h @ weight.T) + factor * self.scale * update
+        # Without dropout PEFT's base(x) + (factor - 1) (x W^T) + factor s BA x is factor (x W^T + s BA x) + bias,
+        # which keeps fewer (batch, length, out) activations alive.
+        out = factor * (x @ weight.T + self.scale * update)
+        return out + self.base.bias if "bias" in self.base else out
+
+    def merged(self) -> nn.Linear:
+        """A plain Linear with the same output (dequantizing a quantized base)."""
+        out_dims, in_dims = linear_shape(self.base)
+        weight = dense_weight(self.base) + self.delta_weight()
+        if "magnitude" in self:
+            weight = (self.magnitude / row_norms(weight))[:, None] * weight
+        has_bias = "bias" in self.base
+        linear = nn.Linear(in_dims, out_dims, bias=has_bias)
+        linear.weight = weight
+        if has_bias:
+            linear.bias = self.base.bias
+        return linear
+
+
+@dataclass
+class AdapterReport:
+    injected: dict[str, int]  # adapted layer name (inside the encoder) -> rank
+    saved_modules: list[str]  # task-model modules that train fully
+    trainable: int  # trainable parameter count
+    total: int  # all parameters (a quantized weight counts its logical out x in elements)
+
+    def summary(self) -> str:
+        share = self.trainable / max(self.total, 1)
+        ranks = sorted(set(self.injected.values()))
+        return (f"adapters on {len(self.injected)} layers (rank {'/'.join(map(str, ranks))}), "
+                f"fully trained: {', '.join(self.saved_modules) or 'nothing'}; "
+                f"trainable {self.trainable:,} of {self.total:,} parameters ({share:.2%})")
+
+
+def _patterns(spec: str) -> list[str]:
+    return [p.strip() for p in spec.split(",") if p.strip()]
+
+
+def matches(name: str, pattern: str) -> bool:
+    """``pattern`` (a glob) matches the whole dotted name or its tail: "query" matches
+    "encoder.layer.0.attention.self.query", "attention.*" every layer under an "attention" module."""
+    return fnmatchcase(name, pattern) or fnmatchcase(name, "*." + pattern)
+
+
+def _set_child(root: nn.Module, name: str, child: nn.Module) -> None:
+    """Replace the module at dotted ``name`` (list items by index); never via ``Module.update``."""
+    *parents, last = name.split(".")
+    parent: Any = root
+    for part in parents:
+        parent = parent[int(part)] if isinstance(parent, list) else parent[part]
+    if isinstance(parent, list):
+        parent[int(last)] = child
+    else:
+        setattr(parent, last, child)
+
+
+def parameter_count(model: nn.Module) -> int:
+    """Parameters as a float model would have them: a quantized weight counts out x in, not its packing."""
+    total = 0
+    for name, module in model.named_modules():
+        local = {k: v for k, v in module.items() if isinstance(v, mx.array)}
+        if isinstance(module, nn.QuantizedLinear):
+            out_dims, in_dims = linear_shape(module)
+            total += out_dims * in_dims + (local["bias"].size if "bias" in local else 0)
+        elif isinstance(module, nn.QuantizedEmbedding):
+            total += module.num_embeddings * module.dims
+        else:
+            total += sum(v.size for v in local.values())
+    return total
+
+
+def _adapted_root(model: nn.Module) -> tuple[nn.Module, str]:
+    """The encoder of a task model (adapters go there), or the module itself if it is an encoder."""
+    from models.task_model import TaskModel
+
+    return (model.encoder, "encoder.") if isinstance(model, TaskModel) else (model, "")
+
+
+def apply_adapters(model: nn.Module, config: AdapterConfig) -> AdapterReport:
+    """Wrap the targeted encoder linear layers in ``LoRALinear`` and freeze all but adapters and modules_to_save.
+
+    Raises KbertError if a target or modules_to_save pattern matches nothing, or a layer's input size is
+    not a multiple of the quantization group size.
+    """
+    check_adapter_config(config)
+    root, prefix = _adapted_root(model)
+    targets = config.targets
+    if targets == "default":
+        if type(root).__name__ not in DEFAULT_TARGETS:
+            raise KbertError(f"no default adapter targets for {type(root).__name__}; set targets explicitly")
+        targets = DEFAULT_TARGETS[type(root).__name__]
+    linears = [name for name, module in root.named_modules() if isinstance(module, (nn.Linear, nn.QuantizedLinear))]
+    chosen: set[str] = set()
+    for pattern in _patterns(targets):
+        hits = [name for name in linears if matches(name, pattern)]
+        if not hits:
+            raise KbertError(f"adapter target '{pattern}' matches no linear layer of {type(root).__name__}; "
+                             f"its linear layers include: {', '.join(sorted(linears)[:8])}")
+        chosen.update(hits)
+    modules = dict(root.named_modules())
+    injected: dict[str, int] = {}
+    for name in sorted(chosen):
+        rank = next((r for p, r in config.rank_pattern.items() if re.search(p, name)), config.rank)
+        alpha = next((a for p, a in config.alpha_pattern.items() if re.search(p, name)), config.alpha)
+        base = modules[name]
+        if config.bits and isinstance(base, nn.Linear):
+            in_dims = base.weight.shape[1]
+            if in_dims % config.group_size:
+                raise KbertError(f"adapter layer {name}: input size {in_dims} is not a multiple of "
+                                 f"group_size {config.group_size}")
+            base = nn.QuantizedLinear.from_linear(base, group_size=config.group_size, bits=config.bits)
+        _set_child(root, name, LoRALinear(base, rank, alpha, config.dropout, config.rslora, config.dora, config.init))
+        injected[name] = rank
+
+    if config.bits and config.quantize_embeddings:
+        for name, module in list(root.named_modules()):
+            is_token_table = isinstance(module, nn.Embedding) and module.weight.shape[0] == root.config.vocab_size
+            if is_token_table and module.weight.shape[1] % config.group_size == 0:
+                _set_child(root, name, nn.QuantizedEmbedding.from_embedding(module, config.group_size, config.bits))
+    if config.gradient_checkpointing:
+        set_recompute(root, True)
+    model.freeze()
+    adapter_names = ["lora_a", "lora_b"] + (["magnitude"] if config.dora else [])
+    for module in root.modules():
+        if isinstance(module, LoRALinear):
+            module.unfreeze(recurse=False, keys=adapter_names)
+    task_modules = dict(model.named_modules())
+    saved: list[str] = []
+    for pattern in _patterns(config.modules_to_save):
+        # A top-level module's name (head, pooler, encoder) means that module alone, not e.g. BERT's
+        # unused encoder.pooler; other patterns match like targets do.
+        hits = [pattern] if pattern in model else sorted(n for n in task_modules if n and matches(n, pattern))
+        if not hits:
+            raise KbertError(f"modules_to_save '{pattern}' matches no module; top-level modules: "
+                             f"{', '.join(k for k, v in model.items() if isinstance(v, nn.Module))}")
+        for hit in hits:
+            if not any(hit == s or hit.startswith(s + ".") for s in saved):  # outermost matches only
+                task_modules[hit].unfreeze()
+                saved.append(hit)
+    quantized = [n for n, m in model.named_modules() if isinstance(m, QUANTIZED)]
+    for name in quantized:  # quantized weights never train, whatever modules_to_save says
+        task_modules[name].freeze()
+
+    # Check the result by name: every adapter weight and every saved module's weight, nothing else.
+    expected = {f"{prefix}{name}.{key}" for name in injected for key in adapter_names}
+    for name in saved:
+        expected |= {f"{name}.{key}" for key, _ in tree_flatten(task_modules[name].parameters())}
+    expected = {key for key in expected if not any(key.startswith(q + ".") for q in quantized)}
+    trainable = adapter_weights(model)
+    if set(trainable) != expected:  # injection did not take: never train a silently unadapted model
+        raise RuntimeError(f"adapter injection failed: trainable {sorted(set(trainable) ^ expected)[:6]} differ")
+    return AdapterReport(injected=injected, saved_modules=saved, trainable=sum(v.size for v in trainable.values()),
+                         total=parameter_count(model))
+
+
+def merge_adapters(model: nn.Module, dequantize: bool | None = None) -> int:
+    """Fold every ``LoRALinear`` into a plain Linear, in place; returns how many were merged.
+
+    With ``dequantize`` (default True; callers pass the config's ``merge_dequantize``) a quantized base is
+    dequantized into the merged Linear and quantized embeddings become plain ones; otherwise those layers
+    keep their quantized base and separate adapter. The merged model is unfrozen.
+    """
+    dequantize = True if dequantize is None else dequantize
+    merged = 0
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoRALinear) and (dequantize or not isinstance(module.base, nn.QuantizedLinear)):
+            _set_child(model, name, module.merged())
+            merged += 1
+        elif isinstance(module, nn.QuantizedEmbedding) and dequantize:
+            embedding = nn.Embedding(module.num_embeddings, module.dims)
+            embedding.weight = dense_weight(module)
+            _set_child(model, name, embedding)
+    model.unfreeze()
+    for module in model.modules():
+        if isinstance(module, QUANTIZED):
+            module.freeze()
+    mx.eval(model.parameters())
+    return merged
+
+
+def adapter_weights(model: nn.Module) -> dict[str, mx.array]:
+    """What an adapter checkpoint holds: the trainable parameters (adapters and modules_to_save)."""
+    return dict(tree_flatten(model.trainable_parameters()))
+
+
+def weights_fingerprint(folder: Path) -> str:
+    """sha256 over a checkpoint folder's weight files: an adapter is only valid on the exact base it trained on."""
+    digest = hashlib.sha256()
+    files = sorted(Path(folder).glob("*.safetensors")) or sorted(Path(folder).glob("pytorch_model*.bin"))
+    for path in files:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def save_adapters(model: nn.Module, folder: Path, config: AdapterConfig, base: str = "",
+                  base_fingerprint: str = "") -> Path:
+    """``adapter.safetensors`` (trainable weights only) and ``adapter_config.json`` (config + base encoder)."""
+    folder = Path(folder)
+    weights = adapter_weights(model)
+
+    def save(tmp: Path) -> None:
+        target = tmp.with_name(tmp.name + ".safetensors")  # mx.save_safetensors appends the suffix
+        mx.save_safetensors(str(target), weights, metadata={"format": "mlx", "kind": "kbert-adapter"})
+        target.replace(tmp)
+
+    atomic_write(folder / ADAPTER_WEIGHTS_FILE, save)
+    write_json(folder / ADAPTER_CONFIG_FILE, {"adapter": config.to_dict(), "base_encoder": base,
+                                              "base_fingerprint": base_fingerprint})
+    return folder
+
+
+def read_adapter_config(folder: Path) -> dict[str, Any]:
+    path = Path(folder) / ADAPTER_CONFIG_FILE
+    if not path.is_file():
+        raise KbertError(f"{path}: adapter config not found")
+    values = json.loads(path.read_text(encoding="utf-8"))
+    if "adapter" not in values:
+        raise KbertError(f"{path}: no 'adapter' key")
+    return values
+
+
+def load_adapter_weights(model: nn.Module, folder: Path) -> None:
+    """Strictly load ``adapter.safetensors`` into a model that ``apply_adapters`` has already prepared."""
+    path = Path(folder) / ADAPTER_WEIGHTS_FILE
+    if not path.is_file():
+        raise KbertError(f"{path}: adapter weights not found")
+    try:
+        weights = mx.load(str(path))
+    except Exception as exc:  # a truncated or foreign file
+        raise KbertError(f"{path}: not a readable safetensors file ({exc})") from None
+    expected = adapter_weights(model)
+    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    if missing or unexpected:
+        raise KbertError(f"{path}: adapter weights do not match the model; missing keys: {missing or 'none'}; "
+                         f"unexpected keys: {unexpected or 'none'}")
+    wrong = [f"{k} {tuple(weights[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
+             if tuple(weights[k].shape) != tuple(v.shape)]
+    if wrong:
+        raise KbertError(f"{path}: adapter weight shapes do not match the model: {wrong}")
+    model.update(tree_unflatten(list(weights.items())))
+    mx.eval(model.parameters())
+

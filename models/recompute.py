@@ -1,0 +1,71 @@
+"""Gradient checkpointing for encoder layers: keep only each layer's input for the backward pass and
+recompute the layer's inside there, trading about a third more compute for most of the activation memory.
+
+``mx.checkpoint`` re-runs the layer's Python code during the backward pass, so a plain dropout inside it
+would draw new masks and the gradients would not belong to the forward pass (measured: they differ).
+A recomputed layer therefore runs under its own random key, drawn from the global generator and passed
+in by closure, and the encoders' ``Dropout`` draws its masks from that key: the recomputation draws the
+same masks. Without recomputation ``Dropout`` is ``nn.Dropout`` exactly (same draws from the global
+generator).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+_LAYER_KEYS: list[mx.array] = []  # the key of the recomputed layer being run, innermost last
+
+
+class Dropout(nn.Module):
+    """``nn.Dropout`` that draws from the running layer's key inside a recomputed layer."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        if not 0 <= p < 1:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p = float(p)
+
+    def _extra_repr(self) -> str:
+        return f"p={self.p}"
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if not self.training or self.p == 0:
+            return x
+        keep = 1.0 - self.p
+        if _LAYER_KEYS:
+            _LAYER_KEYS[-1], sub = mx.random.split(_LAYER_KEYS[-1])
+            mask = mx.random.bernoulli(keep, x.shape, key=sub)
+        else:
+            mask = mx.random.bernoulli(keep, x.shape)
+        return (mask * x) * (1 / keep)
+
+
+def call_layer(layer: nn.Module, x: mx.array, mask: mx.array | None, recompute: bool) -> mx.array:
+    """``layer(x, mask)``, with its activations recomputed in the backward pass when ``recompute``."""
+    if not recompute:
+        return layer(x, mask)
+
+    # The key is captured by the closure, not passed as an input: the recomputation re-runs this code
+    # with the same key array (and no gradient is asked of the random-bits generator).
+    key = mx.random.randint(0, 2**31 - 1, (2,)).astype(mx.uint32)  # advances the global generator
+
+    def run(params: dict, x: mx.array, *mask: mx.array) -> mx.array:
+        layer.update(params)  # the trainable weights are inputs, so their gradients flow through
+        _LAYER_KEYS.append(key)
+        try:
+            return layer(x, mask[0] if mask else None)
+        finally:
+            _LAYER_KEYS.pop()
+
+    args = (x,) if mask is None else (x, mask)
+    return mx.checkpoint(run)(layer.trainable_parameters(), *args)
+
+
+def set_recompute(encoder: nn.Module, on: bool) -> None:
+    """Switch gradient checkpointing of every encoder layer on or off (a plain attribute, not a parameter)."""
+    owners = [m for m in encoder.modules() if hasattr(m, "recompute_layers")]
+    if not owners:
+        raise ValueError(f"{type(encoder).__name__} has no layer loop that supports recomputation")
+    for module in owners:
+        module.recompute_layers = bool(on)
