@@ -139,7 +139,6 @@ class LoRALinear(nn.Module):
         out_dims, in_dims = linear_shape(base)
         self.base = base
         self.scale = float(alpha / (math.sqrt(rank) if rslora else rank))  # a float, not a parameter
-        self.dropout_p = float(dropout)
         self.dropout = Dropout(dropout)
         if init == "gaussian":
             self.lora_a = mx.random.normal((rank, in_dims)) * (1.0 / rank)
@@ -173,7 +172,7 @@ class LoRALinear(nn.Module):
         weight = dense_weight(self.base)
         norm = mx.stop_gradient(row_norms(weight + mx.stop_gradient(self.delta_weight())))
         factor = self.magnitude / norm
-        if self.training and self.dropout_p > 0:  # PEFT: the base term sees the dropped-out input
+        if self.training and self.dropout.p > 0:  # PEFT: the base term sees the dropped-out input
             return self.base_output(x) + (factor - 1.0) * (h @ weight.T) + factor * self.scale * update
         # Without dropout PEFT's base(x) + (factor - 1) (x W^T) + factor s BA x is factor (x W^T + s BA x) + bias,
         # which keeps fewer (batch, length, out) activations alive.

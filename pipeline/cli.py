@@ -138,13 +138,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pipeline.config import load_competition, resolve_run_config
     from pipeline.run import run_competition
 
-    overrides = {name: getattr(args, name) for name in ("folds", "seed", "encoder", "epochs", "batch_size", "learning_rate",
-                                                         "max_length", "data_dir", "out_dir", "submissions_dir",
-                                                         "limit_rows", "compile", "gradient_checkpointing", "dynamic_padding", "pooling", "loss",
-                                                         "label_smoothing", "focal_gamma", "head_dropout",
-                                                         "target_transform", "calibrate", "permute_target",
-                                                         "repeats", "augment", "tta", "adapter",
-                                                         "adapter_checkpoint")}
+    names = ("folds", "seed", "encoder", "epochs", "batch_size", "learning_rate", "max_length", "data_dir", "out_dir",
+             "submissions_dir", "limit_rows", "compile", "gradient_checkpointing", "dynamic_padding", "pooling", "loss",
+             "label_smoothing", "focal_gamma", "head_dropout", "target_transform", "calibrate", "permute_target",
+             "repeats", "augment", "tta", "adapter", "adapter_checkpoint")
+    overrides = {name: getattr(args, name) for name in names}
     adapter_options = {name: getattr(args, f"lora_{name}") for name in ("rank", "alpha", "dropout", "targets")
                        if getattr(args, f"lora_{name}") is not None}
     if adapter_options:

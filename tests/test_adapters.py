@@ -383,3 +383,26 @@ def test_adapter_settings_are_checked_when_the_run_is_configured(titanic):
         resolve_run_config(titanic, {"encoder": "minilm-l6", "adapter": "lora", "adapter_options": {"rnak": 4}})
     with pytest.raises(KbertError, match="given without an adapter"):
         resolve_run_config(titanic, {"encoder": "minilm-l6", "adapter_options": {"rank": 4}})
+
+
+def test_quantized_base_on_cpu_matches_quantized_matmul():
+    """On a CPU the quantized base is dequantized for a BLAS matmul; the result is quantized_matmul's."""
+    mx.random.seed(0)
+    layer = LoRALinear(nn.QuantizedLinear.from_linear(nn.Linear(128, 96), group_size=64, bits=4), rank=4, alpha=8.0)
+    x = mx.random.normal((3, 5, 128))
+    assert np.abs(np.array(layer.base_output(x)) - np.array(layer.base(x))).max() <= 1e-5
+
+
+def test_qlora_quantizes_the_token_table_and_merge_restores_a_plain_model():
+    model = tiny_model("neobert")
+    config = resolve_adapter("qlora_memory", group_size=32)
+    assert config.gradient_checkpointing and config.quantize_embeddings
+    apply_adapters(model, config)
+    assert isinstance(model.encoder.encoder, nn.QuantizedEmbedding) and model.encoder.recompute_layers
+    trained(model, steps=2)
+    ids, mask = batch()
+    adapted = np.array(model(ids, mask))
+    merge_adapters(model)
+    assert isinstance(model.encoder.encoder, nn.Embedding)
+    assert set(params(model)) == set(params(tiny_model("neobert")))
+    assert np.abs(np.array(model(ids, mask)) - adapted).max() <= 1e-5
