@@ -9,7 +9,8 @@ import pytest
 from mlx.utils import tree_flatten
 
 from models.adapters import (ADAPTER_WEIGHTS_FILE, AdapterConfig, LoRALinear, apply_adapters, dense_weight,
-                             load_adapter_weights, merge_adapters, read_adapter_config, resolve_adapter, save_adapters)
+                             load_adapter_weights, merge_adapters, read_adapter_config, resolve_adapter, row_norms,
+                             save_adapters)
 from models.task_model import build_task_model
 from pipeline.errors import KbertError
 from pipeline.train import make_train_step
@@ -405,4 +406,21 @@ def test_qlora_quantizes_the_token_table_and_merge_restores_a_plain_model():
     merge_adapters(model)
     assert isinstance(model.encoder.encoder, nn.Embedding)
     assert set(params(model)) == set(params(tiny_model("neobert")))
+    assert np.abs(np.array(model(ids, mask)) - adapted).max() <= 1e-5
+
+
+def test_dora_on_a_quantized_base():
+    """QDoRA: the magnitude starts at the dequantized weight's row norms, so the output at initialisation is
+    the quantized base's; training and merging work as for DoRA."""
+    model = tiny_model("bert")
+    config = resolve_adapter("dora", bits=4, group_size=32, quantize_embeddings=False)
+    apply_adapters(model, config)
+    ids, mask = batch()
+    layer = model.encoder.encoder.layer[0].attention.self.query
+    x = mx.random.normal((2, 3, 64))
+    assert np.abs(np.array(layer(x)) - np.array(layer.base(x))).max() <= 1e-5
+    trained(model, steps=3, lr=2e-3)
+    assert np.abs(np.array(layer.magnitude) - np.array(row_norms(dense_weight(layer.base)))).max() > 0
+    adapted = np.array(model(ids, mask))
+    merge_adapters(model)
     assert np.abs(np.array(model(ids, mask)) - adapted).max() <= 1e-5
