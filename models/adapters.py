@@ -16,7 +16,6 @@ The formulas are PEFT's (``peft.tuners.lora``), with the weights in PEFT's layou
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -26,11 +25,12 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 
 from models.recompute import Dropout, set_recompute
+from models.weights import load_state_strict, save_safetensors
 from pipeline.errors import KbertError
-from pipeline.io import atomic_write, write_json
+from pipeline.io import read_json, write_json
 
 ADAPTER_WEIGHTS_FILE = "adapter.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
@@ -374,27 +374,14 @@ def save_adapters(model: nn.Module, folder: Path, config: AdapterConfig, base: s
                   base_fingerprint: str = "") -> Path:
     """``adapter.safetensors`` (trainable weights only) and ``adapter_config.json`` (config + base encoder)."""
     folder = Path(folder)
-    weights = adapter_weights(model)
-
-    def save(tmp: Path) -> None:
-        target = tmp.with_name(tmp.name + ".safetensors")  # mx.save_safetensors appends the suffix
-        mx.save_safetensors(str(target), weights, metadata={"format": "mlx", "kind": "kbert-adapter"})
-        target.replace(tmp)
-
-    atomic_write(folder / ADAPTER_WEIGHTS_FILE, save)
+    save_safetensors(folder / ADAPTER_WEIGHTS_FILE, adapter_weights(model), metadata={"kind": "kbert-adapter"})
     write_json(folder / ADAPTER_CONFIG_FILE, {"adapter": config.to_dict(), "base_encoder": base,
                                               "base_fingerprint": base_fingerprint})
     return folder
 
 
 def read_adapter_config(folder: Path) -> dict[str, Any]:
-    path = Path(folder) / ADAPTER_CONFIG_FILE
-    if not path.is_file():
-        raise KbertError(f"{path}: adapter config not found")
-    values = json.loads(path.read_text(encoding="utf-8"))
-    if "adapter" not in values:
-        raise KbertError(f"{path}: no 'adapter' key")
-    return values
+    return read_json(Path(folder) / ADAPTER_CONFIG_FILE, required=("adapter",))
 
 
 def load_adapter_weights(model: nn.Module, folder: Path) -> None:
@@ -406,15 +393,5 @@ def load_adapter_weights(model: nn.Module, folder: Path) -> None:
         weights = mx.load(str(path))
     except Exception as exc:  # a truncated or foreign file
         raise KbertError(f"{path}: not a readable safetensors file ({exc})") from None
-    expected = adapter_weights(model)
-    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
-    if missing or unexpected:
-        raise KbertError(f"{path}: adapter weights do not match the model; missing keys: {missing or 'none'}; "
-                         f"unexpected keys: {unexpected or 'none'}")
-    wrong = [f"{k} {tuple(weights[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
-             if tuple(weights[k].shape) != tuple(v.shape)]
-    if wrong:
-        raise KbertError(f"{path}: adapter weight shapes do not match the model: {wrong}")
-    model.update(tree_unflatten(list(weights.items())))
-    mx.eval(model.parameters())
+    load_state_strict(model, weights, str(path), trainable_only=True, kind="adapter ")
 

@@ -8,7 +8,6 @@ Loading is strict: a missing or unexpected weight name is an error that lists th
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from models.encoders import architecture, read_weights, resolve_encoder_path
 from models.task_model import TaskModel, build_task_model
 from models.weights import load_state_strict, load_weights_strict, write_safetensors
 from pipeline.errors import KbertError
-from pipeline.io import atomic_write, write_json
+from pipeline.io import atomic_write, read_json, write_json
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -43,13 +42,7 @@ def save_checkpoint(model: TaskModel, folder: Path, config: dict[str, Any], toke
 
 def load_checkpoint(folder: Path) -> tuple[TaskModel, dict[str, Any]]:
     folder = Path(folder)
-    config_path = folder / CONFIG_FILE
-    if not config_path.is_file():
-        raise KbertError(f"{config_path}: checkpoint config not found")
-    config = json.loads(config_path.read_text())
-    for key in ("encoder_config", "head", "pooling"):
-        if key not in config:
-            raise KbertError(f"{config_path}: missing key '{key}'")
+    config = read_json(folder / CONFIG_FILE, required=("encoder_config", "head", "pooling"))
     model = build_task_model(config["encoder_config"], config["head"], config["pooling"])
     if (folder / ADAPTER_CONFIG_FILE).is_file():
         saved = read_adapter_config(folder)

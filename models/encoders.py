@@ -22,7 +22,7 @@ from tokenizers.models import WordPiece
 from models import bert, modernbert, neobert
 from models.weights import load_state_strict, write_safetensors
 from pipeline.errors import KbertError
-from pipeline.io import write_json, write_text
+from pipeline.io import read_json, write_json, write_text
 
 
 @dataclass(frozen=True)
@@ -92,13 +92,7 @@ def resolve_encoder_path(name_or_path: str | Path) -> Path:
 
 
 def read_config(folder: Path) -> dict[str, Any]:
-    path = folder / "config.json"
-    if not path.is_file():
-        raise KbertError(f"{path}: file not found")
-    values = json.loads(path.read_text(encoding="utf-8"))
-    if "model_type" not in values:
-        raise KbertError(f"{path}: no 'model_type' key")
-    return values
+    return read_json(folder / "config.json", required=("model_type",))
 
 
 def read_weights(folder: Path) -> dict[str, mx.array]:

@@ -12,21 +12,24 @@ from pipeline.errors import KbertError
 from pipeline.io import atomic_write
 
 
-def load_state_strict(module: nn.Module, weights: dict[str, mx.array], source: str) -> None:
+def load_state_strict(module: nn.Module, weights: dict[str, mx.array], source: str,
+                      trainable_only: bool = False, kind: str = "") -> None:
     """Load flat ``name -> array`` weights into ``module``; any missing, unexpected or mis-shaped name is an error.
 
-    Names are unflattened before ``Module.update`` (which silently ignores dotted keys).
+    ``trainable_only``: the weights are exactly the trainable parameters (an adapter checkpoint); ``kind``
+    prefixes "weights" in the messages. Names are unflattened before ``Module.update`` (which silently
+    ignores dotted keys).
     """
-    expected = dict(tree_flatten(module.parameters()))
+    expected = dict(tree_flatten(module.trainable_parameters() if trainable_only else module.parameters()))
     missing = sorted(set(expected) - set(weights))
     unexpected = sorted(set(weights) - set(expected))
     if missing or unexpected:
-        raise KbertError(f"{source}: weights do not match the model; missing keys: {missing or 'none'}; "
+        raise KbertError(f"{source}: {kind}weights do not match the model; missing keys: {missing or 'none'}; "
                          f"unexpected keys: {unexpected or 'none'}")
     wrong_shape = [f"{k} {tuple(weights[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
                    if tuple(weights[k].shape) != tuple(v.shape)]
     if wrong_shape:
-        raise KbertError(f"{source}: weight shapes do not match the model: {wrong_shape}")
+        raise KbertError(f"{source}: {kind}weight shapes do not match the model: {wrong_shape}")
     module.update(tree_unflatten(list(weights.items())))
     mx.eval(module.parameters())
 
@@ -37,14 +40,18 @@ def load_weights_strict(module: nn.Module, path: Path) -> None:
     load_state_strict(module, mx.load(str(path)), str(path))
 
 
-def write_safetensors(path: Path, module: nn.Module) -> Path:
-    """All parameters of ``module`` under their dotted names, written atomically."""
-    weights = dict(tree_flatten(module.parameters()))
+def save_safetensors(path: Path, weights: dict[str, mx.array], metadata: dict[str, str] | None = None) -> Path:
+    """Flat ``name -> array`` weights, written atomically."""
 
     def save(tmp: Path) -> None:
         # mx.save_safetensors appends ".safetensors" to names without it; write there, then move.
         target = tmp.with_name(tmp.name + ".safetensors")
-        mx.save_safetensors(str(target), weights, metadata={"format": "mlx"})
+        mx.save_safetensors(str(target), weights, metadata={"format": "mlx", **(metadata or {})})
         target.replace(tmp)
 
     return atomic_write(Path(path), save)
+
+
+def write_safetensors(path: Path, module: nn.Module) -> Path:
+    """All parameters of ``module`` under their dotted names, written atomically."""
+    return save_safetensors(path, dict(tree_flatten(module.parameters())))

@@ -1,4 +1,5 @@
-"""Atomic file writes: write to a temp file beside the target, then rename. Nothing is half-written."""
+"""Atomic file writes (write to a temp file beside the target, then rename: nothing is half-written), and
+reading a JSON file that must exist and hold some keys."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 
 import pandas as pd
 import yaml
+
+from pipeline.errors import KbertError
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
@@ -49,3 +52,15 @@ def write_yaml(path: Path, data: Any) -> Path:
 
 def write_csv(path: Path, frame: pd.DataFrame) -> Path:
     return atomic_write(path, lambda p: frame.to_csv(p, index=False))
+
+
+def read_json(path: Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A JSON object from ``path``; a missing file or a missing ``required`` key is an error naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise KbertError(f"{path}: file not found")
+    values = json.loads(path.read_text(encoding="utf-8"))
+    for key in required:
+        if key not in values:
+            raise KbertError(f"{path}: missing key '{key}'")
+    return values
