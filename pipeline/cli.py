@@ -22,6 +22,15 @@ RUN_EPILOG = """examples:
 artifacts: <out>/<competition>/<run-id>/{config.yaml, folds.csv, oof.csv, test.csv, metrics.json, folds/<k>/}
 submission: <submissions-dir>/<competition>/<run-id>.csv"""
 
+TUNE_EPILOG = """examples:
+  kbert tune titanic --timeout 8h --workers 2      overnight, two processes
+  kbert tune titanic --trials 30 --pruner median   30 finished trials
+  kbert tune titanic --report                      best trials, plots, report/best.yaml
+  kbert run --config runs/titanic/tune/report/best.yaml
+
+study: runs/<competition>/<study>/{journal.log, trial-<NNNN>/ (run artifacts), report/}
+dashboard: optuna-dashboard runs/<competition>/<study>/journal.log"""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kbert", description=DESCRIPTION,
@@ -32,7 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
                               description="Run the whole pipeline for one competition: folds -> text -> tokens -> "
                                           "MLX training per fold -> OOF/test predictions -> submission.",
                               epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    run.add_argument("competition", help="a name under competitions/ (e.g. titanic) or a path to a competition YAML")
+    run.add_argument("competition", nargs="?",
+                     help="a name under competitions/ (e.g. titanic) or a path to a competition YAML")
+    run.add_argument("--config", help="a run config YAML: a run's config.yaml, `kbert tune --report`'s best.yaml, "
+                     "or `competition: <name>` with settings (flags override them)")
     run.add_argument("--folds", type=int, help="number of CV folds (default: the competition's, 5 for titanic)")
     run.add_argument("--repeats", type=int, help="repeated k-fold: this many different splits, OOF averaged")
     run.add_argument("--augment", type=int, help="augmented serializations of the training rows (column shuffle, "
@@ -82,6 +94,35 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-dynamic-padding", dest="dynamic_padding", action="store_const", const=False,
                      help="pad every batch to --max-length instead of to its own longest row")
 
+    tune = commands.add_parser("tune", help="tune settings with Optuna over the k folds (resumable, pruned, parallel)",
+                               description="Run an Optuna study: each trial is a full k-fold run with sampled "
+                                           "settings, reported fold by fold and pruned when clearly worse. Rerun the "
+                                           "same command to resume after Ctrl-C, a crash or a kill.",
+                               epilog=TUNE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tune.add_argument("competition", help="a name under competitions/ or a path to a competition YAML")
+    tune.add_argument("--trials", type=int, help="finished (complete or pruned) trials the study should reach "
+                      "(default 100; with --timeout alone: no limit)")
+    tune.add_argument("--timeout", help="stop starting trials after this long, e.g. 8h, 90m, 1h30m (default: none)")
+    tune.add_argument("--study", default="tune", help="study name: runs/<competition>/<study>/ (default tune)")
+    tune.add_argument("--storage", help="journal file (default runs/<competition>/<study>/journal.log) or an RDB "
+                      "URL such as postgresql://user@host/db for several machines")
+    tune.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    tune.add_argument("--space", help="search space YAML replacing pipeline/search_space.yaml")
+    tune.add_argument("--pruner", choices=("wilcoxon", "median", "none"), default="wilcoxon",
+                      help="fold-wise pruning (default wilcoxon)")
+    tune.add_argument("--prune-p", type=float, default=0.2,
+                      help="Wilcoxon p-value threshold; larger prunes more (default 0.2: after 3 of 5 folds)")
+    tune.add_argument("--keep-top", type=int, default=3, help="keep fold weights of the best N trials (default 3)")
+    tune.add_argument("--heartbeat", type=float, default=30.0,
+                      help="seconds between heartbeats; a trial silent for 4 is stale and retried (default 30)")
+    tune.add_argument("--seed", type=int, dest="sampler_seed", help="the TPE sampler's seed (default: random)")
+    tune.add_argument("--folds", type=int, help="number of CV folds for every trial")
+    tune.add_argument("--limit-rows", type=int, help="every trial uses the first N training rows (quick studies)")
+    tune.add_argument("--data-dir", help="folder with the competition's CSV files (default: the bundled copy)")
+    tune.add_argument("--out", dest="out_dir", default="runs", help="runs folder (default runs)")
+    tune.add_argument("--report", action="store_true",
+                      help="do not tune: print the best trials, write plots and best.yaml to <study>/report/")
+
     embed = commands.add_parser("embed", help="write sentence embeddings of a text file with an encoder",
                                 description="Embed one text per line of FILE with a pretrained encoder and write "
                                             "a (lines, hidden) float32 .npy array.")
@@ -125,6 +166,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from pipeline.tune import TuneOptions, parse_duration, tune, write_report
+
+    timeout = parse_duration(args.timeout)
+    trials = args.trials if args.trials is not None else (None if timeout else 100)
+    overrides = {name: getattr(args, name) for name in ("folds", "limit_rows", "data_dir")
+                 if getattr(args, name) is not None}
+    options = TuneOptions(competition=args.competition, study=args.study, storage=args.storage or "", trials=trials,
+                          timeout=timeout, workers=args.workers, space=args.space or "", pruner=args.pruner,
+                          prune_p=args.prune_p, keep_top=args.keep_top, heartbeat=args.heartbeat,
+                          sampler_seed=args.sampler_seed, overrides=overrides, out_dir=args.out_dir)
+    if args.report:
+        write_report(options)
+        return 0
+    study, code = tune(options)
+    from pipeline.tune import trials_table
+
+    print(trials_table(study, top=5))
+    print(f"report and best.yaml: kbert tune {args.competition} --study {args.study} --report")
+    return code
+
+
 def _probability(text: str) -> float:
     from pipeline.errors import KbertError
 
@@ -135,7 +198,7 @@ def _probability(text: str) -> float:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pipeline.config import load_competition, resolve_run_config
+    from pipeline.config import load_competition, resolve_run_config, run_config_from_file
     from pipeline.run import run_competition
 
     names = ("folds", "seed", "encoder", "epochs", "batch_size", "learning_rate", "max_length", "data_dir", "out_dir",
@@ -149,7 +212,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides["adapter_options"] = adapter_options
     if args.threshold is not None:
         overrides["threshold"] = args.threshold if args.threshold == "tune" else _probability(args.threshold)
-    config = resolve_run_config(load_competition(args.competition), overrides)
+    if args.config:
+        if args.competition:
+            raise KbertError("give a competition or --config, not both")
+        config = run_config_from_file(args.config, overrides)
+    elif not args.competition:
+        raise KbertError("name a competition (e.g. kbert run titanic) or pass --config FILE")
+    else:
+        config = resolve_run_config(load_competition(args.competition), overrides)
     result = run_competition(config, run_id=args.run_id, progress=not args.no_progress)
     print(f"CV {result.metric}: {result.cv_score:.4f}  (folds: {', '.join(f'{s:.4f}' for s in result.fold_scores)})")
     print(f"run folder: {result.run_dir}")
@@ -265,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        commands = {"run": cmd_run, "embed": cmd_embed, "doctor": cmd_doctor, "validate": cmd_validate,
+        commands = {"run": cmd_run, "tune": cmd_tune, "embed": cmd_embed, "doctor": cmd_doctor, "validate": cmd_validate,
                     "show-text": cmd_show_text, "init": cmd_init}
         return commands[args.command](args)
     except KbertError as exc:

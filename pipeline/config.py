@@ -21,7 +21,7 @@ BUNDLED_DATA_DIR = COMPETITIONS_DIR / "data"
 TARGET_TRANSFORMS = ("none", "log1p", "standardize", "log1p_standardize")
 COLUMN_DTYPES = ("int", "float", "str", "bool")
 REQUIRED_KEYS = ("name", "id_column", "target", "task", "files", "columns", "submission", "text")
-OPTIONAL_KEYS = ("metric", "features", "folds", "training", "head", "classes", "data_dir")
+OPTIONAL_KEYS = ("metric", "features", "folds", "training", "head", "classes", "data_dir", "search_space")
 
 
 @dataclass
@@ -74,6 +74,7 @@ class CompetitionConfig:
     classes: list[Any] | None = None  # ordinal/multiclass: the class values in order (default: sorted unique)
     data_dir: str = ""  # the data folder, relative to the YAML file ("" = competitions/data/<name>)
     features: str = ""  # a feature function in features/__init__.py FEATURES, run before serialization
+    search_space: dict[str, Any] = field(default_factory=dict)  # `kbert tune`: entries over the default space
 
     @property
     def target_columns(self) -> list[str]:
@@ -113,6 +114,7 @@ class TrainConfig:
     warmup_ratio: float = 0.1
     min_lr_ratio: float = 0.05
     max_grad_norm: float = 1.0
+    layerwise_lr_decay: float = 1.0  # < 1: encoder block i of L trains at lr * decay^(L - i), embeddings lowest
     patience: int = 6
     max_length: int = 96
     length_bucket: int = 16  # batches are padded to their own longest row, rounded up to a multiple of this
@@ -252,6 +254,7 @@ def load_competition(name_or_path: str) -> CompetitionConfig:
         classes=data.get("classes"),
         data_dir=data_dir,
         features=str(data.get("features") or ""),
+        search_space=data.get("search_space") or {},
     )
 
 
@@ -275,6 +278,19 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     model_names = {f.name for f in fields(ModelConfig)}
     train_names = {f.name for f in fields(TrainConfig)}
     head_names = {f.name for f in fields(HeadOptions)}
+    text_overrides = merged.pop("text", None) or {}  # e.g. {"serializer": "list", "numeric": "bins"} (tuning)
+    if text_overrides:
+        if text_overrides.get("serializer") == "competition":  # the search space's name for the YAML's own
+            text_overrides = {k: v for k, v in text_overrides.items() if k != "serializer"}
+        competition = replace(competition, text=_apply(competition.text, text_overrides, "text"))
+        from features import SERIALIZERS
+        from features.generic import NUMERIC_MODES
+
+        if competition.text.serializer not in SERIALIZERS:
+            raise KbertError(f"text.serializer '{competition.text.serializer}' is unknown; known: "
+                             f"{', '.join(sorted(SERIALIZERS))}")
+        if competition.text.numeric not in NUMERIC_MODES:
+            raise KbertError(f"text.numeric '{competition.text.numeric}' is unknown; known: {', '.join(NUMERIC_MODES)}")
     unknown = set(merged) - model_names - train_names - head_names - run_fields - {"folds", "repeats"}
     if unknown:
         raise KbertError(f"unknown setting(s) {sorted(unknown)}; see `kbert run --help`")
@@ -325,6 +341,8 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     if train.learning_rate is None:  # adapters train few weights from zero: a LoRA-sized rate
         default = 1e-3 if trains_from_scratch(model.encoder) else 5e-5 if adapter is None else 5e-4
         train = replace(train, learning_rate=default)
+    if not 0 < train.layerwise_lr_decay <= 1:
+        raise KbertError(f"layerwise_lr_decay must be in (0, 1], got {train.layerwise_lr_decay}")
     if train.learning_rate <= 0:
         raise KbertError(f"learning_rate must be positive, got {train.learning_rate}")
     # The fold split keeps the competition's own seed, so runs with different training seeds share
@@ -354,3 +372,40 @@ def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
         **rest,
     )
 
+
+
+def read_run_file(path: Path) -> tuple[str | dict, dict[str, Any]]:
+    """A ``kbert run --config`` file: a resolved run config (a run's config.yaml, or ``kbert tune --report``'s
+    best.yaml), returned as (its competition mapping, the rest); or ``competition: <name>`` with flat
+    settings, returned as (the name, the settings)."""
+    path = Path(path)
+    if not path.is_file():
+        raise KbertError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise KbertError(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(data, dict) or "competition" not in data:
+        raise KbertError(f"{path}: expected a mapping with a 'competition' key")
+    rest = {k: v for k, v in data.items() if k != "competition"}
+    return data["competition"], rest
+
+
+def run_config_from_file(path: Path, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """``kbert run --config FILE``: a resolved config is taken as written (``overrides`` may change its run
+    fields only: seed, out_dir, ...); a ``competition: <name>`` file is resolved like CLI flags, flags last."""
+    competition, rest = read_run_file(path)
+    overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if isinstance(competition, str):
+        return resolve_run_config(load_competition(competition), {**rest, **overrides})
+    run_fields = {"seed", "data_dir", "out_dir", "submissions_dir", "limit_rows"}
+    refused = set(overrides) - run_fields
+    if refused:
+        raise KbertError(f"{path} is a resolved run config; edit it instead of passing {sorted(refused)} "
+                         f"(only {', '.join(sorted(run_fields))} may change on the command line)")
+    rest.pop("run_id", None)
+    try:
+        config = run_config_from_dict({"competition": competition, **rest})
+    except TypeError as exc:
+        raise KbertError(f"{path}: not a kbert run config: {exc}") from None
+    return replace(config, **overrides)

@@ -131,7 +131,10 @@ def to_predictions(head: HeadConfig, outputs: np.ndarray, transform: TargetTrans
 
 
 def run_competition(config: RunConfig, run_id: str | None = None, progress: bool = True,
-                    log: Callable[[str], None] = print) -> RunResult:
+                    log: Callable[[str], None] = print, on_fold: Callable[[int, float], None] | None = None,
+                    submission_path: Path | None = None) -> RunResult:
+    """``on_fold(step, score)`` is called after each fold (step = repeat * k + fold); it may raise to stop
+    the run (tuning prunes this way). ``submission_path`` defaults to ``submissions/<comp>/<run-id>.csv``."""
     started = time.perf_counter()
     comp = config.competition
     metric = get_metric(comp.metric)
@@ -283,6 +286,8 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                              "seconds": round(result.seconds, 2)})
         log(f"{description}: {comp.metric} {result.best_score:.4f} "
             f"(best epoch {result.best_epoch + 1}, {result.seconds:.0f}s)")
+        if on_fold is not None:
+            on_fold(r * k_folds + k, result.best_score)
 
     if oof_count.min() == 0:
         raise KbertError(f"{int((oof_count == 0).sum())} training rows were in no validation fold")
@@ -317,7 +322,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     values = submission_values(task, test_mean, value_columns, comp.target_columns, targets.classes, threshold)
     submission = submission_frame(comp.id_column, data.test[comp.id_column], values, comp.submission_columns)
     submission_path = write_submission(submission, data.sample_submission, comp,
-                                       Path(config.submissions_dir) / comp.name / f"{run_id}.csv",
+                                       submission_path or Path(config.submissions_dir) / comp.name / f"{run_id}.csv",
                                        test_ids=data.test[comp.id_column])
     seconds = time.perf_counter() - started
     write_json(run_dir / "metrics.json", {

@@ -1,4 +1,4 @@
-"""Train one fold: AdamW with warm-up + cosine decay, gradient clipping, early stopping on the metric.
+"""Train one fold: AdamW with warm-up + cosine decay (optionally layer-wise decayed), gradient clipping, early stopping on the metric.
 
 Knows nothing about runs, folds on disk, tasks or tuning: it takes token arrays and training-space
 targets, scores each epoch with the caller's ``evaluate`` and returns the raw head outputs.
@@ -6,6 +6,7 @@ targets, scores each epoch with the caller's ``evaluate`` and returns the raw he
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
+from mlx.utils import tree_flatten
 from tqdm import tqdm
 
 from models.task_model import TaskModel
@@ -72,6 +74,42 @@ def make_schedule(config: TrainConfig, total_steps: int) -> Callable[[mx.array],
     decay = optim.cosine_decay(config.learning_rate, max(1, total_steps - warmup),
                                end=config.learning_rate * config.min_lr_ratio)
     return optim.join_schedules([optim.linear_schedule(0.0, config.learning_rate, warmup), decay], [warmup])
+
+
+BLOCK_INDEX = re.compile(r"\.(?:layer|layers|transformer_encoder)\.(\d+)\.")
+
+
+def layer_depth(path: str, num_layers: int) -> int:
+    """Depth of a parameter for layer-wise learning-rate decay: 0 for the embeddings, i + 1 for encoder
+    block i, ``num_layers + 1`` for everything above the blocks (final norm, pooler, head)."""
+    if not path.startswith("encoder."):
+        return num_layers + 1
+    block = BLOCK_INDEX.search(path)
+    if block:
+        return int(block.group(1)) + 1
+    if "embed" in path or path.startswith("encoder.encoder.weight"):  # NeoBERT's token table is "encoder"
+        return 0
+    return num_layers + 1
+
+
+def make_optimizer(model: TaskModel, config: TrainConfig, total_steps: int) -> optim.Optimizer:
+    """AdamW on the warm-up + cosine schedule; with ``layerwise_lr_decay`` < 1, block i of L gets the rate
+    times decay^(L - i) and the embeddings decay^(L + 1) (one AdamW per depth, an ``optim.MultiOptimizer``)."""
+    schedule = make_schedule(config, total_steps)
+    decay = config.layerwise_lr_decay
+    if decay == 1.0:
+        return optim.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)
+    paths = [path for path, _ in tree_flatten(model.trainable_parameters())]
+    blocks = {int(m.group(1)) for m in map(BLOCK_INDEX.search, paths) if m and m.string.startswith("encoder.")}
+    num_layers = max(blocks) + 1 if blocks else 0
+    optimizers, filters = [], []
+    for depth in range(num_layers + 1):  # the top group (factor 1) is MultiOptimizer's fallback, last
+        factor = decay ** (num_layers + 1 - depth)
+        optimizers.append(optim.AdamW(learning_rate=lambda step, f=factor: schedule(step) * f,
+                                      weight_decay=config.weight_decay))
+        filters.append(lambda path, _, d=depth: layer_depth(path, num_layers) == d)
+    optimizers.append(optim.AdamW(learning_rate=schedule, weight_decay=config.weight_decay))
+    return optim.MultiOptimizer(optimizers, filters)
 
 
 def loss_fn(model: TaskModel, ids: mx.array, mask: mx.array, targets: mx.array) -> mx.array:
@@ -140,8 +178,7 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
     steps_per_epoch = -(-len(data.train_tokens) // config.batch_size)
-    optimizer = optim.AdamW(learning_rate=make_schedule(config, steps_per_epoch * config.epochs),
-                            weight_decay=config.weight_decay)
+    optimizer = make_optimizer(model, config, steps_per_epoch * config.epochs)
     train_step = make_train_step(model, optimizer, config.max_grad_norm, config.compile)
     forward = make_forward(model, config.compile)
     width = batch_width(config)

@@ -1,0 +1,186 @@
+"""The tuning search space: parsed from YAML (pipeline/search_space.yaml, a competition's ``search_space:``,
+or ``kbert tune --space FILE``), sampled entry by entry through an Optuna trial, and turned into the
+settings that ``resolve_run_config`` takes. See search_space.yaml for the format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import yaml
+
+from pipeline.config import CompetitionConfig, RunConfig
+from pipeline.errors import KbertError
+
+DEFAULT_SPACE = Path(__file__).resolve().parent / "search_space.yaml"
+SET_PREFIXES = ("adapter_options.", "text.")
+ENTRY_KEYS = {"choices", "low", "high", "log", "step", "when", "set", "value"}
+
+
+@dataclass
+class Param:
+    name: str  # the Optuna parameter name
+    target: str  # the run setting it sets: a flat name, adapter_options.<field> or text.<field>
+    distribution: optuna.distributions.BaseDistribution | None  # None: a fixed value
+    value: Any = None  # the fixed value
+    when: dict[str, list] | None = None  # entry name -> the values under which this entry is sampled
+
+
+def read_space_file(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise KbertError(f"search space file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise KbertError(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("params", {}), dict):
+        raise KbertError(f"{path}: a search space is a mapping with 'params' (and optionally 'tasks')")
+    return data
+
+
+def space_entries(competition: CompetitionConfig, space_file: Path | None = None) -> dict[str, Any]:
+    """The raw entries for a competition: the file's ``params`` and its task's extras, then the
+    competition's ``search_space`` over them (null removes an entry)."""
+    data = read_space_file(space_file or DEFAULT_SPACE)
+    tasks = data.get("tasks") or {}
+    entries = {**(data.get("params") or {}), **(tasks.get(competition.task) or {})}
+    for name, entry in competition.search_space.items():
+        if entry is None:
+            entries.pop(name, None)
+        else:
+            entries[name] = entry
+    return entries
+
+
+def parse_space(entries: dict[str, Any], source: str = "search space") -> list[Param]:
+    """Validate the entries and build their distributions; ``when`` may name earlier entries only."""
+    params: list[Param] = []
+    seen: set[str] = set()
+    for name, entry in entries.items():
+        where = f"{source}: '{name}'"
+        if not isinstance(entry, dict):
+            entry = {"choices": entry} if isinstance(entry, list) else {"value": entry}
+        unknown = set(entry) - ENTRY_KEYS
+        if unknown:
+            raise KbertError(f"{where}: unknown keys {sorted(unknown)}; known: {', '.join(sorted(ENTRY_KEYS))}")
+        target = str(entry.get("set", name))
+        when = entry.get("when")
+        if when is not None:
+            if not isinstance(when, dict) or not when:
+                raise KbertError(f"{where}: 'when' must map earlier entries to values")
+            missing = [key for key in when if key not in seen]
+            if missing:
+                raise KbertError(f"{where}: 'when' names {missing}, which are not earlier entries of the space")
+            when = {key: value if isinstance(value, list) else [value] for key, value in when.items()}
+        params.append(Param(name, target, make_distribution(entry, where), entry.get("value"), when))
+        seen.add(name)
+    return params
+
+
+def make_distribution(entry: dict, where: str) -> optuna.distributions.BaseDistribution | None:
+    if "value" in entry:
+        return None
+    if "choices" in entry:
+        choices = entry["choices"]
+        if not isinstance(choices, list) or not choices:
+            raise KbertError(f"{where}: 'choices' must be a non-empty list")
+        return optuna.distributions.CategoricalDistribution(choices)
+    if "low" not in entry or "high" not in entry:
+        raise KbertError(f"{where}: give 'choices', 'low' and 'high', or 'value'")
+    low, high, log, step = entry["low"], entry["high"], bool(entry.get("log", False)), entry.get("step")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)) or low > high:
+        raise KbertError(f"{where}: 'low' and 'high' must be numbers with low <= high, got {low!r}, {high!r}")
+    try:
+        if isinstance(low, int) and isinstance(high, int) and (step is None or isinstance(step, int)):
+            return optuna.distributions.IntDistribution(low, high, log=log, step=step or 1)
+        return optuna.distributions.FloatDistribution(float(low), float(high), log=log,
+                                                      step=None if step is None else float(step))
+    except ValueError as exc:
+        raise KbertError(f"{where}: {exc}") from None
+
+
+def is_active(param: Param, chosen: dict[str, Any]) -> bool:
+    return param.when is None or all(key in chosen and chosen[key] in values for key, values in param.when.items())
+
+
+def sample(params: list[Param], trial: optuna.Trial) -> dict[str, Any]:
+    """The trial's values, by entry name; conditional entries only where their condition holds."""
+    chosen: dict[str, Any] = {}
+    for param in params:
+        if not is_active(param, chosen):
+            continue
+        if param.distribution is None:
+            chosen[param.name] = param.value
+        else:
+            chosen[param.name] = suggest(trial, param.name, param.distribution)
+    return chosen
+
+
+def suggest(trial: optuna.Trial, name: str, distribution: optuna.distributions.BaseDistribution) -> Any:
+    d = distribution
+    if isinstance(d, optuna.distributions.CategoricalDistribution):
+        return trial.suggest_categorical(name, d.choices)
+    if isinstance(d, optuna.distributions.IntDistribution):
+        return trial.suggest_int(name, d.low, d.high, step=d.step, log=d.log)
+    return trial.suggest_float(name, d.low, d.high, step=d.step, log=d.log)
+
+
+def to_overrides(params: list[Param], chosen: dict[str, Any]) -> dict[str, Any]:
+    """Entry values -> ``resolve_run_config`` overrides (``adapter_options`` and ``text`` as sub-mappings)."""
+    overrides: dict[str, Any] = {}
+    for param in params:
+        if param.name not in chosen:
+            continue
+        value = chosen[param.name]
+        for prefix in SET_PREFIXES:
+            if param.target.startswith(prefix):
+                overrides.setdefault(prefix[:-1], {})[param.target[len(prefix):]] = value
+                break
+        else:
+            overrides[param.target] = value
+    if overrides.get("adapter") == "none":  # a full fine-tune: adapter settings do not apply
+        overrides.pop("adapter_options", None)
+    return overrides
+
+
+def setting_of(config: RunConfig, target: str) -> Any:
+    """The value of a space target in a resolved run config."""
+    if target.startswith("text."):
+        field_name = target[len("text."):]
+        return "competition" if field_name == "serializer" else getattr(config.competition.text, field_name)
+    if target.startswith("adapter_options."):
+        return config.model.adapter_options.get(target[len("adapter_options."):], "default")
+    for section in (config.model, config.train, config.head):
+        if hasattr(section, target):
+            return getattr(section, target)
+    if hasattr(config, target):
+        return getattr(config, target)
+    raise KbertError(f"search space: '{target}' is not a run setting")
+
+
+def default_params(params: list[Param], config: RunConfig) -> tuple[dict[str, Any], list[str]]:
+    """The entries that reproduce ``config`` (the competition's default run), for ``enqueue_trial``.
+    Returns them and the names whose default value lies outside the entry's range (those are sampled)."""
+    chosen: dict[str, Any] = {}
+    outside: list[str] = []
+    for param in params:
+        if not is_active(param, chosen):
+            continue
+        value = setting_of(config, param.target)
+        if param.distribution is None:
+            chosen[param.name] = param.value
+        elif contains(param.distribution, value):
+            chosen[param.name] = value
+        else:
+            outside.append(param.name)
+    return chosen, outside
+
+
+def contains(distribution: optuna.distributions.BaseDistribution, value: Any) -> bool:
+    if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+        return value in distribution.choices
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return distribution.low <= value <= distribution.high

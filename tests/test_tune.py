@@ -1,0 +1,388 @@
+"""`kbert tune`: the search space, the study on disk, pruning, failures, heartbeats, kill/Ctrl-C and resume,
+the report and best.yaml reproducing the best trial."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import optuna
+import pytest
+import yaml
+from mlx.utils import tree_flatten
+from optuna.trial import TrialState
+
+from models.heads import HeadConfig
+from models.task_model import build_task_model
+from pipeline.cli import main
+from pipeline.config import TrainConfig, load_competition, resolve_run_config, run_config_from_file
+from pipeline.errors import KbertError
+from pipeline.space import default_params, parse_space, sample, space_entries, to_overrides
+from pipeline.train import layer_depth, make_optimizer
+from pipeline.tune import (HeartbeatJournalStorage, TuneOptions, keep_top_checkpoints, load_study, make_objective,
+                           parse_duration, resolve_trial_config, tune, write_report)
+
+REPO = Path(__file__).resolve().parent.parent
+COMPETITIONS = ("titanic", "house-prices-advanced-regression-techniques", "nlp-getting-started", "spaceship-titanic")
+TINY_SPACE = {
+    "params": {
+        "encoder": "bert", "epochs": 2, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+        "vocab_size": 300, "max_length": 48,
+        "hidden_size": {"choices": [32, 64]},
+        "scratch_learning_rate": {"set": "learning_rate", "low": 3e-4, "high": 3e-3, "log": True},
+        "pooling": ["cls", "mean"],
+    }
+}
+
+
+def write_space(path: Path, space: dict) -> str:
+    path.write_text(yaml.safe_dump(space))
+    return str(path)
+
+
+def tiny_options(tmp_path: Path, **changes) -> TuneOptions:
+    values = dict(competition="titanic", study="t", trials=3, space=write_space(tmp_path / "space.yaml", TINY_SPACE),
+                  overrides={"limit_rows": 90, "folds": 2}, out_dir=str(tmp_path / "runs"), sampler_seed=0,
+                  heartbeat=1.0)
+    return TuneOptions(**{**values, **changes})
+
+
+# ---------------------------------------------------------------- durations and the space
+
+
+def test_parse_duration():
+    assert parse_duration("8h") == 8 * 3600
+    assert parse_duration("1h30m") == 5400
+    assert parse_duration("90m") == 5400
+    assert parse_duration("45s") == 45
+    assert parse_duration("2d") == 2 * 86400
+    assert parse_duration("3600") == 3600
+    assert parse_duration(None) is None
+    for bad in ("8 hours", "h", "1x", "-3h"):
+        with pytest.raises(KbertError, match="duration"):
+            parse_duration(bad)
+
+
+@pytest.mark.parametrize("name", COMPETITIONS)
+def test_default_space_samples_valid_conditional_configs(name):
+    """Every sampled trial of the default space resolves to a valid run config, and conditional entries
+    appear exactly when their condition holds."""
+    competition = load_competition(name)
+    params = parse_space(space_entries(competition))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen_encoders, seen_adapters = set(), set()
+    for _ in range(40):
+        trial = study.ask()
+        chosen = sample(params, trial)
+        config = resolve_trial_config(competition, TuneOptions(competition=name), to_overrides(params, chosen))
+        seen_encoders.add(chosen["encoder"])
+        if chosen["encoder"] == "bert":
+            assert "adapter" not in chosen and "num_hidden_layers" in chosen
+            assert config.model.num_hidden_layers == chosen["num_hidden_layers"]
+            assert config.train.learning_rate == chosen["scratch_learning_rate"]
+        else:
+            assert "num_hidden_layers" not in chosen and "adapter" in chosen
+            seen_adapters.add(chosen["adapter"])
+            if chosen["adapter"] == "none":
+                assert "lora_rank" not in chosen and config.model.adapter_options == {}
+                assert config.train.learning_rate == chosen["full_learning_rate"]
+            else:
+                assert config.model.adapter_options["rank"] == chosen["lora_rank"]
+                assert config.train.learning_rate == chosen["adapter_learning_rate"]
+        assert ("numeric" in chosen) == (chosen["serializer"] != "competition")
+        if chosen["serializer"] != "competition":
+            assert config.competition.text.serializer == chosen["serializer"]
+            assert config.competition.text.numeric == chosen["numeric"]
+        study.tell(trial, 0.0)
+    assert seen_encoders == {"bert", "minilm-l6"}
+    assert seen_adapters >= {"none", "lora"}
+
+
+@pytest.mark.parametrize("name", COMPETITIONS)
+def test_default_trial_reproduces_the_default_configuration(name):
+    competition = load_competition(name)
+    params = parse_space(space_entries(competition))
+    options = TuneOptions(competition=name)
+    default = resolve_trial_config(competition, options, {})
+    fixed, outside = default_params(params, default)
+    assert outside == []
+    assert resolve_trial_config(competition, options, to_overrides(params, fixed)).to_dict() == default.to_dict()
+
+
+def test_space_errors_and_competition_overrides(tmp_path):
+    with pytest.raises(KbertError, match="not earlier entries"):
+        parse_space({"rank": {"choices": [4], "when": {"adapter": "lora"}}, "adapter": ["lora"]})
+    with pytest.raises(KbertError, match="unknown keys"):
+        parse_space({"epochs": {"lo": 1, "high": 3}})
+    with pytest.raises(KbertError, match="low <= high"):
+        parse_space({"epochs": {"low": 5, "high": 3}})
+    competition = load_competition("titanic")
+    competition.search_space = {"pooling": None, "epochs": {"low": 2, "high": 4}}
+    entries = space_entries(competition)
+    assert "pooling" not in entries and entries["epochs"] == {"low": 2, "high": 4}
+    assert "focal_gamma" in entries  # the binary task's extras
+    (tmp_path / "bad.yaml").write_text("params: [1, 2]\n")
+    with pytest.raises(KbertError, match="bad.yaml"):
+        space_entries(competition, tmp_path / "bad.yaml")
+
+
+def test_text_overrides_and_their_errors():
+    competition = load_competition("titanic")
+    config = resolve_run_config(competition, {"text": {"serializer": "sentence", "numeric": "bins"}})
+    assert (config.competition.text.serializer, config.competition.text.numeric) == ("sentence", "bins")
+    assert resolve_run_config(competition, {"text": {"serializer": "competition"}}).competition.text.serializer == "titanic"
+    with pytest.raises(KbertError, match="numeric"):
+        resolve_run_config(competition, {"text": {"serializer": "list", "numeric": "words"}})
+
+
+# ---------------------------------------------------------------- layer-wise learning-rate decay
+
+
+def test_layerwise_lr_decay_scales_each_depth():
+    """With the same constant gradient everywhere, AdamW moves every weight by its group's learning rate times
+    one common factor: relative to the head, the embeddings move d^(L+1) and block i d^(L-i)."""
+    config = {"model_type": "bert", "vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 3,
+              "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 32}
+    model = build_task_model(config, HeadConfig(task="binary", num_outputs=1), "cls")
+    train = TrainConfig(learning_rate=1e-2, layerwise_lr_decay=0.5, weight_decay=0.0, warmup_ratio=0.0,
+                        min_lr_ratio=1.0)
+    optimizer = make_optimizer(model, train, total_steps=10)
+    before = dict(tree_flatten(model.trainable_parameters()))
+    grads = {k: mx.ones_like(v) for k, v in before.items()}
+    from mlx.utils import tree_unflatten
+
+    for _ in range(2):
+        optimizer.update(model, tree_unflatten(list(grads.items())))
+        mx.eval(model.parameters())
+    after = dict(tree_flatten(model.trainable_parameters()))
+    depths = {}
+    for name in before:
+        step = float(mx.abs(before[name] - after[name]).max())
+        depths.setdefault(layer_depth(name, 3), []).append(step)
+    assert set(depths) == {0, 1, 2, 3, 4}
+    assert all(max(steps) == pytest.approx(min(steps), rel=1e-3) for steps in depths.values())
+    top = depths[4][0]
+    assert top > 1e-3
+    for depth in range(4):
+        assert depths[depth][0] / top == pytest.approx(0.5 ** (4 - depth), rel=1e-3)
+    assert layer_depth("encoder.embeddings.word_embeddings.weight", 3) == 0
+    assert layer_depth("encoder.layers.2.attn.Wqkv.weight", 3) == 3
+    assert layer_depth("encoder.transformer_encoder.0.qkv.weight", 3) == 1
+    assert layer_depth("encoder.encoder.weight", 3) == 0  # NeoBERT's token table
+    assert layer_depth("encoder.final_norm.weight", 3) == 4
+    assert layer_depth("head.classifier.weight", 3) == 4
+
+
+def test_layerwise_lr_decay_must_be_in_range():
+    with pytest.raises(KbertError, match="layerwise_lr_decay"):
+        resolve_run_config(load_competition("titanic"), {"layerwise_lr_decay": 1.5})
+
+
+# ---------------------------------------------------------------- a study in process
+
+
+def test_study_artifacts_top_checkpoints_report_and_best_yaml_reproduce(tmp_path, capsys):
+    options = tiny_options(tmp_path, keep_top=1)
+    study, _ = tune(options)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
+    assert trials[0].user_attrs["default"] is True
+    directory = tmp_path / "runs" / "titanic" / "t"
+    ranked = sorted(trials, key=lambda t: (-t.value, t.number))
+    for trial in trials:
+        folder = directory / f"trial-{trial.number:04d}"
+        for name in ("config.yaml", "oof.csv", "test.csv", "metrics.json", "submission.csv"):
+            assert (folder / name).is_file()
+        assert len(trial.user_attrs["fold_scores"]) == 2 and trial.intermediate_values.keys() == {0, 1}
+        weights = list((folder / "folds").glob("*/*.safetensors"))
+        assert len(weights) == (2 if trial.number == ranked[0].number else 0)
+    out = capsys.readouterr().out
+    assert "trial    0 [default] w0: folds" in out and "| CV " in out
+
+    report = write_report(options)
+    for name in ("best.yaml", "history.png", "importances.png", "parallel_coordinate.png"):
+        assert (report / name).stat().st_size > 0
+    rerun = run_config_from_file(report / "best.yaml", {"out_dir": str(tmp_path / "rerun")})
+    from pipeline.run import run_competition
+
+    result = run_competition(rerun, run_id="repro", progress=False, log=lambda _: None,
+                             submission_path=tmp_path / "sub.csv")
+    assert abs(result.cv_score - study.best_value) <= 0.005
+    assert result.fold_scores == pytest.approx(study.best_trial.user_attrs["fold_scores"], abs=1e-6)
+
+
+def test_failing_trials_are_recorded_and_the_study_goes_on(tmp_path):
+    space = {"params": {**TINY_SPACE["params"], "pooling": ["cls", "nonsense"]}}
+    options = tiny_options(tmp_path, trials=2, space=write_space(tmp_path / "fail.yaml", space))
+    study, _, _, _ = load_study(options, create=True)  # queues trial 0, the default configuration
+    study.enqueue_trial({"pooling": "nonsense"})  # trial 1 fails
+    study, code = tune(options)
+    assert code == 0
+    assert study.get_trials()[1].state == TrialState.FAIL
+    failed = study.get_trials(states=(TrialState.FAIL,))
+    assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 2
+    assert all("pooling 'nonsense' is unknown" in t.user_attrs["error"] for t in failed)
+    assert not any((tmp_path / "runs" / "titanic" / "t" / f"trial-{t.number:04d}").exists() for t in failed)
+
+
+def test_pruned_trial_is_recorded_and_its_folder_removed(tmp_path):
+    class PruneAfterFirstFold(optuna.pruners.BasePruner):
+        def prune(self, study, trial):
+            return trial.number > 0 and len(trial.intermediate_values) >= 1
+
+    options = tiny_options(tmp_path)
+    study, competition, params, directory = load_study(options, create=True)
+    study.pruner = PruneAfterFirstFold()
+    study.optimize(make_objective(options, competition, params, directory, 0, time.perf_counter(), log=lambda _: None),
+                   n_trials=2)
+    first, second = study.get_trials()
+    assert first.state == TrialState.COMPLETE and second.state == TrialState.PRUNED
+    assert list(second.intermediate_values) == [0]
+    assert (directory / "trial-0000").is_dir() and not (directory / "trial-0001").exists()
+
+
+def test_stale_trial_is_failed_and_retried_by_optunas_callback(tmp_path):
+    storage = HeartbeatJournalStorage(tmp_path / "journal.log", heartbeat_interval=0.05, grace_period=0.2,
+                                      max_retry=2)
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
+    storage.record_heartbeat(trial._trial_id)
+    optuna.storages.fail_stale_trials(study)
+    assert study.get_trials()[0].state == TrialState.RUNNING  # a fresh heartbeat: not stale
+    time.sleep(0.3)
+    optuna.storages.fail_stale_trials(study)
+    original, retry = study.get_trials()
+    assert original.state == TrialState.FAIL
+    assert retry.state == TrialState.WAITING and retry.system_attrs["failed_trial"] == original.number
+    assert retry.params == original.params
+
+
+def test_keep_top_checkpoints_deletes_weights_outside_the_best(tmp_path):
+    study = optuna.create_study(direction="minimize")
+    for number, value in enumerate([0.3, 0.1, 0.2]):
+        folder = tmp_path / f"trial-{number:04d}" / "folds" / "0"
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"x" * 10)
+        (folder / "test.csv").write_text("id\n")
+        study.add_trial(optuna.create_trial(value=value))
+    assert keep_top_checkpoints(study, tmp_path, keep=2) == 10
+    assert [(tmp_path / f"trial-{n:04d}/folds/0/model.safetensors").exists() for n in range(3)] == [False, True, True]
+    assert (tmp_path / "trial-0000/folds/0/test.csv").exists()
+
+
+# ---------------------------------------------------------------- processes: kill, Ctrl-C, resume
+
+
+def tune_command(options: TuneOptions, trials: int, workers: int) -> list[str]:
+    return [sys.executable, "-m", "pipeline.cli", "tune", "titanic", "--study", options.study, "--trials",
+            str(trials), "--workers", str(workers), "--space", options.space, "--limit-rows", "90", "--folds", "3",
+            "--heartbeat", "1", "--out", options.out_dir, "--seed", "0"]
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def study_trials(options: TuneOptions) -> list[optuna.trial.FrozenTrial]:
+    path = Path(options.out_dir) / "titanic" / options.study / "journal.log"
+    if not path.exists():
+        return []
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+    try:
+        return optuna.load_study(study_name=options.study, storage=storage).get_trials()
+    except KeyError:
+        return []
+
+
+def running_trial_mid_fold(options: TuneOptions):
+    """A running trial with a worker pid and at least one fold reported, once another trial completed."""
+    trials = study_trials(options)
+    if not any(t.state == TrialState.COMPLETE for t in trials):
+        return None
+    running = [t for t in trials if t.state == TrialState.RUNNING and "pid" in t.user_attrs and t.intermediate_values]
+    return running[0] if running else None
+
+
+def test_sigkill_one_of_two_workers_then_resume(tmp_path):
+    space = {"params": {**TINY_SPACE["params"], "epochs": 3}}
+    options = tiny_options(tmp_path, space=write_space(tmp_path / "space.yaml", space))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    first = subprocess.Popen(tune_command(options, 6, workers=2), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    victim = wait_for(lambda: running_trial_mid_fold(options), 240, "a running trial mid-fold")
+    os.kill(victim.user_attrs["pid"], signal.SIGKILL)
+    completed_then = {t.number: t.value for t in study_trials(options) if t.state == TrialState.COMPLETE}
+    output, _ = first.communicate(timeout=300)
+    assert f"ended with exit code {-signal.SIGKILL}" in output, output
+    assert first.returncode == 1
+
+    second = subprocess.run(tune_command(options, 8, workers=2), cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    trials = study_trials(options)
+    by_number = {t.number: t for t in trials}
+    for number, value in completed_then.items():  # nothing completed was lost or changed
+        assert by_number[number].state == TrialState.COMPLETE and by_number[number].value == value
+    assert by_number[victim.number].state == TrialState.FAIL  # the killed trial went stale and failed ...
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
+    assert len(retries) == 1 and retries[0].params == victim.params  # ... and was retried once
+    assert retries[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
+    finished = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert 8 <= len(finished) <= 9  # two workers may each finish one trial past the target
+    assert not any(t.state == TrialState.RUNNING for t in trials)
+    directory = Path(options.out_dir) / "titanic" / options.study
+    for trial in trials:
+        assert (directory / f"trial-{trial.number:04d}").is_dir() == (trial.state == TrialState.COMPLETE)
+
+
+def test_ctrl_c_abandons_the_trial_and_the_next_run_resumes(tmp_path):
+    space = {"params": {**TINY_SPACE["params"], "epochs": 3}}
+    options = tiny_options(tmp_path, space=write_space(tmp_path / "space.yaml", space))
+    process = subprocess.Popen(tune_command(options, 3, workers=1), cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    victim = wait_for(lambda: running_trial_mid_fold(options), 240, "a running trial mid-fold")
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 130, output
+    assert "abandoned and queued again" in output
+    trials = {t.number: t for t in study_trials(options)}
+    assert trials[victim.number].state == TrialState.FAIL
+    assert "interrupted" in trials[victim.number].user_attrs["error"]
+    assert any(t.state == TrialState.WAITING and t.system_attrs.get("failed_trial") == victim.number
+               for t in trials.values())
+
+    assert main(["tune", "titanic", "--study", options.study, "--trials", "3", "--space", options.space,
+                 "--limit-rows", "90", "--folds", "3", "--out", options.out_dir, "--seed", "0"]) == 0
+    trials = study_trials(options)
+    assert sum(t.state == TrialState.COMPLETE for t in trials) == 3
+    assert any(t.state == TrialState.COMPLETE and t.system_attrs.get("failed_trial") == victim.number for t in trials)
+
+
+def test_cli_report_and_run_config(tmp_path, capsys):
+    options = tiny_options(tmp_path, trials=2)
+    tune(options)
+    assert main(["tune", "titanic", "--study", "t", "--out", options.out_dir, "--report"]) == 0
+    out = capsys.readouterr().out
+    assert "trials: 2 complete" in out and "best.yaml" in out
+    best = Path(options.out_dir) / "titanic" / "t" / "report" / "best.yaml"
+    assert main(["run", "--config", str(best), "--epochs", "3"]) == 2  # a resolved config is edited, not flagged
+    assert "edit it instead" in capsys.readouterr().err
+    simple = tmp_path / "simple.yaml"
+    simple.write_text("competition: titanic\nepochs: 1\nfolds: 2\nlimit_rows: 60\nhidden_size: 32\n"
+                      "num_attention_heads: 2\n")
+    assert main(["run", "--config", str(simple), "--no-progress", "--out", str(tmp_path / "r"), "--submissions-dir",
+                 str(tmp_path / "s"), "--run-id", "x"]) == 0
+    assert "CV accuracy" in capsys.readouterr().out
+    assert main(["tune", "titanic", "--study", "missing", "--out", options.out_dir, "--report"]) == 2
+    assert main(["tune", "titanic", "--timeout", "soon", "--out", options.out_dir]) == 2
