@@ -211,6 +211,10 @@ def _storage_label(options: TuneOptions, directory: Path) -> str:
 # ---------------------------------------------------------------- one worker
 
 
+class OutOfTime(Exception):
+    """The --timeout deadline passed during a trial: it stops after its current fold and is queued again."""
+
+
 def peak_rss_mb() -> float:
     scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
@@ -242,6 +246,8 @@ def make_objective(options: TuneOptions, competition: CompetitionConfig, params:
             trial.report(score, step)
             if trial.should_prune():
                 raise optuna.TrialPruned(f"pruned after fold {step + 1}")
+            if options.timeout and time.perf_counter() - started > options.timeout:
+                raise OutOfTime(f"stopped at the --timeout deadline after fold {step + 1}; queued again")
 
         try:
             config = resolve_trial_config(competition, options, overrides)
@@ -254,6 +260,11 @@ def make_objective(options: TuneOptions, competition: CompetitionConfig, params:
         except KeyboardInterrupt:
             shutil.rmtree(folder, ignore_errors=True)
             trial.set_user_attr("error", "interrupted (Ctrl-C); queued again for the next run")
+            raise
+        except OutOfTime as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            trial.set_user_attr("error", str(exc))
+            log(f"trial {trial.number:4d} w{worker}: {exc}")
             raise
         except Exception as exc:  # out of memory, a bad setting: this trial fails, the study goes on
             shutil.rmtree(folder, ignore_errors=True)
@@ -354,19 +365,27 @@ def run_worker(options: TuneOptions, worker: int = 0, started: float | None = No
         study.optimize(objective, timeout=remaining, callbacks=[after_trial], catch=(Exception,),
                        gc_after_trial=True)
     except KeyboardInterrupt:
-        trials = study.get_trials(deepcopy=False)
-        requeued = {t.system_attrs.get("failed_trial") for t in trials} | \
-            {n for t in trials for n in t.system_attrs.get("retry_history", [])}
-        interrupted = [t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("pid") == os.getpid()
-                       and "interrupted" in t.user_attrs.get("error", "") and t.number not in requeued]
-        for trial in interrupted:  # the same parameters, queued for the next run (Optuna's retry callback)
-            RetryStaleTrial(max_retry=options.max_retry)(study, trial)
-        print(f"worker {worker}: interrupted; trial(s) {', '.join(str(t.number) for t in interrupted) or '-'} "
+        abandoned = requeue_abandoned(study, options)
+        print(f"worker {worker}: interrupted; trial(s) {', '.join(str(n) for n in abandoned) or '-'} "
               f"abandoned and queued again. Rerun the same `kbert tune` to resume.", file=sys.stderr)
         return 130
     finally:
         remove_unfinished_folders(study, directory)
+    requeue_abandoned(study, options)  # stopped at the deadline
     return 0
+
+
+def requeue_abandoned(study: optuna.Study, options: TuneOptions) -> list[int]:
+    """Queue again, with the same parameters (Optuna's retry callback), this process's trials that were
+    abandoned by Ctrl-C or the deadline; returns their numbers."""
+    trials = study.get_trials(deepcopy=False)
+    requeued = {t.system_attrs.get("failed_trial") for t in trials} | \
+        {n for t in trials for n in t.system_attrs.get("retry_history", [])}
+    abandoned = [t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("pid") == os.getpid()
+                 and "queued again" in t.user_attrs.get("error", "") and t.number not in requeued]
+    for trial in abandoned:
+        RetryStaleTrial(max_retry=options.max_retry)(study, trial)
+    return [t.number for t in abandoned]
 
 
 def _worker_entry(options_dict: dict, worker: int, started_wall: float) -> None:

@@ -386,3 +386,13 @@ def test_cli_report_and_run_config(tmp_path, capsys):
     assert "CV accuracy" in capsys.readouterr().out
     assert main(["tune", "titanic", "--study", "missing", "--out", options.out_dir, "--report"]) == 2
     assert main(["tune", "titanic", "--timeout", "soon", "--out", options.out_dir]) == 2
+
+
+def test_timeout_stops_the_running_trial_after_its_fold_and_queues_it_again(tmp_path):
+    options = tiny_options(tmp_path, trials=None, timeout=0.5)
+    study, code = tune(options)
+    first, retry = study.get_trials()
+    assert code == 0 and first.state == TrialState.FAIL and "deadline after fold 1" in first.user_attrs["error"]
+    assert retry.state == TrialState.WAITING and retry.system_attrs["failed_trial"] == 0
+    assert retry.params == first.params and retry.user_attrs["default"] is True
+    assert not (tmp_path / "runs" / "titanic" / "t" / "trial-0000").exists()
