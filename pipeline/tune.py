@@ -220,6 +220,15 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
 
 
+def current_rss_mb() -> float | None:
+    """Resident memory now (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def release_memory() -> None:
     import mlx.core as mx
 
@@ -274,6 +283,9 @@ def make_objective(options: TuneOptions, competition: CompetitionConfig, params:
         finally:
             release_memory()
             trial.set_user_attr("peak_rss_mb", round(peak_rss_mb(), 1))
+            rss = current_rss_mb()
+            if rss is not None:
+                trial.set_user_attr("rss_mb", round(rss, 1))
         trial.set_user_attr("fold_scores", [round(s, 6) for s in result.fold_scores])
         trial.set_user_attr("run_dir", str(result.run_dir))
         trial.set_user_attr("seconds", round(result.seconds, 2))
