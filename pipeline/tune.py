@@ -7,9 +7,9 @@ test.csv, metrics.json, folds/<k>/), so that any trial can be blended. Fold weig
 top ``keep_top`` trials only.
 
 Each trial is one ``run_competition`` call: it reports each fold's score, and the pruner (Wilcoxon or
-median) may stop it after any fold. A trial that raises fails with its reason recorded and the study goes
-on; Ctrl-C abandons the running trial (queued again for the next run); a trial left RUNNING by a killed
-process goes stale (no heartbeat) and Optuna's stale-trial callback fails it and queues it again.
+median) may stop it after any fold; its value is the mean fold score (the OOF score is kept beside it).
+A trial that raises fails with its reason recorded and the study goes on; Ctrl-C abandons the running
+trial (queued again for the next run); a trial left RUNNING by a killed process goes stale (no heartbeat) and Optuna's stale-trial callback fails it and queues it again.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.storages import JournalStorage
 from optuna.storages._heartbeat import BaseHeartbeat  # not re-exported; RDBStorage implements the same protocol
@@ -65,6 +66,7 @@ class TuneOptions:
     heartbeat: float = 30.0  # seconds between heartbeats; a trial silent for 4 of them is stale
     max_retry: int = 2  # retries of a stale or interrupted trial
     sampler_seed: int | None = None
+    enqueue_default: bool = True  # a new study's trial 0 is the competition's default configuration
     overrides: dict[str, Any] = field(default_factory=dict)  # fixed run settings for every trial
     out_dir: str = "runs"
 
@@ -191,8 +193,9 @@ def load_study(options: TuneOptions, create: bool) -> tuple[optuna.Study, Compet
         resolve_trial_config(competition, options, to_overrides(params, fixed))  # fail now, not in a worker
         study.set_user_attr("competition", competition.name)
         study.set_user_attr("metric", competition.metric)
-        study.enqueue_trial(fixed, user_attrs={"default": True})
-        if outside:
+        if options.enqueue_default:
+            study.enqueue_trial(fixed, user_attrs={"default": True})
+        if outside and options.enqueue_default:
             print(f"note: the default configuration's {', '.join(outside)} lie(s) outside the search space; "
                   f"trial 0 samples them")
     return study, competition, params, directory
@@ -286,18 +289,21 @@ def make_objective(options: TuneOptions, competition: CompetitionConfig, params:
             rss = current_rss_mb()
             if rss is not None:
                 trial.set_user_attr("rss_mb", round(rss, 1))
+        mean = float(np.mean(result.fold_scores))  # the objective: the mean fold score (what the pruner sees)
         trial.set_user_attr("fold_scores", [round(s, 6) for s in result.fold_scores])
+        trial.set_user_attr("oof_cv", result.cv_score)  # the metric over all OOF rows at once
         trial.set_user_attr("run_dir", str(result.run_dir))
         trial.set_user_attr("seconds", round(result.seconds, 2))
-        _log_trial(log, trial, worker, scores, result.cv_score, time.perf_counter() - trial_started, options, started)
-        return result.cv_score
+        _log_trial(log, trial, worker, scores, mean, time.perf_counter() - trial_started, options, started,
+                   oof=result.cv_score)
+        return mean
 
     return objective
 
 
 def _log_trial(log, trial: optuna.Trial, worker: int, scores: list[float], cv: float | None, seconds: float,
-               options: TuneOptions, started: float) -> None:
-    """One line per trial: fold scores, CV or pruned, the best so far, the time it took and the time left."""
+               options: TuneOptions, started: float, oof: float | None = None) -> None:
+    """One line per trial: fold scores, their mean (and the OOF score) or pruned, the best so far, the time it took and the time left."""
     study = trial.study
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
     try:  # this trial is not told yet: compare with the best of the others
@@ -306,7 +312,7 @@ def _log_trial(log, trial: optuna.Trial, worker: int, scores: list[float], cv: f
         best, best_number = None, None
     if cv is not None and (best is None or (cv > best if maximize else cv < best)):
         best, best_number = cv, trial.number
-    outcome = f"CV {cv:.4f}" if cv is not None else f"pruned after fold {len(scores)}"
+    outcome = f"mean {cv:.4f} (OOF {oof:.4f})" if cv is not None else f"pruned after fold {len(scores)}"
     best_text = f"best {best:.4f} (#{best_number})" if best is not None else "best -"
     left = ""
     if options.timeout:
@@ -458,12 +464,12 @@ def trials_table(study: optuna.Study, top: int = 10) -> str:
     completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
     ranked = sorted(completed, key=lambda t: (-t.value if maximize else t.value, t.number))[:top]
-    lines = [f"{'trial':>5}  {'CV':>8}  {'folds':<42} {'time':>7}  params"]
+    lines = [f"{'trial':>5}  {'mean':>8}  {'OOF':>8}  {'folds':<42} {'time':>7}  params"]
     for t in ranked:
         folds = " ".join(f"{s:.4f}" for s in t.user_attrs.get("fold_scores", []))
         params = ", ".join(f"{k}={_short(v)}" for k, v in t.params.items())
         tag = " [default]" if t.user_attrs.get("default") else ""
-        lines.append(f"{t.number:>5}  {t.value:>8.4f}  {folds:<42} {format_duration(t.duration.total_seconds()):>7}  "
+        lines.append(f"{t.number:>5}  {t.value:>8.4f}  {t.user_attrs.get('oof_cv', float('nan')):>8.4f}  {folds:<42} {format_duration(t.duration.total_seconds()):>7}  "
                      f"{params}{tag}")
     counts = {state.name.lower(): len(study.get_trials(deepcopy=False, states=(state,)))
               for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING,
@@ -503,7 +509,7 @@ def write_report(options: TuneOptions) -> Path:
     best = study.best_trial
     default = [t for t in completed if t.user_attrs.get("default")]
     header = (f"# kbert tune {competition.name} --study {options.study}: best trial {best.number}, "
-              f"CV {competition.metric} {best.value:.4f}"
+              f"mean fold {competition.metric} {best.value:.4f}"
               + (f" (default configuration: {default[0].value:.4f})" if default else "") +
               f"\n# Reproduce: kbert run --config {report_dir / 'best.yaml'}\n")
     write_text(report_dir / "best.yaml", header + yaml.safe_dump(best_config(study, directory), sort_keys=False))

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import optuna
 import pytest
 import yaml
@@ -202,7 +203,7 @@ def test_study_artifacts_top_checkpoints_report_and_best_yaml_reproduce(tmp_path
         weights = list((folder / "folds").glob("*/*.safetensors"))
         assert len(weights) == (2 if trial.number == ranked[0].number else 0)
     out = capsys.readouterr().out
-    assert "trial    0 [default] w0: folds" in out and "| CV " in out
+    assert "trial    0 [default] w0: folds" in out and "| mean " in out and "(OOF " in out
 
     report = write_report(options)
     for name in ("best.yaml", "history.png", "importances.png", "parallel_coordinate.png"):
@@ -212,7 +213,8 @@ def test_study_artifacts_top_checkpoints_report_and_best_yaml_reproduce(tmp_path
 
     result = run_competition(rerun, run_id="repro", progress=False, log=lambda _: None,
                              submission_path=tmp_path / "sub.csv")
-    assert abs(result.cv_score - study.best_value) <= 0.005
+    assert abs(np.mean(result.fold_scores) - study.best_value) <= 0.005
+    assert abs(result.cv_score - study.best_trial.user_attrs["oof_cv"]) <= 0.005
     assert result.fold_scores == pytest.approx(study.best_trial.user_attrs["fold_scores"], abs=1e-6)
 
 
@@ -396,3 +398,13 @@ def test_timeout_stops_the_running_trial_after_its_fold_and_queues_it_again(tmp_
     assert retry.state == TrialState.WAITING and retry.system_attrs["failed_trial"] == 0
     assert retry.params == first.params and retry.user_attrs["default"] is True
     assert not (tmp_path / "runs" / "titanic" / "t" / "trial-0000").exists()
+
+
+def test_rdb_storage_url_with_heartbeats(tmp_path):
+    """--storage takes an RDB URL (here SQLite; PostgreSQL or MySQL for several machines)."""
+    options = tiny_options(tmp_path, trials=2, storage=f"sqlite:///{tmp_path / 'study.db'}")
+    study, code = tune(options)
+    assert code == 0 and len(study.get_trials(states=(TrialState.COMPLETE,))) == 2
+    storage = optuna.storages.RDBStorage(options.storage)
+    assert optuna.load_study(study_name="t", storage=storage).best_value == study.best_value
+    assert study._storage.get_heartbeat_interval() == 1
