@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("competition", help="a name under competitions/ or a path to a competition YAML")
     tune.add_argument("--trials", type=int, help="finished (complete or pruned) trials the study should reach "
                       "(default 100; with --timeout alone: no limit)")
-    tune.add_argument("--timeout", help="stop starting trials after this long, e.g. 8h, 90m, 1h30m (default: none)")
+    tune.add_argument("--timeout", help="a deadline, e.g. 8h, 90m, 1h30m: a trial running then stops after its current "
+                      "fold and is queued again for the next run (default: none)")
     tune.add_argument("--study", default="tune", help="study name: runs/<competition>/<study>/ (default tune)")
     tune.add_argument("--storage", help="journal file (default runs/<competition>/<study>/journal.log) or an RDB "
                       "URL such as postgresql://user@host/db for several machines")
