@@ -92,6 +92,9 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
     def record_heartbeat(self, trial_id: int) -> None:
         (self._beats / str(trial_id)).write_text(f"{os.getpid()} {time.time():.3f}\n")
 
+    def forget_heartbeat(self, trial_id: int) -> None:
+        (self._beats / str(trial_id)).unlink(missing_ok=True)
+
     def _get_stale_trial_ids(self, study_id: int) -> list[int]:
         now, stale = time.time(), []
         for trial in self.get_all_trials(study_id, deepcopy=False, states=(TrialState.RUNNING,)):
@@ -363,6 +366,8 @@ def run_worker(options: TuneOptions, worker: int = 0, started: float | None = No
     failures: list[str] = []
 
     def after_trial(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        if isinstance(study._storage, HeartbeatJournalStorage):  # the heartbeat thread has stopped by now
+            study._storage.forget_heartbeat(trial._trial_id)
         keep_top_checkpoints(study, directory, options.keep_top)
         failures[:] = failures + [trial.user_attrs.get("error", "?")] if trial.state == TrialState.FAIL else []
         if len(failures) >= MAX_FAILURES_IN_A_ROW:

@@ -202,6 +202,7 @@ def test_study_artifacts_top_checkpoints_report_and_best_yaml_reproduce(tmp_path
         assert len(trial.user_attrs["fold_scores"]) == 2 and trial.intermediate_values.keys() == {0, 1}
         weights = list((folder / "folds").glob("*/*.safetensors"))
         assert len(weights) == (2 if trial.number == ranked[0].number else 0)
+    assert list((directory / "journal.log.heartbeats").iterdir()) == []  # finished trials leave no heartbeat
     out = capsys.readouterr().out
     assert "trial    0 [default] w0: folds" in out and "| mean " in out and "(OOF " in out
 
