@@ -20,6 +20,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import sys
 import time
 import warnings
@@ -217,8 +218,13 @@ def _storage_label(options: TuneOptions, directory: Path) -> str:
 # ---------------------------------------------------------------- one worker
 
 
-class OutOfTime(Exception):
-    """The --timeout deadline passed during a trial: it stops after its current fold and is queued again."""
+class Abandoned(Exception):
+    """The trial stops after its current fold and is queued again: the --timeout deadline passed, or the
+    `kbert tune` process that started this worker is gone."""
+
+
+def parent_gone(parent_pid: int | None) -> bool:
+    return parent_pid is not None and os.getppid() != parent_pid
 
 
 def peak_rss_mb() -> float:
@@ -243,7 +249,7 @@ def release_memory() -> None:
 
 
 def make_objective(options: TuneOptions, competition: CompetitionConfig, params: list, directory: Path,
-                   worker: int, started: float, log=print):
+                   worker: int, started: float, log=print, parent_pid: int | None = None):
     from pipeline.run import run_competition
 
     def objective(trial: optuna.Trial) -> float:
@@ -262,7 +268,9 @@ def make_objective(options: TuneOptions, competition: CompetitionConfig, params:
             if trial.should_prune():
                 raise optuna.TrialPruned(f"pruned after fold {step + 1}")
             if options.timeout and time.perf_counter() - started > options.timeout:
-                raise OutOfTime(f"stopped at the --timeout deadline after fold {step + 1}; queued again")
+                raise Abandoned(f"stopped at the --timeout deadline after fold {step + 1}; queued again")
+            if parent_gone(parent_pid):
+                raise Abandoned(f"stopped after fold {step + 1}: the kbert tune process is gone; queued again")
 
         try:
             config = resolve_trial_config(competition, options, overrides)
@@ -276,7 +284,7 @@ def make_objective(options: TuneOptions, competition: CompetitionConfig, params:
             shutil.rmtree(folder, ignore_errors=True)
             trial.set_user_attr("error", "interrupted (Ctrl-C); queued again for the next run")
             raise
-        except OutOfTime as exc:
+        except Abandoned as exc:
             shutil.rmtree(folder, ignore_errors=True)
             trial.set_user_attr("error", str(exc))
             log(f"trial {trial.number:4d} w{worker}: {exc}")
@@ -351,16 +359,17 @@ def finished_count(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=FINISHED))
 
 
-def run_worker(options: TuneOptions, worker: int = 0, started: float | None = None) -> int:
+def run_worker(options: TuneOptions, worker: int = 0, started: float | None = None,
+               parent_pid: int | None = None) -> int:
     """Optimize in this process until the study has ``options.trials`` finished trials or time runs out.
     Returns 0, or 130 after Ctrl-C (the running trial is queued again for the next run)."""
     started = time.perf_counter() if started is None else started
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures are logged by the objective, one line each
     study, competition, params, directory = load_study(options, create=False)
     if options.sampler_seed is not None:  # workers must not propose the same parameters
         study.sampler = optuna.samplers.TPESampler(multivariate=True, group=True, constant_liar=True,
                                                    n_startup_trials=10, seed=options.sampler_seed + worker)
-    objective = make_objective(options, competition, params, directory, worker, started)
+    objective = make_objective(options, competition, params, directory, worker, started, parent_pid=parent_pid)
     stop_at = optuna.study.MaxTrialsCallback(options.trials, states=FINISHED) if options.trials else None
 
     failures: list[str] = []
@@ -370,6 +379,8 @@ def run_worker(options: TuneOptions, worker: int = 0, started: float | None = No
             study._storage.forget_heartbeat(trial._trial_id)
         keep_top_checkpoints(study, directory, options.keep_top)
         failures[:] = failures + [trial.user_attrs.get("error", "?")] if trial.state == TrialState.FAIL else []
+        if parent_gone(parent_pid):  # killed or terminated: a worker must not outlive its `kbert tune`
+            study.stop()
         if len(failures) >= MAX_FAILURES_IN_A_ROW:
             print(f"worker {worker}: {len(failures)} trials in a row failed; stopping. Last error: {failures[-1]}",
                   file=sys.stderr)
@@ -414,7 +425,7 @@ def requeue_abandoned(study: optuna.Study, options: TuneOptions) -> list[int]:
 def _worker_entry(options_dict: dict, worker: int, started_wall: float) -> None:
     options = TuneOptions(**options_dict)
     started = time.perf_counter() - (time.time() - started_wall)
-    sys.exit(run_worker(options, worker, started))
+    sys.exit(run_worker(options, worker, started, parent_pid=os.getppid()))
 
 
 def tune(options: TuneOptions) -> tuple[optuna.Study, int]:
@@ -443,13 +454,23 @@ def tune(options: TuneOptions) -> tuple[optuna.Study, int]:
                      for w in range(options.workers)]
         for process in processes:
             process.start()
+
+        def on_terminate(signum, frame):  # `kill PID`: the workers abandon their trials as on Ctrl-C
+            for process in processes:
+                if process.is_alive():
+                    os.kill(process.pid, signal.SIGINT)
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, on_terminate)
         try:
             for process in processes:
                 process.join()
-        except KeyboardInterrupt:  # the workers got the same SIGINT; let them abandon their trials
+        except KeyboardInterrupt:  # Ctrl-C reached the workers too; let them abandon their trials
             for process in processes:
                 process.join()
             raise
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         killed = [(w, p.exitcode) for w, p in enumerate(processes) if p.exitcode not in (0, 130)]
         for w, code in killed:
             print(f"worker {w} ended with exit code {code}; its running trial goes stale and is retried "

@@ -409,3 +409,30 @@ def test_rdb_storage_url_with_heartbeats(tmp_path):
     storage = optuna.storages.RDBStorage(options.storage)
     assert optuna.load_study(study_name="t", storage=storage).best_value == study.best_value
     assert study._storage.get_heartbeat_interval() == 1
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return not (status.exists() and "State:\tZ" in status.read_text())
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_workers_do_not_outlive_a_killed_tune_process(tmp_path):
+    space = {"params": {**TINY_SPACE["params"], "epochs": 3}}
+    options = tiny_options(tmp_path, space=write_space(tmp_path / "space.yaml", space))
+    main_process = subprocess.Popen(tune_command(options, 50, workers=2), cwd=REPO, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+    victim = wait_for(lambda: running_trial_mid_fold(options), 240, "a running trial mid-fold")
+    workers = {t.user_attrs["pid"] for t in study_trials(options) if "pid" in t.user_attrs}
+    main_process.kill()
+    main_process.wait()
+    wait_for(lambda: not any(pid_alive(pid) for pid in workers), 120, "the orphaned workers to stop")
+    trials = {t.number: t for t in study_trials(options)}
+    assert "the kbert tune process is gone" in trials[victim.number].user_attrs["error"]
+    assert any(t.state == TrialState.WAITING and t.system_attrs.get("failed_trial") == victim.number
+               for t in trials.values())
+    assert not any(t.state == TrialState.RUNNING for t in trials.values())
