@@ -40,12 +40,21 @@ def read_space_file(path: Path) -> dict:
     return data
 
 
-def space_entries(competition: CompetitionConfig, space_file: Path | None = None) -> dict[str, Any]:
-    """The raw entries for a competition: the file's ``params`` and its task's extras, then the
-    competition's ``search_space`` over them (null removes an entry)."""
+def has_gpu() -> bool:
+    import mlx.core as mx
+
+    return mx.default_device().type == mx.gpu
+
+
+def space_entries(competition: CompetitionConfig, space_file: Path | None = None,
+                  gpu: bool | None = None) -> dict[str, Any]:
+    """The raw entries for a competition: the file's ``params``, its ``cpu`` replacements when MLX has no GPU,
+    its task's extras, then the competition's ``search_space`` over them (null removes an entry)."""
     data = read_space_file(space_file or DEFAULT_SPACE)
     tasks = data.get("tasks") or {}
-    entries = {**(data.get("params") or {}), **(tasks.get(competition.task) or {})}
+    gpu = has_gpu() if gpu is None else gpu
+    entries = {**(data.get("params") or {}), **({} if gpu else data.get("cpu") or {}),
+               **(tasks.get(competition.task) or {})}
     for name, entry in competition.search_space.items():
         if entry is None:
             entries.pop(name, None)

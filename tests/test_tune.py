@@ -74,7 +74,7 @@ def test_default_space_samples_valid_conditional_configs(name):
     """Every sampled trial of the default space resolves to a valid run config, and conditional entries
     appear exactly when their condition holds."""
     competition = load_competition(name)
-    params = parse_space(space_entries(competition))
+    params = parse_space(space_entries(competition, gpu=True))
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     seen_encoders, seen_adapters = set(), set()
     for _ in range(40):
@@ -107,12 +107,24 @@ def test_default_space_samples_valid_conditional_configs(name):
 @pytest.mark.parametrize("name", COMPETITIONS)
 def test_default_trial_reproduces_the_default_configuration(name):
     competition = load_competition(name)
-    params = parse_space(space_entries(competition))
+    params = parse_space(space_entries(competition, gpu=True))
     options = TuneOptions(competition=name)
     default = resolve_trial_config(competition, options, {})
     fixed, outside = default_params(params, default)
     assert outside == []
     assert resolve_trial_config(competition, options, to_overrides(params, fixed)).to_dict() == default.to_dict()
+
+
+def test_default_space_trains_from_scratch_without_a_gpu():
+    competition = load_competition("titanic")
+    params = parse_space(space_entries(competition, gpu=False))
+    assert [p.value for p in params if p.name == "encoder"] == ["bert"]
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(10):
+        chosen = sample(params, study.ask())
+        assert chosen["encoder"] == "bert" and "adapter" not in chosen and "num_hidden_layers" in chosen
+    competition.search_space = {"encoder": {"choices": ["bert", "minilm-l6"]}}  # the competition brings it back
+    assert space_entries(competition, gpu=False)["encoder"] == {"choices": ["bert", "minilm-l6"]}
 
 
 def test_space_errors_and_competition_overrides(tmp_path):
