@@ -261,12 +261,16 @@ def make_objective(options: TuneOptions, competition: CompetitionConfig, params:
         trial.set_user_attr("worker", worker)
         trial_started = time.perf_counter()
         scores: list[float] = []
+        folds = []  # the run's fold count, once its config is resolved
 
         def on_fold(step: int, score: float) -> None:
             scores.append(score)
             trial.report(score, step)
-            if trial.should_prune():
+            last = step + 1 == folds[0]  # after the last fold the trial is as good as done: never prune it
+            if not last and trial.should_prune():
                 raise optuna.TrialPruned(f"pruned after fold {step + 1}")
+            if last:
+                return
             if options.timeout and time.perf_counter() - started > options.timeout:
                 raise Abandoned(f"stopped at the --timeout deadline after fold {step + 1}; queued again")
             if parent_gone(parent_pid):
@@ -274,6 +278,7 @@ def make_objective(options: TuneOptions, competition: CompetitionConfig, params:
 
         try:
             config = resolve_trial_config(competition, options, overrides)
+            folds.append(config.competition.folds.k * config.competition.folds.repeats)
             result = run_competition(config, run_id=f"{options.study}/{folder.name}", progress=False,
                                      log=lambda _: None, on_fold=on_fold, submission_path=folder / "submission.csv")
         except optuna.TrialPruned:

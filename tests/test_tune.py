@@ -245,19 +245,20 @@ def test_failing_trials_are_recorded_and_the_study_goes_on(tmp_path):
     assert not any((tmp_path / "runs" / "titanic" / "t" / f"trial-{t.number:04d}").exists() for t in failed)
 
 
-def test_pruned_trial_is_recorded_and_its_folder_removed(tmp_path):
-    class PruneAfterFirstFold(optuna.pruners.BasePruner):
+def test_pruned_trial_is_recorded_and_its_folder_removed_but_never_after_the_last_fold(tmp_path):
+    class PruneAfterFirstFold(optuna.pruners.BasePruner):  # trial 1 after fold 1; trial 2 at its last fold
         def prune(self, study, trial):
-            return trial.number > 0 and len(trial.intermediate_values) >= 1
+            return len(trial.intermediate_values) >= {0: 99, 1: 1, 2: 2}[trial.number]
 
     options = tiny_options(tmp_path)
     study, competition, params, directory = load_study(options, create=True)
     study.pruner = PruneAfterFirstFold()
     study.optimize(make_objective(options, competition, params, directory, 0, time.perf_counter(), log=lambda _: None),
-                   n_trials=2)
-    first, second = study.get_trials()
+                   n_trials=3)
+    first, second, third = study.get_trials()
     assert first.state == TrialState.COMPLETE and second.state == TrialState.PRUNED
     assert list(second.intermediate_values) == [0]
+    assert third.state == TrialState.COMPLETE  # never pruned after its last fold: the work is done
     assert (directory / "trial-0000").is_dir() and not (directory / "trial-0001").exists()
 
 
