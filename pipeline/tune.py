@@ -259,6 +259,8 @@ def make_objective(options: TuneOptions, competition: CompetitionConfig, params:
         shutil.rmtree(folder, ignore_errors=True)  # a stale half-written folder of a retried number
         trial.set_user_attr("pid", os.getpid())
         trial.set_user_attr("worker", worker)
+        if trial.user_attrs.get("error"):  # a retry inherits its failed original's attributes
+            trial.set_user_attr("error", "")
         trial_started = time.perf_counter()
         scores: list[float] = []
         folds = []  # the run's fold count, once its config is resolved
