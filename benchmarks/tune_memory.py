@@ -38,7 +38,7 @@ def main() -> None:
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    (out / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    (out / "space.yaml").write_text(yaml.safe_dump(SPACE, sort_keys=False))
     options = TuneOptions(competition="titanic", study="memory", trials=args.trials, space=str(out / "space.yaml"),
                           pruner="none", keep_top=3, sampler_seed=0, out_dir=str(out / "runs"),
                           overrides={"limit_rows": 120, "folds": 2})

@@ -54,7 +54,7 @@ def main() -> None:
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    (out / "space.yaml").write_text(yaml.safe_dump(SPACE))
+    (out / "space.yaml").write_text(yaml.safe_dump(SPACE, sort_keys=False))
     common = dict(competition="titanic", space=str(out / "space.yaml"), workers=args.workers, sampler_seed=0,
                   out_dir=str(out / "runs"), keep_top=1)
 

@@ -64,9 +64,9 @@ def space_entries(competition: CompetitionConfig, space_file: Path | None = None
 
 
 def parse_space(entries: dict[str, Any], source: str = "search space") -> list[Param]:
-    """Validate the entries and build their distributions; ``when`` may name earlier entries only."""
-    params: list[Param] = []
-    seen: set[str] = set()
+    """Validate the entries and build their distributions, in YAML order except that an entry always comes
+    after the entries its ``when`` names (so that those are sampled first)."""
+    params: dict[str, Param] = {}
     for name, entry in entries.items():
         where = f"{source}: '{name}'"
         if not isinstance(entry, dict):
@@ -74,18 +74,33 @@ def parse_space(entries: dict[str, Any], source: str = "search space") -> list[P
         unknown = set(entry) - ENTRY_KEYS
         if unknown:
             raise KbertError(f"{where}: unknown keys {sorted(unknown)}; known: {', '.join(sorted(ENTRY_KEYS))}")
-        target = str(entry.get("set", name))
         when = entry.get("when")
         if when is not None:
             if not isinstance(when, dict) or not when:
-                raise KbertError(f"{where}: 'when' must map earlier entries to values")
-            missing = [key for key in when if key not in seen]
+                raise KbertError(f"{where}: 'when' must map other entries to values")
+            missing = [key for key in when if key not in entries or key == name]
             if missing:
-                raise KbertError(f"{where}: 'when' names {missing}, which are not earlier entries of the space")
+                raise KbertError(f"{where}: 'when' names {missing}, which are not other entries of the space")
             when = {key: value if isinstance(value, list) else [value] for key, value in when.items()}
-        params.append(Param(name, target, make_distribution(entry, where), entry.get("value"), when))
-        seen.add(name)
-    return params
+        params[name] = Param(name, str(entry.get("set", name)), make_distribution(entry, where), entry.get("value"),
+                             when)
+    ordered: list[Param] = []
+    placing: list[str] = []
+
+    def place(name: str) -> None:  # depth-first: the entries a `when` names go first
+        if any(p.name == name for p in ordered):
+            return
+        if name in placing:
+            raise KbertError(f"{source}: the 'when' conditions of {placing} form a cycle")
+        placing.append(name)
+        for parent in (params[name].when or {}):
+            place(parent)
+        placing.remove(name)
+        ordered.append(params[name])
+
+    for name in params:
+        place(name)
+    return ordered
 
 
 def make_distribution(entry: dict, where: str) -> optuna.distributions.BaseDistribution | None:

@@ -42,7 +42,7 @@ TINY_SPACE = {
 
 
 def write_space(path: Path, space: dict) -> str:
-    path.write_text(yaml.safe_dump(space))
+    path.write_text(yaml.safe_dump(space, sort_keys=False))
     return str(path)
 
 
@@ -128,8 +128,13 @@ def test_default_space_trains_from_scratch_without_a_gpu():
 
 
 def test_space_errors_and_competition_overrides(tmp_path):
-    with pytest.raises(KbertError, match="not earlier entries"):
-        parse_space({"rank": {"choices": [4], "when": {"adapter": "lora"}}, "adapter": ["lora"]})
+    with pytest.raises(KbertError, match="not other entries"):
+        parse_space({"rank": {"choices": [4], "when": {"adapter": "lora"}}})
+    with pytest.raises(KbertError, match="cycle"):
+        parse_space({"a": {"choices": [1], "when": {"b": 1}}, "b": {"choices": [1], "when": {"a": 1}}})
+    # A `when` may name a later entry: that one is sampled first (YAML dumps often sort the keys).
+    ordered = parse_space({"rank": {"choices": [4], "when": {"adapter": "lora"}}, "adapter": ["lora"], "x": 1})
+    assert [p.name for p in ordered] == ["adapter", "rank", "x"]
     with pytest.raises(KbertError, match="unknown keys"):
         parse_space({"epochs": {"lo": 1, "high": 3}})
     with pytest.raises(KbertError, match="low <= high"):
