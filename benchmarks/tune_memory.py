@@ -13,8 +13,8 @@ import shutil
 import time
 from pathlib import Path
 
-import yaml
 
+from pipeline.space import write_space_file
 from pipeline.tune import TuneOptions, tune
 
 # Tiny trials whose shapes vary (hidden size, layers, length, batch size), so that compile caches, tokenizers
@@ -38,8 +38,8 @@ def main() -> None:
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    (out / "space.yaml").write_text(yaml.safe_dump(SPACE, sort_keys=False))
-    options = TuneOptions(competition="titanic", study="memory", trials=args.trials, space=str(out / "space.yaml"),
+    space = write_space_file(out / "space.yaml", SPACE)
+    options = TuneOptions(competition="titanic", study="memory", trials=args.trials, space=str(space),
                           pruner="none", keep_top=3, sampler_seed=0, out_dir=str(out / "runs"),
                           overrides={"limit_rows": 120, "folds": 2})
     started = time.perf_counter()

@@ -14,9 +14,9 @@ import shutil
 import time
 from pathlib import Path
 
-import yaml
 from optuna.trial import TrialState
 
+from pipeline.space import write_space_file
 from pipeline.tune import TuneOptions, load_study, tune
 
 # A quick from-scratch space: small encoders, few epochs, so that 30+ five-fold trials fit in minutes.
@@ -54,8 +54,8 @@ def main() -> None:
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    (out / "space.yaml").write_text(yaml.safe_dump(SPACE, sort_keys=False))
-    common = dict(competition="titanic", space=str(out / "space.yaml"), workers=args.workers, sampler_seed=0,
+    space = write_space_file(out / "space.yaml", SPACE)
+    common = dict(competition="titanic", space=str(space), workers=args.workers, sampler_seed=0,
                   out_dir=str(out / "runs"), keep_top=1)
 
     started = time.perf_counter()

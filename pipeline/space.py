@@ -46,6 +46,13 @@ def has_gpu() -> bool:
     return mx.default_device().type == mx.gpu
 
 
+def write_space_file(path: Path, space: dict) -> Path:
+    """Write a search space YAML in the mapping's own order (a sorted dump would still load: see parse_space)."""
+    path = Path(path)
+    path.write_text(yaml.safe_dump(space, sort_keys=False), encoding="utf-8")
+    return path
+
+
 def space_entries(competition: CompetitionConfig, space_file: Path | None = None,
                   gpu: bool | None = None) -> dict[str, Any]:
     """The raw entries for a competition: the file's ``params``, its ``cpu`` replacements when MLX has no GPU,

@@ -340,13 +340,17 @@ def _log_trial(log, trial: optuna.Trial, worker: int, scores: list[float], cv: f
         f"{best_text} | {format_duration(seconds)}{left}")
 
 
+def ranked_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """Completed trials, best first (ties: the earlier trial)."""
+    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    return sorted(completed, key=lambda t: (-t.value if maximize else t.value, t.number))
+
+
 def keep_top_checkpoints(study: optuna.Study, directory: Path, keep: int) -> int:
     """Delete the fold weights of every completed trial outside the best ``keep``; returns bytes freed."""
-    completed = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))]
-    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-    ranked = sorted(completed, key=lambda t: (-t.value if maximize else t.value, t.number))
     freed = 0
-    for trial in ranked[keep:]:
+    for trial in ranked_trials(study)[keep:]:
         for weights in (trial_dir(directory, trial.number) / "folds").glob("*/*.safetensors"):
             try:
                 freed += weights.stat().st_size
@@ -494,19 +498,17 @@ def tune(options: TuneOptions) -> tuple[optuna.Study, int]:
 
 def trials_table(study: optuna.Study, top: int = 10) -> str:
     """The best ``top`` completed trials, then a count of every state."""
-    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
-    ranked = sorted(completed, key=lambda t: (-t.value if maximize else t.value, t.number))[:top]
     lines = [f"{'trial':>5}  {'mean':>8}  {'OOF':>8}  {'folds':<42} {'time':>7}  params"]
-    for t in ranked:
+    for t in ranked_trials(study)[:top]:
         folds = " ".join(f"{s:.4f}" for s in t.user_attrs.get("fold_scores", []))
         params = ", ".join(f"{k}={_short(v)}" for k, v in t.params.items())
         tag = " [default]" if t.user_attrs.get("default") else ""
         lines.append(f"{t.number:>5}  {t.value:>8.4f}  {t.user_attrs.get('oof_cv', float('nan')):>8.4f}  {folds:<42} {format_duration(t.duration.total_seconds()):>7}  "
                      f"{params}{tag}")
-    counts = {state.name.lower(): len(study.get_trials(deepcopy=False, states=(state,)))
-              for state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING,
-                            TrialState.WAITING)}
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    counts = {state.name.lower(): states.count(state) for state in (TrialState.COMPLETE, TrialState.PRUNED,
+                                                                    TrialState.FAIL, TrialState.RUNNING,
+                                                                    TrialState.WAITING)}
     lines.append("trials: " + ", ".join(f"{n} {state}" for state, n in counts.items() if n))
     return "\n".join(lines)
 

@@ -14,7 +14,6 @@ import mlx.core as mx
 import numpy as np
 import optuna
 import pytest
-import yaml
 from mlx.utils import tree_flatten
 from optuna.trial import TrialState
 
@@ -23,7 +22,7 @@ from models.task_model import build_task_model
 from pipeline.cli import main
 from pipeline.config import TrainConfig, load_competition, resolve_run_config, run_config_from_file
 from pipeline.errors import KbertError
-from pipeline.space import default_params, parse_space, sample, space_entries, to_overrides
+from pipeline.space import default_params, parse_space, sample, space_entries, to_overrides, write_space_file
 from pipeline.train import layer_depth, make_optimizer
 from pipeline.tune import (HeartbeatJournalStorage, TuneOptions, keep_top_checkpoints, load_study, make_objective,
                            parse_duration, resolve_trial_config, tune, write_report)
@@ -42,8 +41,7 @@ TINY_SPACE = {
 
 
 def write_space(path: Path, space: dict) -> str:
-    path.write_text(yaml.safe_dump(space, sort_keys=False))
-    return str(path)
+    return str(write_space_file(path, space))
 
 
 def tiny_options(tmp_path: Path, **changes) -> TuneOptions:
