@@ -1,13 +1,412 @@
-"""Blending predictions. Fold averaging is what a single run needs; blends across runs come later."""
+"""Blending predictions: fold averaging for one run, and methods that learn how to combine several members'
+out-of-fold (OOF) predictions, each scored honestly with nested cross-validation.
+
+Shapes: a member's predictions are a table (rows, columns): binary (n, 1) P(positive), multiclass and ordinal
+(n, C) class probabilities, multilabel (n, L) label probabilities, regression (n, 1) and timeseries (n, H)
+values. ``P`` stacks the members: (members, rows, columns). Regression tables are blended in the metric's own
+space (log for rmse_log, log1p for rmsle), classification tables as probabilities.
+
+Methods (``fit_blend``): ``mean``, ``top-k`` (mean of the k best members on the fitting rows), ``weighted``
+(non-negative weights summing to 1, minimising log loss or squared error with scipy's SLSQP), ``rank``
+(mean of each member's rank against its own fitting-row predictions; binary and multilabel), ``hill``
+(Caruana's greedy selection with replacement on the competition metric: sorted initialisation, bagged
+rounds) and ``stack`` (logistic or ridge meta-model, its regularisation chosen by an inner CV on the fitting
+rows only). For label metrics (accuracy, F1, ...) a cut-off (binary), per-label cut-offs (multilabel) or
+per-class weights (multiclass) are tuned on the fitting rows as part of the blend.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 import numpy as np
+from scipy.optimize import minimize
+from sklearn.model_selection import KFold
+
+from models.heads import ordinal_class_probabilities
+from pipeline.errors import KbertError
+from pipeline.metrics import Metric
+from pipeline.predictions import metric_input, tune_label_thresholds, tune_threshold
+
+METHODS = ("mean", "top-k", "weighted", "rank", "hill", "stack")
+EPS = 1e-6
+LOGISTIC_C = [0.01, 0.1, 1.0, 10.0]  # stacking: the meta-models' regularisation grids
+RIDGE_ALPHA = [0.01, 0.1, 1.0, 10.0, 100.0]
 
 
 def average_folds(fold_predictions: list[np.ndarray]) -> np.ndarray:
-    """Mean of the fold models' test predictions (each a 1-D array over the same test rows)."""
+    """Mean of the fold models' test predictions (each an array over the same test rows)."""
     if not fold_predictions:
         raise ValueError("average_folds needs at least one fold's predictions")
     stacked = np.stack([np.asarray(p, dtype=np.float64) for p in fold_predictions])
     return stacked.mean(axis=0)
+
+
+@dataclass
+class Problem:
+    """What the members are scored against."""
+
+    task: str
+    metric: Metric
+    truth: np.ndarray  # metric targets (pipeline.predictions.metric_targets)
+    labels: np.ndarray | None  # classification: 0/1 (n,) or (n, L) indicators, or class ids (n,)
+    classes: list | None = None
+
+    @property
+    def space(self) -> str:
+        """Where predictions are averaged: probabilities, values, or log values for log-error metrics."""
+        if self.task in ("regression", "timeseries"):
+            return {"rmse_log": "log", "rmsle": "log1p"}.get(self.metric.name, "value")
+        return "probability"
+
+    @property
+    def tunes_decision(self) -> bool:
+        return self.metric.kind == "label" and self.task in ("binary", "multilabel", "multiclass")
+
+
+def to_space(table: np.ndarray, space: str) -> np.ndarray:
+    if space == "log":
+        return np.log(np.maximum(table, 1e-12))
+    if space == "log1p":
+        return np.log1p(np.maximum(table, 0.0))
+    return table
+
+
+def from_space(table: np.ndarray, space: str) -> np.ndarray:
+    if space == "log":
+        return np.exp(table)
+    if space == "log1p":
+        return np.expm1(table)
+    return table
+
+
+def native(task: str, table: np.ndarray) -> np.ndarray:
+    """A prediction table -> the task's prediction form (see pipeline/predictions.py)."""
+    if task in ("binary", "regression"):
+        return table[:, 0]
+    if task == "ordinal":  # class probabilities -> cumulative P(y > k)
+        return np.clip(1.0 - np.cumsum(table, axis=1)[:, :-1], 0.0, 1.0)
+    return table
+
+
+def table_from_native(task: str, predictions: np.ndarray) -> np.ndarray:
+    if task == "ordinal":
+        return ordinal_class_probabilities(predictions)
+    return predictions.reshape(len(predictions), -1)
+
+
+# --- decisions: cut-offs and class weights, tuned on the fitting rows --------------------------------------------
+
+@dataclass
+class Decision:
+    threshold: float | np.ndarray = 0.5  # binary: a cut-off; multilabel: one per label
+    class_weights: np.ndarray | None = None  # multiclass: probabilities are scaled by these before argmax
+
+    def to_dict(self) -> dict:
+        out: dict = {"threshold": np.atleast_1d(self.threshold).round(4).tolist()}
+        if self.class_weights is not None:
+            out["class_weights"] = self.class_weights.round(4).tolist()
+        return out
+
+
+def apply_decision(task: str, table: np.ndarray, decision: Decision) -> np.ndarray:
+    """Multiclass class weights rescale the probabilities (and renormalise); other tasks are unchanged."""
+    if decision.class_weights is None:
+        return table
+    scaled = table * decision.class_weights
+    return scaled / scaled.sum(axis=1, keepdims=True)
+
+
+def fit_decision(problem: Problem, table: np.ndarray, rows: np.ndarray) -> Decision:
+    """Tune the cut-off(s) or class weights of a label metric on ``rows`` of ``table`` (natural scale)."""
+    if not problem.tunes_decision:
+        return Decision()
+    if problem.task == "binary":
+        return Decision(threshold=tune_threshold(problem.metric, problem.truth[rows], table[rows, 0]))
+    if problem.task == "multilabel":
+        return Decision(threshold=tune_label_thresholds(problem.truth[rows].astype(int), table[rows]))
+    weights = np.ones(table.shape[1])  # multiclass: coordinate ascent over per-class weights
+    grid = np.array([0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0])
+    best = problem.metric(problem.truth[rows], table[rows].argmax(axis=1))
+    for _ in range(2):
+        for c in range(table.shape[1]):
+            for factor in grid:
+                trial = weights.copy()
+                trial[c] = factor
+                value = problem.metric(problem.truth[rows], (table[rows] * trial).argmax(axis=1))
+                if problem.metric.is_better(value, best):
+                    best, weights = value, trial
+    return Decision(class_weights=weights)
+
+
+def score_table(problem: Problem, table: np.ndarray, rows: np.ndarray | None = None,
+                decision: Decision | None = None) -> float:
+    """The competition metric of a prediction table (natural scale) on ``rows`` (default: all)."""
+    rows = np.arange(len(table)) if rows is None else rows
+    decision = decision or Decision()
+    predictions = native(problem.task, apply_decision(problem.task, table[rows], decision))
+    return problem.metric(problem.truth[rows], metric_input(problem.task, predictions, problem.metric.kind,
+                                                            decision.threshold, problem.classes))
+
+
+def metric_loss(problem: Problem) -> Callable[[np.ndarray, np.ndarray], float]:
+    """``loss(table_in_space, rows)``: the competition metric at the default cut-off, lower is better."""
+    sign = -1.0 if problem.metric.greater_is_better else 1.0
+
+    def loss(table: np.ndarray, rows: np.ndarray) -> float:
+        return sign * score_table(problem, from_space(table, problem.space), rows)
+
+    return loss
+
+
+def smooth_loss(problem: Problem) -> Callable[[np.ndarray, np.ndarray], float]:
+    """``loss(table_in_space, rows)``: log loss for classification, mean squared error (in the blend space)
+    for regression: smooth, so that SLSQP can follow its gradient whatever the competition metric is."""
+    if problem.space != "probability":
+        truth = to_space(np.asarray(problem.truth, dtype=np.float64).reshape(len(problem.truth), -1), problem.space)
+        return lambda table, rows: float(np.mean((table[rows] - truth[rows]) ** 2))
+    labels = problem.labels
+    if problem.task in ("binary", "multilabel"):
+        indicator = labels.reshape(len(labels), -1).astype(np.float64)
+
+        def log_loss(table, rows):
+            p = np.clip(table[rows], EPS, 1 - EPS)
+            y = indicator[rows]
+            return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+        return log_loss
+
+    def multiclass_log_loss(table, rows):
+        p = np.clip(table[rows], EPS, None)
+        p = p / p.sum(axis=1, keepdims=True)
+        return float(-np.mean(np.log(p[np.arange(len(rows)), labels[rows].astype(int)])))
+
+    return multiclass_log_loss
+
+
+# --- the methods ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class BlendOptions:
+    top_k: int = 3
+    hill_init: int = 2  # sorted initialisation: start from the best N members
+    hill_steps: int = 50
+    hill_bags: int = 20
+    hill_bag_fraction: float = 0.7
+    inner_folds: int = 5  # stacking: the meta-model's regularisation is chosen by this inner CV
+    # Label metrics: tune the cut-off(s) / class weights on the fitting rows. "auto": for every label metric but
+    # accuracy, whose best cut-off for calibrated probabilities is 0.5 (argmax), so that tuning only adds noise.
+    # Rank averages always get a tuned cut-off: a rank is not a probability.
+    decision: str = "auto"  # auto | tune | fixed
+    seed: int = 0
+
+
+@dataclass
+class Blend:
+    method: str
+    space: str
+    weights: np.ndarray | None = None  # linear methods: one weight per member
+    rank_reference: list[np.ndarray] | None = None  # rank: each member's sorted fitting-row predictions
+    meta: list | None = None  # stack: one fitted GridSearchCV per output column (or one for multiclass)
+    decision: Decision = field(default_factory=Decision)
+    fitted_rows: np.ndarray | None = None  # the rows the blend (weights, meta-model, cut-off) was fitted on
+    inner_splits: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # stack: global row indices
+
+
+def hill_climb(P: np.ndarray, loss: Callable[[np.ndarray, np.ndarray], float], rows: np.ndarray, init: int = 2,
+               steps: int = 50) -> np.ndarray:
+    """Caruana et al. (2004): start from the ``init`` best members, then repeatedly add (with replacement) the
+    member whose addition lowers ``loss`` of the running mean most; stop when no addition helps. Returns the
+    selection counts per member."""
+    m = len(P)
+    alone = [loss(P[j], rows) for j in range(m)]
+    counts = np.zeros(m, dtype=np.int64)
+    for j in np.argsort(alone, kind="stable")[: max(1, min(init, m))]:
+        counts[j] += 1
+    total = np.tensordot(counts, P, axes=1)
+    current = loss(total / counts.sum(), rows)
+    for _ in range(steps):
+        candidates = [loss((total + P[j]) / (counts.sum() + 1), rows) for j in range(m)]
+        j = int(np.argmin(candidates))
+        if candidates[j] >= current - 1e-12:
+            break
+        counts[j] += 1
+        total = total + P[j]
+        current = candidates[j]
+    return counts
+
+
+def bagged_hill_climb(P: np.ndarray, loss, rows: np.ndarray, options: BlendOptions) -> np.ndarray:
+    """Hill climbing on random subsets of the members (bags); the weights are the bags' mean selection shares."""
+    m = len(P)
+    rng = np.random.default_rng(options.seed)
+    size = max(1, int(round(options.hill_bag_fraction * m)))
+    weights = np.zeros(m)
+    for _ in range(options.hill_bags):
+        bag = np.sort(rng.choice(m, size=size, replace=False)) if size < m else np.arange(m)
+        counts = hill_climb(P[bag], loss, rows, options.hill_init, options.hill_steps)
+        weights[bag] += counts / counts.sum()
+    return weights / options.hill_bags
+
+
+def optimise_weights(P: np.ndarray, loss, rows: np.ndarray) -> np.ndarray:
+    """Non-negative weights summing to 1 that minimise ``loss`` of the weighted sum (SLSQP from uniform)."""
+    m = len(P)
+    if m == 1:
+        return np.ones(1)
+    result = minimize(lambda w: loss(np.tensordot(w, P, axes=1), rows), np.full(m, 1.0 / m), method="SLSQP",
+                      bounds=[(0.0, 1.0)] * m, constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1.0}],
+                      options={"maxiter": 200, "ftol": 1e-10})
+    weights = np.clip(result.x, 0.0, None)
+    return weights / weights.sum()
+
+
+def _ranks(values: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Share of ``reference`` below each value (ties count half): comparable between OOF and test rows."""
+    below = np.searchsorted(reference, values, side="left")
+    at_or_below = np.searchsorted(reference, values, side="right")
+    return (below + at_or_below) / (2.0 * len(reference))
+
+
+def stack_features(P: np.ndarray, task: str, column: int | None = None) -> np.ndarray:
+    """Meta-model inputs: logits of probabilities, log class probabilities, or blend-space values."""
+    if task in ("binary", "multilabel"):
+        p = np.clip(P[:, :, column], EPS, 1 - EPS)
+        return np.log(p / (1 - p)).T
+    if task in ("multiclass", "ordinal"):
+        return np.log(np.clip(P, EPS, None)).transpose(1, 0, 2).reshape(P.shape[1], -1)
+    return P[:, :, column].T
+
+
+def fit_stack(P: np.ndarray, problem: Problem, rows: np.ndarray, options: BlendOptions) -> Blend:
+    """A meta-model per output column (one multinomial model for multiclass), its regularisation chosen by an
+    inner K-fold CV over ``rows`` only: nested inside whatever split chose ``rows``."""
+    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.model_selection import GridSearchCV
+
+    inner = [(rows[a], rows[b]) for a, b in
+             KFold(options.inner_folds, shuffle=True, random_state=options.seed).split(rows)]
+    local = {row: i for i, row in enumerate(rows)}
+    local_splits = [(np.array([local[r] for r in a]), np.array([local[r] for r in b])) for a, b in inner]
+    models = []
+    if problem.task in ("multiclass", "ordinal"):
+        model = GridSearchCV(LogisticRegression(max_iter=2000), {"C": LOGISTIC_C}, cv=local_splits,
+                             scoring="neg_log_loss")
+        models.append(model.fit(stack_features(P, problem.task)[rows], problem.labels[rows].astype(int)))
+    else:
+        for column in range(P.shape[2]):
+            X = stack_features(P, problem.task, column)[rows]
+            if problem.task in ("binary", "multilabel"):
+                y = problem.labels.reshape(len(problem.labels), -1)[rows, column].astype(int)
+                model = GridSearchCV(LogisticRegression(max_iter=2000), {"C": LOGISTIC_C}, cv=local_splits,
+                                     scoring="neg_log_loss")
+            else:
+                truth = np.asarray(problem.truth, dtype=np.float64).reshape(len(problem.truth), -1)
+                y = to_space(truth, problem.space)[rows, column]
+                model = GridSearchCV(Ridge(), {"alpha": RIDGE_ALPHA}, cv=local_splits, scoring="neg_mean_squared_error")
+            models.append(model.fit(X, y))
+    return Blend(method="stack", space=problem.space, meta=models, fitted_rows=rows, inner_splits=inner)
+
+
+def apply_stack(blend: Blend, P: np.ndarray, task: str) -> np.ndarray:
+    if task in ("multiclass", "ordinal"):
+        return blend.meta[0].predict_proba(stack_features(P, task))
+    columns = []
+    for column, model in enumerate(blend.meta):
+        X = stack_features(P, task, column)
+        columns.append(model.predict_proba(X)[:, 1] if task in ("binary", "multilabel") else model.predict(X))
+    return np.stack(columns, axis=1)
+
+
+def applicable_methods(problem: Problem) -> list[str]:
+    """Rank averaging needs a task scored on an ordering (binary, multilabel) and no probability metric."""
+    rank_ok = problem.task in ("binary", "multilabel") and problem.metric.name != "log_loss"
+    return [m for m in METHODS if m != "rank" or rank_ok]
+
+
+def tunes_decision(method: str, problem: Problem, decision: str) -> bool:
+    """Rank averages always get a cut-off (a rank is not a probability); "auto" tunes all label metrics but
+    accuracy; "tune" all; "fixed" none."""
+    if decision not in ("auto", "tune", "fixed"):
+        raise KbertError(f"decision must be auto, tune or fixed, got '{decision}'")
+    return method == "rank" or decision == "tune" or (decision == "auto" and problem.metric.name != "accuracy")
+
+
+def fit_blend(method: str, P: np.ndarray, problem: Problem, rows: np.ndarray,
+              options: BlendOptions | None = None) -> Blend:
+    """Learn ``method`` on the members' predictions ``P`` (natural scale) at ``rows`` only."""
+    options = options or BlendOptions()
+    if method not in METHODS:
+        raise KbertError(f"unknown ensemble method '{method}'; known: {', '.join(METHODS)}")
+    if method not in applicable_methods(problem):
+        raise KbertError(f"method '{method}' does not apply to a {problem.task} task scored by {problem.metric.name}")
+    S = to_space(P, problem.space)
+    m = len(P)
+    if method == "mean":
+        blend = Blend(method, problem.space, weights=np.full(m, 1.0 / m))
+    elif method == "top-k":
+        loss = metric_loss(problem)
+        best = np.argsort([loss(S[j], rows) for j in range(m)], kind="stable")[: options.top_k]
+        weights = np.zeros(m)
+        weights[best] = 1.0 / len(best)
+        blend = Blend(method, problem.space, weights=weights)
+    elif method == "weighted":
+        blend = Blend(method, problem.space, weights=optimise_weights(S, smooth_loss(problem), rows))
+    elif method == "hill":
+        blend = Blend(method, problem.space, weights=bagged_hill_climb(S, metric_loss(problem), rows, options))
+    elif method == "rank":
+        reference = [np.sort(P[j, rows], axis=0) for j in range(m)]
+        blend = Blend(method, problem.space, rank_reference=reference)
+    else:
+        blend = fit_stack(P, problem, rows, options)
+    blend.fitted_rows = rows
+    if tunes_decision(method, problem, options.decision):
+        blend.decision = fit_decision(problem, apply_blend(blend, P, problem.task), rows)
+    return blend
+
+
+def apply_blend(blend: Blend, P: np.ndarray, task: str) -> np.ndarray:
+    """The blended table (natural scale) for every row of ``P``; decisions are not applied here."""
+    if blend.method == "rank":
+        ranks = [np.stack([_ranks(P[j, :, c], blend.rank_reference[j][:, c]) for c in range(P.shape[2])], axis=1)
+                 for j in range(len(P))]
+        return np.mean(ranks, axis=0)
+    if blend.method == "stack":
+        return from_space(apply_stack(blend, to_space(P, blend.space), task), blend.space) \
+            if blend.space != "probability" else apply_stack(blend, P, task)
+    return from_space(np.tensordot(blend.weights, to_space(P, blend.space), axes=1), blend.space)
+
+
+@dataclass
+class HonestResult:
+    method: str
+    score: float  # nested CV: every row scored by a blend fitted without its fold
+    in_sample: float  # fitted and scored on all rows (optimistic)
+    splits: list[tuple[np.ndarray, np.ndarray]]  # (fitted rows, scored rows) per outer fold
+    blends: list[Blend]  # one per outer fold
+
+
+def nested_cv(method: str, P: np.ndarray, problem: Problem, folds: np.ndarray,
+              options: BlendOptions | None = None) -> HonestResult:
+    """Fit ``method`` on all outer folds but one and score it on that one; the score is the metric over all
+    rows of the concatenated out-of-fold blends (each with its own fitted cut-off)."""
+    options = options or BlendOptions()
+    everything = np.arange(P.shape[1])
+    splits, blends, pieces = [], [], []
+    for f in np.unique(folds):
+        fit_rows, score_rows = everything[folds != f], everything[folds == f]
+        blend = fit_blend(method, P, problem, fit_rows, options)
+        table = apply_decision(problem.task, apply_blend(blend, P[:, score_rows], problem.task), blend.decision)
+        predictions = metric_input(problem.task, native(problem.task, table), problem.metric.kind,
+                                   blend.decision.threshold, problem.classes)
+        pieces.append((score_rows, predictions))
+        splits.append((fit_rows, score_rows))
+        blends.append(blend)
+    order = np.concatenate([rows for rows, _ in pieces])
+    predictions = np.concatenate([p for _, p in pieces])
+    inverse = np.argsort(order)
+    honest = problem.metric(problem.truth, predictions[inverse])
+    full = fit_blend(method, P, problem, everything, options)
+    in_sample = score_table(problem, apply_blend(full, P, problem.task), decision=full.decision)
+    return HonestResult(method=method, score=honest, in_sample=in_sample, splits=splits, blends=blends)

@@ -32,6 +32,22 @@ study: runs/<competition>/<study>/{journal.log, trial-<NNNN>/ (run artifacts), r
 dashboard: optuna-dashboard runs/<competition>/<study>/journal.log"""
 
 
+BASELINE_EPILOG = """examples:
+  kbert baseline titanic                     HistGradientBoosting on the 5 folds of kbert run
+  kbert baseline titanic --model logreg      logistic regression on one-hot and TF-IDF features
+
+member: <out>/<competition>/baseline-<model>-seed<S>/{config.yaml, folds.csv, oof.csv, test.csv, metrics.json}"""
+
+ENSEMBLE_EPILOG = """examples:
+  kbert ensemble titanic                               every member, every method; the best honest CV is submitted
+  kbert ensemble titanic --members top:5 --method hill
+  kbert ensemble house-prices-advanced-regression-techniques --members run-a,tune/trial-0003,baseline-hgb-seed42
+
+honest CV: each method's weights, meta-model and cut-off are fitted on all outer folds but one and scored on
+that one (nested CV); the in-sample figure fits and scores on the same rows and is optimistic.
+output: submissions/<competition>/ensemble-<method>-<time>.csv and .json (members, weights, method, honest CV)"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kbert", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -123,6 +139,56 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", dest="out_dir", default="runs", help="runs folder (default runs)")
     tune.add_argument("--report", action="store_true",
                       help="do not tune: print the best trials, write plots and best.yaml to <study>/report/")
+
+    baseline = commands.add_parser("baseline", help="train a tabular baseline (gradient-boosted trees or linear) "
+                                   "on the same folds, as an ensemble member",
+                                   description="Train a tabular model per fold on the competition's raw columns plus "
+                                               "its engineered features and write a member in the run format "
+                                               "(oof.csv, test.csv, metrics.json) with a submission.",
+                                   epilog=BASELINE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    baseline.add_argument("competition", help="a name under competitions/ or a path to a competition YAML")
+    baseline.add_argument("--model", default="hgb", choices=("hgb", "logreg", "lgbm", "catboost"),
+                          help="hgb: scikit-learn HistGradientBoosting (default); logreg: logistic/ridge on one-hot "
+                               "and TF-IDF features; lgbm, catboost: if installed")
+    baseline.add_argument("--seed", type=int, help="model seed (default: the run default, 42)")
+    baseline.add_argument("--folds", type=int, help="number of CV folds (default: the competition's)")
+    baseline.add_argument("--run-id", help="run folder name (default baseline-<model>-seed<S>)")
+    baseline.add_argument("--limit-rows", type=int, help="use only the first N training rows")
+    baseline.add_argument("--data-dir", help="folder with the competition's CSV files (default: the bundled copy)")
+    baseline.add_argument("--out", dest="out_dir", help="runs folder (default: runs)")
+    baseline.add_argument("--submissions-dir", help="submissions folder (default: submissions)")
+
+    ensemble = commands.add_parser("ensemble", help="blend runs, trials and baselines on OOF; write a submission",
+                                   description="Score blending methods with nested cross-validation on the members' "
+                                               "out-of-fold predictions, then write the best (or the named) method's "
+                                               "submission and a sidecar JSON with members, weights and honest CV.",
+                                   epilog=ENSEMBLE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ensemble.add_argument("competition", help="a name under competitions/ or a path to a competition YAML")
+    ensemble.add_argument("--members", default="all",
+                          help="all (default), top:K (the K best by CV), or comma-separated run ids / "
+                               "<study>/trial-NNNN folders under runs/<competition>/")
+    ensemble.add_argument("--method", default="best",
+                          help="best (default: every method, the best honest CV is submitted), or one or more of "
+                               "mean, top-k, weighted, rank, hill, stack (comma-separated)")
+    ensemble.add_argument("--top-k", type=int, default=3, help="members in the top-k mean (default 3)")
+    ensemble.add_argument("--threshold", choices=("auto", "tune", "fixed"), default="auto",
+                          help="label metrics: tune the cut-off (binary), per-label cut-offs or per-class weights "
+                               "on OOF (tune), keep 0.5 / argmax (fixed), or tune for every label metric but "
+                               "accuracy (auto, default)")
+    ensemble.add_argument("--outer-folds", type=int, default=5, help="outer folds of the nested CV (default 5)")
+    ensemble.add_argument("--seed", type=int, default=0, help="seed of the outer split and of hill-climbing bags")
+    ensemble.add_argument("--data-dir", help="folder with the competition's CSV files (default: the bundled copy)")
+    ensemble.add_argument("--out", dest="out_dir", default="runs", help="runs folder to read members from")
+    ensemble.add_argument("--submissions-dir", default="submissions", help="where the submission goes")
+
+    predict = commands.add_parser("predict", help="predict a CSV with a finished run's fold models",
+                                  description="Predict new rows with every saved fold model of a run and average "
+                                              "them; the text is serialized as the run did, fold by fold.")
+    predict.add_argument("run", help="a run folder, or a run id under <out>/<competition>/")
+    predict.add_argument("--data", required=True, help="CSV with the competition's input columns (and ids)")
+    predict.add_argument("--tta", type=int, default=1, help="average over this many serializations (default 1: off)")
+    predict.add_argument("--output", help="where to write id + predictions (default <run>/predictions/<name>.csv)")
+    predict.add_argument("--out", dest="out_dir", default="runs", help="runs folder to look run ids up in")
 
     embed = commands.add_parser("embed", help="write sentence embeddings of a text file with an encoder",
                                 description="Embed one text per line of FILE with a pretrained encoder and write "
@@ -226,6 +292,44 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"run folder: {result.run_dir}")
     print(f"submission: {result.submission_path}")
     print(f"wall time: {result.seconds:.0f}s")
+    return 0
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    from ensembles.baseline import run_baseline
+    from pipeline.config import load_competition, resolve_run_config
+
+    overrides = {name: getattr(args, name) for name in ("seed", "folds", "limit_rows", "data_dir", "out_dir",
+                                                         "submissions_dir")}
+    config = resolve_run_config(load_competition(args.competition), overrides)
+    result = run_baseline(config, args.model, run_id=args.run_id)
+    print(f"CV {result.metric}: {result.cv_score:.4f}  (folds: {', '.join(f'{s:.4f}' for s in result.fold_scores)})")
+    print(f"run folder: {result.run_dir}")
+    print(f"submission: {result.submission_path}")
+    print(f"wall time: {result.seconds:.0f}s")
+    return 0
+
+
+def cmd_ensemble(args: argparse.Namespace) -> int:
+    from ensembles.blend import BlendOptions
+    from ensembles.ensemble import build_ensemble, ensemble_table
+    from pipeline.config import load_competition
+
+    competition = load_competition(args.competition)
+    options = BlendOptions(top_k=args.top_k, seed=args.seed, decision=args.threshold)
+    result = build_ensemble(competition, args.members, args.method, args.out_dir, args.submissions_dir, args.data_dir,
+                            args.outer_folds, args.seed, options)
+    print(ensemble_table(result, competition.metric))
+    print(f"submission: {result.submission_path}")
+    print(f"members, weights and honest CV: {result.sidecar_path}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from pipeline.predict import predict_run, resolve_run_dir
+
+    path = predict_run(resolve_run_dir(args.run, args.out_dir), args.data, args.tta, args.output)
+    print(f"predictions: {path}")
     return 0
 
 
@@ -336,8 +440,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        commands = {"run": cmd_run, "tune": cmd_tune, "embed": cmd_embed, "doctor": cmd_doctor, "validate": cmd_validate,
-                    "show-text": cmd_show_text, "init": cmd_init}
+        commands = {"run": cmd_run, "tune": cmd_tune, "embed": cmd_embed, "doctor": cmd_doctor,
+                    "validate": cmd_validate, "show-text": cmd_show_text, "init": cmd_init, "baseline": cmd_baseline,
+                    "ensemble": cmd_ensemble, "predict": cmd_predict}
         return commands[args.command](args)
     except KbertError as exc:
         print(f"kbert: error: {exc}", file=sys.stderr)

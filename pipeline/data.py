@@ -82,6 +82,14 @@ def _check_ids(frame: pd.DataFrame, id_column: str, path: Path) -> None:
         raise KbertError(f"{path}: id column '{id_column}' has duplicate id {frame[id_column][duplicated].iloc[0]!r}")
 
 
+def check_feature_rows(frame: pd.DataFrame, competition: CompetitionConfig, path: Path) -> None:
+    """New rows to predict: the competition's input columns with their dtypes, and unique ids."""
+    _check_columns(frame, list(competition.columns), path)
+    for column, dtype in competition.columns.items():
+        _check_dtype(frame, column, dtype, path, allow_missing=column != competition.id_column)
+    _check_ids(frame, competition.id_column, path)
+
+
 def check_targets(train: pd.DataFrame, competition: CompetitionConfig, path: Path) -> None:
     """Each task's target columns hold what that task needs; no missing or infinite values."""
     task = competition.task

@@ -16,7 +16,7 @@ from pipeline.io import write_csv
 def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competition: CompetitionConfig,
                         source: str = "submission", test_ids: pd.Series | None = None) -> None:
     """Raise KbertError unless ``frame`` has the expected columns, dtypes, and exactly the sample's (or the
-    test file's) ids."""
+    test file's) ids in the same order, without missing or infinite values."""
     expected_columns = list(competition.submission_columns)
     if list(frame.columns) != expected_columns:
         raise KbertError(f"{source}: columns {list(frame.columns)} differ from the expected {expected_columns}")
@@ -37,12 +37,19 @@ def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, compet
     if unknown:
         raise KbertError(f"{source}: {len(unknown)} id(s) in '{id_column}' are not in the sample submission, "
                          f"e.g. {sorted(unknown)[:3]}")
+    if not np.array_equal(frame[id_column].to_numpy(), reference.to_numpy()):
+        first = int(np.flatnonzero(frame[id_column].to_numpy() != reference.to_numpy())[0])
+        raise KbertError(f"{source}: ids in '{id_column}' are not in the sample submission's order "
+                         f"(row {first + 1}: {frame[id_column].iloc[first]}, expected {reference.iloc[first]})")
     for column, dtype in competition.submission_columns.items():
         values = frame[column]
         if values.isna().any():
             raise KbertError(f"{source}: column '{column}' has missing values")
         if dtype == "int" and not pd.api.types.is_integer_dtype(values):
             raise KbertError(f"{source}: column '{column}' must be integers, found dtype {values.dtype}")
+        if dtype == "int" and competition.task == "binary" and column != id_column and not values.isin([0, 1]).all():
+            raise KbertError(f"{source}: column '{column}' must hold class labels 0 or 1, found "
+                             f"{sorted(set(values) - {0, 1})[:3]}")
         if dtype == "bool" and not pd.api.types.is_bool_dtype(values):
             raise KbertError(f"{source}: column '{column}' must be True/False, found dtype {values.dtype}")
         if dtype == "float" and not pd.api.types.is_numeric_dtype(values):
@@ -53,8 +60,11 @@ def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, compet
 
 def write_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competition: CompetitionConfig, path: Path,
                      test_ids: pd.Series | None = None) -> Path:
-    """Validate, order rows like the sample submission (or the test file), then write atomically."""
-    validate_submission(frame, sample, competition, source=str(path), test_ids=test_ids)
+    """Order rows like the sample submission (or the test file), validate, then write atomically."""
     order = sample[competition.id_column] if sample is not None else test_ids
-    ordered = frame.set_index(competition.id_column).loc[order].reset_index()
-    return write_csv(path, ordered)
+    ids = frame[competition.id_column] if competition.id_column in frame.columns else None
+    if order is not None and ids is not None and len(ids) == len(order) and set(ids) == set(order) \
+            and not ids.duplicated().any():
+        frame = frame.set_index(competition.id_column).loc[order].reset_index()
+    validate_submission(frame, sample, competition, source=str(path), test_ids=test_ids)
+    return write_csv(path, frame)

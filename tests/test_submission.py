@@ -65,3 +65,51 @@ def test_float_labels_are_rejected(titanic, sample):
     frame["Survived"] = frame["Survived"].astype(float)
     with pytest.raises(KbertError, match="must be integers"):
         validate_submission(frame, sample, titanic)
+
+
+def test_ids_out_of_order_are_rejected_but_written_in_order(titanic, sample, tmp_path):
+    frame = good(titanic, sample).iloc[::-1].reset_index(drop=True)
+    with pytest.raises(KbertError, match=r"not in the sample submission's order \(row 1: 1309, expected 892\)"):
+        validate_submission(frame, sample, titanic)
+    write_submission(frame, sample, titanic, tmp_path / "sub.csv")  # writing puts the rows in the sample's order
+    validate_submission(pd.read_csv(tmp_path / "sub.csv"), sample, titanic)
+
+
+def test_missing_values_and_labels_outside_the_classes_are_rejected(titanic, sample):
+    frame = good(titanic, sample)
+    frame["Survived"] = frame["Survived"].astype(float)
+    frame.loc[3, "Survived"] = np.nan
+    with pytest.raises(KbertError, match="column 'Survived' has missing values"):
+        validate_submission(frame, sample, titanic)
+    frame = good(titanic, sample)
+    frame.loc[5, "Survived"] = 2
+    with pytest.raises(KbertError, match="must hold class labels 0 or 1, found \\[2\\]"):
+        validate_submission(frame, sample, titanic)
+
+
+def test_spaceship_needs_booleans_and_house_prices_finite_values():
+    from pipeline.config import BUNDLED_DATA_DIR, load_competition
+
+    spaceship = load_competition("spaceship-titanic")
+    sample = pd.read_csv(BUNDLED_DATA_DIR / "spaceship-titanic" / "sample_submission.csv")
+    frame = sample.assign(Transported=np.arange(len(sample)) % 2 == 0)
+    validate_submission(frame, sample, spaceship)
+    with pytest.raises(KbertError, match="'Transported' must be True/False, found dtype int64"):
+        validate_submission(frame.assign(Transported=frame["Transported"].astype(int)), sample, spaceship)
+    houses = load_competition("house-prices-advanced-regression-techniques")
+    sample = pd.read_csv(BUNDLED_DATA_DIR / houses.name / "sample_submission.csv")
+    validate_submission(sample, sample, houses)
+    with pytest.raises(KbertError, match="'SalePrice' has infinite values"):
+        validate_submission(sample.assign(SalePrice=np.inf), sample, houses)
+    with pytest.raises(KbertError, match="'SalePrice' must be numeric"):
+        validate_submission(sample.assign(SalePrice="cheap"), sample, houses)
+
+
+def test_kbert_validate_exit_codes(titanic, sample, tmp_path, capsys):
+    from pipeline.cli import main
+
+    good(titanic, sample).to_csv(tmp_path / "good.csv", index=False)
+    assert main(["validate", "titanic", str(tmp_path / "good.csv")]) == 0
+    good(titanic, sample).iloc[:-3].to_csv(tmp_path / "short.csv", index=False)
+    assert main(["validate", "titanic", str(tmp_path / "short.csv")]) == 2
+    assert "short.csv: 415 rows, but the sample submission has 418" in capsys.readouterr().err

@@ -1,0 +1,262 @@
+"""Tabular baselines as ensemble members: gradient-boosted trees or a linear model on the competition's raw
+columns plus its engineered features, trained on the same folds as ``kbert run`` and written in the same
+run-artifact format (config.yaml, folds.csv, oof.csv, test.csv, metrics.json, a submission).
+
+Models: ``hgb`` (scikit-learn HistGradientBoosting, the default), ``logreg`` (logistic regression, or ridge for
+regression, on scaled numbers, one-hot categories and TF-IDF text), ``lgbm`` and ``catboost`` (optional
+extras, used only when installed). Every transform (category codes, TF-IDF vocabulary, scaling, imputation)
+is part of a scikit-learn pipeline fitted on the fold's training rows only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ensembles.blend import average_folds, native
+from features import add_features
+from pipeline.config import RunConfig
+from pipeline.data import load_competition_data
+from pipeline.errors import KbertError
+from pipeline.io import write_csv, write_json, write_yaml
+from pipeline.metrics import get_metric
+from pipeline.predictions import (check_metric_fits_task, metric_targets, score, submission_frame,
+                                  submission_values)
+from pipeline.submission import write_submission
+from pipeline.targets import encode_targets
+
+MODELS = ("hgb", "logreg", "lgbm", "catboost")
+TEXT_MIN_WORDS = 3.0  # a string column whose training values average more words than this is free text
+MAX_CATEGORIES = 64  # rarer categories share one code (HistGradientBoosting allows at most 255)
+
+
+@dataclass
+class ColumnKinds:
+    numeric: list[str]
+    categorical: list[str]
+    text: list[str]
+
+
+def column_kinds(rows: pd.DataFrame, exclude: tuple[str, ...]) -> ColumnKinds:
+    """Numbers, categories and free text, decided from the (training) rows given."""
+    numeric, categorical, text = [], [], []
+    for column in rows.columns:
+        if column in exclude:
+            continue
+        values = rows[column]
+        if pd.api.types.is_bool_dtype(values) or pd.api.types.is_numeric_dtype(values):
+            numeric.append(column)
+        elif values.dropna().astype(str).str.split().str.len().mean() > TEXT_MIN_WORDS:
+            text.append(column)
+        else:
+            categorical.append(column)
+    return ColumnKinds(numeric, categorical, text)
+
+
+def prepare(rows: pd.DataFrame, kinds: ColumnKinds) -> pd.DataFrame:
+    """Numbers as float (booleans 0/1), categories as strings with NaN kept, text with NaN as ''."""
+    out = pd.DataFrame(index=rows.index)
+    for column in kinds.numeric:
+        out[column] = pd.to_numeric(rows[column].astype("float64"), errors="raise")
+    for column in kinds.categorical:
+        values = rows[column]
+        out[column] = values.where(values.isna(), values.astype(str)).astype(object)
+    for column in kinds.text:
+        out[column] = rows[column].fillna("").astype(str)
+    return out
+
+
+def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, train_rows: pd.DataFrame):
+    """The scikit-learn pipeline for ``model``; unfitted."""
+    from sklearn.compose import ColumnTransformer
+    from sklearn.decomposition import TruncatedSVD
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.impute import SimpleImputer
+    from sklearn.pipeline import make_pipeline as chain
+    from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler
+
+    if model == "logreg":
+        from sklearn.linear_model import LogisticRegression, Ridge
+
+        parts = [("numeric", chain(SimpleImputer(strategy="median", add_indicator=True), StandardScaler()),
+                  kinds.numeric),
+                 ("categorical", chain(SimpleImputer(strategy="constant", fill_value="missing"),
+                                       OneHotEncoder(handle_unknown="infrequent_if_exist", min_frequency=3)),
+                  kinds.categorical)]
+        parts += [(f"text:{c}", TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True), c)
+                  for c in kinds.text]
+        estimator = LogisticRegression(C=1.0, max_iter=3000) if classify else Ridge(alpha=10.0)
+        return chain(ColumnTransformer(parts, sparse_threshold=0.3), estimator)
+
+    # Trees: numbers as they are, categories as integer codes, text as a few TF-IDF SVD components.
+    parts = [("numeric", "passthrough", kinds.numeric),
+             ("categorical", OrdinalEncoder(handle_unknown="use_encoded_value", unknown_value=np.nan,
+                                            encoded_missing_value=np.nan, max_categories=MAX_CATEGORIES),
+              kinds.categorical)]
+    text_components = 0
+    for c in kinds.text:
+        vocabulary = len(set(" ".join(train_rows[c].tolist()).lower().split()))
+        if vocabulary > 64:
+            parts.append((f"text:{c}", chain(TfidfVectorizer(min_df=2, sublinear_tf=True, max_features=5000),
+                                             TruncatedSVD(n_components=32, random_state=seed)), c))
+            text_components += 32
+    categorical_mask = [False] * len(kinds.numeric) + [True] * len(kinds.categorical) + [False] * text_components
+    transformer = ColumnTransformer(parts, sparse_threshold=0.0)
+    if model == "hgb":
+        from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+
+        options = dict(learning_rate=0.05, max_iter=500, max_leaf_nodes=15, min_samples_leaf=20, l2_regularization=1.0,
+                       early_stopping=True, validation_fraction=0.15, n_iter_no_change=30,
+                       categorical_features=categorical_mask or None, random_state=seed)
+        estimator = HistGradientBoostingClassifier(**options) if classify else HistGradientBoostingRegressor(**options)
+    elif model == "lgbm":
+        try:
+            import lightgbm
+        except ImportError:
+            raise KbertError("--model lgbm needs LightGBM: pip install lightgbm (or kbert[baselines])") from None
+        options = dict(n_estimators=400, learning_rate=0.03, num_leaves=15, min_child_samples=20, subsample=0.8,
+                       subsample_freq=1, colsample_bytree=0.8, reg_lambda=1.0, random_state=seed, verbose=-1)
+        estimator = lightgbm.LGBMClassifier(**options) if classify else lightgbm.LGBMRegressor(**options)
+    elif model == "catboost":
+        try:
+            import catboost
+        except ImportError:
+            raise KbertError("--model catboost needs CatBoost: pip install catboost (or kbert[baselines])") from None
+        options = dict(iterations=800, learning_rate=0.05, depth=6, random_seed=seed, verbose=0, thread_count=-1)
+        estimator = catboost.CatBoostClassifier(**options) if classify else catboost.CatBoostRegressor(**options)
+        transformer = ColumnTransformer([p for p in parts if p[0] != "categorical"] +
+                                        [("categorical", chain(SimpleImputer(strategy="constant", fill_value="missing"),
+                                                               OrdinalEncoder(handle_unknown="use_encoded_value",
+                                                                              unknown_value=-1)),
+                                          kinds.categorical)], sparse_threshold=0.0)
+    else:
+        raise KbertError(f"unknown baseline model '{model}'; known: {', '.join(MODELS)}")
+    return chain(transformer, estimator)
+
+
+def fit_predict_fold(model: str, task: str, train_rows: pd.DataFrame, train_targets: np.ndarray,
+                     others: list[pd.DataFrame], classes: int, seed: int, log_target: bool,
+                     exclude: tuple[str, ...] = ()) -> list[np.ndarray]:
+    """Fit on ``train_rows`` alone, then predict each frame in ``others``: prediction tables (rows, columns)
+    as in ensembles/blend.py (binary P(positive), class probabilities, label probabilities or values)."""
+    from sklearn.compose import TransformedTargetRegressor
+
+    kinds = column_kinds(train_rows, exclude)
+    X = prepare(train_rows, kinds)
+    frames = [prepare(rows, kinds) for rows in others]
+    if task in ("multiclass", "ordinal"):
+        pipeline = make_pipeline(model, kinds, True, seed, X).fit(X, train_targets.astype(int))
+        found = pipeline.classes_.astype(int)
+        tables = []
+        for frame in frames:  # a class absent from this fold's training rows gets probability 0
+            table = np.zeros((len(frame), classes))
+            table[:, found] = pipeline.predict_proba(frame)
+            tables.append(table)
+        return tables
+    targets = np.asarray(train_targets, dtype=np.float64).reshape(len(train_targets), -1)
+    columns: list[list[np.ndarray]] = [[] for _ in frames]
+    for j in range(targets.shape[1]):
+        if task in ("binary", "multilabel"):
+            y = targets[:, j].astype(int)
+            if len(np.unique(y)) < 2:
+                raise KbertError(f"a fold's training rows hold a single class of output {j}; use fewer folds")
+            fitted = make_pipeline(model, kinds, True, seed, X).fit(X, y)
+            outputs = [fitted.predict_proba(frame)[:, 1] for frame in frames]
+        else:
+            regressor = make_pipeline(model, kinds, False, seed, X)
+            if log_target:
+                regressor = TransformedTargetRegressor(regressor=regressor, func=np.log1p, inverse_func=np.expm1,
+                                                       check_inverse=False)
+            fitted = regressor.fit(X, targets[:, j])
+            outputs = [fitted.predict(frame) for frame in frames]
+        for column, output in zip(columns, outputs):
+            column.append(output)
+    return [np.stack(column, axis=1) for column in columns]
+
+
+@dataclass
+class BaselineResult:
+    run_id: str
+    run_dir: Path
+    fold_scores: list[float]
+    cv_score: float
+    metric: str
+    submission_path: Path
+    seconds: float
+
+
+def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = None, log=print) -> BaselineResult:
+    """Train ``model`` on the competition's folds; write a member in the run-artifact format."""
+    from pipeline.run import make_fold_sets, predictions_frame
+
+    if model not in MODELS:
+        raise KbertError(f"unknown baseline model '{model}'; known: {', '.join(MODELS)}")
+    started = time.perf_counter()
+    comp = config.competition
+    task = comp.task
+    metric = get_metric(comp.metric)
+    check_metric_fits_task(metric, task)
+    data = load_competition_data(comp, config.data_dir or None)
+    train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows].reset_index(drop=True)
+    features, test_features = add_features(comp.features, train.drop(columns=comp.target_columns), data.test)
+    targets = encode_targets(train, comp)
+    raw = train[comp.target_columns].to_numpy(dtype=np.float64) if task in ("regression", "timeseries") else None
+    if task == "regression":
+        raw = raw[:, 0]
+    fit_targets = raw if raw is not None else targets.values
+    truth = metric_targets(task, targets.values, raw, metric.kind, targets.classes)
+    log_target = task in ("regression", "timeseries") and (metric.name in ("rmse_log", "rmsle") or
+                                                           config.head.target_transform.startswith("log1p"))
+    run_id = run_id or f"baseline-{model}-seed{config.seed}"
+    comp_dir = Path(config.out_dir) / comp.name
+    run_dir = comp_dir / run_id
+    if run_dir.exists():
+        raise KbertError(f"run folder already exists: {run_dir}; pick another --run-id")
+    run_dir.mkdir(parents=True)
+    write_yaml(run_dir / "config.yaml", {"run_id": run_id, "baseline": model, "competition": comp.name,
+                                         "seed": config.seed, "folds": comp.folds.k, "data_dir": config.data_dir,
+                                         "limit_rows": config.limit_rows, "log_target": log_target})
+    fold_of_row = make_fold_sets(config, train, targets, comp_dir)[0]
+    write_csv(run_dir / "folds.csv", pd.DataFrame({comp.id_column: train[comp.id_column].to_numpy(),
+                                                   "fold": fold_of_row}))
+    classes = len(targets.classes) if targets.classes is not None else 0
+    oof: np.ndarray | None = None
+    test_tables, fold_scores, fold_records = [], [], []
+    for k in range(comp.folds.k):
+        fold_started = time.perf_counter()
+        train_index, valid_index = np.flatnonzero(fold_of_row != k), np.flatnonzero(fold_of_row == k)
+        valid_table, test_table = fit_predict_fold(model, task, features.iloc[train_index], fit_targets[train_index],
+                                                   [features.iloc[valid_index], test_features], classes,
+                                                   config.seed + k, log_target, exclude=(comp.id_column,))
+        if oof is None:
+            oof = np.zeros((len(train), valid_table.shape[1]))
+        oof[valid_index] = valid_table
+        test_tables.append(test_table)
+        fold_score = score(metric, task, truth[valid_index], native(task, valid_table), 0.5, targets.classes)
+        fold_scores.append(fold_score)
+        fold_records.append({"fold": k, "repeat": 0, "score": fold_score, "n_train": len(train_index),
+                             "n_valid": len(valid_index), "seconds": round(time.perf_counter() - fold_started, 2)})
+        log(f"fold {k + 1}/{comp.folds.k}: {comp.metric} {fold_score:.4f}")
+    oof_predictions, test_predictions = native(task, oof), native(task, average_folds(test_tables))
+    cv = score(metric, task, truth, oof_predictions, 0.5, targets.classes)
+    write_csv(run_dir / "oof.csv", predictions_frame(comp, targets.classes, train[comp.id_column], oof_predictions))
+    write_csv(run_dir / "test.csv", predictions_frame(comp, targets.classes, data.test[comp.id_column],
+                                                      test_predictions))
+    value_columns = {c: t for c, t in comp.submission_columns.items() if c != comp.id_column}
+    values = submission_values(task, test_predictions, value_columns, comp.target_columns, targets.classes, 0.5)
+    submission = submission_frame(comp.id_column, data.test[comp.id_column], values, comp.submission_columns)
+    submission_path = write_submission(submission, data.sample_submission, comp,
+                                       Path(config.submissions_dir) / comp.name / f"{run_id}.csv",
+                                       test_ids=data.test[comp.id_column])
+    seconds = time.perf_counter() - started
+    write_json(run_dir / "metrics.json", {
+        "run_id": run_id, "task": task, "metric": comp.metric, "greater_is_better": metric.greater_is_better,
+        "cv": cv, "fold_mean": float(np.mean(fold_scores)), "fold_std": float(np.std(fold_scores)),
+        "folds": fold_records, "baseline": model, "wall_time_s": round(seconds, 2), "submission": str(submission_path),
+    })
+    return BaselineResult(run_id=run_id, run_dir=run_dir, fold_scores=fold_scores, cv_score=cv, metric=comp.metric,
+                          submission_path=submission_path, seconds=seconds)

@@ -1,0 +1,133 @@
+"""``kbert ensemble``: load members, score every method with nested CV, fit the chosen one on all OOF rows,
+and write its submission with a sidecar JSON (members, weights, method, honest CV)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ensembles.blend import (METHODS, BlendOptions, HonestResult, Problem, applicable_methods, apply_blend,
+                             apply_decision, fit_blend, native, nested_cv, score_table)
+from ensembles.members import Member, select_members
+from pipeline.config import CompetitionConfig
+from pipeline.data import load_competition_data
+from pipeline.errors import KbertError
+from pipeline.folds import fold_groups, make_folds
+from pipeline.io import write_json
+from pipeline.metrics import get_metric
+from pipeline.predictions import check_metric_fits_task, metric_targets, submission_frame, submission_values
+from pipeline.submission import write_submission
+from pipeline.targets import encode_targets
+
+
+@dataclass
+class EnsembleResult:
+    members: list[Member]
+    member_scores: list[float]  # each member's OOF score at the default cut-off
+    member_honest: list[float]  # each member alone with its cut-off tuned by the same nested CV
+    results: dict[str, HonestResult]
+    chosen: str
+    weights: dict[str, float] = field(default_factory=dict)
+    submission_path: Path | None = None
+    sidecar_path: Path | None = None
+
+
+def load_problem(competition: CompetitionConfig, data_dir: str | None):
+    data = load_competition_data(competition, data_dir)
+    metric = get_metric(competition.metric)
+    check_metric_fits_task(metric, competition.task)
+    targets = encode_targets(data.train, competition)
+    raw = None
+    if competition.task in ("regression", "timeseries"):
+        raw = data.train[competition.target_columns].to_numpy(dtype=np.float64)
+        raw = raw[:, 0] if competition.task == "regression" else raw
+    truth = metric_targets(competition.task, targets.values, raw, metric.kind, targets.classes)
+    labels = None if competition.task in ("regression", "timeseries") else targets.values
+    problem = Problem(competition.task, metric, truth, labels, targets.classes)
+    return data, targets, problem
+
+
+def outer_folds(competition: CompetitionConfig, train: pd.DataFrame, targets, k: int, seed: int) -> np.ndarray:
+    """The nested CV's outer split: the competition's fold strategy (stratified, grouped, ...) with its own seed."""
+    config = replace(competition.folds, k=k, seed=seed)
+    stratify = None if targets.stratify is None else pd.Series(targets.stratify)
+    groups = fold_groups(train, config, competition.train_file)
+    return make_folds(train[competition.id_column], stratify, config, groups)["fold"].to_numpy()
+
+
+def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", methods: str = "all",
+                   runs_dir: str = "runs", submissions_dir: str = "submissions", data_dir: str | None = None,
+                   folds: int = 5, seed: int = 0, options: BlendOptions | None = None, write: bool = True,
+                   log=print) -> EnsembleResult:
+    """Score ``methods`` ("all", "best" = all then the best, or a comma list) by nested CV over ``folds`` outer
+    folds; write the submission of the chosen method (the single named one, or the best honest CV)."""
+    options = options or BlendOptions(seed=seed)
+    data, targets, problem = load_problem(competition, data_dir)
+    id_column = competition.id_column
+    competition_dir = Path(runs_dir) / competition.name
+    members = select_members(competition_dir, members_spec, id_column, data.train[id_column], data.test[id_column],
+                             problem.metric.greater_is_better, log=log)
+    P = np.stack([m.oof for m in members])
+    T = np.stack([m.test for m in members])
+    fold_of_row = outer_folds(competition, data.train, targets, folds, seed)
+
+    names = applicable_methods(problem) if methods in ("all", "best") else [m.strip() for m in methods.split(",")]
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        raise KbertError(f"unknown ensemble method(s) {unknown}; known: {', '.join(METHODS)}")
+    member_scores = [score_table(problem, m.oof) for m in members]
+    member_honest = [nested_cv("mean", P[[j]], problem, fold_of_row, options).score for j in range(len(members))]
+    results = {name: nested_cv(name, P, problem, fold_of_row, options) for name in names}
+    better = (lambda r: -r.score) if problem.metric.greater_is_better else (lambda r: r.score)
+    chosen = min(results.values(), key=better).method
+
+    final = fit_blend(chosen, P, problem, np.arange(P.shape[1]), options)
+    weights = {}
+    if final.weights is not None:
+        weights = {m.name: round(float(w), 6) for m, w in zip(members, final.weights)}
+    result = EnsembleResult(members=members, member_scores=member_scores, member_honest=member_honest,
+                            results=results, chosen=chosen, weights=weights)
+    if not write:
+        return result
+
+    test_table = apply_decision(problem.task, apply_blend(final, T, problem.task), final.decision)
+    value_columns = {c: t for c, t in competition.submission_columns.items() if c != id_column}
+    values = submission_values(problem.task, native(problem.task, test_table), value_columns,
+                               competition.target_columns, targets.classes, final.decision.threshold)
+    frame = submission_frame(id_column, data.test[id_column], values, competition.submission_columns)
+    stamp = f"{datetime.now():%Y%m%d-%H%M%S}"
+    path = Path(submissions_dir) / competition.name / f"ensemble-{chosen}-{stamp}.csv"
+    result.submission_path = write_submission(frame, data.sample_submission, competition, path,
+                                              test_ids=data.test[id_column])
+    result.sidecar_path = write_json(path.with_suffix(".json"), {
+        "competition": competition.name, "metric": problem.metric.name,
+        "greater_is_better": problem.metric.greater_is_better, "method": chosen,
+        "honest_cv": results[chosen].score, "in_sample_cv": results[chosen].in_sample,
+        "outer_folds": folds, "seed": seed, "decision": final.decision.to_dict(),
+        "weights": weights,
+        "stack_coefficients": ([np.asarray(m.best_estimator_.coef_).round(4).tolist() for m in final.meta]
+                               if final.meta else None),
+        "members": [{"name": m.name, "path": str(m.path), "cv": s, "cv_tuned_nested": h}
+                    for m, s, h in zip(members, member_scores, member_honest)],
+        "methods": {name: {"honest_cv": r.score, "in_sample_cv": r.in_sample} for name, r in results.items()},
+        "submission": str(result.submission_path),
+    })
+    return result
+
+
+def ensemble_table(result: EnsembleResult, metric: str) -> str:
+    """Members, then methods: CV at the default cut-off, nested-CV score, in-sample score, weight."""
+    lines = [f"{'member / method':<44} {metric + ' CV':>12} {'honest':>8} {'in-sample':>10} {'weight':>7}"]
+    for m, s, h in zip(result.members, result.member_scores, result.member_honest):
+        weight = result.weights.get(m.name)
+        lines.append(f"{m.name[:44]:<44} {s:>12.4f} {h:>8.4f} {'':>10} "
+                     f"{'' if weight is None else f'{weight:.3f}':>7}")
+    lines.append("-" * 85)
+    for name, r in result.results.items():
+        mark = "  <- submission" if name == result.chosen else ""
+        lines.append(f"{'ensemble: ' + name:<44} {'':>12} {r.score:>8.4f} {r.in_sample:>10.4f}{mark}")
+    return "\n".join(lines)

@@ -1,0 +1,301 @@
+"""Ensembles: blending methods, their nested CV, members on disk, baselines and `kbert ensemble` submissions."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ensembles.baseline import column_kinds, fit_predict_fold
+from ensembles.blend import (BlendOptions, Problem, apply_blend, fit_blend, hill_climb, metric_loss, nested_cv,
+                             score_table)
+from ensembles.members import select_members
+from pipeline.config import BUNDLED_DATA_DIR, load_competition
+from pipeline.errors import KbertError
+from pipeline.metrics import get_metric
+
+
+def regression_problem(y: np.ndarray, metric: str = "rmse") -> Problem:
+    return Problem("regression", get_metric(metric), y, None)
+
+
+def binary_problem(y: np.ndarray, metric: str = "roc_auc") -> Problem:
+    return Problem("binary", get_metric(metric), y.astype(int), y.astype(int), [0, 1])
+
+
+# --- hill climbing -------------------------------------------------------------------------------------------------
+
+def test_hill_climbing_reproduces_a_hand_computed_selection():
+    # y = (1, 1); A errs by 0.4, B by 0.2, C by 1 on each row. MSE alone: A 0.16, B 0.04, C 1.0.
+    # Start {B} (0.04). Step 1: +A -> mean 1.1 (0.01); +B -> 0.04; +C -> 0.26: add A.
+    # Step 2: +A -> 1.2 (0.04); +B -> 1.0 (0.0); +C -> 0.1156: add B. Step 3: nothing beats 0.0: stop.
+    y = np.array([1.0, 1.0])
+    P = np.array([[[1.4], [1.4]], [[0.8], [0.8]], [[0.0], [2.0]]])
+    problem = regression_problem(y, "rmse")
+    rows = np.arange(2)
+    counts = hill_climb(P, metric_loss(problem), rows, init=1)
+    assert counts.tolist() == [1, 2, 0]
+    assert hill_climb(P, metric_loss(problem), rows, init=2).tolist() == [1, 2, 0]  # sorted init {B, A}: same
+    assert hill_climb(P, metric_loss(problem), rows, init=1, steps=1).tolist() == [1, 1, 0]
+    blend = fit_blend("hill", P, problem, rows, BlendOptions(hill_init=1, hill_bags=1, hill_bag_fraction=1.0))
+    np.testing.assert_allclose(blend.weights, [1 / 3, 2 / 3, 0.0])
+    np.testing.assert_allclose(apply_blend(blend, P, "regression")[:, 0], [1.0, 1.0])
+
+
+def test_bagged_hill_climbing_averages_selection_shares_over_bags():
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=300)
+    P = np.stack([y + rng.normal(scale=s, size=300) for s in (0.3, 0.5, 2.0, 3.0)])[:, :, None]
+    blend = fit_blend("hill", P, regression_problem(y), np.arange(300), BlendOptions(hill_init=1, hill_bags=10,
+                                                                                         hill_bag_fraction=0.75))
+    assert blend.weights.sum() == pytest.approx(1.0)
+    assert blend.weights[0] > blend.weights[2] and blend.weights[0] > blend.weights[3]
+    assert (blend.weights >= 0).all()
+
+
+# --- weighted blend ------------------------------------------------------------------------------------------------
+
+def test_weighted_blend_recovers_known_weights():
+    rng = np.random.default_rng(1)
+    members = rng.normal(size=(4, 2000))
+    y = 0.2 * members[0] + 0.5 * members[1] + 0.3 * members[2]  # member 3 is noise
+    blend = fit_blend("weighted", members[:, :, None], regression_problem(y), np.arange(2000))
+    np.testing.assert_allclose(blend.weights, [0.2, 0.5, 0.3, 0.0], atol=1e-3)
+
+
+def test_weighted_blend_recovers_probability_weights():
+    rng = np.random.default_rng(2)
+    logits = rng.normal(scale=2.0, size=(3, 20000))
+    members = 1 / (1 + np.exp(-logits))
+    truth = 0.7 * members[0] + 0.3 * members[1]  # the labels are drawn from this mixture
+    y = (rng.random(20000) < truth).astype(int)
+    blend = fit_blend("weighted", members[:, :, None], binary_problem(y, "log_loss"), np.arange(20000))
+    np.testing.assert_allclose(blend.weights, [0.7, 0.3, 0.0], atol=0.05)
+
+
+def test_log_error_metrics_blend_in_log_space():
+    y = np.array([100.0, 1000.0])
+    P = np.array([[[10.0], [100.0]], [[1000.0], [10000.0]]])
+    blend = fit_blend("mean", P, regression_problem(y, "rmse_log"), np.arange(2))
+    np.testing.assert_allclose(apply_blend(blend, P, "regression")[:, 0], [100.0, 1000.0])  # geometric mean
+
+
+# --- rank averaging and thresholds ---------------------------------------------------------------------------------
+
+def test_rank_average_is_comparable_between_fitting_rows_and_new_rows():
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 2, 400)
+    # Two equally good members with independent noise, on scales 1 and 100: a raw mean is the second alone.
+    P = np.stack([y * 0.3 + rng.random(400) * 0.7, (y * 0.3 + rng.random(400) * 0.7) * 100])[:, :, None]
+    problem = binary_problem(y, "roc_auc")
+    blend = fit_blend("rank", P, problem, np.arange(400))
+    ranks = apply_blend(blend, P, "binary")
+    assert ranks.min() >= 0 and ranks.max() <= 1
+    singles = [score_table(problem, np.clip(P[j] / P[j].max(), 0, 1)) for j in range(2)]
+    assert score_table(problem, ranks) > max(singles) + 0.01
+    # A new row equal to a member's largest fitted prediction ranks near 1 under that member.
+    new = np.array([[[P[0].max()]], [[P[1].max()]]])
+    assert apply_blend(blend, new, "binary")[0, 0] > 0.99
+
+
+def test_f1_cut_off_is_tuned_on_the_fitting_rows_only():
+    rng = np.random.default_rng(4)
+    y = (rng.random(600) < 0.2).astype(int)
+    P = (y * 0.15 + rng.random(600) * 0.4)[None, :, None]  # every probability is below 0.55: 0.5 is a poor cut
+    problem = binary_problem(y, "f1")
+    blend = fit_blend("mean", P, problem, np.arange(300))
+    assert blend.decision.threshold != 0.5
+    moved = y.copy()
+    moved[300:] = 1 - moved[300:]  # rows outside the fitting rows cannot move the cut-off
+    again = fit_blend("mean", P, binary_problem(moved, "f1"), np.arange(300))
+    assert again.decision.threshold == blend.decision.threshold
+
+
+# --- stacking and nested CV ----------------------------------------------------------------------------------------
+
+def test_stacking_nested_cv_never_trains_on_the_fold_it_scores():
+    rng = np.random.default_rng(5)
+    n = 250
+    y = rng.integers(0, 2, n)
+    P = np.stack([np.clip(0.5 + (y - 0.5) * s + rng.normal(scale=0.25, size=n), 0.01, 0.99) for s in (0.4, 0.2, 0.1)])
+    P = P[:, :, None]
+    folds = np.arange(n) % 5
+    problem = binary_problem(y, "roc_auc")
+    result = nested_cv("stack", P, problem, folds, BlendOptions(inner_folds=3))
+    scored = np.concatenate([score_rows for _, score_rows in result.splits])
+    assert sorted(scored.tolist()) == list(range(n))  # every row scored exactly once
+    for (fit_rows, score_rows), blend, f in zip(result.splits, result.blends, range(5)):
+        assert set(score_rows) == set(np.flatnonzero(folds == f))
+        assert not set(fit_rows) & set(score_rows)
+        assert set(blend.fitted_rows) == set(fit_rows)
+        assert len(blend.inner_splits) == 3
+        for inner_train, inner_valid in blend.inner_splits:  # the inner CV stays inside the outer training part
+            assert set(inner_train) <= set(fit_rows) and set(inner_valid) <= set(fit_rows)
+            assert not set(inner_train) & set(inner_valid)
+        assert blend.meta[0].best_estimator_.n_features_in_ == 3
+    # Flipping the labels of fold 0 changes nothing that was fitted for fold 0's blend.
+    flipped = y.copy()
+    flipped[folds == 0] = 1 - flipped[folds == 0]
+    again = nested_cv("stack", P, binary_problem(flipped, "roc_auc"), folds, BlendOptions(inner_folds=3))
+    def coefficients(r, f):
+        return r.blends[f].meta[0].best_estimator_.coef_
+
+    np.testing.assert_array_equal(coefficients(again, 0), coefficients(result, 0))
+    assert not np.array_equal(coefficients(again, 1), coefficients(result, 1))
+    assert 0.5 < result.score <= 1.0 and result.in_sample >= result.score - 0.05
+
+
+def test_every_method_runs_for_each_task():
+    rng = np.random.default_rng(6)
+    n = 200
+    folds = np.arange(n) % 4
+    y = rng.integers(0, 3, n)
+    probs = rng.dirichlet(np.ones(3), size=(3, n))
+    probs[:, np.arange(n), y] += 1.0
+    probs /= probs.sum(axis=2, keepdims=True)
+    multiclass = Problem("multiclass", get_metric("accuracy"), y, y, [0, 1, 2])
+    values = rng.lognormal(10, 0.5, n)
+    regression = regression_problem(values, "rmse_log")
+    members = np.stack([values * rng.lognormal(0, s, n) for s in (0.1, 0.2, 0.3)])[:, :, None]
+    for problem, P, methods in ((multiclass, probs, ["mean", "top-k", "weighted", "hill", "stack"]),
+                                (regression, members, ["mean", "top-k", "weighted", "hill", "stack"])):
+        for method in methods:
+            result = nested_cv(method, P, problem, folds)
+            assert np.isfinite(result.score)
+    with pytest.raises(KbertError, match="method 'rank' does not apply to a regression task"):
+        fit_blend("rank", members, regression, np.arange(n))
+
+
+# --- members on disk and kbert ensemble ----------------------------------------------------------------------------
+
+def write_member(folder, id_column, train_ids, test_ids, column, oof, test, cv):
+    folder.mkdir(parents=True)
+    pd.DataFrame({id_column: train_ids, column: oof}).to_csv(folder / "oof.csv", index=False)
+    pd.DataFrame({id_column: test_ids, column: test}).to_csv(folder / "test.csv", index=False)
+    (folder / "metrics.json").write_text(json.dumps({"cv": cv}))
+    (folder / "config.yaml").write_text("seed: 1\n")
+
+
+@pytest.fixture
+def spaceship_members(tmp_path):
+    train = pd.read_csv(BUNDLED_DATA_DIR / "spaceship-titanic" / "train.csv", usecols=["PassengerId", "Transported"])
+    test = pd.read_csv(BUNDLED_DATA_DIR / "spaceship-titanic" / "test.csv", usecols=["PassengerId"])
+    rng = np.random.default_rng(7)
+    y = train["Transported"].to_numpy().astype(float)
+    runs = tmp_path / "runs" / "spaceship-titanic"
+    for i, noise in enumerate((0.3, 0.4, 0.5)):
+        oof = np.clip(0.5 + (y - 0.5) * 0.4 + rng.normal(scale=noise, size=len(y)), 0.01, 0.99)
+        write_member(runs / (f"run-{i}" if i < 2 else "study/trial-0004"), "PassengerId", train["PassengerId"],
+                     test["PassengerId"], "Transported", oof, rng.random(len(test)), cv=0.7 - noise / 10)
+    # A --limit-rows run covers fewer rows: skipped by `all`, an error when named.
+    write_member(runs / "partial", "PassengerId", train["PassengerId"][:100], test["PassengerId"], "Transported",
+                 np.full(100, 0.5), np.full(len(test), 0.5), cv=0.9)
+    return tmp_path
+
+
+def test_member_selection(spaceship_members):
+    spaceship = load_competition("spaceship-titanic")
+    runs = spaceship_members / "runs" / "spaceship-titanic"
+    train = pd.read_csv(BUNDLED_DATA_DIR / "spaceship-titanic" / "train.csv", usecols=["PassengerId"])["PassengerId"]
+    test = pd.read_csv(BUNDLED_DATA_DIR / "spaceship-titanic" / "test.csv", usecols=["PassengerId"])["PassengerId"]
+    notes = []
+    members = select_members(runs, "all", spaceship.id_column, train, test, True, log=notes.append)
+    assert [m.name for m in members] == ["run-0", "run-1", "study/trial-0004"]
+    assert "partial" in notes[0]
+    assert [m.name for m in select_members(runs, "top:2", "PassengerId", train, test, True)] == ["run-0", "run-1"]
+    assert [m.name for m in select_members(runs, "study/trial-0004,run-1", "PassengerId", train, test, True)] == \
+        ["study/trial-0004", "run-1"]
+    with pytest.raises(KbertError, match="does not cover every training and test row"):
+        select_members(runs, "partial", "PassengerId", train, test, True)
+    with pytest.raises(KbertError, match="no finished run 'nope'"):
+        select_members(runs, "nope", "PassengerId", train, test, True)
+    with pytest.raises(KbertError, match="K in top:K must be an integer"):
+        select_members(runs, "top:x", "PassengerId", train, test, True)
+
+
+def test_spaceship_ensemble_submission_has_true_false_and_the_sample_ids(spaceship_members, capsys):
+    from pipeline.cli import main
+
+    out = spaceship_members
+    code = main(["ensemble", "spaceship-titanic", "--out", str(out / "runs"), "--submissions-dir", str(out / "subs"),
+                 "--method", "mean,weighted,hill"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "ensemble: weighted" in printed and "<- submission" in printed
+    (path,) = (out / "subs" / "spaceship-titanic").glob("ensemble-*.csv")
+    lines = path.read_text().splitlines()
+    assert lines[0] == "PassengerId,Transported"
+    assert {line.split(",")[1] for line in lines[1:]} == {"True", "False"}
+    sample = pd.read_csv(BUNDLED_DATA_DIR / "spaceship-titanic" / "sample_submission.csv")
+    assert [line.split(",")[0] for line in lines[1:]] == sample["PassengerId"].tolist()
+    sidecar = json.loads(path.with_suffix(".json").read_text())
+    assert sidecar["method"] in ("mean", "weighted", "hill")
+    assert [m["name"] for m in sidecar["members"]] == ["run-0", "run-1", "study/trial-0004"]
+    assert sum(sidecar["weights"].values()) == pytest.approx(1.0, abs=1e-5)
+    assert set(sidecar["methods"]) == {"mean", "weighted", "hill"}
+    assert sidecar["honest_cv"] == sidecar["methods"][sidecar["method"]]["honest_cv"]
+    assert main(["validate", "spaceship-titanic", str(path)]) == 0
+
+
+# --- baselines -----------------------------------------------------------------------------------------------------
+
+def test_baseline_transforms_fit_on_the_training_rows_only(titanic_train, titanic_test):
+    from features import add_features
+
+    train, test = add_features("titanic", titanic_train.drop(columns=["Survived"]), titanic_test)
+    y = titanic_train["Survived"].to_numpy()
+    fit_rows, other_rows = train.iloc[:600], train.iloc[600:]
+    kinds = column_kinds(fit_rows, exclude=("PassengerId",))
+    assert "Name" in kinds.text and "Sex" in kinds.categorical and "Age" in kinds.numeric
+    for model in ("hgb", "logreg"):
+        before = fit_predict_fold(model, "binary", fit_rows, y[:600], [test], 0, 0, False, ("PassengerId",))[0]
+        # Rewriting every non-training row (new names, unseen categories) cannot move a fitted transform.
+        scrambled = other_rows.assign(Name="Zzyzx, Mr. Qwerty", Sex="unknown", Ticket="NEW-1", Cabin="Z99")
+        fit_predict_fold(model, "binary", fit_rows, y[:600], [scrambled], 0, 0, False, ("PassengerId",))
+        after = fit_predict_fold(model, "binary", fit_rows, y[:600], [test, scrambled], 0, 0, False, ("PassengerId",))
+        np.testing.assert_array_equal(before, after[0])
+        assert before.shape == (len(test), 1) and ((before > 0) & (before < 1)).all()
+
+
+def test_kbert_baseline_writes_a_member_on_the_run_folds(tmp_path, capsys):
+    from pipeline.cli import main
+
+    args = ["--out", str(tmp_path / "runs"), "--submissions-dir", str(tmp_path / "subs")]
+    assert main(["baseline", "titanic", "--folds", "3", *args]) == 0
+    member = tmp_path / "runs" / "titanic" / "baseline-hgb-seed42"
+    metrics = json.loads((member / "metrics.json").read_text())
+    assert metrics["baseline"] == "hgb" and 0.75 < metrics["cv"] < 0.9 and len(metrics["folds"]) == 3
+    folds = pd.read_csv(member / "folds.csv")
+    shared = pd.read_csv(next((tmp_path / "runs" / "titanic" / "folds").glob("*.csv")))
+    pd.testing.assert_frame_equal(folds, shared)  # the same split file as kbert run uses
+    oof = pd.read_csv(member / "oof.csv")
+    assert list(oof.columns) == ["PassengerId", "Survived"] and len(oof) == 891
+    assert main(["validate", "titanic", str(tmp_path / "subs" / "titanic" / "baseline-hgb-seed42.csv")]) == 0
+    assert main(["baseline", "titanic", "--folds", "3", *args]) == 2  # the folder exists: no overwrite
+    assert "already exists" in capsys.readouterr().err
+
+
+def test_house_prices_baseline_predicts_prices_in_log_space(tmp_path):
+    from ensembles.baseline import run_baseline
+    from pipeline.config import resolve_run_config
+
+    houses = load_competition("house-prices-advanced-regression-techniques")
+    config = resolve_run_config(houses, {"folds": 3, "out_dir": str(tmp_path / "runs"),
+                                         "submissions_dir": str(tmp_path / "subs")})
+    result = run_baseline(config, "logreg", log=lambda line: None)
+    assert 0.09 < result.cv_score < 0.25  # RMSE of log prices: ridge on one-hot features
+    test = pd.read_csv(result.run_dir / "test.csv")
+    assert test["SalePrice"].between(20_000, 1_000_000).mean() > 0.99
+
+
+@pytest.mark.parametrize("model", ["lgbm", "catboost"])
+def test_optional_gradient_boosting_baselines(model, titanic_train, titanic_test):
+    pytest.importorskip("lightgbm" if model == "lgbm" else "catboost")
+    from features import add_features
+
+    train, test = add_features("titanic", titanic_train.drop(columns=["Survived"]), titanic_test)
+    y = titanic_train["Survived"].to_numpy()
+    valid, predicted = fit_predict_fold(model, "binary", train.iloc[:600], y[:600], [train.iloc[600:], test], 0, 0,
+                                        False, ("PassengerId",))
+    assert predicted.shape == (len(test), 1) and ((predicted > 0) & (predicted < 1)).all()
+    assert get_metric("roc_auc")(y[600:], valid[:, 0]) > 0.8

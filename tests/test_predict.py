@@ -1,0 +1,57 @@
+"""`kbert predict`: a finished run's fold models predict new rows exactly as the run predicted its test rows."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipeline.cli import main
+from pipeline.config import BUNDLED_DATA_DIR
+
+TINY = ["--limit-rows", "150", "--folds", "2", "--epochs", "1", "--no-progress", "--max-length", "64"]
+
+
+@pytest.fixture(scope="module")
+def titanic_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("predict")
+    assert main(["run", "titanic", *TINY, "--tta", "2", "--augment", "1", "--out", str(out / "runs"),
+                 "--submissions-dir", str(out / "subs"), "--run-id", "tiny"]) == 0
+    return out
+
+
+def test_predict_reproduces_the_runs_test_predictions(titanic_run, tmp_path):
+    run_dir = titanic_run / "runs" / "titanic" / "tiny"
+    test = pd.read_csv(BUNDLED_DATA_DIR / "titanic" / "test.csv")
+    test.assign(Extra=1).to_csv(tmp_path / "new.csv", index=False)  # extra columns are ignored
+    assert main(["predict", "tiny", "--out", str(titanic_run / "runs"), "--data", str(tmp_path / "new.csv"),
+                 "--tta", "2"]) == 0  # the run averaged two serializations of each test row too
+    predicted = pd.read_csv(run_dir / "predictions" / "new.csv")
+    expected = pd.read_csv(run_dir / "test.csv")
+    assert predicted["PassengerId"].tolist() == expected["PassengerId"].tolist()
+    np.testing.assert_allclose(predicted["Survived"], expected["Survived"], atol=1e-6)
+    assert main(["predict", str(run_dir), "--data", str(tmp_path / "new.csv"),
+                 "--output", str(tmp_path / "p.csv")]) == 0
+    plain = pd.read_csv(tmp_path / "p.csv")
+    assert not np.allclose(plain["Survived"], expected["Survived"], atol=1e-6)  # no TTA: one serialization
+    # Without TTA a row's prediction does not depend on the row order. (It may depend on the other rows:
+    # Titanic's label-free ticket and family counts are taken over the training rows and the new rows.)
+    test.iloc[::-1].to_csv(tmp_path / "reversed.csv", index=False)
+    assert main(["predict", str(run_dir), "--data", str(tmp_path / "reversed.csv"),
+                 "--output", str(tmp_path / "r.csv")]) == 0
+    reversed_ = pd.read_csv(tmp_path / "r.csv")
+    assert reversed_["PassengerId"].tolist() == test["PassengerId"].iloc[::-1].tolist()
+    merged = reversed_.merge(plain, on="PassengerId", suffixes=("", "_all"))
+    np.testing.assert_allclose(merged["Survived"], merged["Survived_all"], atol=1e-6)
+
+
+def test_predict_rejects_bad_rows_and_unknown_runs(titanic_run, tmp_path, capsys):
+    test = pd.read_csv(BUNDLED_DATA_DIR / "titanic" / "test.csv")
+    test.drop(columns=["Fare"]).to_csv(tmp_path / "no_fare.csv", index=False)
+    run_dir = str(titanic_run / "runs" / "titanic" / "tiny")
+    assert main(["predict", run_dir, "--data", str(tmp_path / "no_fare.csv")]) == 2
+    assert "no_fare.csv: missing column(s) 'Fare'" in capsys.readouterr().err
+    test.assign(Age="old").to_csv(tmp_path / "bad_age.csv", index=False)
+    assert main(["predict", run_dir, "--data", str(tmp_path / "bad_age.csv")]) == 2
+    assert "bad_age.csv: column 'Age' must be float, found 'old'" in capsys.readouterr().err
+    assert main(["predict", "no-such-run", "--out", str(titanic_run / "runs"), "--data", str(tmp_path / "x.csv")]) == 2
+    assert "no run 'no-such-run'" in capsys.readouterr().err
+    assert not (titanic_run / "runs" / "titanic" / "tiny" / "predictions" / "no_fare.csv").exists()
