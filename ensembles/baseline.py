@@ -3,7 +3,7 @@ columns plus its engineered features, trained on the same folds as ``kbert run``
 run-artifact format (config.yaml, folds.csv, oof.csv, test.csv, metrics.json, a submission).
 
 Models: ``hgb`` (scikit-learn HistGradientBoosting, the default), ``logreg`` (logistic regression, or ridge for
-regression, on scaled numbers, one-hot categories and TF-IDF text), ``lgbm`` and ``catboost`` (optional
+regression, on quantile-normalised numbers, one-hot categories and TF-IDF text), ``lgbm`` and ``catboost`` (optional
 extras, used only when installed). Every transform (category codes, TF-IDF vocabulary, scaling, imputation)
 is part of a scikit-learn pipeline fitted on the fold's training rows only.
 """
@@ -77,19 +77,22 @@ def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, tra
     from sklearn.feature_extraction.text import TfidfVectorizer
     from sklearn.impute import SimpleImputer
     from sklearn.pipeline import make_pipeline as chain
-    from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler
+    from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, QuantileTransformer
 
     if model == "logreg":
-        from sklearn.linear_model import LogisticRegression, Ridge
+        from sklearn.linear_model import LogisticRegression, RidgeCV
 
-        parts = [("numeric", chain(SimpleImputer(strategy="median", add_indicator=True), StandardScaler()),
+        # Quantiles mapped to a normal: heavy tails and outliers (House Prices' huge lots) cannot dominate.
+        quantiles = QuantileTransformer(n_quantiles=min(200, len(train_rows)), output_distribution="normal")
+        parts = [("numeric", chain(SimpleImputer(strategy="median", add_indicator=True), quantiles),
                   kinds.numeric),
                  ("categorical", chain(SimpleImputer(strategy="constant", fill_value="missing"),
                                        OneHotEncoder(handle_unknown="infrequent_if_exist", min_frequency=3)),
                   kinds.categorical)]
         parts += [(f"text:{c}", TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True), c)
                   for c in kinds.text]
-        estimator = LogisticRegression(C=1.0, max_iter=3000) if classify else Ridge(alpha=10.0)
+        # Ridge picks its penalty by leave-one-out on the fold's training rows (RidgeCV's efficient form).
+        estimator = LogisticRegression(C=1.0, max_iter=3000) if classify else RidgeCV(alphas=np.logspace(-1, 3, 9))
         return chain(ColumnTransformer(parts, sparse_threshold=0.3), estimator)
 
     # Trees: numbers as they are, categories as integer codes, text as a few TF-IDF SVD components.
@@ -126,13 +129,14 @@ def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, tra
             import catboost
         except ImportError:
             raise KbertError("--model catboost needs CatBoost: pip install catboost (or kbert[baselines])") from None
-        options = dict(iterations=800, learning_rate=0.05, depth=6, random_seed=seed, verbose=0, thread_count=-1)
-        estimator = catboost.CatBoostClassifier(**options) if classify else catboost.CatBoostRegressor(**options)
+        # CatBoost encodes categories itself (ordered target statistics on the training rows): pass strings.
         transformer = ColumnTransformer([p for p in parts if p[0] != "categorical"] +
-                                        [("categorical", chain(SimpleImputer(strategy="constant", fill_value="missing"),
-                                                               OrdinalEncoder(handle_unknown="use_encoded_value",
-                                                                              unknown_value=-1)),
+                                        [("categorical", SimpleImputer(strategy="constant", fill_value="missing"),
                                           kinds.categorical)], sparse_threshold=0.0)
+        first_categorical = len(kinds.numeric) + text_components
+        options = dict(iterations=800, learning_rate=0.05, depth=6, random_seed=seed, verbose=0, thread_count=-1,
+                       cat_features=list(range(first_categorical, first_categorical + len(kinds.categorical))))
+        estimator = catboost.CatBoostClassifier(**options) if classify else catboost.CatBoostRegressor(**options)
     else:
         raise KbertError(f"unknown baseline model '{model}'; known: {', '.join(MODELS)}")
     return chain(transformer, estimator)
@@ -143,8 +147,6 @@ def fit_predict_fold(model: str, task: str, train_rows: pd.DataFrame, train_targ
                      exclude: tuple[str, ...] = ()) -> list[np.ndarray]:
     """Fit on ``train_rows`` alone, then predict each frame in ``others``: prediction tables (rows, columns)
     as in ensembles/blend.py (binary P(positive), class probabilities, label probabilities or values)."""
-    from sklearn.compose import TransformedTargetRegressor
-
     kinds = column_kinds(train_rows, exclude)
     X = prepare(train_rows, kinds)
     frames = [prepare(rows, kinds) for rows in others]
@@ -166,13 +168,10 @@ def fit_predict_fold(model: str, task: str, train_rows: pd.DataFrame, train_targ
                 raise KbertError(f"a fold's training rows hold a single class of output {j}; use fewer folds")
             fitted = make_pipeline(model, kinds, True, seed, X).fit(X, y)
             outputs = [fitted.predict_proba(frame)[:, 1] for frame in frames]
-        else:
-            regressor = make_pipeline(model, kinds, False, seed, X)
-            if log_target:
-                regressor = TransformedTargetRegressor(regressor=regressor, func=np.log1p, inverse_func=np.expm1,
-                                                       check_inverse=False)
-            fitted = regressor.fit(X, targets[:, j])
-            outputs = [fitted.predict(frame) for frame in frames]
+        else:  # with log_target the model learns log1p(y); its predictions are mapped back with expm1
+            forward, inverse = (np.log1p, np.expm1) if log_target else (np.asarray, np.asarray)
+            fitted = make_pipeline(model, kinds, False, seed, X).fit(X, forward(targets[:, j]))
+            outputs = [inverse(fitted.predict(frame)) for frame in frames]
         for column, output in zip(columns, outputs):
             column.append(output)
     return [np.stack(column, axis=1) for column in columns]

@@ -281,7 +281,9 @@ def stack_features(P: np.ndarray, task: str, column: int | None = None) -> np.nd
 
 def fit_stack(P: np.ndarray, problem: Problem, rows: np.ndarray, options: BlendOptions) -> Blend:
     """A meta-model per output column (one multinomial model for multiclass), its regularisation chosen by an
-    inner K-fold CV over ``rows`` only: nested inside whatever split chose ``rows``."""
+    inner K-fold CV over ``rows`` only: nested inside whatever split chose ``rows``. Regression members are
+    stacked in the blend space (log values for log-error metrics)."""
+    P = to_space(P, problem.space)
     from sklearn.linear_model import LogisticRegression, Ridge
     from sklearn.model_selection import GridSearchCV
 
@@ -373,8 +375,7 @@ def apply_blend(blend: Blend, P: np.ndarray, task: str) -> np.ndarray:
                  for j in range(len(P))]
         return np.mean(ranks, axis=0)
     if blend.method == "stack":
-        return from_space(apply_stack(blend, to_space(P, blend.space), task), blend.space) \
-            if blend.space != "probability" else apply_stack(blend, P, task)
+        return from_space(apply_stack(blend, to_space(P, blend.space), task), blend.space)
     return from_space(np.tensordot(blend.weights, to_space(P, blend.space), axes=1), blend.space)
 
 

@@ -31,6 +31,7 @@ class EnsembleResult:
     member_honest: list[float]  # each member alone with its cut-off tuned by the same nested CV
     results: dict[str, HonestResult]
     chosen: str
+    selected_single: HonestResult | None = None  # the best member, picked inside each outer fold (top-1)
     weights: dict[str, float] = field(default_factory=dict)
     submission_path: Path | None = None
     sidecar_path: Path | None = None
@@ -82,6 +83,8 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
     member_scores = [score_table(problem, m.oof) for m in members]
     member_honest = [nested_cv("mean", P[[j]], problem, fold_of_row, options).score for j in range(len(members))]
     results = {name: nested_cv(name, P, problem, fold_of_row, options) for name in names}
+    # Choosing the best member by its OOF score is itself a fit: this is that choice, scored honestly.
+    selected_single = nested_cv("top-k", P, problem, fold_of_row, replace(options, top_k=1))
     better = (lambda r: -r.score) if problem.metric.greater_is_better else (lambda r: r.score)
     chosen = min(results.values(), key=better).method
 
@@ -90,7 +93,7 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
     if final.weights is not None:
         weights = {m.name: round(float(w), 6) for m, w in zip(members, final.weights)}
     result = EnsembleResult(members=members, member_scores=member_scores, member_honest=member_honest,
-                            results=results, chosen=chosen, weights=weights)
+                            results=results, chosen=chosen, weights=weights, selected_single=selected_single)
     if not write:
         return result
 
@@ -114,6 +117,7 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
         "members": [{"name": m.name, "path": str(m.path), "cv": s, "cv_tuned_nested": h}
                     for m, s, h in zip(members, member_scores, member_honest)],
         "methods": {name: {"honest_cv": r.score, "in_sample_cv": r.in_sample} for name, r in results.items()},
+        "best_member_selected_in_nested_cv": selected_single.score,
         "submission": str(result.submission_path),
     })
     return result
@@ -127,6 +131,8 @@ def ensemble_table(result: EnsembleResult, metric: str) -> str:
         lines.append(f"{m.name[:44]:<44} {s:>12.4f} {h:>8.4f} {'':>10} "
                      f"{'' if weight is None else f'{weight:.3f}':>7}")
     lines.append("-" * 85)
+    if result.selected_single is not None:
+        lines.append(f"{'best member, chosen inside the nested CV':<44} {'':>12} {result.selected_single.score:>8.4f}")
     for name, r in result.results.items():
         mark = "  <- submission" if name == result.chosen else ""
         lines.append(f"{'ensemble: ' + name:<44} {'':>12} {r.score:>8.4f} {r.in_sample:>10.4f}{mark}")
