@@ -85,13 +85,26 @@ class HeartbeatJournalStorage(JournalStorage, BaseHeartbeat):
         self._beats = path.with_name(path.name + ".heartbeats")
         self._beats.mkdir(exist_ok=True)
         self._interval, self._grace, self._max_retry = heartbeat_interval, grace_period, max_retry
+        self._stopped = False
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._stopped = False
 
     def __getstate__(self):  # JournalStorage pickles its backend; the heartbeat settings travel with it
         return {**super().__getstate__(), "_beats": self._beats, "_interval": self._interval,
                 "_grace": self._grace, "_max_retry": self._max_retry}
 
     def record_heartbeat(self, trial_id: int) -> None:
+        if self._stopped:  # SystemExit ends Optuna's heartbeat thread quietly
+            raise SystemExit
         (self._beats / str(trial_id)).write_text(f"{os.getpid()} {time.time():.3f}\n")
+
+    def stop_heartbeats(self) -> None:
+        """End every heartbeat thread of this process within one interval. A Ctrl-C that lands while Optuna
+        starts a trial's heartbeat thread skips the code that stops it, and the non-daemon thread would keep
+        the process alive after the interrupt."""
+        self._stopped = True
 
     def forget_heartbeat(self, trial_id: int) -> None:
         (self._beats / str(trial_id)).unlink(missing_ok=True)
@@ -410,6 +423,8 @@ def run_worker(options: TuneOptions, worker: int = 0, started: float | None = No
         study.optimize(objective, timeout=remaining, callbacks=[after_trial], catch=(Exception,),
                        gc_after_trial=True)
     except KeyboardInterrupt:
+        if isinstance(study._storage, HeartbeatJournalStorage):
+            study._storage.stop_heartbeats()
         abandoned = requeue_abandoned(study, options)
         print(f"worker {worker}: interrupted; trial(s) {', '.join(str(n) for n in abandoned) or '-'} "
               f"abandoned and queued again. Rerun the same `kbert tune` to resume.", file=sys.stderr)

@@ -297,10 +297,10 @@ def test_keep_top_checkpoints_deletes_weights_outside_the_best(tmp_path):
 # ---------------------------------------------------------------- processes: kill, Ctrl-C, resume
 
 
-def tune_command(options: TuneOptions, trials: int, workers: int) -> list[str]:
+def tune_command(options: TuneOptions, trials: int, workers: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "pipeline.cli", "tune", "titanic", "--study", options.study, "--trials",
             str(trials), "--workers", str(workers), "--space", options.space, "--limit-rows", "90", "--folds", "3",
-            "--heartbeat", "1", "--out", options.out_dir, "--seed", "0"]
+            "--heartbeat", "1", "--out", options.out_dir, "--seed", "0", *extra]
 
 
 def wait_for(condition, timeout: float, what: str):
@@ -324,12 +324,15 @@ def study_trials(options: TuneOptions) -> list[optuna.trial.FrozenTrial]:
         return []
 
 
-def running_trial_mid_fold(options: TuneOptions):
-    """A running trial with a worker pid and at least one fold reported, once another trial completed."""
+def running_trial_mid_fold(options: TuneOptions, folds_done: int | None = None):
+    """A running trial with a worker pid and at least one fold reported (exactly ``folds_done``, if given:
+    with 3 folds and 1 done, a signal sent now lands in a fold that is not the last), once another trial
+    completed."""
     trials = study_trials(options)
     if not any(t.state == TrialState.COMPLETE for t in trials):
         return None
-    running = [t for t in trials if t.state == TrialState.RUNNING and "pid" in t.user_attrs and t.intermediate_values]
+    running = [t for t in trials if t.state == TrialState.RUNNING and "pid" in t.user_attrs and t.intermediate_values
+               and (folds_done is None or len(t.intermediate_values) == folds_done)]
     return running[0] if running else None
 
 
@@ -369,9 +372,9 @@ def test_sigkill_one_of_two_workers_then_resume(tmp_path):
 def test_ctrl_c_abandons_the_trial_and_the_next_run_resumes(tmp_path):
     space = {"params": {**TINY_SPACE["params"], "epochs": 5}}
     options = tiny_options(tmp_path, space=write_space(tmp_path / "space.yaml", space))
-    process = subprocess.Popen(tune_command(options, 50, workers=1), cwd=REPO, stdout=subprocess.PIPE,
+    process = subprocess.Popen(tune_command(options, 50, 1, "--pruner", "none"), cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
-    wait_for(lambda: running_trial_mid_fold(options), 240, "a running trial mid-fold")
+    wait_for(lambda: running_trial_mid_fold(options, folds_done=1), 240, "a running trial after its first fold")
     process.send_signal(signal.SIGINT)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 130, output
@@ -390,6 +393,23 @@ def test_ctrl_c_abandons_the_trial_and_the_next_run_resumes(tmp_path):
     resumed = [t for t in trials if t.system_attrs.get("failed_trial") == abandoned[0].number]
     assert len(resumed) == 1 and resumed[0].state == TrialState.COMPLETE  # the queued trial ran first
     assert resumed[0].params == abandoned[0].params
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread ends by SystemExit
+def test_stop_heartbeats_ends_a_heartbeat_thread_that_was_never_joined(tmp_path):
+    """A Ctrl-C inside Optuna's heartbeat-thread start skips its join; stop_heartbeats still ends the thread."""
+    from optuna.storages._heartbeat import HeartbeatThread
+
+    from pipeline.tune import HeartbeatJournalStorage
+
+    storage = HeartbeatJournalStorage(tmp_path / "journal.log", 0.1, 0.4, 2)
+    beat = HeartbeatThread(7, storage)
+    beat.start()  # and never joined, as when the interrupt lands in __enter__
+    time.sleep(0.3)
+    assert (tmp_path / "journal.log.heartbeats" / "7").exists() and beat._thread.is_alive()
+    storage.stop_heartbeats()
+    beat._thread.join(timeout=2)
+    assert not beat._thread.is_alive()
 
 
 def test_cli_report_and_run_config(tmp_path, capsys):
@@ -444,9 +464,9 @@ def pid_alive(pid: int) -> bool:
 def test_workers_do_not_outlive_a_killed_tune_process(tmp_path):
     space = {"params": {**TINY_SPACE["params"], "epochs": 3}}
     options = tiny_options(tmp_path, space=write_space(tmp_path / "space.yaml", space))
-    main_process = subprocess.Popen(tune_command(options, 50, workers=2), cwd=REPO, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
-    wait_for(lambda: running_trial_mid_fold(options), 240, "a running trial mid-fold")
+    main_process = subprocess.Popen(tune_command(options, 50, 2, "--pruner", "none"), cwd=REPO,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: running_trial_mid_fold(options, folds_done=1), 240, "a running trial after its first fold")
     workers = {t.user_attrs["pid"] for t in study_trials(options) if "pid" in t.user_attrs}
     main_process.kill()
     main_process.wait()
