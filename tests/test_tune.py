@@ -369,12 +369,17 @@ def test_sigkill_one_of_two_workers_then_resume(tmp_path):
         assert (directory / f"trial-{trial.number:04d}").is_dir() == (trial.state == TrialState.COMPLETE)
 
 
+# A tiny model learns nothing on 60 rows and early stopping would end a fold after 7 epochs (~0.5 s): folds of a
+# second or more let the signal tests see a trial between two folds and land their signal inside the next one.
+SLOW_FOLDS = {"epochs": 20, "patience": 100}
+
+
 def test_ctrl_c_abandons_the_trial_and_the_next_run_resumes(tmp_path):
-    space = {"params": {**TINY_SPACE["params"], "epochs": 5}}
+    space = {"params": {**TINY_SPACE["params"], **SLOW_FOLDS}}
     options = tiny_options(tmp_path, space=write_space(tmp_path / "space.yaml", space))
     process = subprocess.Popen(tune_command(options, 50, 1, "--pruner", "none"), cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
-    wait_for(lambda: running_trial_mid_fold(options, folds_done=1), 240, "a running trial after its first fold")
+    wait_for(lambda: running_trial_mid_fold(options), 240, "a running trial mid-fold")
     process.send_signal(signal.SIGINT)
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 130, output
@@ -462,7 +467,7 @@ def pid_alive(pid: int) -> bool:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_workers_do_not_outlive_a_killed_tune_process(tmp_path):
-    space = {"params": {**TINY_SPACE["params"], "epochs": 3}}
+    space = {"params": {**TINY_SPACE["params"], **SLOW_FOLDS}}
     options = tiny_options(tmp_path, space=write_space(tmp_path / "space.yaml", space))
     main_process = subprocess.Popen(tune_command(options, 50, 2, "--pruner", "none"), cwd=REPO,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
