@@ -377,8 +377,11 @@ SLOW_FOLDS = {"epochs": 20, "patience": 100}
 def test_ctrl_c_abandons_the_trial_and_the_next_run_resumes(tmp_path):
     space = {"params": {**TINY_SPACE["params"], **SLOW_FOLDS}}
     options = tiny_options(tmp_path, space=write_space(tmp_path / "space.yaml", space))
+    # A test run started in the background (nohup, CI runners) passes SIGINT on as ignored, and Python then
+    # installs no KeyboardInterrupt handler: give the child the default disposition, as a terminal would.
     process = subprocess.Popen(tune_command(options, 50, 1, "--pruner", "none"), cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+                               stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     wait_for(lambda: running_trial_mid_fold(options), 240, "a running trial mid-fold")
     process.send_signal(signal.SIGINT)
     output, _ = process.communicate(timeout=120)
