@@ -382,32 +382,37 @@ def apply_blend(blend: Blend, P: np.ndarray, task: str) -> np.ndarray:
 @dataclass
 class HonestResult:
     method: str
-    score: float  # nested CV: every row scored by a blend fitted without its fold
+    score: float  # nested CV: every row scored by a blend fitted without its fold (mean over repeated splits)
     in_sample: float  # fitted and scored on all rows (optimistic)
-    splits: list[tuple[np.ndarray, np.ndarray]]  # (fitted rows, scored rows) per outer fold
-    blends: list[Blend]  # one per outer fold
+    splits: list[tuple[np.ndarray, np.ndarray]]  # (fitted rows, scored rows) per outer fold (and repeat)
+    blends: list[Blend]  # one per outer fold (and repeat)
+    repeat_scores: list[float] = field(default_factory=list)  # one nested-CV score per outer split
 
 
 def nested_cv(method: str, P: np.ndarray, problem: Problem, folds: np.ndarray,
               options: BlendOptions | None = None) -> HonestResult:
     """Fit ``method`` on all outer folds but one and score it on that one; the score is the metric over all
-    rows of the concatenated out-of-fold blends (each with its own fitted cut-off)."""
+    rows of the concatenated out-of-fold blends (each with its own fitted cut-off). ``folds`` is one fold id
+    per row, or (repeats, rows) for repeated outer splits, whose scores are averaged."""
     options = options or BlendOptions()
+    fold_sets = np.atleast_2d(folds)
     everything = np.arange(P.shape[1])
-    splits, blends, pieces = [], [], []
-    for f in np.unique(folds):
-        fit_rows, score_rows = everything[folds != f], everything[folds == f]
-        blend = fit_blend(method, P, problem, fit_rows, options)
-        table = apply_decision(problem.task, apply_blend(blend, P[:, score_rows], problem.task), blend.decision)
-        predictions = metric_input(problem.task, native(problem.task, table), problem.metric.kind,
-                                   blend.decision.threshold, problem.classes)
-        pieces.append((score_rows, predictions))
-        splits.append((fit_rows, score_rows))
-        blends.append(blend)
-    order = np.concatenate([rows for rows, _ in pieces])
-    predictions = np.concatenate([p for _, p in pieces])
-    inverse = np.argsort(order)
-    honest = problem.metric(problem.truth, predictions[inverse])
+    splits, blends, scores = [], [], []
+    for fold_of_row in fold_sets:
+        pieces = []
+        for f in np.unique(fold_of_row):
+            fit_rows, score_rows = everything[fold_of_row != f], everything[fold_of_row == f]
+            blend = fit_blend(method, P, problem, fit_rows, options)
+            table = apply_decision(problem.task, apply_blend(blend, P[:, score_rows], problem.task), blend.decision)
+            predictions = metric_input(problem.task, native(problem.task, table), problem.metric.kind,
+                                       blend.decision.threshold, problem.classes)
+            pieces.append((score_rows, predictions))
+            splits.append((fit_rows, score_rows))
+            blends.append(blend)
+        order = np.concatenate([rows for rows, _ in pieces])
+        predictions = np.concatenate([p for _, p in pieces])
+        scores.append(problem.metric(problem.truth, predictions[np.argsort(order)]))
     full = fit_blend(method, P, problem, everything, options)
     in_sample = score_table(problem, apply_blend(full, P, problem.task), decision=full.decision)
-    return HonestResult(method=method, score=honest, in_sample=in_sample, splits=splits, blends=blends)
+    return HonestResult(method=method, score=float(np.mean(scores)), in_sample=in_sample, splits=splits,
+                        blends=blends, repeat_scores=scores)

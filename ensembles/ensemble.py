@@ -52,20 +52,27 @@ def load_problem(competition: CompetitionConfig, data_dir: str | None):
     return data, targets, problem
 
 
-def outer_folds(competition: CompetitionConfig, train: pd.DataFrame, targets, k: int, seed: int) -> np.ndarray:
-    """The nested CV's outer split: the competition's fold strategy (stratified, grouped, ...) with its own seed."""
-    config = replace(competition.folds, k=k, seed=seed)
+def outer_folds(competition: CompetitionConfig, train: pd.DataFrame, targets, k: int, seed: int,
+                repeats: int = 1) -> np.ndarray:
+    """The nested CV's outer splits, (repeats, rows): the competition's fold strategy (stratified, grouped, ...)
+    with seeds seed, seed + 1, ..."""
     stratify = None if targets.stratify is None else pd.Series(targets.stratify)
-    groups = fold_groups(train, config, competition.train_file)
-    return make_folds(train[competition.id_column], stratify, config, groups)["fold"].to_numpy()
+    sets = []
+    for r in range(repeats):
+        config = replace(competition.folds, k=k, seed=seed + r)
+        groups = fold_groups(train, config, competition.train_file)
+        sets.append(make_folds(train[competition.id_column], stratify, config, groups)["fold"].to_numpy())
+    return np.stack(sets)
 
 
 def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", methods: str = "all",
                    runs_dir: str = "runs", submissions_dir: str = "submissions", data_dir: str | None = None,
                    folds: int = 5, seed: int = 0, options: BlendOptions | None = None, write: bool = True,
-                   log=print) -> EnsembleResult:
+                   repeats: int = 3, log=print) -> EnsembleResult:
     """Score ``methods`` ("all", "best" = all then the best, or a comma list) by nested CV over ``folds`` outer
-    folds; write the submission of the chosen method (the single named one, or the best honest CV)."""
+    folds, repeated over ``repeats`` outer splits (the honest CV is their mean: one split moves it by a
+    passenger or two on Titanic); write the submission of the chosen method (the single named one, or the
+    best honest CV)."""
     options = options or BlendOptions(seed=seed)
     data, targets, problem = load_problem(competition, data_dir)
     id_column = competition.id_column
@@ -74,7 +81,9 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
                              problem.metric.greater_is_better, log=log)
     P = np.stack([m.oof for m in members])
     T = np.stack([m.test for m in members])
-    fold_of_row = outer_folds(competition, data.train, targets, folds, seed)
+    if repeats < 1 or folds < 2:
+        raise KbertError(f"the nested CV needs --outer-folds >= 2 and --outer-repeats >= 1, got {folds} and {repeats}")
+    fold_of_row = outer_folds(competition, data.train, targets, folds, seed, repeats)
 
     names = applicable_methods(problem) if methods in ("all", "best") else [m.strip() for m in methods.split(",")]
     unknown = [m for m in names if m not in METHODS]
@@ -110,13 +119,14 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
         "competition": competition.name, "metric": problem.metric.name,
         "greater_is_better": problem.metric.greater_is_better, "method": chosen,
         "honest_cv": results[chosen].score, "in_sample_cv": results[chosen].in_sample,
-        "outer_folds": folds, "seed": seed, "decision": final.decision.to_dict(),
+        "outer_folds": folds, "outer_repeats": repeats, "seed": seed, "decision": final.decision.to_dict(),
         "weights": weights,
         "stack_coefficients": ([np.asarray(m.best_estimator_.coef_).round(4).tolist() for m in final.meta]
                                if final.meta else None),
         "members": [{"name": m.name, "path": str(m.path), "cv": s, "cv_tuned_nested": h}
                     for m, s, h in zip(members, member_scores, member_honest)],
-        "methods": {name: {"honest_cv": r.score, "in_sample_cv": r.in_sample} for name, r in results.items()},
+        "methods": {name: {"honest_cv": r.score, "honest_cv_per_split": r.repeat_scores, "in_sample_cv": r.in_sample}
+                    for name, r in results.items()},
         "best_member_selected_in_nested_cv": selected_single.score,
         "submission": str(result.submission_path),
     })

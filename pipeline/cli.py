@@ -176,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
                                "on OOF (tune), keep 0.5 / argmax (fixed), or tune for every label metric but "
                                "accuracy (auto, default)")
     ensemble.add_argument("--outer-folds", type=int, default=5, help="outer folds of the nested CV (default 5)")
+    ensemble.add_argument("--outer-repeats", type=int, default=3,
+                          help="outer splits (seeds S, S+1, ...) whose nested-CV scores are averaged (default 3)")
     ensemble.add_argument("--seed", type=int, default=0, help="seed of the outer split and of hill-climbing bags")
     ensemble.add_argument("--data-dir", help="folder with the competition's CSV files (default: the bundled copy)")
     ensemble.add_argument("--out", dest="out_dir", default="runs", help="runs folder to read members from")
@@ -318,7 +320,7 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
     competition = load_competition(args.competition)
     options = BlendOptions(top_k=args.top_k, seed=args.seed, decision=args.threshold)
     result = build_ensemble(competition, args.members, args.method, args.out_dir, args.submissions_dir, args.data_dir,
-                            args.outer_folds, args.seed, options)
+                            args.outer_folds, args.seed, options, repeats=args.outer_repeats)
     print(ensemble_table(result, competition.metric))
     print(f"submission: {result.submission_path}")
     print(f"members, weights and honest CV: {result.sidecar_path}")

@@ -299,3 +299,15 @@ def test_optional_gradient_boosting_baselines(model, titanic_train, titanic_test
                                         False, ("PassengerId",))
     assert predicted.shape == (len(test), 1) and ((predicted > 0) & (predicted < 1)).all()
     assert get_metric("roc_auc")(y[600:], valid[:, 0]) > 0.8
+
+
+def test_repeated_outer_splits_average_their_nested_cv_scores():
+    rng = np.random.default_rng(8)
+    y = rng.normal(size=120)
+    P = np.stack([y + rng.normal(scale=s, size=120) for s in (0.5, 0.7, 1.0)])[:, :, None]
+    problem = regression_problem(y)
+    splits = np.stack([rng.permutation(120) % 4 for _ in range(3)])
+    repeated = nested_cv("weighted", P, problem, splits)
+    singles = [nested_cv("weighted", P, problem, folds).score for folds in splits]
+    np.testing.assert_allclose(repeated.repeat_scores, singles)
+    assert repeated.score == pytest.approx(np.mean(singles)) and len(repeated.blends) == 12
