@@ -135,6 +135,7 @@ def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, tra
                                           kinds.categorical)], sparse_threshold=0.0)
         first_categorical = len(kinds.numeric) + text_components
         options = dict(iterations=800, learning_rate=0.05, depth=6, random_seed=seed, verbose=0, thread_count=-1,
+                       allow_writing_files=False,  # else CatBoost writes catboost_info/ into the working folder
                        cat_features=list(range(first_categorical, first_categorical + len(kinds.categorical))))
         estimator = catboost.CatBoostClassifier(**options) if classify else catboost.CatBoostRegressor(**options)
     else:
