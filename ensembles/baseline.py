@@ -24,10 +24,10 @@ from pipeline.data import load_competition_data
 from pipeline.errors import KbertError
 from pipeline.io import write_csv, write_json, write_yaml
 from pipeline.metrics import get_metric
-from pipeline.predictions import (check_metric_fits_task, metric_targets, score, submission_frame,
-                                  submission_values)
-from pipeline.submission import write_submission
-from pipeline.targets import encode_targets
+from pipeline.predictions import check_metric_fits_task, metric_targets, score
+from pipeline.run import RunResult, make_fold_sets, predictions_frame
+from pipeline.submission import write_predictions_submission
+from pipeline.targets import encode_targets, raw_targets
 
 MODELS = ("hgb", "logreg", "lgbm", "catboost")
 TEXT_MIN_WORDS = 3.0  # a string column whose training values average more words than this is free text
@@ -178,21 +178,8 @@ def fit_predict_fold(model: str, task: str, train_rows: pd.DataFrame, train_targ
     return [np.stack(column, axis=1) for column in columns]
 
 
-@dataclass
-class BaselineResult:
-    run_id: str
-    run_dir: Path
-    fold_scores: list[float]
-    cv_score: float
-    metric: str
-    submission_path: Path
-    seconds: float
-
-
-def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = None, log=print) -> BaselineResult:
+def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = None, log=print) -> RunResult:
     """Train ``model`` on the competition's folds; write a member in the run-artifact format."""
-    from pipeline.run import make_fold_sets, predictions_frame
-
     if model not in MODELS:
         raise KbertError(f"unknown baseline model '{model}'; known: {', '.join(MODELS)}")
     started = time.perf_counter()
@@ -204,9 +191,7 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
     train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows].reset_index(drop=True)
     features, test_features = add_features(comp.features, train.drop(columns=comp.target_columns), data.test)
     targets = encode_targets(train, comp)
-    raw = train[comp.target_columns].to_numpy(dtype=np.float64) if task in ("regression", "timeseries") else None
-    if task == "regression":
-        raw = raw[:, 0]
+    raw = raw_targets(train, comp)
     fit_targets = raw if raw is not None else targets.values
     truth = metric_targets(task, targets.values, raw, metric.kind, targets.classes)
     log_target = task in ("regression", "timeseries") and (metric.name in ("rmse_log", "rmsle") or
@@ -246,17 +231,14 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
     write_csv(run_dir / "oof.csv", predictions_frame(comp, targets.classes, train[comp.id_column], oof_predictions))
     write_csv(run_dir / "test.csv", predictions_frame(comp, targets.classes, data.test[comp.id_column],
                                                       test_predictions))
-    value_columns = {c: t for c, t in comp.submission_columns.items() if c != comp.id_column}
-    values = submission_values(task, test_predictions, value_columns, comp.target_columns, targets.classes, 0.5)
-    submission = submission_frame(comp.id_column, data.test[comp.id_column], values, comp.submission_columns)
-    submission_path = write_submission(submission, data.sample_submission, comp,
-                                       Path(config.submissions_dir) / comp.name / f"{run_id}.csv",
-                                       test_ids=data.test[comp.id_column])
+    submission_path = write_predictions_submission(comp, test_predictions, targets.classes, 0.5,
+                                                   data.test[comp.id_column], data.sample_submission,
+                                                   Path(config.submissions_dir) / comp.name / f"{run_id}.csv")
     seconds = time.perf_counter() - started
     write_json(run_dir / "metrics.json", {
         "run_id": run_id, "task": task, "metric": comp.metric, "greater_is_better": metric.greater_is_better,
         "cv": cv, "fold_mean": float(np.mean(fold_scores)), "fold_std": float(np.std(fold_scores)),
         "folds": fold_records, "baseline": model, "wall_time_s": round(seconds, 2), "submission": str(submission_path),
     })
-    return BaselineResult(run_id=run_id, run_dir=run_dir, fold_scores=fold_scores, cv_score=cv, metric=comp.metric,
+    return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=fold_scores, cv_score=cv, metric=comp.metric,
                           submission_path=submission_path, seconds=seconds)

@@ -19,9 +19,9 @@ from pipeline.errors import KbertError
 from pipeline.folds import fold_groups, make_folds
 from pipeline.io import write_json
 from pipeline.metrics import get_metric
-from pipeline.predictions import check_metric_fits_task, metric_targets, submission_frame, submission_values
-from pipeline.submission import write_submission
-from pipeline.targets import encode_targets
+from pipeline.predictions import check_metric_fits_task, metric_targets
+from pipeline.submission import write_predictions_submission
+from pipeline.targets import encode_targets, raw_targets
 
 
 @dataclass
@@ -42,11 +42,8 @@ def load_problem(competition: CompetitionConfig, data_dir: str | None):
     metric = get_metric(competition.metric)
     check_metric_fits_task(metric, competition.task)
     targets = encode_targets(data.train, competition)
-    raw = None
-    if competition.task in ("regression", "timeseries"):
-        raw = data.train[competition.target_columns].to_numpy(dtype=np.float64)
-        raw = raw[:, 0] if competition.task == "regression" else raw
-    truth = metric_targets(competition.task, targets.values, raw, metric.kind, targets.classes)
+    truth = metric_targets(competition.task, targets.values, raw_targets(data.train, competition), metric.kind,
+                           targets.classes)
     labels = None if competition.task in ("regression", "timeseries") else targets.values
     problem = Problem(competition.task, metric, truth, labels, targets.classes)
     return data, targets, problem
@@ -107,14 +104,11 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
         return result
 
     test_table = apply_decision(problem.task, apply_blend(final, T, problem.task), final.decision)
-    value_columns = {c: t for c, t in competition.submission_columns.items() if c != id_column}
-    values = submission_values(problem.task, native(problem.task, test_table), value_columns,
-                               competition.target_columns, targets.classes, final.decision.threshold)
-    frame = submission_frame(id_column, data.test[id_column], values, competition.submission_columns)
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}"
     path = Path(submissions_dir) / competition.name / f"ensemble-{chosen}-{stamp}.csv"
-    result.submission_path = write_submission(frame, data.sample_submission, competition, path,
-                                              test_ids=data.test[id_column])
+    result.submission_path = write_predictions_submission(competition, native(problem.task, test_table),
+                                                          targets.classes, final.decision.threshold,
+                                                          data.test[id_column], data.sample_submission, path)
     result.sidecar_path = write_json(path.with_suffix(".json"), {
         "competition": competition.name, "metric": problem.metric.name,
         "greater_is_better": problem.metric.greater_is_better, "method": chosen,

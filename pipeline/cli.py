@@ -289,12 +289,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise KbertError("name a competition (e.g. kbert run titanic) or pass --config FILE")
     else:
         config = resolve_run_config(load_competition(args.competition), overrides)
-    result = run_competition(config, run_id=args.run_id, progress=not args.no_progress)
+    print_run_result(run_competition(config, run_id=args.run_id, progress=not args.no_progress))
+    return 0
+
+
+def print_run_result(result) -> None:
+    """The closing lines of `kbert run` and `kbert baseline` (a pipeline.run.RunResult)."""
     print(f"CV {result.metric}: {result.cv_score:.4f}  (folds: {', '.join(f'{s:.4f}' for s in result.fold_scores)})")
     print(f"run folder: {result.run_dir}")
     print(f"submission: {result.submission_path}")
     print(f"wall time: {result.seconds:.0f}s")
-    return 0
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
@@ -304,11 +308,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     overrides = {name: getattr(args, name) for name in ("seed", "folds", "limit_rows", "data_dir", "out_dir",
                                                          "submissions_dir")}
     config = resolve_run_config(load_competition(args.competition), overrides)
-    result = run_baseline(config, args.model, run_id=args.run_id)
-    print(f"CV {result.metric}: {result.cv_score:.4f}  (folds: {', '.join(f'{s:.4f}' for s in result.fold_scores)})")
-    print(f"run folder: {result.run_dir}")
-    print(f"submission: {result.submission_path}")
-    print(f"wall time: {result.seconds:.0f}s")
+    print_run_result(run_baseline(config, args.model, run_id=args.run_id))
     return 0
 
 

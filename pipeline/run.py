@@ -41,9 +41,10 @@ from pipeline.folds import fold_groups, folds_path, load_or_make_folds, purge_tr
 from pipeline.io import atomic_write, write_csv, write_json, write_text, write_yaml
 from pipeline.metrics import get_metric
 from pipeline.predictions import (check_metric_fits_task, metric_targets, prediction_columns, prediction_table, score,
-                                  submission_frame, submission_values, tune_label_thresholds, tune_threshold)
-from pipeline.submission import write_submission
-from pipeline.targets import TargetTransform, encode_targets, fit_target_transform, num_outputs
+                                  tune_label_thresholds, tune_threshold)
+from pipeline.submission import write_predictions_submission
+from pipeline.targets import (TargetTransform, encode_targets, fit_target_transform, num_outputs,
+                              raw_targets as read_raw_targets)
 from pipeline.train import FoldData, train_fold
 
 
@@ -148,9 +149,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     # Feature functions see feature columns only: the targets are dropped first.
     features, test_features = add_features(comp.features, train.drop(columns=comp.target_columns), data.test)
     targets = encode_targets(train, comp)
-    raw_targets = train[comp.target_columns].to_numpy(dtype=np.float64) if task in ("regression", "timeseries") else None
-    if task == "regression":
-        raw_targets = raw_targets[:, 0]
+    raw_targets = read_raw_targets(train, comp)
     head = make_head_config(config, num_outputs(task, targets))
     truth = metric_targets(task, targets.values, raw_targets, metric.kind, targets.classes)
     threshold = 0.5 if config.head.threshold == "tune" else float(config.head.threshold)
@@ -318,12 +317,9 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     write_csv(run_dir / "oof.csv", predictions_frame(comp, targets.classes, train[comp.id_column], oof_predictions))
     write_csv(run_dir / "test.csv", predictions_frame(comp, targets.classes, data.test[comp.id_column], test_mean))
     atomic_write(run_dir / "outputs.npz", lambda p: np.savez(open(p, "wb"), oof=oof_outputs, test=test_outputs_mean))
-    value_columns = {c: t for c, t in comp.submission_columns.items() if c != comp.id_column}
-    values = submission_values(task, test_mean, value_columns, comp.target_columns, targets.classes, threshold)
-    submission = submission_frame(comp.id_column, data.test[comp.id_column], values, comp.submission_columns)
-    submission_path = write_submission(submission, data.sample_submission, comp,
-                                       submission_path or Path(config.submissions_dir) / comp.name / f"{run_id}.csv",
-                                       test_ids=data.test[comp.id_column])
+    submission_path = write_predictions_submission(
+        comp, test_mean, targets.classes, threshold, data.test[comp.id_column], data.sample_submission,
+        submission_path or Path(config.submissions_dir) / comp.name / f"{run_id}.csv")
     seconds = time.perf_counter() - started
     write_json(run_dir / "metrics.json", {
         "run_id": run_id, "task": task, "metric": comp.metric, "greater_is_better": metric.greater_is_better,

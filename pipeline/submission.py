@@ -11,6 +11,7 @@ import pandas as pd
 from pipeline.config import CompetitionConfig
 from pipeline.errors import KbertError
 from pipeline.io import write_csv
+from pipeline.predictions import submission_frame, submission_values
 
 
 def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competition: CompetitionConfig,
@@ -68,3 +69,15 @@ def write_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competiti
         frame = frame.set_index(competition.id_column).loc[order].reset_index()
     validate_submission(frame, sample, competition, source=str(path), test_ids=test_ids)
     return write_csv(path, frame)
+
+
+def write_predictions_submission(competition: CompetitionConfig, predictions: np.ndarray, classes: list | None,
+                                 threshold: float | np.ndarray, test_ids: pd.Series, sample: pd.DataFrame | None,
+                                 path: Path) -> Path:
+    """Test predictions (see pipeline/predictions.py) -> the submission's columns and dtypes -> a checked,
+    atomic ``write_submission``."""
+    value_columns = {c: t for c, t in competition.submission_columns.items() if c != competition.id_column}
+    values = submission_values(competition.task, predictions, value_columns, competition.target_columns, classes,
+                               threshold)
+    frame = submission_frame(competition.id_column, test_ids, values, competition.submission_columns)
+    return write_submission(frame, sample, competition, path, test_ids=test_ids)

@@ -50,6 +50,14 @@ def encode_targets(train: pd.DataFrame, competition: CompetitionConfig) -> Targe
     return Targets(values=values, classes=classes, stratify=values)
 
 
+def raw_targets(train: pd.DataFrame, competition: CompetitionConfig) -> np.ndarray | None:
+    """Regression (n,) / timeseries (n, H) targets as float64 on their own scale; None for other tasks."""
+    if competition.task not in ("regression", "timeseries"):
+        return None
+    values = train[competition.target_columns].to_numpy(dtype=np.float64)
+    return values[:, 0] if competition.task == "regression" else values
+
+
 def num_outputs(task: str, targets: Targets) -> int:
     """Classes for multiclass/ordinal, labels for multilabel, horizons for timeseries, else 1."""
     if task in ("multiclass", "ordinal"):
