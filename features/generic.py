@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -112,6 +113,13 @@ class TableSerializer:
         unknown = [c for c in (self.priority or []) if c not in columns]
         if unknown:
             raise KbertError(f"{self.style} serializer: text.priority names column(s) {unknown} not in text.columns")
+        if self.style == "template":
+            for template in (self.template, *self.paraphrases):
+                names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+                unknown = [name for name in names if name not in columns]
+                if unknown:
+                    raise KbertError(f"text.template names {', '.join(repr(n) for n in unknown)}, not a column of "
+                                     f"the data; available: {', '.join(columns)}")
         self.fitted_columns = list(columns)
         self.numeric_columns = {c for c in columns if c not in self.mappings and pd.api.types.is_numeric_dtype(rows[c])
                                 and not pd.api.types.is_bool_dtype(rows[c])}

@@ -28,7 +28,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from models.recompute import Dropout, set_recompute
-from models.weights import load_state_strict, save_safetensors
+from models.weights import load_state_strict, read_safetensors, save_safetensors
 from pipeline.errors import KbertError
 from pipeline.io import read_json, write_json
 
@@ -389,9 +389,6 @@ def load_adapter_weights(model: nn.Module, folder: Path) -> None:
     path = Path(folder) / ADAPTER_WEIGHTS_FILE
     if not path.is_file():
         raise KbertError(f"{path}: adapter weights not found")
-    try:
-        weights = mx.load(str(path))
-    except Exception as exc:  # a truncated or foreign file
-        raise KbertError(f"{path}: not a readable safetensors file ({exc})") from None
+    weights = read_safetensors(path)
     load_state_strict(model, weights, str(path), trainable_only=True, kind="adapter ")
 

@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import WordPiece
 
 from models import bert, modernbert, neobert
-from models.weights import load_state_strict, write_safetensors
+from models.weights import load_state_strict, read_safetensors, write_safetensors
 from pipeline.errors import KbertError
 from pipeline.io import read_json, write_json, write_text
 
@@ -99,12 +99,12 @@ def read_weights(folder: Path) -> dict[str, mx.array]:
     """All tensors of a checkpoint folder, by their stored names, as float32 where floating."""
     single, index, torch_bin = folder / "model.safetensors", folder / "model.safetensors.index.json", folder / "pytorch_model.bin"
     if single.is_file():
-        weights = mx.load(str(single))
+        weights = read_safetensors(single)
     elif index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         weights = {}
         for shard in shards:
-            weights.update(mx.load(str(folder / shard)))
+            weights.update(read_safetensors(folder / shard))
     elif torch_bin.is_file():
         try:
             import torch
@@ -157,7 +157,7 @@ def load_encoder(name_or_path: str | Path) -> tuple[nn.Module, Any, Tokenizer]:
     values = read_config(folder)
     encoder, config = build_encoder(values)
     weights = architecture(values["model_type"]).sanitize(read_weights(folder))
-    load_state_strict(encoder, weights, str(folder))
+    load_state_strict(encoder, weights, f"{folder} (a {values['model_type']} model per its config.json)")
     encoder.eval()
     return encoder, config, load_tokenizer(folder)
 

@@ -24,8 +24,8 @@ def load_state_strict(module: nn.Module, weights: dict[str, mx.array], source: s
     missing = sorted(set(expected) - set(weights))
     unexpected = sorted(set(weights) - set(expected))
     if missing or unexpected:
-        raise KbertError(f"{source}: {kind}weights do not match the model; missing keys: {missing or 'none'}; "
-                         f"unexpected keys: {unexpected or 'none'}")
+        raise KbertError(f"{source}: {kind}weights do not match the model; missing keys: {shortened(missing)}; "
+                         f"unexpected keys: {shortened(unexpected)}")
     wrong_shape = [f"{k} {tuple(weights[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
                    if tuple(weights[k].shape) != tuple(v.shape)]
     if wrong_shape:
@@ -34,10 +34,29 @@ def load_state_strict(module: nn.Module, weights: dict[str, mx.array], source: s
     mx.eval(module.parameters())
 
 
+def shortened(names: list[str], shown: int = 4) -> str:
+    """The first few names of a list and how many more there are, for a one-line message."""
+    if not names:
+        return "none"
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def read_safetensors(path: Path) -> dict[str, mx.array]:
+    """Every tensor of a safetensors file; a missing, truncated or corrupt file is one clear error."""
+    path = Path(path)
+    if not path.is_file():
+        raise KbertError(f"{path}: file not found")
+    try:
+        return mx.load(str(path), format="safetensors")
+    except (RuntimeError, ValueError, OSError) as exc:
+        detail = str(exc).split("] ", 1)[-1].replace(" Perhaps an incomplete download or corrupt file?", "")
+        raise KbertError(f"{path}: not a readable safetensors file (truncated or corrupt download?): {detail}") from None
+
+
 def load_weights_strict(module: nn.Module, path: Path) -> None:
     if not Path(path).is_file():
         raise KbertError(f"{path}: weight file not found")
-    load_state_strict(module, mx.load(str(path)), str(path))
+    load_state_strict(module, read_safetensors(path), str(path))
 
 
 def save_safetensors(path: Path, weights: dict[str, mx.array], metadata: dict[str, str] | None = None) -> Path:

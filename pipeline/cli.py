@@ -203,9 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--max-length", type=int, default=256, help="maximum tokens per text (default 256)")
     embed.add_argument("--batch-size", type=int, default=64)
 
-    commands.add_parser("doctor", help="report the MLX device, the bound BLAS and its measured speed",
-                        description="Report the MLX version and device, which BLAS MLX's CPU matmuls use, and "
-                                    "the measured 1024^3 float32 sgemm throughput. Warns on the slow reference BLAS.")
+    commands.add_parser("doctor", help="report the platform, MLX device, BLAS speed, versions, disk and credentials",
+                        description="Report the platform, the MLX version, device and GPU backends, which BLAS "
+                                    "MLX's CPU matmuls use and its measured 1024^3 float32 sgemm throughput, package "
+                                    "versions, free disk, and whether Kaggle credentials are present (never their "
+                                    "values). Exits 1 on the slow reference BLAS.")
 
     validate = commands.add_parser("validate", help="check a submission file against the sample submission",
                                    description="Check that a submission CSV has the sample submission's columns, "
@@ -225,6 +227,41 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--id", dest="id_column", help="the id column (default: inferred)")
     init.add_argument("--target", help="the target column (default: the training column missing from test)")
     init.add_argument("--force", action="store_true", help="overwrite an existing YAML")
+
+    download = commands.add_parser("download", help="download and unzip a Kaggle competition's files",
+                                   description="Fetch a competition's files with the official kaggle package and "
+                                               "unzip them into data/<slug>/, the folder kbert run reads first. "
+                                               "Accept the competition's rules on kaggle.com first.")
+    download.add_argument("slug", help="the competition's Kaggle slug, e.g. titanic")
+    download.add_argument("--data-dir", help="where the files go (default data/<slug>)")
+    download.add_argument("--force", action="store_true", help="download again even if the files are there")
+
+    submit = commands.add_parser("submit", help="validate a submission file, then submit it to Kaggle",
+                                 description="Check the file against the competition's sample submission (as kbert "
+                                             "validate does) and submit it with the official kaggle package.")
+    submit.add_argument("competition", help="a name under competitions/ or a path to a competition YAML; its name "
+                        "is the Kaggle slug")
+    submit.add_argument("file", help="the submission CSV")
+    submit.add_argument("-m", "--message", required=True, help="the submission's description on Kaggle")
+    submit.add_argument("--data-dir", help="folder with the sample submission (default: as kbert run)")
+
+    submissions = commands.add_parser("submissions", help="list your Kaggle submissions and their scores")
+    submissions.add_argument("competition", help="a competition name, YAML path or Kaggle slug")
+
+    leaderboard = commands.add_parser("leaderboard", help="show the top of a competition's public leaderboard")
+    leaderboard.add_argument("competition", help="a competition name, YAML path or Kaggle slug")
+    leaderboard.add_argument("--top", type=int, default=20, help="rows to show (default 20)")
+
+    report = commands.add_parser("report", help="plots and an HTML page for a run, a study or an ensemble",
+                                 description="Write PNG plots and a self-contained index.html: fold scores, training "
+                                             "curves, confusion matrix or residuals and calibration for a run; "
+                                             "Optuna history and importances for a study; member weights and "
+                                             "correlations for an ensemble (its sidecar .json). Needs matplotlib.")
+    report.add_argument("target", help="a run folder or run id, a study folder (runs/<comp>/<study>), or an "
+                        "ensemble sidecar JSON (submissions/<comp>/ensemble-*.json)")
+    report.add_argument("--out", dest="out_dir", default="runs", help="runs folder to look run ids up in")
+    report.add_argument("--output", help="folder for the PNGs and index.html (default <target>/report; for an "
+                        "ensemble, <json name>-report/ beside the JSON)")
 
     show = commands.add_parser("show-text", help="print training rows as the model reads them",
                                description="Serialize the first N training rows with the competition's text "
@@ -267,6 +304,8 @@ def _probability(text: str) -> float:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from pipeline.config import load_competition, resolve_run_config, run_config_from_file
     from pipeline.run import run_competition
 
@@ -289,7 +328,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise KbertError("name a competition (e.g. kbert run titanic) or pass --config FILE")
     else:
         config = resolve_run_config(load_competition(args.competition), overrides)
-    print_run_result(run_competition(config, run_id=args.run_id, progress=not args.no_progress))
+    from pipeline.run import new_run_id
+
+    run_id = args.run_id or new_run_id(config.seed)
+    try:
+        result = run_competition(config, run_id=run_id, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        print(f"kbert: interrupted; finished folds are kept in {Path(config.out_dir) / config.competition.name / run_id}"
+              f"; resume with the same command and --run-id {run_id}", file=sys.stderr)
+        return 130
+    print_run_result(result)
     return 0
 
 
@@ -371,24 +419,52 @@ def cmd_embed(args: argparse.Namespace) -> int:
 SLOW_BLAS_GFLOPS = 20.0  # the reference netlib BLAS measures ~5; OpenBLAS and MKL measure 100+
 
 
+DOCTOR_PACKAGES = ("mlx", "numpy", "pandas", "scikit-learn", "optuna", "tokenizers", "safetensors", "kaggle",
+                   "matplotlib", "torch", "transformers")
+LOW_DISK_GB = 5.0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
+    """Platform, MLX device and backends, BLAS and its speed, versions, disk, Kaggle credentials (never values)."""
     import platform
+    import shutil
+    from importlib import metadata
+    from pathlib import Path
 
     import mlx.core as mx
 
     from models.blas import STATUS, measure_sgemm_gflops
+    from pipeline.kaggle import credential_source
 
     print(f"platform: {platform.system()} {platform.machine()}, Python {platform.python_version()}")
-    print(f"mlx: {mx.__version__}, default device {mx.default_device()}")
+    backends = [name for name, module in (("metal", getattr(mx, "metal", None)), ("cuda", getattr(mx, "cuda", None)))
+                if module is not None and module.is_available()]
+    print(f"mlx: {mx.__version__}, default device {mx.default_device()}, GPU backends: {', '.join(backends) or 'none'}")
     print(f"BLAS: {STATUS.name}" + (f" ({STATUS.path})" if STATUS.path else "") + (f"; {STATUS.note}" if STATUS.note else ""))
     with mx.stream(mx.cpu):
         gflops = measure_sgemm_gflops()
     print(f"sgemm 1024^3 float32 on CPU: {gflops:.1f} GFLOP/s")
+    versions = []
+    for package in ("kbert",) + DOCTOR_PACKAGES:
+        try:
+            versions.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{package} -")
+    print("versions: " + ", ".join(versions))
+    folder = next(p for p in (Path.cwd(), *Path.cwd().parents) if p.exists())
+    free_gb = shutil.disk_usage(folder).free / 1e9
+    print(f"free disk: {free_gb:.1f} GB in {folder}")
+    source = credential_source()
+    print(f"kaggle credentials: {'found (' + source + ')' if source else 'none (kbert download/submit need a token)'}")
+    code = 0
+    if free_gb < LOW_DISK_GB:
+        print(f"warning: less than {LOW_DISK_GB:.0f} GB free; fold checkpoints and tuning trials need room",
+              file=sys.stderr)
     if platform.system() == "Linux" and gflops < SLOW_BLAS_GFLOPS:
         print("warning: MLX is using a slow BLAS; pip install mkl, or apt install libopenblas0-pthread, "
               "or set KBERT_BLAS=/path/to/libblas.so", file=sys.stderr)
-        return 1
-    return 0
+        code = 1
+    return code
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -435,6 +511,65 @@ def cmd_show_text(args: argparse.Namespace) -> int:
     return 0
 
 
+def kaggle_slug(competition: str) -> str:
+    """A competition name or YAML path -> its Kaggle slug (the YAML's name); anything else is taken as a slug."""
+    from pipeline.config import COMPETITIONS_DIR, load_competition
+
+    if competition.endswith((".yaml", ".yml")) or (COMPETITIONS_DIR / f"{competition}.yaml").is_file():
+        return load_competition(competition).name
+    return competition
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pipeline.config import COMPETITIONS_DIR, DOWNLOAD_DIR
+    from pipeline.kaggle import download_competition
+
+    folder = Path(args.data_dir) if args.data_dir else DOWNLOAD_DIR / args.slug
+    files = download_competition(args.slug, folder, force=args.force)
+    names = [str(p.relative_to(folder)) for p in files]
+    print(f"{folder}: {len(names)} files ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''})")
+    if (COMPETITIONS_DIR / f"{args.slug}.yaml").is_file():
+        print(f"next: kbert run {args.slug}" + (f" --data-dir {folder}" if args.data_dir else ""))
+    else:
+        print(f"next: kbert init {args.slug} --train {folder}/train.csv --test {folder}/test.csv "
+              f"(check the file names), then kbert run {args.slug}")
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pipeline.kaggle import submit_file
+
+    cmd_validate(args)
+    print(submit_file(kaggle_slug(args.competition), Path(args.file), args.message))
+    return 0
+
+
+def cmd_submissions(args: argparse.Namespace) -> int:
+    from pipeline.kaggle import submissions_table
+
+    print(submissions_table(kaggle_slug(args.competition)))
+    return 0
+
+
+def cmd_leaderboard(args: argparse.Namespace) -> int:
+    from pipeline.kaggle import leaderboard_table
+
+    print(leaderboard_table(kaggle_slug(args.competition), args.top))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from pipeline.report import write_report
+
+    page = write_report(args.target, args.out_dir, args.output)
+    print(f"report: {page}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -444,7 +579,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         commands = {"run": cmd_run, "tune": cmd_tune, "embed": cmd_embed, "doctor": cmd_doctor,
                     "validate": cmd_validate, "show-text": cmd_show_text, "init": cmd_init, "baseline": cmd_baseline,
-                    "ensemble": cmd_ensemble, "predict": cmd_predict}
+                    "ensemble": cmd_ensemble, "predict": cmd_predict, "download": cmd_download,
+                    "submit": cmd_submit, "submissions": cmd_submissions, "leaderboard": cmd_leaderboard,
+                    "report": cmd_report}
         return commands[args.command](args)
     except KbertError as exc:
         print(f"kbert: error: {exc}", file=sys.stderr)

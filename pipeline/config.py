@@ -6,6 +6,9 @@ and written to ``runs/<competition>/<run-id>/config.yaml``.
 
 from __future__ import annotations
 
+import difflib
+import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ from pipeline.errors import KbertError
 
 COMPETITIONS_DIR = Path(__file__).resolve().parent.parent / "competitions"
 BUNDLED_DATA_DIR = COMPETITIONS_DIR / "data"
+DOWNLOAD_DIR = Path(os.environ.get("KBERT_DATA", "data"))  # `kbert download <slug>` writes data/<slug>/
 TARGET_TRANSFORMS = ("none", "log1p", "standardize", "log1p_standardize")
 COLUMN_DTYPES = ("int", "float", "str", "bool")
 REQUIRED_KEYS = ("name", "id_column", "target", "task", "files", "columns", "submission", "text")
@@ -188,20 +192,37 @@ def competition_path(name_or_path: str) -> Path:
     return path
 
 
+def read_yaml(path: Path) -> Any:
+    """A YAML file's contents; a syntax error is one line naming the file, line and column."""
+    try:
+        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise KbertError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise KbertError(f"{path}: invalid YAML{where}: {problem}") from None
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for a close known name, else an empty string."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def load_competition(name_or_path: str) -> CompetitionConfig:
     source = competition_path(name_or_path)
-    try:
-        data = yaml.safe_load(source.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise KbertError(f"{source}: invalid YAML: {exc}") from None
+    data = read_yaml(source)
     if not isinstance(data, dict):
         raise KbertError(f"{source}: expected a mapping at the top level")
+    unknown_keys = sorted(set(data) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
+    if unknown_keys:
+        raise KbertError(f"{source}: unknown top-level key(s) {', '.join(map(repr, unknown_keys))}"
+                         f"{did_you_mean(unknown_keys[0], REQUIRED_KEYS + OPTIONAL_KEYS)}; known: "
+                         f"{', '.join(REQUIRED_KEYS + OPTIONAL_KEYS)}")
     for key in REQUIRED_KEYS:
         _require(data, key, source)
-    unknown_keys = set(data) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS)
-    if unknown_keys:
-        raise KbertError(f"{source}: unknown top-level keys {sorted(unknown_keys)}; known: "
-                         f"{', '.join(REQUIRED_KEYS + OPTIONAL_KEYS)}")
     task = _require(data, "task", source)
     if task not in TASKS:
         raise KbertError(f"{source}: task '{task}' is not supported; supported: {', '.join(TASKS)}")
@@ -322,6 +343,9 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         raise KbertError(f"text.truncate must be warn or priority, got '{competition.text.truncate}'")
     if train.augment < 0:
         raise KbertError(f"augment must be at least 0, got {train.augment}")
+    limit_rows = merged.get("limit_rows")
+    if limit_rows is not None and limit_rows < 1:
+        raise KbertError(f"limit_rows must be at least 1, got {limit_rows}")
     for name in ("epochs", "batch_size", "eval_batch_size", "max_length", "length_bucket", "tta"):
         if getattr(train, name) < 1:
             raise KbertError(f"{name} must be at least 1, got {getattr(train, name)}")
@@ -381,10 +405,7 @@ def read_run_file(path: Path) -> tuple[str | dict, dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise KbertError(f"config file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise KbertError(f"{path}: invalid YAML: {exc}") from None
+    data = read_yaml(path)
     if not isinstance(data, dict) or "competition" not in data:
         raise KbertError(f"{path}: expected a mapping with a 'competition' key")
     rest = {k: v for k, v in data.items() if k != "competition"}

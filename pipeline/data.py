@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import codecs
+import csv
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from pipeline.config import BUNDLED_DATA_DIR, CompetitionConfig
+from pipeline.config import BUNDLED_DATA_DIR, DOWNLOAD_DIR, CompetitionConfig
 from pipeline.errors import KbertError
 
 
@@ -21,16 +23,27 @@ class CompetitionData:
 
 
 def resolve_data_dir(competition: CompetitionConfig, data_dir: str | Path | None) -> Path:
-    """``--data-dir`` if given, else the YAML's ``data_dir``, else the copy bundled under ``competitions/data/<name>``."""
-    path = Path(data_dir or competition.data_dir or BUNDLED_DATA_DIR / competition.name)
+    """``--data-dir`` if given, else the YAML's ``data_dir``, else ``data/<name>`` when ``kbert download`` put it
+    there, else the copy bundled under ``competitions/data/<name>``."""
+    downloaded = DOWNLOAD_DIR / competition.name
+    default = downloaded if downloaded.is_dir() else BUNDLED_DATA_DIR / competition.name
+    path = Path(data_dir or competition.data_dir or default)
     if not path.is_dir():
         raise KbertError(f"data folder not found: {path}")
     return path
 
 
+MAX_CELL_CHARS = 1_000_000  # a larger cell is nearly always an unclosed quote that swallowed the rest of the file
+
+
 def read_csv(path: Path) -> pd.DataFrame:
+    """A CSV as UTF-8 (a UTF-8 byte-order mark is fine); every way it can be unreadable is one clear error."""
     if not path.is_file():
         raise KbertError(f"{path}: file not found")
+    with open(path, "rb") as handle:
+        start = handle.read(4)
+    if start.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise KbertError(f"{path}: is UTF-16 text (it starts with a UTF-16 byte-order mark); re-save it as UTF-8")
     try:
         frame = pd.read_csv(path, encoding="utf-8-sig", keep_default_na=True)
     except pd.errors.EmptyDataError:
@@ -38,10 +51,38 @@ def read_csv(path: Path) -> pd.DataFrame:
     except UnicodeDecodeError as exc:
         raise KbertError(f"{path}: not valid UTF-8 (byte {exc.start}); re-save the file as UTF-8") from None
     except pd.errors.ParserError as exc:
-        raise KbertError(f"{path}: could not parse CSV: {exc}") from None
+        raise KbertError(f"{path}: could not parse CSV: {' '.join(str(exc).split())}") from None
+    _check_header(path, frame)
     if frame.empty:
         raise KbertError(f"{path}: has a header but no rows")
+    for column in frame.columns:
+        if pd.api.types.is_numeric_dtype(frame[column]):
+            continue
+        lengths = frame[column].astype(str).str.len()
+        if lengths.max() > MAX_CELL_CHARS:
+            row = int(lengths.values.argmax())
+            raise KbertError(f"{path}: column '{column}' row {row + 2} holds {lengths.iloc[row]:,} characters "
+                             f"(more than {MAX_CELL_CHARS:,}); an unclosed quote?")
     return frame
+
+
+def _check_header(path: Path, frame: pd.DataFrame) -> None:
+    """Duplicate column names (pandas would silently rename one 'x.1') and a file split on another separator."""
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        header = next(csv.reader(handle), [])
+    duplicated = [c for i, c in enumerate(header) if c in header[:i]]
+    if duplicated:
+        raise KbertError(f"{path}: column '{duplicated[0]}' appears twice in the header")
+    if len(frame.columns) == 1:
+        separator = next((sep for sep in (";", "\t", "|") if sep in str(frame.columns[0])), None)
+        if separator is not None:
+            raise KbertError(f"{path}: has a single column; its values are separated by {separator!r}, not commas: "
+                             "re-save it as a comma-separated CSV")
+
+
+def plain(value: object) -> object:
+    """A numpy scalar as the Python value it holds, so that messages print 5, not np.int64(5)."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _check_columns(frame: pd.DataFrame, required: list[str], path: Path) -> None:
@@ -57,13 +98,13 @@ def _check_dtype(frame: pd.DataFrame, column: str, dtype: str, path: Path, allow
     if dtype == "bool":
         bad = values.notna() & ~values.astype(str).isin(["True", "False"])
         if bad.any():
-            raise KbertError(f"{path}: column '{column}' must be True/False, found {values[bad].iloc[0]!r} "
+            raise KbertError(f"{path}: column '{column}' must be True/False, found {plain(values[bad].iloc[0])!r} "
                              f"(row {int(bad.values.argmax()) + 2})")
         return
     numeric = pd.to_numeric(values, errors="coerce")
     bad = numeric.isna() & values.notna()
     if bad.any():
-        example = values[bad].iloc[0]
+        example = plain(values[bad].iloc[0])
         raise KbertError(f"{path}: column '{column}' must be {dtype}, found {example!r} (row {int(bad.idxmax()) + 2})")
     if not allow_missing and numeric.isna().any():
         raise KbertError(f"{path}: column '{column}' has missing values (row {int(numeric.isna().idxmax()) + 2})")
@@ -79,7 +120,7 @@ def _check_ids(frame: pd.DataFrame, id_column: str, path: Path) -> None:
         raise KbertError(f"{path}: id column '{id_column}' has missing values")
     duplicated = frame[id_column].duplicated()
     if duplicated.any():
-        raise KbertError(f"{path}: id column '{id_column}' has duplicate id {frame[id_column][duplicated].iloc[0]!r}")
+        raise KbertError(f"{path}: id column '{id_column}' has duplicate id {plain(frame[id_column][duplicated].iloc[0])!r}")
 
 
 def check_feature_rows(frame: pd.DataFrame, competition: CompetitionConfig, path: Path) -> None:
@@ -101,17 +142,22 @@ def check_targets(train: pd.DataFrame, competition: CompetitionConfig, path: Pat
         else:
             _check_dtype(train, column, "float", path, allow_missing=False)
         values = train[column] if task == "multiclass" else pd.to_numeric(train[column])
-        distinct = sorted(values.unique(), key=str)
+        distinct = sorted((plain(v) for v in values.unique()), key=lambda v: (isinstance(v, str), v))
         if task in ("binary", "multilabel") and not set(distinct) <= {0, 1}:
-            raise KbertError(f"{path}: {task} target '{column}' must be 0/1, found {distinct[:10]}")
+            shown = ", ".join(map(str, distinct[:5])) + (", ..." if len(distinct) > 5 else "")
+            raise KbertError(f"{path}: {task} target '{column}' must be 0/1, found {len(distinct)} distinct values "
+                             f"({shown}); is the YAML's task or target wrong?")
         if task in ("binary", "multiclass", "multilabel", "ordinal") and len(distinct) < 2:
-            raise KbertError(f"{path}: {task} target '{column}' has a single value {distinct}; nothing to learn")
+            raise KbertError(f"{path}: {task} target '{column}' has the single value {distinct[0]!r}; "
+                             "nothing to learn")
         if task == "ordinal" and not (values == values.round()).all():
             raise KbertError(f"{path}: ordinal target '{column}' must hold integer levels")
-        if task == "ordinal" and competition.classes is not None:
-            unknown = set(distinct) - set(competition.classes)
-            if unknown:
-                raise KbertError(f"{path}: ordinal target '{column}' has values {sorted(unknown)} not in 'classes'")
+        if task in ("ordinal", "multiclass") and competition.classes is not None:
+            unseen = [v for v in distinct if v not in competition.classes]
+            if unseen:
+                row = int(values.isin(unseen).to_numpy().argmax()) + 2
+                raise KbertError(f"{path}: {task} target '{column}' has class(es) {', '.join(map(repr, unseen))} "
+                                 f"(row {row}) that the YAML's classes {competition.classes} do not list")
 
 
 def load_competition_data(competition: CompetitionConfig, data_dir: str | Path | None = None) -> CompetitionData:

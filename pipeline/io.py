@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -52,6 +53,14 @@ def write_yaml(path: Path, data: Any) -> Path:
 
 def write_csv(path: Path, frame: pd.DataFrame) -> Path:
     return atomic_write(path, lambda p: frame.to_csv(p, index=False))
+
+
+def write_npz(path: Path, **arrays: np.ndarray) -> Path:
+    def save(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:  # a handle: np.savez would append ".npz" to the temp name
+            np.savez(handle, **arrays)
+
+    return atomic_write(path, save)
 
 
 def read_json(path: Path, required: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -50,14 +50,14 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     run_dir = Path(run_dir)
     config = run_config_from_file(run_dir / "config.yaml")
     comp = config.competition
+    rows = read_csv(Path(data_path))  # the user's file first: its mistakes are the likeliest
+    check_feature_rows(rows, comp, Path(data_path))
     metrics = read_json(run_dir / "metrics.json", required=("cv",))
     fold_dirs = sorted(p for p in (run_dir / "folds").glob("*") if (p / "config.json").is_file())
     if not fold_dirs:
         raise KbertError(f"{run_dir}: no fold models in folds/ (a tuning trial outside the top-N keeps none)")
     data = load_competition_data(comp, config.data_dir or None)
     train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows].reset_index(drop=True)
-    rows = read_csv(Path(data_path))
-    check_feature_rows(rows, comp, Path(data_path))
     features, new_features = add_features(comp.features, train.drop(columns=comp.target_columns),
                                           rows[list(comp.columns)])
     folds = pd.read_csv(run_dir / "folds.csv").set_index(comp.id_column).loc[train[comp.id_column].to_numpy()]

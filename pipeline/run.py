@@ -3,12 +3,18 @@
 Artifacts (``runs/<competition>/<run-id>/``): config.yaml, folds.csv, oof.csv, test.csv (predictions;
 see pipeline/predictions.py for their columns), outputs.npz (raw OOF and fold-averaged test head
 outputs), metrics.json, folds/<k>/{model.safetensors, config.json, tokenizer.json, test.csv, history.json,
-serializer.json (the serializer's fitted statistics)}; with repeated k-fold the fold folders are r<repeat>-<k>.
+serializer.json (the serializer's fitted statistics), outputs.npz (the fold's raw and final validation and test
+predictions), fold.json (its score; written last: a fold without it is unfinished)}; with repeated k-fold the fold
+folders are r<repeat>-<k>.
+
+Resume: rerunning with the same ``--run-id`` and config keeps every fold that has fold.json and trains the rest
+(a fold interrupted half-way is trained again), so an interrupted run ends as an uninterrupted one would.
 """
 
 from __future__ import annotations
 
 import random
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -18,6 +24,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pandas as pd
+import yaml
 from mlx.utils import tree_flatten
 from tokenizers import Tokenizer
 
@@ -38,7 +45,7 @@ from pipeline.config import RunConfig, adapter_config
 from pipeline.data import load_competition_data
 from pipeline.errors import KbertError
 from pipeline.folds import fold_groups, folds_path, load_or_make_folds, purge_training_rows
-from pipeline.io import atomic_write, write_csv, write_json, write_text, write_yaml
+from pipeline.io import read_json, write_csv, write_json, write_npz, write_text, write_yaml
 from pipeline.metrics import get_metric
 from pipeline.predictions import (check_metric_fits_task, metric_targets, prediction_columns, prediction_table, score,
                                   tune_label_thresholds, tune_threshold)
@@ -153,13 +160,32 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     head = make_head_config(config, num_outputs(task, targets))
     truth = metric_targets(task, targets.values, raw_targets, metric.kind, targets.classes)
     threshold = 0.5 if config.head.threshold == "tune" else float(config.head.threshold)
+    from_scratch = trains_from_scratch(config.model.encoder)
+    encoder_config, tokenizer, tokenizer_path, pretrained_weights = None, None, None, None
+    if not from_scratch:
+        pretrained_folder = resolve_encoder_path(config.model.encoder)
+        pretrained, _, tokenizer = load_encoder(pretrained_folder)  # read once; fails loudly on a bad checkpoint
+        pretrained_weights = dict(tree_flatten(pretrained.parameters()))  # immutable arrays: safe to share
+        encoder_config = read_config(pretrained_folder)
+        limit = encoder_config.get("max_position_embeddings")
+        if limit is not None and config.train.max_length > limit:
+            raise KbertError(f"--max-length {config.train.max_length} exceeds the encoder's "
+                             f"max_position_embeddings {limit}")
+    adapter = adapter_config(config.model)
+    base_fingerprint = weights_fingerprint(pretrained_folder) if adapter is not None else ""
+    make_serializer(config).fit(features).transform(features.iloc[:2])  # a bad text setting fails before any write
+
     run_id = run_id or new_run_id(config.seed)
     comp_dir = Path(config.out_dir) / comp.name
     run_dir = comp_dir / run_id
     if run_dir.exists():
-        raise KbertError(f"run folder already exists: {run_dir}; pick another --run-id")
-    run_dir.mkdir(parents=True)
-    write_yaml(run_dir / "config.yaml", {"run_id": run_id, **config.to_dict()})
+        check_resumable(run_dir, config)
+        log(f"resuming run {run_id}: finished folds are kept, the others are trained")
+    else:
+        run_dir.mkdir(parents=True)
+        write_yaml(run_dir / "config.yaml", {"run_id": run_id, **config.to_dict()})
+    if not from_scratch:
+        tokenizer_path = write_text(run_dir / "tokenizer.json", tokenizer.to_str())
 
     fold_sets = make_fold_sets(config, train, targets, comp_dir)  # one fold-per-row array per repeat
     fold_table = pd.DataFrame({comp.id_column: train[comp.id_column].to_numpy(), "fold": fold_sets[0]})
@@ -168,21 +194,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     write_csv(run_dir / "folds.csv", fold_table)
     fold_of_row = fold_sets[0]
 
-    from_scratch = trains_from_scratch(config.model.encoder)
-    encoder_config, tokenizer, tokenizer_path, pretrained_weights = None, None, None, None
-    if not from_scratch:
-        pretrained_folder = resolve_encoder_path(config.model.encoder)
-        pretrained, _, tokenizer = load_encoder(pretrained_folder)  # read once; fails loudly on a bad checkpoint
-        pretrained_weights = dict(tree_flatten(pretrained.parameters()))  # immutable arrays: safe to share
-        tokenizer_path = run_dir / "tokenizer.json"
-        write_text(tokenizer_path, tokenizer.to_str())
-        encoder_config = read_config(pretrained_folder)
-        limit = encoder_config.get("max_position_embeddings")
-        if limit is not None and config.train.max_length > limit:
-            raise KbertError(f"--max-length {config.train.max_length} exceeds the encoder's "
-                             f"max_position_embeddings {limit}")
-    adapter = adapter_config(config.model)
-    base_fingerprint = weights_fingerprint(pretrained_folder) if adapter is not None else ""
+    log(f"run {run_id}: {run_dir}")
     log(f"{comp.name}: {len(train)} train rows, {len(test_features)} test rows, {comp.folds.k} folds, "
         f"encoder {config.model.encoder}" + (f" + {config.model.adapter} adapters" if adapter else "") +
         f", BLAS {BLAS_STATUS.name}")
@@ -196,97 +208,115 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     for r, k in ((r, k) for r in range(repeats) for k in range(k_folds)):
         fold_name = str(k) if repeats == 1 else f"r{r}-{k}"
         description = f"fold {k + 1}/{k_folds}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else "")
-        train_index, valid_index = np.flatnonzero(fold_sets[r] != k), np.flatnonzero(fold_sets[r] == k)
-        train_index = purge_training_rows(train_index, valid_index, comp.folds)
-        fitted = fit_fold(config, features.iloc[train_index], None if raw_targets is None else raw_targets[train_index],
-                          comp_dir / "cache")
-        serializer, transform, plain_train_texts = fitted.serializer, fitted.target_transform, fitted.train_texts
-        if from_scratch:
-            tokenizer, tokenizer_path, encoder_config = fitted.tokenizer, fitted.tokenizer_path, fitted.encoder_config
-        if r == 0 and k == 0:
-            log(f"example text: {plain_train_texts[0]}")
-            all_texts = serializer.transform(features)  # for the report only: every training row's length
-            budget = token_budget(token_lengths(tokenizer, all_texts), config.train.max_length)
-            if budget["truncated_rows"]:
-                remedy = ("their lowest-priority columns are dropped (text.truncate: priority)"
-                          if comp.text.truncate == "priority" else
-                          "lose their end; raise --max-length, choose fewer text.columns or set text.truncate: priority")
-                log(f"warning: {budget['truncated_rows']} of {len(all_texts)} rows "
-                    f"({budget['truncated_share']:.1%}) exceed --max-length {config.train.max_length} tokens "
-                    f"(longest {budget['max_tokens']}): {remedy}")
-        fold_targets = transform.forward(raw_targets) if transform is not None else targets.values
-
-        fits = fits_in(tokenizer, config.train.max_length) if comp.text.truncate == "priority" else None
-
-        def tokens(rows: pd.DataFrame, variant: int = 0) -> list[np.ndarray]:
-            """Token ids of ``rows``; variant 0 is the plain text, others are seeded augmentations."""
-            rng = np.random.default_rng([config.seed, r, k, variant]) if variant else None
-            return encode(tokenizer, serializer.transform(rows, rng=rng, fits=fits), config.train.max_length)
-
-        train_rows, valid_rows = features.iloc[train_index], features.iloc[valid_index]
-        fold_data = FoldData(  # the training rows' plain text is already serialized, unless it must be truncated
-            train_tokens=tokens(train_rows) if fits else encode(tokenizer, plain_train_texts, config.train.max_length),
-            train_targets=fold_targets[train_index],
-            valid_tokens=tokens(valid_rows),
-            valid_targets=fold_targets[valid_index],
-            test_tokens=tokens(test_features),
-            train_variants=[tokens(train_rows, v) for v in range(1, config.train.augment + 1)],
-            valid_tta=[tokens(valid_rows, v) for v in range(1, config.train.tta)],
-            test_tta=[tokens(test_features, v) for v in range(1, config.train.tta)],
-        )
-        fold_seed = config.seed * 1000 + r * 100 + k
-        seed_everything(fold_seed)
-        model = build_task_model(encoder_config, head, config.model.pooling)
-        if pretrained_weights is not None:  # every fold starts from the pretrained weights
-            load_state_strict(model.encoder, pretrained_weights, config.model.encoder)
-        if config.train.gradient_checkpointing:
-            set_recompute(model.encoder, True)
-        if adapter is not None:
-            report = apply_adapters(model, adapter)
+        fold_dir = run_dir / "folds" / fold_name
+        finished = read_finished_fold(fold_dir)
+        if finished is not None:  # resumed run: this fold was done before the interruption
+            valid_index = np.flatnonzero(fold_sets[r] == k)
+            valid_outputs, valid_predictions = finished["valid_outputs"], finished["valid_predictions"]
+            fold_test_outputs, fold_test_predictions = finished["test_outputs"], finished["test_predictions"]
+            record, budget = finished["record"], finished.get("tokens") or budget
+            log(f"{description}: {comp.metric} {record['score']:.4f} (finished before; kept)")
+        else:
+            if fold_dir.exists():  # a fold interrupted half-way is trained again from scratch
+                shutil.rmtree(fold_dir)
+            train_index, valid_index = np.flatnonzero(fold_sets[r] != k), np.flatnonzero(fold_sets[r] == k)
+            train_index = purge_training_rows(train_index, valid_index, comp.folds)
+            fitted = fit_fold(config, features.iloc[train_index],
+                              None if raw_targets is None else raw_targets[train_index], comp_dir / "cache")
+            serializer, transform, plain_train_texts = fitted.serializer, fitted.target_transform, fitted.train_texts
+            if from_scratch:
+                tokenizer, tokenizer_path = fitted.tokenizer, fitted.tokenizer_path
+                encoder_config = fitted.encoder_config
             if r == 0 and k == 0:
-                log(report.summary())
+                log(f"example text: {plain_train_texts[0]}")
+                all_texts = serializer.transform(features)  # for the report only: every training row's length
+                budget = token_budget(token_lengths(tokenizer, all_texts), config.train.max_length)
+                if budget["truncated_rows"]:
+                    remedy = ("their lowest-priority columns are dropped (text.truncate: priority)"
+                              if comp.text.truncate == "priority" else
+                              "lose their end; raise --max-length, choose fewer text.columns or set "
+                              "text.truncate: priority")
+                    log(f"warning: {budget['truncated_rows']} of {len(all_texts)} rows "
+                        f"({budget['truncated_share']:.1%}) exceed --max-length {config.train.max_length} tokens "
+                        f"(longest {budget['max_tokens']}): {remedy}")
+            fold_targets = transform.forward(raw_targets) if transform is not None else targets.values
 
-        def evaluate(outputs: np.ndarray, index=valid_index, transform=transform) -> float:
-            return score(metric, task, truth[index], to_predictions(head, outputs, transform), threshold,
-                         targets.classes)
+            fits = fits_in(tokenizer, config.train.max_length) if comp.text.truncate == "priority" else None
 
-        result = train_fold(model, fold_data, config.train, evaluate, metric.greater_is_better, seed=fold_seed,
-                            description=description, progress=progress)
-        valid_predictions = to_predictions(head, result.valid_outputs, transform)
-        fold_test_predictions = to_predictions(head, result.test_outputs, transform)
+            def tokens(rows: pd.DataFrame, variant: int = 0) -> list[np.ndarray]:
+                """Token ids of ``rows``; variant 0 is the plain text, others are seeded augmentations."""
+                rng = np.random.default_rng([config.seed, r, k, variant]) if variant else None
+                return encode(tokenizer, serializer.transform(rows, rng=rng, fits=fits), config.train.max_length)
+
+            train_rows, valid_rows = features.iloc[train_index], features.iloc[valid_index]
+            # The training rows' plain text is already serialized, unless it must be truncated.
+            fold_data = FoldData(
+                train_tokens=(tokens(train_rows) if fits
+                              else encode(tokenizer, plain_train_texts, config.train.max_length)),
+                train_targets=fold_targets[train_index],
+                valid_tokens=tokens(valid_rows),
+                valid_targets=fold_targets[valid_index],
+                test_tokens=tokens(test_features),
+                train_variants=[tokens(train_rows, v) for v in range(1, config.train.augment + 1)],
+                valid_tta=[tokens(valid_rows, v) for v in range(1, config.train.tta)],
+                test_tta=[tokens(test_features, v) for v in range(1, config.train.tta)],
+            )
+            fold_seed = config.seed * 1000 + r * 100 + k
+            seed_everything(fold_seed)
+            model = build_task_model(encoder_config, head, config.model.pooling)
+            if pretrained_weights is not None:  # every fold starts from the pretrained weights
+                load_state_strict(model.encoder, pretrained_weights, config.model.encoder)
+            if config.train.gradient_checkpointing:
+                set_recompute(model.encoder, True)
+            if adapter is not None:
+                report = apply_adapters(model, adapter)
+                if r == 0 and k == 0:
+                    log(report.summary())
+
+            def evaluate(outputs: np.ndarray, index=valid_index, transform=transform) -> float:
+                return score(metric, task, truth[index], to_predictions(head, outputs, transform), threshold,
+                             targets.classes)
+
+            result = train_fold(model, fold_data, config.train, evaluate, metric.greater_is_better, seed=fold_seed,
+                                description=description, progress=progress)
+            valid_predictions = to_predictions(head, result.valid_outputs, transform)
+            fold_test_predictions = to_predictions(head, result.test_outputs, transform)
+            checkpoint_config = {"encoder_config": encoder_config, "head": head.to_dict(),
+                                 "pooling": config.model.pooling, "source": config.model.encoder,
+                                 "target_transform": vars(transform) if transform else None}
+            if adapter is not None:  # an adapter checkpoint names its base so that it loads from anywhere
+                checkpoint_config["source"] = str(config.model.encoder if config.model.encoder in SHIPPED
+                                                  else pretrained_folder.resolve())
+            if adapter is not None and config.model.adapter_checkpoint == "merged":
+                merge_adapters(model, dequantize=True)
+                checkpoint_config["merged_adapter"] = adapter.to_dict()
+            adapter_only = adapter is not None and config.model.adapter_checkpoint == "adapter"
+            save_checkpoint(model, fold_dir, checkpoint_config, tokenizer_path,
+                            adapter=adapter if adapter_only else None, base_fingerprint=base_fingerprint)
+            write_csv(fold_dir / "test.csv", predictions_frame(comp, targets.classes,
+                                                              test_features[comp.id_column], fold_test_predictions))
+            write_json(fold_dir / "history.json", result.history)
+            write_json(fold_dir / "serializer.json", serializer.fitted_statistics())
+            record = {"fold": k, "repeat": r, "score": result.best_score, "best_epoch": result.best_epoch,
+                      "n_train": len(train_index), "n_valid": len(valid_index), "seconds": round(result.seconds, 2)}
+            valid_outputs, fold_test_outputs = result.valid_outputs, result.test_outputs
+            write_finished_fold(fold_dir, valid_outputs, valid_predictions, fold_test_outputs,
+                                fold_test_predictions, record, budget if r == 0 and k == 0 else None)
+            log(f"{description}: {comp.metric} {result.best_score:.4f} "
+                f"(best epoch {result.best_epoch + 1}, {result.seconds:.0f}s)")
         if oof_output_sum is None:
-            oof_output_sum = np.zeros((len(train),) + result.valid_outputs.shape[1:], dtype=np.float64)
+            oof_output_sum = np.zeros((len(train),) + valid_outputs.shape[1:], dtype=np.float64)
             oof_prediction_sum = np.zeros((len(train),) + valid_predictions.shape[1:], dtype=np.float64)
         # Repeats: each row's OOF is the mean over its repeats (predictions on the target's own scale).
-        oof_output_sum[valid_index] += result.valid_outputs
+        oof_output_sum[valid_index] += valid_outputs
         oof_prediction_sum[valid_index] += valid_predictions
         oof_count[valid_index] += 1
-        test_outputs.append(result.test_outputs)
+        test_outputs.append(fold_test_outputs)
         test_predictions.append(fold_test_predictions)
-        fold_dir = run_dir / "folds" / fold_name
-        checkpoint_config = {"encoder_config": encoder_config, "head": head.to_dict(), "pooling": config.model.pooling,
-                             "source": config.model.encoder, "target_transform": vars(transform) if transform else None}
-        if adapter is not None:  # an adapter checkpoint names its base so that it loads from anywhere
-            checkpoint_config["source"] = str(config.model.encoder if config.model.encoder in SHIPPED
-                                              else pretrained_folder.resolve())
-        if adapter is not None and config.model.adapter_checkpoint == "merged":
-            merge_adapters(model, dequantize=True)
-            checkpoint_config["merged_adapter"] = adapter.to_dict()
-        adapter_only = adapter is not None and config.model.adapter_checkpoint == "adapter"
-        save_checkpoint(model, fold_dir, checkpoint_config, tokenizer_path, adapter=adapter if adapter_only else None,
-                        base_fingerprint=base_fingerprint)
-        write_csv(fold_dir / "test.csv", predictions_frame(comp, targets.classes, test_features[comp.id_column],
-                                                          fold_test_predictions))
-        write_json(fold_dir / "history.json", result.history)
-        write_json(fold_dir / "serializer.json", serializer.fitted_statistics())
-        fold_scores.append(result.best_score)
-        fold_records.append({"fold": k, "repeat": r, "score": result.best_score, "best_epoch": result.best_epoch,
-                             "n_train": len(train_index), "n_valid": len(valid_index),
-                             "seconds": round(result.seconds, 2)})
-        log(f"{description}: {comp.metric} {result.best_score:.4f} "
-            f"(best epoch {result.best_epoch + 1}, {result.seconds:.0f}s)")
+        fold_scores.append(record["score"])
+        fold_records.append(record)
         if on_fold is not None:
-            on_fold(r * k_folds + k, result.best_score)
+            on_fold(r * k_folds + k, record["score"])
 
     if oof_count.min() == 0:
         raise KbertError(f"{int((oof_count == 0).sum())} training rows were in no validation fold")
@@ -316,7 +346,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                                                                         threshold, targets.classes)}
     write_csv(run_dir / "oof.csv", predictions_frame(comp, targets.classes, train[comp.id_column], oof_predictions))
     write_csv(run_dir / "test.csv", predictions_frame(comp, targets.classes, data.test[comp.id_column], test_mean))
-    atomic_write(run_dir / "outputs.npz", lambda p: np.savez(open(p, "wb"), oof=oof_outputs, test=test_outputs_mean))
+    write_npz(run_dir / "outputs.npz", oof=oof_outputs, test=test_outputs_mean)
     submission_path = write_predictions_submission(
         comp, test_mean, targets.classes, threshold, data.test[comp.id_column], data.sample_submission,
         submission_path or Path(config.submissions_dir) / comp.name / f"{run_id}.csv")
@@ -329,6 +359,50 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     })
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=fold_scores, cv_score=cv_score, metric=comp.metric,
                      submission_path=submission_path, seconds=seconds)
+
+
+def check_resumable(run_dir: Path, config: RunConfig) -> None:
+    """An existing run folder may be resumed only with the config it was started with."""
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise KbertError(f"run folder already exists and has no config.yaml: {run_dir}; pick another --run-id")
+    saved = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+    saved.pop("run_id", None)
+    current = yaml.safe_load(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    changed = config_differences(saved, current)
+    if changed:
+        shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise KbertError(f"{config_path}: run '{run_dir.name}' was started with other settings ({shown}); "
+                         "resume it with the same settings, or pick another --run-id")
+
+
+def config_differences(saved: object, current: object, prefix: str = "") -> list[str]:
+    """``key: saved -> current`` for every leaf that differs between two config dicts."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        changes = []
+        for key in list(saved) + [k for k in current if k not in saved]:
+            changes += config_differences(saved.get(key), current.get(key), f"{prefix}{key}.")
+        return changes
+    return [] if saved == current else [f"{prefix.rstrip('.')}: {saved!r} -> {current!r}"]
+
+
+def write_finished_fold(fold_dir: Path, valid_outputs: np.ndarray, valid_predictions: np.ndarray,
+                        test_outputs: np.ndarray, test_predictions: np.ndarray, record: dict,
+                        tokens: dict | None) -> None:
+    """The fold's predictions, then fold.json: the marker that the fold is complete."""
+    arrays = {"valid_outputs": valid_outputs, "valid_predictions": valid_predictions, "test_outputs": test_outputs,
+              "test_predictions": test_predictions}
+    write_npz(fold_dir / "outputs.npz", **arrays)
+    write_json(fold_dir / "fold.json", {"record": record, "tokens": tokens})
+
+
+def read_finished_fold(fold_dir: Path) -> dict | None:
+    """A finished fold's predictions, record and token budget; None when the fold is absent or unfinished."""
+    if not (fold_dir / "fold.json").is_file() or not (fold_dir / "outputs.npz").is_file():
+        return None
+    with np.load(fold_dir / "outputs.npz") as arrays:
+        finished = {name: arrays[name] for name in arrays.files}
+    return {**finished, **read_json(fold_dir / "fold.json", required=("record",))}
 
 
 def expand(counts: np.ndarray, like: np.ndarray) -> np.ndarray:

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import yaml
 
-from pipeline.config import CompetitionConfig, RunConfig
+from pipeline.config import CompetitionConfig, RunConfig, read_yaml
 from pipeline.errors import KbertError
+from pipeline.io import write_yaml
 
 DEFAULT_SPACE = Path(__file__).resolve().parent / "search_space.yaml"
 SET_PREFIXES = ("adapter_options.", "text.")
@@ -29,12 +29,9 @@ class Param:
 
 
 def read_space_file(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise KbertError(f"search space file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise KbertError(f"{path}: invalid YAML: {exc}") from None
+    if not Path(path).is_file():
+        raise KbertError(f"search space file not found: {path}")
+    data = read_yaml(path)
     if not isinstance(data, dict) or not isinstance(data.get("params", {}), dict):
         raise KbertError(f"{path}: a search space is a mapping with 'params' (and optionally 'tasks')")
     return data
@@ -48,9 +45,7 @@ def has_gpu() -> bool:
 
 def write_space_file(path: Path, space: dict) -> Path:
     """Write a search space YAML in the mapping's own order (a sorted dump would still load: see parse_space)."""
-    path = Path(path)
-    path.write_text(yaml.safe_dump(space, sort_keys=False), encoding="utf-8")
-    return path
+    return write_yaml(Path(path), space)
 
 
 def space_entries(competition: CompetitionConfig, space_file: Path | None = None,

@@ -64,3 +64,15 @@ def test_missing_data_dir(titanic, tmp_path):
 def test_unknown_competition():
     with pytest.raises(KbertError, match="unknown competition 'no-such-thing'"):
         load_competition("no-such-thing")
+
+
+def test_kbert_run_reads_the_folder_kbert_download_writes(tmp_path, monkeypatch):
+    from pipeline.config import DOWNLOAD_DIR
+    from pipeline.data import resolve_data_dir
+
+    competition = load_competition("titanic")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_data_dir(competition, None) == BUNDLED_DATA_DIR / "titanic"  # nothing downloaded: the bundled copy
+    (tmp_path / DOWNLOAD_DIR / "titanic").mkdir(parents=True)
+    assert resolve_data_dir(competition, None) == DOWNLOAD_DIR / "titanic"
+    assert resolve_data_dir(competition, tmp_path) == tmp_path  # --data-dir wins

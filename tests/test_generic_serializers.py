@@ -34,7 +34,7 @@ def test_columns_choose_and_order_and_template_formats():
     assert s.transform(ROWS.iloc[:1]) == ["Sex: male; Age: 22"]
     t = serializer("template", template="A {Sex} aged {Age}, boarded at {Embarked}.").fit(ROWS)
     assert t.transform(ROWS.iloc[1:2]) == ["A female aged 38, boarded at C."]
-    with pytest.raises(KbertError, match="available fields"):
+    with pytest.raises(KbertError, match="not a column of the data; available: "):
         serializer("template", template="{Nope}").fit(ROWS).transform(ROWS.iloc[:1])
     with pytest.raises(KbertError, match="unknown column"):
         serializer("list", columns=["Nope"]).fit(ROWS)

@@ -123,5 +123,5 @@ def test_checkpoint_with_a_renamed_key_fails_loudly(tmp_path):
     mx.save_safetensors(str(tmp_path / "bad.safetensors"), weights)
     with pytest.raises(KbertError) as error:
         load_weights_strict(tiny_model(), tmp_path / "bad.safetensors")
-    assert "missing keys: ['encoder.embeddings.word_embeddings.weight']" in str(error.value)
-    assert "unexpected keys: ['encoder.embeddings.word_embedding.weight']" in str(error.value)
+    assert "missing keys: encoder.embeddings.word_embeddings.weight;" in str(error.value)
+    assert "unexpected keys: encoder.embeddings.word_embedding.weight" in str(error.value)

@@ -162,7 +162,7 @@ def test_renamed_key_is_reported(config, weights):
     broken["transformer_encoder.2.wo.weights"] = broken.pop("transformer_encoder.2.wo.weight")
     with pytest.raises(KbertError, match=r"transformer_encoder\.2\.wo\.weights") as info:
         load_state_strict(NeoBertModel(config), sanitize(broken), "broken")
-    assert "transformer_encoder.2.wo.weight'" in str(info.value)  # also listed as missing
+    assert "missing keys: transformer_encoder.2.wo.weight;" in str(info.value)  # also listed as missing
 
 
 def test_split_swiglu_checkpoint_loads_identically(config, weights, inputs):

@@ -1,0 +1,428 @@
+"""Kaggle competitions through the official ``kaggle`` package: download, submit, list submissions, leaderboard.
+
+Flow of every command:
+
+1. ``credential_source()`` looks for credentials the way the kaggle package does (``KAGGLE_API_TOKEN``,
+   ``~/.kaggle/access_token``, ``KAGGLE_USERNAME``/``KAGGLE_KEY``, ``kaggle.json``, ``kaggle auth login``'s
+   ``credentials.json``) without importing ``kaggle``: importing it authenticates, may send a request and prints.
+   No source: a KbertError saying where to put a token, and no request is made.
+2. ``_connect()`` imports ``kaggle.api.kaggle_api_extended`` (its output silenced), builds a fresh ``KaggleApi``
+   pointed at today's config folder, with its verbose mode off (verbose prints request headers), and calls
+   ``authenticate()``, which checks an access token with Kaggle (one request) and otherwise reads legacy keys.
+3. The command calls one of the package's methods (``competition_download_files``, ``competition_submit``,
+   ``competition_submissions``; the leaderboard pages through its sdk client's ``get_leaderboard``) inside
+   ``_translated()``: the package's prints go to the debug log, and its failures (HTTP 401/403/404 and others,
+   connection errors, ``exit()`` from authenticate) become a KbertError with one sentence saying what to do.
+
+Credential values never enter a message: messages name the credential's source, and any text that comes from
+the package or from Kaggle is stripped of every credential value (and of the base64 basic-auth form) first.
+Downloads land in a temp folder beside the target, are unzipped there and moved into place file by file, so a
+failure leaves no half-written file behind.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import KbertError
+
+log = logging.getLogger(__name__)
+
+SETTINGS_URL = "https://www.kaggle.com/settings"
+NO_CREDENTIALS = (f"no Kaggle credentials found: create a token at {SETTINGS_URL} (API -> Create New Token), then "
+                  "export KAGGLE_API_TOKEN=<token> or save it to ~/.kaggle/access_token "
+                  "(a legacy kaggle.json in ~/.kaggle/ also works)")
+OFFLINE = "could not reach Kaggle: check your connection (and any proxy settings), then retry"
+LEADERBOARD_PAGE = 200  # the most rows the API sends per page
+DESCRIPTION_WIDTH = 40  # longer submission descriptions and team names are cut in the tables
+
+
+# ---------------------------------------------------------------- credentials
+
+
+def _home() -> Path:
+    return Path(os.path.expanduser("~"))
+
+
+def _display(path: Path) -> str:
+    """``path`` with the home folder written as ``~``."""
+    try:
+        return "~/" + Path(path).relative_to(_home()).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def config_dir() -> Path:
+    """The folder the kaggle package reads kaggle.json from: ``$KAGGLE_CONFIG_DIR``, else ``~/.kaggle``, else on
+    Linux (when ``~/.kaggle`` does not exist) ``$XDG_CONFIG_HOME/kaggle``."""
+    configured = os.environ.get("KAGGLE_CONFIG_DIR")
+    if configured:
+        return Path(configured)
+    default = _home() / ".kaggle"
+    if sys.platform.startswith("linux") and not default.exists():
+        return Path(os.environ.get("XDG_CONFIG_HOME") or _home() / ".config") / "kaggle"
+    return default
+
+
+def _read_text(path: Path) -> str:
+    """A small file's stripped text; "" when it is missing or unreadable."""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        values = json.loads(_read_text(path) or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return values if isinstance(values, dict) else {}
+
+
+def _notebook_token_file() -> Path | None:
+    """Inside a Kaggle notebook the package reads a token from the file ``$KAGGLE_API_V1_TOKEN`` names."""
+    if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") is None or os.environ.get("KAGGLE_DATA_PROXY_URL") is None:
+        return None
+    path = os.environ.get("KAGGLE_API_V1_TOKEN")
+    return Path(path) if path and _read_text(Path(path)) else None
+
+
+def _token_files() -> list[Path]:
+    return [_home() / ".kaggle" / "access_token", _home() / ".kaggle" / "access_token.txt"]
+
+
+def _legacy_keys() -> tuple[dict[str, Any], str | None]:
+    """kaggle.json's values with ``KAGGLE_USERNAME``/``KAGGLE_KEY`` on top (as the package merges them), and the
+    source of a complete username + key pair (None without one)."""
+    path = config_dir() / "kaggle.json"
+    values = _read_json(path)
+    for name in ("username", "key"):
+        if os.environ.get(f"KAGGLE_{name.upper()}"):
+            values[name] = os.environ[f"KAGGLE_{name.upper()}"]
+    if not (values.get("username") and values.get("key")):
+        return values, None
+    if os.environ.get("KAGGLE_USERNAME") and os.environ.get("KAGGLE_KEY"):
+        return values, "KAGGLE_USERNAME/KAGGLE_KEY environment variables"
+    return values, _display(path)
+
+
+def _oauth_file() -> Path:
+    return _home() / ".kaggle" / "credentials.json"  # written by `kaggle auth login`
+
+
+def credential_source() -> str | None:
+    """Where the kaggle package will find credentials, in its own order, or None; never a credential value.
+
+    Does not import ``kaggle``. A token that Kaggle rejects is still reported here: ``authenticate`` decides."""
+    notebook = _notebook_token_file()
+    if notebook is not None:
+        return f"KAGGLE_API_V1_TOKEN file {_display(notebook)} (Kaggle notebook)"
+    token = os.environ.get("KAGGLE_API_TOKEN")
+    if token:
+        if not Path(token).exists():
+            return "KAGGLE_API_TOKEN environment variable"
+        if _read_text(Path(token)):
+            return f"KAGGLE_API_TOKEN file {_display(Path(token))}"
+        # an empty token file ends the package's token search; legacy keys are next
+    else:
+        for path in _token_files():
+            if _read_text(path):
+                return _display(path)
+    _, legacy = _legacy_keys()
+    if legacy is not None:
+        return legacy
+    if _read_json(_oauth_file()).get("refresh_token"):
+        return f"{_display(_oauth_file())} (kaggle auth login)"
+    return None
+
+
+def _secrets() -> list[str]:
+    """Every credential value present now, and the basic-auth form of the legacy pair, for ``_redact``."""
+    values = [os.environ.get("KAGGLE_API_TOKEN", ""), os.environ.get("KAGGLE_KEY", "")]
+    token = os.environ.get("KAGGLE_API_TOKEN")
+    files = _token_files() + ([Path(token)] if token else [])
+    if os.environ.get("KAGGLE_API_V1_TOKEN"):
+        files.append(Path(os.environ["KAGGLE_API_V1_TOKEN"]))
+    values += [_read_text(path) for path in files if path.is_file()]
+    oauth = _read_json(_oauth_file())
+    values += [str(oauth.get(name) or "") for name in ("refresh_token", "access_token")]
+    legacy, _ = _legacy_keys()
+    key, username = str(legacy.get("key") or ""), str(legacy.get("username") or "")
+    values += [key, str(_read_json(config_dir() / "kaggle.json").get("key") or "")]
+    if key:
+        values.append(base64.b64encode(f"{username}:{key}".encode()).decode())
+    return sorted({v for v in values if len(v) >= 6}, key=len, reverse=True)
+
+
+def _redact(text: str) -> str:
+    """``text`` with every credential value replaced by ``***``."""
+    for secret in _secrets():
+        text = text.replace(secret, "***")
+    return text
+
+
+# ---------------------------------------------------------------- the kaggle package
+
+
+def _bad_credentials(source: str) -> str:
+    return (f"Kaggle rejected the credentials from {source} (wrong or expired): create a new token at "
+            f"{SETTINGS_URL} (API -> Create New Token) and retry")
+
+
+def _server_message(response: Any) -> str:
+    """Kaggle's error message from a response, one line, redacted."""
+    try:
+        message = response.json().get("message", "")
+    except Exception:  # not JSON, or a body that could not be read
+        message = ""
+    message = str(message or getattr(response, "reason", "") or "")
+    return _redact(re.sub(r"\s+", " ", message)).strip()
+
+
+def _http_error(exc: Any, slug: str, source: str) -> str:
+    """One sentence for an HTTP error from Kaggle."""
+    response = getattr(exc, "response", None)
+    status = response.status_code if response is not None else None
+    if status == 401:
+        return _bad_credentials(source)
+    if status == 403:
+        return (f"Kaggle refused access to '{slug}' (HTTP 403): accept the rules at "
+                f"https://www.kaggle.com/competitions/{slug}/rules, then retry")
+    if status == 404:
+        return (f"unknown competition '{slug}' on Kaggle (HTTP 404): use the slug from the competition's URL, "
+                f"https://www.kaggle.com/competitions/<slug>")
+    if status == 429:
+        return "Kaggle is rate-limiting requests (HTTP 429): wait a minute, then retry"
+    detail = _server_message(response) if response is not None else _redact(str(exc))
+    if status is not None and status >= 500:
+        return f"Kaggle had a server error (HTTP {status}{': ' + detail if detail else ''}): retry later"
+    return f"Kaggle refused the request for '{slug}' (HTTP {status}{': ' + detail if detail else ''})"
+
+
+@contextmanager
+def _translated(slug: str, source: str) -> Iterator[None]:
+    """Run kaggle package calls: their prints go to the debug log (redacted), their errors become KbertError."""
+    import requests
+
+    captured = io.StringIO()
+    try:
+        with redirect_stdout(captured), redirect_stderr(captured):
+            yield
+    except SystemExit:  # authenticate() calls exit(1) when no credential works
+        raise KbertError(_bad_credentials(source)) from None
+    except requests.HTTPError as exc:
+        raise KbertError(_http_error(exc, slug, source)) from None
+    except (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError):
+        raise KbertError(OFFLINE) from None
+    except requests.RequestException as exc:
+        raise KbertError(f"the request to Kaggle failed ({type(exc).__name__}): check your connection, "
+                         "then retry") from None
+    finally:
+        output = _redact(captured.getvalue()).strip()
+        if output:
+            log.debug("kaggle package output: %s", output)
+
+
+def _import_kaggle() -> Any:
+    """``KaggleApi``. Importing the package authenticates a throw-away client and may print: silenced."""
+    captured = io.StringIO()
+    try:
+        with redirect_stdout(captured), redirect_stderr(captured):
+            from kaggle.api.kaggle_api_extended import KaggleApi
+    except ImportError as exc:
+        raise KbertError(f"the kaggle package is not installed ({exc.name} is missing): "
+                         "pip install 'kaggle>=2.0'") from None
+    finally:
+        output = _redact(captured.getvalue()).strip()
+        if output:
+            log.debug("kaggle package output on import: %s", output)
+    return KaggleApi
+
+
+def _connect(slug: str) -> tuple[Any, str]:
+    """An authenticated ``KaggleApi`` and the name of its credential source; KbertError when there is none."""
+    source = credential_source()
+    if source is None:
+        raise KbertError(NO_CREDENTIALS)
+    kaggle_api = _import_kaggle()
+    api = kaggle_api()
+    # The class fixed these when the package was imported; use today's environment.
+    api.config_dir = str(config_dir())
+    api.config = str(config_dir() / "kaggle.json")
+    api.args = [arg for arg in api.args if arg not in ("--verbose", "-v")]  # verbose prints auth headers
+    with _translated(slug, source):
+        api.authenticate()
+    log.debug("authenticated with Kaggle using %s", source)
+    return api, source
+
+
+# ---------------------------------------------------------------- download
+
+
+def _visible_files(folder: Path) -> list[Path]:
+    """Files under ``folder`` (recursively, sorted), leaving out hidden ones such as .DS_Store."""
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.rglob("*")
+                  if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
+
+
+def _extract(downloads: Path, out: Path, slug: str) -> None:
+    """Unzip every archive in ``downloads`` into ``out``; move any other file there as is."""
+    out.mkdir()
+    for path in sorted(downloads.iterdir()):
+        if path.name.startswith(".") or path.name.endswith(".kaggle-partial"):  # the package's resume marker
+            continue
+        if zipfile.is_zipfile(path):
+            try:
+                with zipfile.ZipFile(path) as archive:
+                    archive.extractall(out)  # drops absolute paths and '..' from member names
+            except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as exc:
+                raise KbertError(f"the download of '{slug}' is a damaged zip ({exc}): retry with --force") from None
+        elif path.suffix == ".zip":
+            raise KbertError(f"the download of '{slug}' is not a valid zip: retry with --force")
+        else:
+            os.replace(path, out / path.name)
+
+
+def _move_into(source: Path, folder: Path) -> list[Path]:
+    """Move every entry of ``source`` into ``folder`` (one rename each, replacing what is there); the files
+    moved, sorted."""
+    folder.mkdir(parents=True, exist_ok=True)
+    moved = [folder / p.relative_to(source) for p in _visible_files(source)]
+    for entry in sorted(source.iterdir()):
+        target = folder / entry.name
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif entry.is_dir() and (target.is_file() or target.is_symlink()):
+            target.unlink()
+        os.replace(entry, target)
+    return moved
+
+
+def download_competition(slug: str, folder: Path, force: bool = False) -> list[Path]:
+    """Download ``slug``'s files and unzip them into ``folder``; the extracted files, sorted.
+
+    A folder that already holds files is left alone unless ``force``. The zip is fetched and unpacked in a temp
+    folder beside ``folder``, then the files are moved into place; the temp folder and the zip are removed."""
+    folder = Path(folder)
+    existing = _visible_files(folder)
+    if existing and not force:
+        print(f"{folder} already holds {len(existing)} file(s): not downloading '{slug}' again "
+              "(--force downloads it again)")
+        return existing
+    api, source = _connect(slug)
+    staging: Path | None = None
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".download", dir=folder.parent))
+        downloads = staging / "zip"
+        with _translated(slug, source):
+            try:
+                api.competition_download_files(slug, path=str(downloads), force=True, quiet=True)
+            except ValueError as exc:  # the package's size check after the transfer
+                raise KbertError(f"the download of '{slug}' was incomplete ({_redact(str(exc))}): retry") from None
+        if not downloads.is_dir():
+            raise KbertError(f"Kaggle sent no files for '{slug}': retry with --force")
+        _extract(downloads, staging / "files", slug)
+        files = _move_into(staging / "files", folder)
+    except OSError as exc:
+        raise KbertError(f"could not write the files of '{slug}' to {folder}: {exc.strerror or exc}") from None
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    log.debug("downloaded %d file(s) of %s into %s", len(files), slug, folder)
+    return files
+
+
+# ---------------------------------------------------------------- submit, submissions, leaderboard
+
+
+def submit_file(slug: str, path: Path, message: str) -> str:
+    """Upload ``path`` and submit it to ``slug`` with ``message``; a one-line report with Kaggle's answer.
+
+    The caller has validated the file against the sample submission."""
+    path = Path(path)
+    api, source = _connect(slug)
+    with _translated(slug, source):
+        response = api.competition_submit(str(path), message, slug, quiet=True)
+    reply = re.sub(r"\s+", " ", _redact(str(response.message or ""))).strip()
+    if reply == api.COMPETITION_SUBMIT_UPLOAD_FAILED_MESSAGE:  # the upload itself failed; the package printed why
+        raise KbertError(f"could not upload {path.name} to Kaggle: check your connection, then retry")
+    return f"submitted {path.name} to {slug}: {reply or 'accepted'}; see kbert submissions {slug}"
+
+
+def _cell(value: Any, width: int | None = None) -> str:
+    """A table cell: one line, '' for None, dates as YYYY-MM-DD HH:MM, enums by lower-case name."""
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        text = value.strftime("%Y-%m-%d %H:%M")
+    elif hasattr(value, "name") and hasattr(value, "value"):  # an enum such as SubmissionStatus.COMPLETE
+        text = str(value.name).lower()
+    else:
+        text = re.sub(r"\s+", " ", str(value)).strip()
+    if width is not None and len(text) > width:
+        text = text[: width - 3] + "..."
+    return text
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    """Left-aligned columns two spaces apart."""
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip()
+                     for line in [headers] + rows)
+
+
+def submissions_table(slug: str) -> str:
+    """Your latest submissions to ``slug`` (newest first): date, file, description, status, scores."""
+    api, source = _connect(slug)
+    with _translated(slug, source):
+        submissions = [s for s in api.competition_submissions(slug) or [] if s is not None]
+    if not submissions:
+        return f"no submissions to {slug} yet"
+    rows = [[_cell(s.date), _cell(s.file_name), _cell(s.description, DESCRIPTION_WIDTH), _cell(s.status),
+             _cell(s.public_score), _cell(s.private_score)] for s in submissions]
+    return _table(["date", "file", "description", "status", "public", "private"], rows)
+
+
+def leaderboard_table(slug: str, top: int) -> str:
+    """The first ``top`` rows of ``slug``'s public leaderboard: rank, team, score, date of the submission."""
+    if top < 1:
+        raise KbertError(f"--top must be at least 1, got {top}")
+    api, source = _connect(slug)
+    from kagglesdk.competitions.types.competition_api_service import ApiGetLeaderboardRequest
+
+    entries: list[Any] = []
+    page_token = ""
+    with _translated(slug, source), api.build_kaggle_client() as client:
+        while len(entries) < top:  # the server may send fewer rows per page than asked for
+            request = ApiGetLeaderboardRequest()
+            request.competition_name = slug
+            request.page_size = min(top - len(entries), LEADERBOARD_PAGE)
+            request.page_token = page_token
+            response = client.competitions.competition_api_client.get_leaderboard(request)
+            entries.extend(s for s in response.submissions or [] if s is not None)
+            page_token = response.next_page_token
+            if not page_token or not response.submissions:
+                break
+    if not entries:
+        return f"the public leaderboard of {slug} is empty"
+    rows = [[str(rank), _cell(e.team_name, DESCRIPTION_WIDTH), _cell(e.score), _cell(e.submission_date)]
+            for rank, e in enumerate(entries[:top], start=1)]
+    return _table(["rank", "team", "score", "date"], rows)

@@ -1,0 +1,213 @@
+"""`kbert report`: PNG plots and a self-contained index.html for a run, a baseline, a study and an ensemble,
+built from tiny real artifacts; wrong targets and a missing matplotlib are clear errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.cli import main
+from pipeline.config import load_competition, resolve_run_config
+from pipeline.errors import KbertError
+from pipeline.report import format_score, write_report
+
+REPO = Path(__file__).resolve().parent.parent
+HEADS = REPO / "benchmarks" / "heads"
+TINY = {"epochs": 2, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+        "vocab_size": 300, "max_length": 64}
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def tiny_run(competition: str, out: Path, run_id: str, limit_rows: int = 120, **overrides) -> Path:
+    from pipeline.run import run_competition
+
+    config = resolve_run_config(load_competition(competition), {
+        **TINY, "folds": 3, "limit_rows": limit_rows, "out_dir": str(out / "runs"),
+        "submissions_dir": str(out / "subs"), **overrides})
+    return run_competition(config, run_id=run_id, progress=False, log=lambda _: None).run_dir
+
+
+@pytest.fixture(scope="module")
+def titanic_runs(tmp_path_factory) -> Path:
+    """runs/titanic/: a tiny MLX run (120 rows, 3 folds, 2 epochs, OOF-tuned threshold) and two baselines on
+    every row; the baselines make an ensemble."""
+    from ensembles.baseline import run_baseline
+
+    out = tmp_path_factory.mktemp("report")
+    tiny_run("titanic", out, "tiny", threshold="tune")
+    for model in ("logreg", "hgb"):
+        config = resolve_run_config(load_competition("titanic"), {"folds": 3, "out_dir": str(out / "runs"),
+                                                                  "submissions_dir": str(out / "subs")})
+        run_baseline(config, model, log=lambda _: None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ensemble_sidecar(titanic_runs) -> Path:
+    from ensembles.ensemble import build_ensemble
+
+    result = build_ensemble(load_competition("titanic"), "all", "mean,weighted,hill",
+                            runs_dir=str(titanic_runs / "runs"), submissions_dir=str(titanic_runs / "subs"), folds=3,
+                            repeats=1, log=lambda _: None)
+    return result.sidecar_path
+
+
+@pytest.fixture(scope="module")
+def study_dir(tmp_path_factory) -> Path:
+    from tests.test_tune import tiny_options
+    from pipeline.tune import tune
+
+    options = tiny_options(tmp_path_factory.mktemp("study"), trials=2)
+    tune(options)
+    return Path(options.out_dir) / "titanic" / options.study
+
+
+def assert_png(path: Path) -> None:
+    """A real PNG that decodes to a picture larger than 100 x 100 pixels."""
+    from matplotlib.image import imread
+
+    assert path.is_file(), path
+    assert path.read_bytes()[:8] == PNG_SIGNATURE, path
+    image = imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100, (path, image.shape)
+
+
+def assert_report(page: Path, expected: set[str]) -> str:
+    """index.html references every PNG of its folder by a relative src, every src exists and is a PNG, the
+    ``expected`` ones among them; no temp file is left; no script or remote resource. Returns the HTML."""
+    assert page.name == "index.html" and page.is_file()
+    text = page.read_text(encoding="utf-8")
+    sources = re.findall(r'<img src="([^"]+)"', text)
+    folder = page.parent
+    pngs = {p.name for p in folder.glob("*.png")}
+    assert expected <= pngs, expected - pngs
+    assert set(sources) == pngs
+    for source in sources:
+        assert "/" not in source and ":" not in source  # relative, beside the page
+        assert_png(folder / source)
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".") or p.name.endswith(".tmp")] == []
+    assert "<script" not in text and "http://" not in text and "https://" not in text
+    return text
+
+
+# ---------------------------------------------------------------- runs
+
+
+def test_titanic_run_report(titanic_runs):
+    run_dir = titanic_runs / "runs" / "titanic" / "tiny"
+    page = write_report(str(run_dir))
+    assert page == run_dir / "report" / "index.html"
+    text = assert_report(page, {"fold_scores.png", "curves.png", "confusion.png", "calibration.png"})
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert f"<td>{format_score(metrics['cv'])}</td>" in text
+    assert format_score(metrics["cv"]) == f"{metrics['cv']:.4f}"
+    assert "threshold tuned on OOF" in text
+    for record in metrics["folds"]:
+        assert format_score(record["score"]) in text
+
+
+def test_run_id_is_looked_up_and_output_goes_where_asked(titanic_runs, tmp_path):
+    page = write_report("tiny", str(titanic_runs / "runs"), str(tmp_path / "elsewhere"))
+    assert page == tmp_path / "elsewhere" / "index.html"
+    assert_report(page, {"fold_scores.png", "curves.png", "confusion.png", "calibration.png"})
+    assert write_report("tiny", str(titanic_runs / "runs"), str(tmp_path / "elsewhere")) == page  # rewrites in place
+
+
+def test_baseline_report_has_no_curves_and_says_why(titanic_runs):
+    run_dir = titanic_runs / "runs" / "titanic" / "baseline-hgb-seed42"
+    text = assert_report(write_report(str(run_dir)), {"fold_scores.png", "confusion.png", "calibration.png"})
+    assert not (run_dir / "report" / "curves.png").exists()
+    assert "history.json" in text and "baseline hgb" in text
+    cv = json.loads((run_dir / "metrics.json").read_text())["cv"]
+    assert format_score(cv) in text
+
+
+def test_permuted_target_run_skips_the_truth_plots_with_a_note(titanic_runs, tmp_path):
+    copy = tmp_path / "permuted"
+    shutil.copytree(titanic_runs / "runs" / "titanic" / "tiny", copy, ignore=shutil.ignore_patterns("report"))
+    config = yaml.safe_load((copy / "config.yaml").read_text())
+    config["permute_target"] = True
+    (copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    text = assert_report(write_report(str(copy)), {"fold_scores.png", "curves.png"})
+    assert not (copy / "report" / "confusion.png").exists()
+    assert "permute_target" in text
+
+
+def test_regression_run_report_draws_residuals(tmp_path):
+    run_dir = tiny_run("house-prices-advanced-regression-techniques", tmp_path, "houses", limit_rows=120, folds=2,
+                       epochs=1)
+    text = assert_report(write_report(str(run_dir)), {"fold_scores.png", "curves.png", "residuals.png"})
+    assert not (run_dir / "report" / "confusion.png").exists()
+    assert "rmse_log (lower is better)" in text
+
+
+@pytest.mark.parametrize("competition, expected", [
+    (HEADS / "titanic-pclass.yaml", {"confusion.png", "calibration.png"}),  # multiclass
+    (HEADS / "house-prices-overallqual.yaml", {"confusion.png", "residuals.png"}),  # ordinal
+    (HEADS / "spaceship-spending.yaml", {"confusion.png", "calibration.png"}),  # multilabel
+])
+def test_other_tasks_get_their_plots(competition, expected, tmp_path):
+    run_dir = tiny_run(str(competition), tmp_path, "t", limit_rows=90, folds=2, epochs=1)
+    assert_report(write_report(str(run_dir)), {"fold_scores.png", "curves.png", *expected})
+
+
+# ---------------------------------------------------------------- study and ensemble
+
+
+def test_study_report(study_dir, capsys):
+    page = write_report(str(study_dir))
+    assert page == study_dir / "report" / "index.html"
+    text = assert_report(page, {"history.png", "parallel_coordinate.png", "fold_scores.png", "curves.png"})
+    assert (study_dir / "report" / "best.yaml").is_file()
+    assert "trials: 2 complete" in text and "Best trials" in text
+    assert "trials: 2 complete" in capsys.readouterr().out  # pipeline.tune.write_report printed its table
+
+
+def test_ensemble_report(ensemble_sidecar):
+    sidecar = json.loads(ensemble_sidecar.read_text())
+    page = write_report(str(ensemble_sidecar))
+    assert page == ensemble_sidecar.with_name(f"{ensemble_sidecar.stem}-report") / "index.html"
+    text = assert_report(page, {"weights.png", "correlations.png", "methods.png"})
+    assert [m["name"] for m in sidecar["members"]] == ["baseline-hgb-seed42", "baseline-logreg-seed42"]
+    assert format_score(sidecar["honest_cv"]) in text
+    for member in sidecar["members"]:
+        assert member["name"] in text and format_score(member["cv"]) in text
+    assert f"<td>{sidecar['method']}</td>" in text
+
+
+# ---------------------------------------------------------------- the CLI and errors
+
+
+def test_cli_prints_the_page_path(titanic_runs, tmp_path, capsys):
+    run_dir = titanic_runs / "runs" / "titanic" / "tiny"
+    assert main(["report", str(run_dir), "--output", str(tmp_path / "r")]) == 0
+    assert capsys.readouterr().out.strip() == f"report: {tmp_path / 'r' / 'index.html'}"
+    assert main(["report", "tiny", "--out", str(titanic_runs / "runs"), "--output", str(tmp_path / "id")]) == 0
+    assert (tmp_path / "id" / "index.html").is_file()
+
+
+def test_wrong_targets_exit_2_naming_the_path(titanic_runs, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "other.json").write_text('{"cv": 0.8}')
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "table.csv").write_text("a,b\n1,2\n")
+    for target in (tmp_path / "nope", tmp_path / "empty", tmp_path / "other.json", tmp_path / "broken.json",
+                   tmp_path / "table.csv"):
+        assert main(["report", str(target), "--out", str(titanic_runs / "runs")]) == 2
+        assert str(target) in capsys.readouterr().err
+    assert main(["report", "no-such-run", "--out", str(titanic_runs / "runs")]) == 2
+    assert "no-such-run" in capsys.readouterr().err
+    assert not (tmp_path / "empty" / "report").exists()
+
+
+def test_missing_matplotlib_is_a_clear_error(titanic_runs, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    with pytest.raises(KbertError, match=re.escape("pip install 'kbert[report]'")):
+        write_report(str(titanic_runs / "runs" / "titanic" / "tiny"), output=str(tmp_path / "r"))
+    assert not (tmp_path / "r").exists()

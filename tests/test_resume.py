@@ -1,0 +1,113 @@
+"""`kbert run` resumes: a run killed during fold 3 keeps folds 1-2 on rerun and ends with the OOF of an
+uninterrupted run; Ctrl-C stops with a message; a rerun with other settings is refused."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+RUN_ARGS = ["run", "titanic", "--limit-rows", "160", "--folds", "4", "--epochs", "2", "--no-progress"]
+
+
+def kbert_command(tmp_path: Path, run_id: str, *extra: str) -> list[str]:
+    return [sys.executable, "-u", "-m", "pipeline.cli", *RUN_ARGS, "--out", str(tmp_path / "runs"),
+            "--submissions-dir", str(tmp_path / "subs"), "--run-id", run_id, *extra]
+
+
+def run_kbert(tmp_path: Path, run_id: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(kbert_command(tmp_path, run_id, *extra), cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+def start_and_signal_after(tmp_path: Path, run_id: str, line_start: str, sig: int) -> subprocess.CompletedProcess:
+    """Start `kbert run`, send ``sig`` as soon as a stdout line starts with ``line_start``; wait for the end."""
+    process = subprocess.Popen(kbert_command(tmp_path, run_id), cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True,
+                                # pytest run in the background ignores SIGINT, and children inherit that
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines = []
+    deadline = time.monotonic() + 300
+    for line in process.stdout:
+        lines.append(line)
+        if line.startswith(line_start):
+            process.send_signal(sig)
+            break
+        assert time.monotonic() < deadline, "kbert run took too long"
+    stdout, stderr = process.communicate(timeout=120)
+    return subprocess.CompletedProcess(process.args, process.returncode, "".join(lines) + stdout, stderr)
+
+
+def test_sigkill_during_fold_3_then_rerun_keeps_folds_1_2_and_matches_an_uninterrupted_run(tmp_path):
+    killed = start_and_signal_after(tmp_path, "resumed", "fold 2/4:", signal.SIGKILL)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    folds = tmp_path / "runs" / "titanic" / "resumed" / "folds"
+    assert (folds / "0" / "fold.json").is_file() and (folds / "1" / "fold.json").is_file()
+    assert not (folds / "2" / "fold.json").exists()  # fold 3 was cut off: unfinished
+    assert not (folds.parent / "oof.csv").exists() and not (folds.parent / "metrics.json").exists()
+    checkpoints = {k: (folds / k / "model.safetensors").stat().st_mtime_ns for k in ("0", "1")}
+
+    time.sleep(0.05)  # a retrained checkpoint would get a later mtime
+    resumed = run_kbert(tmp_path, "resumed")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming run resumed" in resumed.stdout
+    assert "fold 1/4: accuracy" in resumed.stdout and resumed.stdout.count("(finished before; kept)") == 2
+    assert {k: (folds / k / "model.safetensors").stat().st_mtime_ns for k in ("0", "1")} == checkpoints
+    assert all((folds / k / "fold.json").is_file() for k in ("2", "3"))
+
+    uninterrupted = run_kbert(tmp_path, "uninterrupted")
+    assert uninterrupted.returncode == 0, uninterrupted.stderr
+    runs = tmp_path / "runs" / "titanic"
+    for name in ("oof.csv", "test.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(runs / "resumed" / name), pd.read_csv(runs / "uninterrupted" / name),
+                                      check_exact=False, rtol=0, atol=1e-6)
+    assert (runs / "resumed" / "folds.csv").read_text() == (runs / "uninterrupted" / "folds.csv").read_text()
+
+
+def test_ctrl_c_stops_with_a_resume_message_and_a_rerun_with_other_settings_is_refused(tmp_path):
+    interrupted = start_and_signal_after(tmp_path, "stopped", "fold 1/4:", signal.SIGINT)
+    assert interrupted.returncode == 130, interrupted.stderr
+    message = interrupted.stderr.strip().splitlines()[-1]
+    assert message.startswith("kbert: interrupted; finished folds are kept in ")
+    assert message.endswith("resume with the same command and --run-id stopped")
+    assert "Traceback" not in interrupted.stderr
+    run_dir = tmp_path / "runs" / "titanic" / "stopped"
+    assert (run_dir / "folds" / "0" / "fold.json").is_file()
+    leftovers = [p for p in run_dir.rglob("*") if p.name.endswith(".tmp")]
+    assert leftovers == []  # every write is atomic: no temp file survives the interruption
+
+    other = run_kbert(tmp_path, "stopped", "--seed", "7")
+    assert other.returncode == 2
+    assert other.stderr.strip() == (f"kbert: error: {run_dir / 'config.yaml'}: run 'stopped' was started with other "
+                                    "settings (seed: 42 -> 7); resume it with the same settings, or pick another "
+                                    "--run-id")
+
+
+@pytest.mark.parametrize("leftover", ["config.yaml missing", "half-written fold"])
+def test_a_folder_without_config_is_refused_and_a_half_written_fold_is_redone(tmp_path, leftover):
+    run_dir = tmp_path / "runs" / "titanic" / "r"
+    if leftover == "config.yaml missing":
+        run_dir.mkdir(parents=True)
+        result = run_kbert(tmp_path, "r")
+        assert result.returncode == 2
+        assert result.stderr.strip() == (f"kbert: error: run folder already exists and has no config.yaml: {run_dir}; "
+                                         "pick another --run-id")
+        return
+    first = run_kbert(tmp_path, "r")
+    assert first.returncode == 0, first.stderr
+    fold = run_dir / "folds" / "3"
+    (fold / "fold.json").unlink()  # as if killed between the checkpoint and the marker
+    (fold / "stale.txt").write_text("left by the killed attempt")
+    os.utime(fold / "model.safetensors", ns=(0, 0))
+    again = run_kbert(tmp_path, "r")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("(finished before; kept)") == 3
+    assert (fold / "fold.json").is_file() and not (fold / "stale.txt").exists()
+    assert (fold / "model.safetensors").stat().st_mtime_ns > 0  # retrained
