@@ -439,8 +439,17 @@ def test_cli_report_and_run_config(tmp_path, capsys):
     assert main(["tune", "titanic", "--timeout", "soon", "--out", options.out_dir]) == 2
 
 
-def test_timeout_stops_the_running_trial_after_its_fold_and_queues_it_again(tmp_path):
-    options = tiny_options(tmp_path, trials=None, timeout=0.5)
+def test_timeout_stops_the_running_trial_after_its_fold_and_queues_it_again(tmp_path, monkeypatch):
+    import pipeline.run
+
+    real_train_fold = pipeline.run.train_fold
+
+    def slow_train_fold(*args, **kwargs):  # the deadline falls inside fold 1, however loaded the machine is
+        time.sleep(4)
+        return real_train_fold(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline.run, "train_fold", slow_train_fold)
+    options = tiny_options(tmp_path, trials=None, timeout=3)
     study, code = tune(options)
     first, retry = study.get_trials()
     assert code == 0 and first.state == TrialState.FAIL and "deadline after fold 1" in first.user_attrs["error"]
