@@ -2,13 +2,14 @@
 
 Parameter names follow Hugging Face `BertModel` (``embeddings.word_embeddings``,
 ``encoder.layer.{i}.attention.self.query``, ...), so a transformers checkpoint maps onto it
-without renaming. Post-LayerNorm, exact (erf) GELU, learned absolute positions, token types.
+without renaming. Post-LayerNorm, exact (erf) GELU, learned absolute positions, token types. ``BertForMaskedLM`` adds the
+masked-LM head under Hugging Face's names (``bert.*``, ``cls.predictions.*``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 import mlx.core as mx
@@ -33,6 +34,8 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
     add_pooling_layer: bool = True
+    # Masked-LM head only: the decoder reuses the word embedding table (Hugging Face's default).
+    tie_word_embeddings: bool = True
     model_type: str = "bert"
 
     @classmethod
@@ -121,13 +124,17 @@ class BertAttention(nn.Module):
         return self.output(self.self(x, mask), x)
 
 
+def activation(config: BertConfig):
+    if config.hidden_act not in ACTIVATIONS:
+        raise ValueError(f"unsupported hidden_act {config.hidden_act!r}; known: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[config.hidden_act]
+
+
 class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
-        if config.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"unsupported hidden_act {config.hidden_act!r}; known: {sorted(ACTIVATIONS)}")
+        self.act = activation(config)
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = ACTIVATIONS[config.hidden_act]
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.act(self.dense(x))
@@ -210,6 +217,60 @@ class BertModel(nn.Module):
         hidden = self.encoder(x, mask)
         pooled = self.pooler(hidden) if self.config.add_pooling_layer else None
         return hidden, pooled
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(config)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """``transform``, then the decoder: the word embedding table when tied (no ``decoder`` parameter), else
+    ``decoder`` (weight only); both add ``bias`` (vocab,), as Hugging Face's ``cls.predictions.bias``."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.tied = config.tie_word_embeddings
+        if not self.tied:
+            self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.bias = mx.zeros((config.vocab_size,))
+
+    def __call__(self, hidden: mx.array, word_embeddings: nn.Embedding) -> mx.array:
+        x = self.transform(hidden)
+        return (word_embeddings.as_linear(x) if self.tied else self.decoder(x)) + self.bias
+
+
+class BertOnlyMLMHead(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+
+
+class BertForMaskedLM(nn.Module):
+    """BERT with the masked-LM head; flattened parameter names are those Hugging Face's ``BertForMaskedLM``
+    saves (``bert.*`` without a pooler, ``cls.predictions.*``). Returns logits (batch, seq, vocab)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = replace(config, add_pooling_layer=False)  # HF's masked-LM BERT has no pooler
+        self.bert = BertModel(self.config)
+        self.cls = BertOnlyMLMHead(self.config)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        """Head only: encoder states (..., hidden) -> logits (..., vocab), e.g. for gathered masked positions."""
+        return self.cls.predictions(hidden, self.bert.embeddings.word_embeddings)
+
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array | None = None,
+                 token_type_ids: mx.array | None = None) -> mx.array:
+        hidden, _ = self.bert(input_ids, attention_mask, token_type_ids)
+        return self.logits(hidden)
 
 
 def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:

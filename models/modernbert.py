@@ -4,7 +4,8 @@ Parameter names follow Hugging Face `ModernBertModel` (``embeddings.tok_embeddin
 ``layers.{i}.attn.Wqkv``, ``layers.{i}.mlp.Wi``, ``final_norm``, ...), so a transformers checkpoint maps
 onto it after ``sanitize``. Pre-LayerNorm (layer 0 has no attention norm, as in HF), GeGLU MLP, rotary
 positions (one base for global layers, another for local ones), and sliding-window attention on the local
-layers: a token attends to keys at distance <= ``local_attention // 2``.
+layers: a token attends to keys at distance <= ``local_attention // 2``. ``ModernBertForMaskedLM`` adds the
+masked-LM head under Hugging Face's names (``model.*``, ``head.*``, ``decoder.*``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,12 @@ class ModernBertConfig:
     embedding_dropout: float = 0.0
     classifier_pooling: str = "cls"
     classifier_dropout: float = 0.0
+    # Masked-LM head (Hugging Face defaults): head.dense bias and activation, decoder bias, decoder tied to
+    # embeddings.tok_embeddings.
+    classifier_bias: bool = False
+    classifier_activation: str = "gelu"
+    decoder_bias: bool = True
+    tie_word_embeddings: bool = True
     model_type: str = "modernbert"
 
     def __post_init__(self) -> None:
@@ -241,6 +248,64 @@ class ModernBertModel(nn.Module):
         for layer in self.layers:
             x = call_layer(layer, x, local_mask if layer.is_local else global_mask, self.recompute_layers)
         return self.final_norm(x), None
+
+
+class ModernBertPredictionHead(nn.Module):
+    """``norm(act(dense(x)))``, as HF's ``ModernBertPredictionHead``."""
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__()
+        if config.classifier_activation not in ACTIVATIONS:
+            raise ValueError(f"unsupported classifier_activation {config.classifier_activation!r}; "
+                             f"known: {sorted(ACTIVATIONS)}")
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
+        self.act = ACTIVATIONS[config.classifier_activation]
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.norm(self.act(self.dense(x)))
+
+
+class TiedDecoder(nn.Module):
+    """The output bias alone of a decoder whose weight is the token embedding table (so it flattens to
+    ``decoder.bias``); with ``bias=False`` it holds nothing."""
+
+    def __init__(self, vocab_size: int, bias: bool = True):
+        super().__init__()
+        if bias:
+            self.bias = mx.zeros((vocab_size,))
+
+    def __call__(self, x: mx.array, embeddings: nn.Embedding) -> mx.array:
+        logits = embeddings.as_linear(x)
+        return logits + self.bias if "bias" in self else logits
+
+
+class ModernBertForMaskedLM(nn.Module):
+    """ModernBERT with the masked-LM head: ``decoder(head(last_hidden_state))`` at every position (HF's default
+    ``sparse_prediction=False``). Flattened parameter names are those HF's ``ModernBertForMaskedLM`` saves:
+    ``model.*``, ``head.{dense,norm}.*``, ``decoder.bias`` and, untied only, ``decoder.weight``."""
+
+    def __init__(self, config: ModernBertConfig):
+        super().__init__()
+        self.config = config
+        self.model = ModernBertModel(config)
+        self.head = ModernBertPredictionHead(config)
+        if config.tie_word_embeddings:
+            self.decoder = TiedDecoder(config.vocab_size, bias=config.decoder_bias)
+        else:
+            self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=config.decoder_bias)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        """Head only: encoder states (..., hidden) -> logits (..., vocab), e.g. for gathered masked positions."""
+        x = self.head(hidden)
+        if self.config.tie_word_embeddings:
+            return self.decoder(x, self.model.embeddings.tok_embeddings)
+        return self.decoder(x)
+
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array | None = None,
+                 token_type_ids: mx.array | None = None) -> mx.array:
+        hidden, _ = self.model(input_ids, attention_mask, token_type_ids)
+        return self.logits(hidden)
 
 
 # Top-level modules of HF's ModernBertFor* classes that sit outside the encoder.

@@ -4,6 +4,7 @@ Parameter names follow the reference ``NeoBERT`` class (chandar-lab/NeoBERT hub 
 embedding), ``transformer_encoder.{i}.{attention_norm,qkv,wo,ffn_norm,ffn.w12,ffn.w3}``, ``layer_norm``,
 so a reference checkpoint loads 1:1 after ``sanitize``. Pre-RMSNorm blocks, fused per-head QKV, RoPE on
 adjacent pairs (base 10000), packed SwiGLU, no biases, no position or segment embeddings, final RMSNorm.
+``NeoBertForMaskedLM`` is the reference ``NeoBERTLMHead``: ``model.*`` plus a ``decoder`` linear layer.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class NeoBertConfig:
     rms_norm: bool = True
     rope: bool = True
     hidden_act: str = "swiglu"
+    # Masked-LM head only: the reference's decoder has its own weight; True reuses the token embedding table.
+    tie_word_embeddings: bool = False
     model_type: str = "neobert"
 
     def __post_init__(self) -> None:
@@ -204,6 +207,49 @@ class NeoBertModel(nn.Module):
         for block in self.transformer_encoder:
             x = call_layer(block, x, mask, self.recompute_layers)
         return self.layer_norm(x), None
+
+
+class TiedDecoder(nn.Module):
+    """The output bias alone of a decoder whose weight is the token embedding table (flattens to ``decoder.bias``)."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.bias = mx.zeros((vocab_size,))
+
+    def __call__(self, x: mx.array, embeddings: nn.Embedding) -> mx.array:
+        return embeddings.as_linear(x) + self.bias
+
+
+class NeoBertForMaskedLM(nn.Module):
+    """The reference ``NeoBERTLMHead``: logits = ``decoder(last_hidden_state)`` (no transform in between).
+
+    Names: ``model.*`` (the encoder), ``decoder.weight`` (vocab, hidden) and ``decoder.bias`` (vocab); with
+    ``tie_word_embeddings`` the weight is ``model.encoder.weight`` and only ``decoder.bias`` is a parameter.
+    """
+
+    def __init__(self, config: NeoBertConfig):
+        super().__init__()
+        self.config = config
+        self.model = NeoBertModel(config)
+        if config.tie_word_embeddings:
+            self.decoder = TiedDecoder(config.vocab_size)
+        else:
+            self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=True)
+            # Reference init for linear weights: uniform in +-decoder_init_range. The bias starts at zero.
+            r = config.decoder_init_range
+            self.decoder.weight = mx.random.uniform(-r, r, self.decoder.weight.shape)
+            self.decoder.bias = mx.zeros((config.vocab_size,))
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        """Head only: encoder states (..., hidden) -> logits (..., vocab), e.g. for gathered masked positions."""
+        if self.config.tie_word_embeddings:
+            return self.decoder(hidden, self.model.encoder)
+        return self.decoder(hidden)
+
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array | None = None,
+                 token_type_ids: mx.array | None = None) -> mx.array:
+        hidden, _ = self.model(input_ids, attention_mask, token_type_ids)
+        return self.logits(hidden)
 
 
 _SPLIT_FFN = re.compile(r"^(transformer_encoder\.\d+\.ffn)\.w([12])\.(weight|bias)$")

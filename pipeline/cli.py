@@ -32,6 +32,15 @@ study: runs/<competition>/<study>/{journal.log, trial-<NNNN>/ (run artifacts), r
 dashboard: optuna-dashboard runs/<competition>/<study>/journal.log"""
 
 
+PRETRAIN_EPILOG = """examples:
+  kbert pretrain titanic --steps 3000 --run-id mlm          from scratch, the size kbert run trains
+  kbert run titanic --encoder runs/titanic/pretrain/mlm     fine-tune it on the folds
+  kbert pretrain titanic --encoder minilm-l6 --steps 1000   continue pretraining a pretrained encoder
+
+output: runs/<competition>/pretrain/<id>/{config.json, model.safetensors (encoder + MLM head), tokenizer.json,
+pretrain.json (held-out masked accuracy, perplexity, history, time)}"""
+
+
 BASELINE_EPILOG = """examples:
   kbert baseline titanic                     HistGradientBoosting on the 5 folds of kbert run
   kbert baseline titanic --model logreg      logistic regression on one-hot and TF-IDF features
@@ -227,6 +236,37 @@ def build_parser() -> argparse.ArgumentParser:
     init.add_argument("--id", dest="id_column", help="the id column (default: inferred)")
     init.add_argument("--target", help="the target column (default: the training column missing from test)")
     init.add_argument("--force", action="store_true", help="overwrite an existing YAML")
+
+    pretrain = commands.add_parser("pretrain", help="masked-language-model pretraining on the competition's text",
+                                   description="Pretrain an encoder with masked-language modelling on every train "
+                                               "and test row as text (never a target column), then fine-tune it "
+                                               "with kbert run --encoder runs/<competition>/pretrain/<id>.",
+                                   epilog=PRETRAIN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pretrain.add_argument("competition", help="a name under competitions/ or a path to a competition YAML")
+    source = pretrain.add_mutually_exclusive_group()
+    source.add_argument("--from-scratch", dest="scratch", metavar="SIZE",
+                        help="bert (default: the size kbert run trains, with a WordPiece vocabulary learned on the "
+                             "corpus) or a preset (bert-mini, modernbert-base, neobert, ...)")
+    source.add_argument("--encoder", help="continue pretraining a pretrained encoder: minilm-l6 or a model folder")
+    pretrain.add_argument("--steps", type=int, default=2000, help="optimizer steps (default 2000)")
+    pretrain.add_argument("--batch-size", type=int, default=64, help="texts per step (default 64)")
+    pretrain.add_argument("--lr", type=float, dest="learning_rate",
+                          help="peak learning rate (default 5e-4 from scratch, 5e-5 for a pretrained encoder)")
+    pretrain.add_argument("--mask-prob", type=float, default=0.15, help="share of tokens predicted (default 0.15)")
+    pretrain.add_argument("--whole-word", action="store_true", help="mask whole words, not single word pieces")
+    pretrain.add_argument("--augment", type=int, default=4,
+                          help="augmented serializations of every row next to the plain one (default 4)")
+    pretrain.add_argument("--holdout", type=float, default=0.05, help="share of rows held out for masked "
+                          "accuracy and perplexity (default 0.05)")
+    pretrain.add_argument("--eval-every", type=int, default=200, help="steps between held-out evaluations")
+    pretrain.add_argument("--vocab-size", type=int, help="from scratch: WordPiece vocabulary size (default: the "
+                          "run's, 1000)")
+    pretrain.add_argument("--max-length", type=int, help="maximum tokens per row (default: the run's)")
+    pretrain.add_argument("--seed", type=int, default=42)
+    pretrain.add_argument("--run-id", help="folder name under runs/<competition>/pretrain/ (default: timestamp)")
+    pretrain.add_argument("--data-dir", help="folder with the competition's CSV files (default: as kbert run)")
+    pretrain.add_argument("--out", dest="out_dir", help="runs folder (default: runs)")
+    pretrain.add_argument("--no-progress", action="store_true", help="print evaluations instead of a progress bar")
 
     download = commands.add_parser("download", help="download and unzip a Kaggle competition's files",
                                    description="Fetch a competition's files with the official kaggle package and "
@@ -520,6 +560,21 @@ def kaggle_slug(competition: str) -> str:
     return competition
 
 
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from pipeline.config import load_competition, resolve_run_config
+    from pipeline.pretrain import PretrainConfig, pretrain
+
+    overrides = {name: getattr(args, name) for name in ("vocab_size", "max_length", "data_dir", "out_dir")}
+    config = resolve_run_config(load_competition(args.competition), overrides)
+    settings = PretrainConfig(encoder=args.encoder or args.scratch or "bert", steps=args.steps,
+                              batch_size=args.batch_size, learning_rate=args.learning_rate, mask_prob=args.mask_prob,
+                              whole_word=args.whole_word, augment=args.augment, holdout=args.holdout,
+                              eval_every=args.eval_every, seed=args.seed)
+    folder = pretrain(config, settings, run_id=args.run_id, progress=not args.no_progress)
+    print(f"encoder: {folder}\nfine-tune it: kbert run {args.competition} --encoder {folder}")
+    return 0
+
+
 def cmd_download(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -581,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
                     "validate": cmd_validate, "show-text": cmd_show_text, "init": cmd_init, "baseline": cmd_baseline,
                     "ensemble": cmd_ensemble, "predict": cmd_predict, "download": cmd_download,
                     "submit": cmd_submit, "submissions": cmd_submissions, "leaderboard": cmd_leaderboard,
-                    "report": cmd_report}
+                    "report": cmd_report, "pretrain": cmd_pretrain}
         return commands[args.command](args)
     except KbertError as exc:
         print(f"kbert: error: {exc}", file=sys.stderr)

@@ -116,21 +116,22 @@ def loss_fn(model: TaskModel, ids: mx.array, mask: mx.array, targets: mx.array) 
     return model.head.loss(model(ids, mask), targets)
 
 
-def make_train_step(model: TaskModel, optimizer: optim.Optimizer, max_grad_norm: float,
-                    compiled: bool = True) -> Callable[[mx.array, mx.array, mx.array], mx.array]:
-    """One optimizer step; returns the loss. The caller evaluates loss, parameters and optimizer state.
+def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm: float, compiled: bool = True,
+                    loss: Callable = loss_fn) -> Callable[[mx.array, mx.array, mx.array], mx.array]:
+    """One optimizer step of ``loss(model, ids, mask, targets)``; returns the loss. The caller evaluates loss,
+    parameters and optimizer state.
 
     ``model.train()`` runs inside the step, so every trace (one per input shape) is a training-mode
     trace: a compiled step keeps the mode it was traced in, whatever mode the model is in later.
     """
-    loss_and_grad = nn.value_and_grad(model, loss_fn)
+    loss_and_grad = nn.value_and_grad(model, loss)
 
     def step(ids: mx.array, mask: mx.array, targets: mx.array) -> mx.array:
         model.train()
-        loss, grads = loss_and_grad(model, ids, mask, targets)
+        value, grads = loss_and_grad(model, ids, mask, targets)
         grads, _ = optim.clip_grad_norm(grads, max_grad_norm)
         optimizer.update(model, grads)
-        return loss
+        return value
 
     if not compiled:
         return step

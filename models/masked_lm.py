@@ -1,0 +1,197 @@
+"""Masked-language-model (MLM) models by architecture: build, load and save them under Hugging Face's names.
+
+A saved folder (``config.json``, ``model.safetensors``, ``tokenizer.json``) loads in transformers
+(``BertForMaskedLM.from_pretrained``, ``ModernBertForMaskedLM.from_pretrained``), in ``load_masked_lm``
+(head included), and in ``models.encoders.load_encoder`` (the bare encoder; the architectures' ``sanitize``
+drops the head). ``load_masked_lm`` also starts from an encoder-only checkpoint (a shipped name such as
+``minilm-l6``, a ``save_encoder`` folder, a ``kbert run`` fold folder), keeping a freshly initialised head.
+Loading is strict either way: a missing or unexpected name is a KbertError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from tokenizers import Tokenizer
+
+from models.bert import BertForMaskedLM
+from models.encoders import architecture, load_tokenizer, read_weights, resolve_encoder_path
+from models.modernbert import ModernBertForMaskedLM
+from models.neobert import NeoBertForMaskedLM
+from models.weights import load_state_strict, save_safetensors
+from pipeline.errors import KbertError
+from pipeline.io import read_json, write_json, write_text
+
+MASKED_LM: dict[str, type[nn.Module]] = {
+    "bert": BertForMaskedLM,
+    "modernbert": ModernBertForMaskedLM,
+    "neobert": NeoBertForMaskedLM,
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where an architecture's MLM checkpoint keeps things (Hugging Face / reference names)."""
+
+    encoder: str  # attribute holding the encoder, the prefix of its names
+    head: tuple[str, ...]  # name prefixes of the MLM head (after ``ignored``); none of them: encoder-only
+    decoder_weight: str  # the decoder weight's name; with tied embeddings it is the embedding table's copy
+    embeddings: str  # the token embedding table's name inside the encoder
+    hf_class: str  # written to config.json "architectures"
+    # Pretraining-only names that Hugging Face's MLM class also leaves out: BERT's pooler and next-sentence head.
+    ignored: tuple[str, ...] = ()
+
+
+LAYOUTS: dict[str, Layout] = {
+    "bert": Layout("bert", ("cls.",), "cls.predictions.decoder.weight", "embeddings.word_embeddings.weight",
+                   "BertForMaskedLM", ignored=("bert.pooler.", "pooler.", "cls.seq_relationship.")),
+    "modernbert": Layout("model", ("head.", "decoder."), "decoder.weight", "embeddings.tok_embeddings.weight",
+                         "ModernBertForMaskedLM"),
+    "neobert": Layout("model", ("decoder.",), "decoder.weight", "encoder.weight", "NeoBERTLMHead"),
+}
+# BERT only: transformers 5's separate decoder bias (untied models compute with it; tied ones share cls.predictions.bias).
+BERT_DECODER_BIAS, BERT_BIAS = "cls.predictions.decoder.bias", "cls.predictions.bias"
+
+
+def build_masked_lm(values: dict[str, Any]) -> tuple[nn.Module, Any]:
+    """A randomly initialised MLM model from config.json-style values (``model_type`` picks the class).
+
+    The returned config is the model's own (for BERT: ``add_pooling_layer=False``, as HF's MLM has no pooler).
+    """
+    model_type = values.get("model_type", "bert")
+    arch = architecture(model_type)
+    if model_type not in MASKED_LM:
+        raise KbertError(f"no masked-LM head for model_type '{model_type}'; supported: {', '.join(sorted(MASKED_LM))}")
+    model = MASKED_LM[model_type](arch.config.from_dict(values))
+    return model, model.config
+
+
+def layout_of(model: nn.Module) -> Layout:
+    for model_type, cls in MASKED_LM.items():
+        if isinstance(model, cls):
+            return LAYOUTS[model_type]
+    raise TypeError(f"{type(model).__name__} is not a masked-LM model ({', '.join(c.__name__ for c in MASKED_LM.values())})")
+
+
+def encoder_of(model: nn.Module) -> nn.Module:
+    """The wrapped encoder (``model.bert`` / ``model.model``): a BertModel, ModernBertModel or NeoBertModel."""
+    return getattr(model, layout_of(model).encoder)
+
+
+def hf_weights(model: nn.Module) -> dict[str, mx.array]:
+    """The model's parameters under the names Hugging Face's ``from_pretrained`` reads.
+
+    These are the flattened parameter names, plus for untied BERT ``cls.predictions.decoder.bias`` (a copy of
+    ``cls.predictions.bias``), which transformers 5 keeps as a separate parameter there. A tied decoder weight is
+    not written: transformers re-ties it to the embeddings on load, as for the checkpoints it saves itself.
+    """
+    weights = dict(tree_flatten(model.parameters()))
+    if isinstance(model, BertForMaskedLM) and not model.config.tie_word_embeddings:
+        weights[BERT_DECODER_BIAS] = weights[BERT_BIAS]
+    return weights
+
+
+def _equal(a: mx.array, b: mx.array) -> bool:
+    return a.shape == b.shape and bool(mx.array_equal(a, b))
+
+
+def split_checkpoint(model_type: str, weights: dict[str, mx.array], config: Any
+                     ) -> tuple[dict[str, mx.array], dict[str, mx.array]]:
+    """Checkpoint names -> (encoder weights under the encoder's own names, head weights under the MLM's names).
+
+    Encoder names go through the architecture's ``sanitize`` (prefix, buffers, legacy names); the layout's
+    ``ignored`` names are dropped. A tied checkpoint's stored decoder weight is dropped when it equals the
+    embedding table and is an error when it does not. BERT's ``cls.predictions.decoder.bias`` becomes the
+    bias (it is what an untied transformers 5 model computes with; tied, it must equal ``cls.predictions.bias``).
+    Nothing else is renamed or dropped, so a strict load reports any other mismatch.
+    """
+    layout = LAYOUTS[model_type]
+    kept = {k: v for k, v in weights.items() if not k.startswith(layout.ignored)} if layout.ignored else weights
+    head = {k: v for k, v in kept.items() if k.startswith(layout.head)}
+    rest = {k: v for k, v in kept.items() if k not in head}
+    encoder = architecture(model_type).sanitize(rest)
+    tied = config.tie_word_embeddings
+    if tied and layout.decoder_weight in head:
+        stored, table = head.pop(layout.decoder_weight), encoder.get(layout.embeddings)
+        if table is not None and not _equal(stored, table):
+            raise KbertError(f"{layout.decoder_weight} differs from the token embeddings ({layout.encoder}."
+                             f"{layout.embeddings}) although tie_word_embeddings is true; set "
+                             "\"tie_word_embeddings\": false in config.json to keep a separate decoder")
+    if model_type == "bert" and BERT_DECODER_BIAS in head:
+        decoder_bias = head.pop(BERT_DECODER_BIAS)
+        if tied and BERT_BIAS in head and not _equal(decoder_bias, head[BERT_BIAS]):
+            raise KbertError(f"{BERT_DECODER_BIAS} differs from {BERT_BIAS} although tie_word_embeddings is true")
+        head[BERT_BIAS] = decoder_bias
+    return encoder, head
+
+
+def load_masked_lm_weights(model: nn.Module, weights: dict[str, mx.array], source: str) -> bool:
+    """Load checkpoint ``weights`` (Hugging Face names) into ``model`` strictly; True if they held the MLM head.
+
+    With a head, every parameter must be there; without one (an encoder-only checkpoint), every encoder
+    parameter must be, and the head keeps its current (fresh) values.
+    """
+    layout = layout_of(model)
+    encoder_weights, head = split_checkpoint(model.config.model_type, weights, model.config)
+    if head:
+        prefixed = {f"{layout.encoder}.{k}": v for k, v in encoder_weights.items()}
+        load_state_strict(model, {**prefixed, **head}, source)
+    else:
+        load_state_strict(encoder_of(model), encoder_weights, f"{source} (encoder only)")
+    return bool(head)
+
+
+def _read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, mx.array]]:
+    """config.json values and checkpoint weights; a ``kbert run`` fold folder gives its encoder's."""
+    values = read_json(folder / "config.json")
+    if "encoder_config" not in values or "model_type" in values:
+        if "model_type" not in values:
+            raise KbertError(f"{folder / 'config.json'}: missing key 'model_type'")
+        return values, read_weights(folder)
+    if not (folder / "model.safetensors").is_file():
+        raise KbertError(f"{folder}: an adapter-only fold checkpoint holds no full encoder weights; train the fold "
+                         "with adapter_checkpoint 'merged' or start from its base encoder")
+    # TaskModel names: encoder.*, pooler.*, head.*; only the encoder's are wanted.
+    weights = {k.removeprefix("encoder."): v for k, v in read_weights(folder).items() if k.startswith("encoder.")}
+    return {"model_type": "bert", **values["encoder_config"]}, weights
+
+
+def load_masked_lm(name_or_path: str | Path,
+                   log: Callable[[str], None] | None = print) -> tuple[nn.Module, Any, Tokenizer]:
+    """MLM model, its config and tokenizer from a shipped name or a model folder, strictly checked.
+
+    A checkpoint with the MLM head (Hugging Face names) loads whole; an encoder-only one loads the encoder and
+    keeps a freshly initialised head. ``log`` is told which. The model is returned in eval mode.
+    """
+    folder = resolve_encoder_path(name_or_path)
+    values, weights = _read_folder(folder)
+    model, config = build_masked_lm(values)
+    with_head = load_masked_lm_weights(model, weights, f"{folder} (a {config.model_type} model per its config.json)")
+    if log is not None:
+        log(f"{name_or_path}: masked-LM head loaded from the checkpoint" if with_head else
+            f"{name_or_path}: encoder-only checkpoint; the masked-LM head is freshly initialised")
+    model.eval()
+    return model, config, load_tokenizer(folder)
+
+
+def config_values(model: nn.Module) -> dict[str, Any]:
+    """config.json values for a saved MLM model: its config plus ``architectures`` (the HF class name)."""
+    return {**model.config.to_dict(), "architectures": [layout_of(model).hf_class]}
+
+
+def save_masked_lm(model: nn.Module, config: Any, tokenizer: Tokenizer, folder: Path) -> Path:
+    """Write ``config.json``, ``model.safetensors`` (Hugging Face names, see ``hf_weights``) and
+    ``tokenizer.json``. ``config`` must be the model's (``build_masked_lm`` / ``load_masked_lm`` return it)."""
+    if config != model.config:
+        raise ValueError("config is not the model's config; pass the one build_masked_lm/load_masked_lm returned")
+    folder = Path(folder)
+    save_safetensors(folder / "model.safetensors", hf_weights(model))
+    write_json(folder / "config.json", config_values(model))
+    write_text(folder / "tokenizer.json", tokenizer.to_str())
+    return folder

@@ -1,0 +1,266 @@
+"""``kbert pretrain``: masked-language-model pretraining on a competition's own text, before fine-tuning.
+
+The corpus is every training and test row serialized as `kbert run` does (plus augmented variants), with the
+target columns dropped before serialization, so no label can reach it. A held-out slice of rows (all their
+variants) measures masked-token accuracy and perplexity. From scratch, a WordPiece vocabulary is trained on the
+corpus and the encoder is sized as `kbert run` sizes it; with ``--encoder`` a pretrained encoder (and its
+tokenizer) continues pretraining. Masking follows BERT: 15% of the tokens (or of the words, with whole-word
+masking) are predicted; of those 80% become [MASK], 10% a random token and 10% stay as they are. The MLM head
+ties its decoder to the token embeddings and is dropped when `kbert run --encoder <folder>` fine-tunes.
+
+Output (``runs/<competition>/pretrain/<id>/``, written to a temp folder and renamed when complete):
+config.json, model.safetensors (encoder + MLM head, Hugging Face names), tokenizer.json, pretrain.json
+(settings, corpus size, history, held-out masked accuracy and perplexity, time).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pandas as pd
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from features import add_features
+from models.encoders import trains_from_scratch
+from models.masked_lm import build_masked_lm, load_masked_lm, save_masked_lm
+from models.tokenizer import load_or_train_tokenizer
+from pipeline.config import RunConfig
+from pipeline.data import load_competition_data
+from pipeline.errors import KbertError
+from pipeline.io import write_json
+from pipeline.run import make_serializer, scratch_encoder_config, seed_everything
+from pipeline.train import make_optimizer, make_train_step
+
+
+@dataclass
+class PretrainConfig:
+    encoder: str = "bert"  # "bert" or a preset trains from scratch; a shipped name or folder continues pretraining
+    steps: int = 2000
+    batch_size: int = 64
+    learning_rate: float | None = None  # None: 5e-4 from scratch, 5e-5 for a pretrained encoder
+    mask_prob: float = 0.15
+    whole_word: bool = False
+    augment: int = 4  # augmented serializations of each row, next to the plain one
+    holdout: float = 0.05  # share of rows held out for masked accuracy and perplexity
+    eval_every: int = 200
+    seed: int = 42
+
+
+@dataclass
+class Corpus:
+    train_texts: list[str]  # the training slice: plain and augmented texts of the non-held-out rows
+    eval_texts: list[str]  # the held-out rows' plain texts
+    rows: int  # rows in all (train + test)
+
+
+def build_corpus(config: RunConfig, settings: PretrainConfig) -> Corpus:
+    """Every train and test row as text, with augmented variants; the target columns never enter."""
+    comp = config.competition
+    data = load_competition_data(comp, config.data_dir or None)
+    train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows]
+    features, test_features = add_features(comp.features, train.drop(columns=comp.target_columns), data.test)
+    rows = pd.concat([features, test_features], ignore_index=True)
+    serializer = make_serializer(config).fit(rows)  # label-free statistics (bins) of all rows
+    rng = np.random.default_rng(settings.seed)
+    held_out = rng.random(len(rows)) < settings.holdout
+    kept, held = rows[~held_out], rows[held_out]
+    if len(held) == 0 or len(kept) == 0:
+        raise KbertError(f"--holdout {settings.holdout} leaves no held-out or no training rows of {len(rows)}")
+    texts = serializer.transform(kept)
+    for variant in range(1, settings.augment + 1):
+        texts += serializer.transform(kept, rng=np.random.default_rng([settings.seed, variant]))
+    return Corpus(train_texts=texts, eval_texts=serializer.transform(held), rows=len(rows))
+
+
+@dataclass
+class Encoded:
+    ids: list[np.ndarray]  # int32 token ids with [CLS]/[SEP]
+    words: list[np.ndarray]  # int32 word index per token; -1 for special tokens
+
+
+def encode_with_words(tokenizer: Tokenizer, texts: list[str], max_length: int) -> Encoded:
+    tokenizer.enable_truncation(max_length)
+    tokenizer.no_padding()
+    encodings = tokenizer.encode_batch(texts)
+    return Encoded(ids=[np.asarray(e.ids, dtype=np.int32) for e in encodings],
+                   words=[np.asarray([-1 if w is None else w for w in e.word_ids], dtype=np.int32)
+                          for e in encodings])
+
+
+def special_ids(tokenizer: Tokenizer) -> set[int]:
+    return {i for i in (tokenizer.token_to_id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"))
+            if i is not None}
+
+
+def mask_tokens(ids: np.ndarray, words: np.ndarray, rng: np.random.Generator, mask_prob: float, mask_id: int,
+                replacement_ids: np.ndarray, whole_word: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """BERT masking of a padded (batch, length) id array; ``words`` is -1 at special and padding positions.
+
+    Returns (inputs, labels): labels hold the original id where a token is to be predicted and -100
+    elsewhere; of the predicted tokens 80% become ``mask_id``, 10% a random id from ``replacement_ids`` and
+    10% stay. ``whole_word``: words are chosen with ``mask_prob`` and all their tokens are predicted.
+    """
+    candidates = words >= 0
+    if whole_word:
+        chosen_words = rng.random((ids.shape[0], int(words.max(initial=0)) + 1)) < mask_prob
+        selected = candidates & np.take_along_axis(chosen_words, np.maximum(words, 0), axis=1)
+    else:
+        selected = candidates & (rng.random(ids.shape) < mask_prob)
+    labels = np.where(selected, ids, -100).astype(np.int32)
+    roll = rng.random(ids.shape)
+    inputs = ids.copy()
+    inputs[selected & (roll < 0.8)] = mask_id
+    randomized = selected & (roll >= 0.8) & (roll < 0.9)
+    inputs[randomized] = rng.choice(replacement_ids, size=int(randomized.sum()))
+    return inputs, labels
+
+
+def padded_batch(data: Encoded, index: np.ndarray, pad_id: int, bucket: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids, words, attention mask) of rows ``index``, padded to their longest rounded up to ``bucket``."""
+    lengths = [len(data.ids[i]) for i in index]
+    width = -(-max(lengths) // bucket) * bucket
+    ids = np.full((len(index), width), pad_id, dtype=np.int32)
+    words = np.full((len(index), width), -1, dtype=np.int32)
+    attention = np.zeros((len(index), width), dtype=np.int32)
+    for row, (i, length) in enumerate(zip(index, lengths)):
+        ids[row, :length], words[row, :length], attention[row, :length] = data.ids[i], data.words[i], 1
+    return ids, words, attention
+
+
+def masked_lm_loss(model: nn.Module, ids: mx.array, mask: mx.array, labels: mx.array) -> mx.array:
+    """Mean cross-entropy over the predicted (label >= 0) positions."""
+    logits = model(ids, mask)
+    predicted = labels >= 0
+    losses = nn.losses.cross_entropy(logits, mx.maximum(labels, 0), reduction="none")
+    return (losses * predicted).sum() / mx.maximum(predicted.sum(), 1)
+
+
+def evaluate_masked_lm(model: nn.Module, batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+                       ) -> dict[str, float]:
+    """Masked-token accuracy and perplexity over fixed, pre-masked held-out batches (eval mode)."""
+    was_training = model.training
+    model.eval()
+    correct = total = 0
+    loss_sum = 0.0
+    for inputs, mask, labels in batches:
+        logits = model(mx.array(inputs), mx.array(mask))
+        target = mx.array(labels)
+        predicted = target >= 0
+        losses = nn.losses.cross_entropy(logits, mx.maximum(target, 0), reduction="none")
+        hits = (mx.argmax(logits, axis=-1) == target) & predicted
+        loss_batch, hits_batch, count = mx.sum(losses * predicted), mx.sum(hits), mx.sum(predicted)
+        mx.eval(loss_batch, hits_batch, count)
+        loss_sum += loss_batch.item()
+        correct += hits_batch.item()
+        total += count.item()
+    model.train(was_training)
+    mean_loss = loss_sum / max(total, 1)
+    return {"masked_accuracy": correct / max(total, 1), "perplexity": float(np.exp(mean_loss)), "loss": mean_loss,
+            "masked_tokens": int(total)}
+
+
+def pretrain(config: RunConfig, settings: PretrainConfig, run_id: str | None = None, progress: bool = True,
+             log=print) -> Path:
+    """Pretrain, then write the encoder + MLM head folder; returns its path."""
+    started = time.perf_counter()
+    comp = config.competition
+    if not 0 < settings.mask_prob < 1:
+        raise KbertError(f"--mask-prob must be in (0, 1), got {settings.mask_prob}")
+    if settings.steps < 1 or settings.batch_size < 1:
+        raise KbertError("--steps and --batch-size must be at least 1")
+    corpus = build_corpus(config, settings)
+    seed_everything(settings.seed)
+    max_length = config.train.max_length
+    from_scratch = trains_from_scratch(settings.encoder)
+    cache_dir = Path(config.out_dir) / comp.name / "cache"
+    if from_scratch:
+        tokenizer, _ = load_or_train_tokenizer(corpus.train_texts, config.model.vocab_size, cache_dir)
+        config = replace(config, model=replace(config.model, encoder=settings.encoder))
+        model, model_config = build_masked_lm(scratch_encoder_config(config, tokenizer.get_vocab_size()))
+    else:
+        model, model_config, tokenizer = load_masked_lm(settings.encoder)
+    mask_id = tokenizer.token_to_id("[MASK]")
+    if mask_id is None:
+        raise KbertError(f"encoder '{settings.encoder}': its tokenizer has no [MASK] token")
+    specials = special_ids(tokenizer)
+    replacement_ids = np.asarray([i for i in range(tokenizer.get_vocab_size()) if i not in specials], dtype=np.int32)
+    train_data = encode_with_words(tokenizer, corpus.train_texts, max_length)
+    eval_data = encode_with_words(tokenizer, corpus.eval_texts, max_length)
+    bucket = config.train.length_bucket
+    pad_id = tokenizer.token_to_id("[PAD]") or 0
+
+    # Held-out batches are masked once, with their own seed: every evaluation scores the same positions.
+    eval_rng = np.random.default_rng([settings.seed, 1])
+    eval_batches = []
+    for start in range(0, len(eval_data.ids), 128):
+        ids, words, attention = padded_batch(eval_data, np.arange(start, min(start + 128, len(eval_data.ids))),
+                                             pad_id, bucket)
+        inputs, labels = mask_tokens(ids, words, eval_rng, settings.mask_prob, mask_id, replacement_ids,
+                                     settings.whole_word)
+        eval_batches.append((inputs, attention, labels))
+
+    learning_rate = settings.learning_rate or (5e-4 if from_scratch else 5e-5)
+    train_config = replace(config.train, learning_rate=learning_rate)
+    optimizer = make_optimizer(model, train_config, settings.steps)
+    step = make_train_step(model, optimizer, train_config.max_grad_norm, compiled=train_config.compile,
+                           loss=masked_lm_loss)
+    rng = np.random.default_rng(settings.seed)
+    history = [{"step": 0, **evaluate_masked_lm(model, eval_batches)}]
+    log(f"{comp.name}: pretraining on {len(corpus.train_texts)} texts ({corpus.rows} rows, {settings.augment} "
+        f"augmented variants each; {len(corpus.eval_texts)} rows held out), vocabulary {tokenizer.get_vocab_size()}, "
+        f"step 0 masked accuracy {history[0]['masked_accuracy']:.3f}")
+    order = rng.permutation(len(train_data.ids))
+    position, running = 0, []
+    bar = tqdm(range(1, settings.steps + 1), desc="pretrain", unit="step", disable=not progress, leave=False)
+    for number in bar:
+        if position + settings.batch_size > len(order):
+            order, position = rng.permutation(len(train_data.ids)), 0
+        index = order[position : position + settings.batch_size]
+        position += settings.batch_size
+        ids, words, attention = padded_batch(train_data, index, pad_id, bucket)
+        inputs, labels = mask_tokens(ids, words, rng, settings.mask_prob, mask_id, replacement_ids,
+                                     settings.whole_word)
+        loss = step(mx.array(inputs), mx.array(attention), mx.array(labels))
+        mx.eval(loss, model.parameters(), optimizer.state)
+        running.append(loss.item())
+        if number % settings.eval_every == 0 or number == settings.steps:
+            record = {"step": number, "train_loss": float(np.mean(running)), **evaluate_masked_lm(model, eval_batches)}
+            history.append(record)
+            running = []
+            bar.set_postfix(loss=f"{record['train_loss']:.3f}", acc=f"{record['masked_accuracy']:.3f}")
+            if not progress:
+                log(f"step {number}: train loss {record['train_loss']:.3f}, held-out masked accuracy "
+                    f"{record['masked_accuracy']:.3f}, perplexity {record['perplexity']:.2f}")
+    bar.close()
+
+    run_id = run_id or f"{datetime.now():%Y%m%d-%H%M%S}-seed{settings.seed}"
+    folder = Path(config.out_dir) / comp.name / "pretrain" / run_id
+    if folder.exists():
+        raise KbertError(f"pretrain folder already exists: {folder}; pick another --run-id")
+    tmp = folder.with_name(f".{run_id}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer.no_truncation()  # saved as trained: kbert run sets its own truncation
+    save_masked_lm(model, model_config, tokenizer, tmp)
+    seconds = time.perf_counter() - started
+    final = history[-1]
+    write_json(tmp / "pretrain.json", {
+        "competition": comp.name, "settings": asdict(settings), "learning_rate": learning_rate,
+        "max_length": max_length, "vocab_size": tokenizer.get_vocab_size(), "rows": corpus.rows,
+        "train_texts": len(corpus.train_texts), "held_out_rows": len(corpus.eval_texts),
+        "masked_accuracy": final["masked_accuracy"], "perplexity": final["perplexity"],
+        "masked_accuracy_at_start": history[0]["masked_accuracy"], "history": history,
+        "wall_time_s": round(seconds, 2),
+    })
+    tmp.rename(folder)
+    log(f"held-out masked accuracy {final['masked_accuracy']:.3f} (start {history[0]['masked_accuracy']:.3f}), "
+        f"perplexity {final['perplexity']:.2f}; {seconds:.0f}s")
+    return folder

@@ -1,0 +1,111 @@
+"""`kbert pretrain`: the corpus never holds a label, BERT masking, and a tiny pretraining whose encoder
+`kbert run --encoder` and the tuning space can use."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from tokenizers import Tokenizer
+
+from pipeline.cli import main
+from pipeline.config import load_competition, resolve_run_config
+from pipeline.pretrain import PretrainConfig, build_corpus, mask_tokens
+
+LABELS = ["zebraclass", "yakclass", "quokkaclass"]
+
+
+def labelled_competition(tmp_path: Path) -> Path:
+    """A multiclass competition whose target values are words found nowhere else in the data."""
+    rng = np.random.default_rng(0)
+    rows = 60
+    train = pd.DataFrame({"id": range(rows), "colour": rng.choice(["red", "green", "blue"], rows),
+                          "size": rng.integers(1, 50, rows), "label": rng.choice(LABELS, rows)})
+    test = pd.DataFrame({"id": range(rows, rows + 20), "colour": rng.choice(["red", "green"], 20),
+                         "size": rng.integers(1, 50, 20)})
+    (tmp_path / "data").mkdir()
+    train.to_csv(tmp_path / "data" / "train.csv", index=False)
+    test.to_csv(tmp_path / "data" / "test.csv", index=False)
+    spec = {"name": "labels", "task": "multiclass", "metric": "accuracy", "id_column": "id", "target": "label",
+            "data_dir": "data", "files": {"train": "train.csv", "test": "test.csv"},
+            "columns": {"id": "int", "colour": "str", "size": "int"},
+            "submission": {"columns": {"id": "int", "label": "str"}}, "text": {"serializer": "list"}}
+    path = tmp_path / "labels.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.parametrize("augment", [0, 3])
+def test_the_corpus_never_holds_a_target_value(tmp_path, augment):
+    config = resolve_run_config(load_competition(str(labelled_competition(tmp_path))))
+    corpus = build_corpus(config, PretrainConfig(augment=augment, holdout=0.1))
+    texts = corpus.train_texts + corpus.eval_texts
+    assert corpus.rows == 80 and len(corpus.train_texts) + len(corpus.eval_texts) > 80 * (augment > 0)
+    assert any("colour" in t and "red" in t for t in texts)  # the feature columns are there ...
+    for text in texts:
+        assert "label" not in text.lower()  # ... the target's name and values never
+        assert not any(value in text for value in LABELS)
+
+
+@pytest.mark.parametrize("name", ["titanic", "spaceship-titanic"])
+def test_real_competitions_corpus_has_train_and_test_rows_and_no_target(name):
+    config = resolve_run_config(load_competition(name), {"limit_rows": 200})
+    corpus = build_corpus(config, PretrainConfig(augment=1, holdout=0.05))
+    target = config.competition.target_columns[0]
+    texts = corpus.train_texts + corpus.eval_texts
+    assert corpus.rows > 200  # the test rows are in
+    assert not any(target.lower() in t.lower() for t in texts)
+    if name == "spaceship-titanic":  # the generic serializer writes "Transported: True" for a target it sees
+        assert not any("transported" in t.lower() for t in texts)
+
+
+def test_masking_follows_80_10_10_and_never_touches_special_tokens():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(10, 1000, size=(400, 64)).astype(np.int32)
+    words = np.tile(np.arange(64, dtype=np.int32) // 2, (400, 1))  # two pieces per word
+    words[:, 0] = -1  # [CLS]
+    words[:, 50:] = -1  # [SEP] and padding
+    inputs, labels = mask_tokens(ids, words, np.random.default_rng(1), 0.15, mask_id=4,
+                                 replacement_ids=np.arange(5, 1000, dtype=np.int32))
+    selected = labels >= 0
+    assert not selected[words < 0].any() and (inputs[words < 0] == ids[words < 0]).all()
+    assert selected[words >= 0].mean() == pytest.approx(0.15, abs=0.01)
+    assert (labels[selected] == ids[selected]).all()
+    masked, kept = (inputs == 4) & selected, (inputs == ids) & selected
+    assert masked.sum() / selected.sum() == pytest.approx(0.8, abs=0.02)
+    assert kept.sum() / selected.sum() == pytest.approx(0.1 + 0.1 / 995, abs=0.02)  # 10% kept (+ random hits)
+    assert (inputs[~selected] == ids[~selected]).all()
+
+    inputs, labels = mask_tokens(ids, words, np.random.default_rng(2), 0.15, 4, np.arange(5, 1000), whole_word=True)
+    selected = labels >= 0
+    pairs = selected[:, 2:50].reshape(400, 24, 2)  # tokens 2..49: words 1..24, two pieces each
+    assert (pairs[..., 0] == pairs[..., 1]).all()  # a word is predicted whole or not at all
+    assert selected[words >= 0].mean() == pytest.approx(0.15, abs=0.015)
+
+
+def test_tiny_pretraining_improves_masked_accuracy_and_kbert_run_uses_it(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    code = main(["pretrain", "titanic", "--steps", "60", "--batch-size", "32", "--eval-every", "30",
+                 "--augment", "1", "--lr", "2e-3", "--out", str(runs), "--run-id", "mlm", "--no-progress"])
+    assert code == 0
+    folder = runs / "titanic" / "pretrain" / "mlm"
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "pretrain.json",
+                                                       "tokenizer.json"]
+    assert not list(folder.parent.glob(".*"))  # the temp folder was renamed into place
+    report = json.loads((folder / "pretrain.json").read_text())
+    assert report["masked_accuracy"] > report["masked_accuracy_at_start"] + 0.05
+    assert 1 < report["perplexity"] < report["history"][0]["perplexity"]
+    assert [h["step"] for h in report["history"]] == [0, 30, 60]
+
+    code = main(["run", "titanic", "--encoder", str(folder), "--limit-rows", "120", "--folds", "2", "--epochs", "1",
+                 "--lr", "1e-3", "--out", str(runs), "--submissions-dir", str(tmp_path / "subs"), "--run-id", "ft",
+                 "--no-progress"])
+    assert code == 0
+    run_config = yaml.safe_load((runs / "titanic" / "ft" / "config.yaml").read_text())
+    assert run_config["model"]["encoder"] == str(folder)
+    vocabulary = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab()
+    assert Tokenizer.from_file(str(runs / "titanic" / "ft" / "tokenizer.json")).get_vocab() == vocabulary
