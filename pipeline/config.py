@@ -7,6 +7,7 @@ and written to ``runs/<competition>/<run-id>/config.yaml``.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -287,6 +288,14 @@ def _apply(obj: Any, overrides: dict[str, Any], source: str) -> Any:
     return replace(obj, **overrides)
 
 
+def pretrained_from_scratch(encoder: str) -> bool:
+    """A folder `kbert pretrain` trained from scratch: a small encoder that fine-tunes at from-scratch rates."""
+    path = Path(encoder) / "pretrain.json"
+    if not path.is_file():
+        return False
+    return bool(json.loads(path.read_text(encoding="utf-8")).get("from_scratch"))
+
+
 def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Defaults, then the competition's ``training`` section, then CLI ``overrides`` (flat field names)."""
     model, train, head = ModelConfig(), TrainConfig(), HeadOptions()
@@ -363,7 +372,8 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     if adapter is not None and model.adapter_checkpoint == "merged" and adapter.bits and not adapter.merge_dequantize:
         raise KbertError("adapter_checkpoint: merged with a quantized base needs merge_dequantize: true")
     if train.learning_rate is None:  # adapters train few weights from zero: a LoRA-sized rate
-        default = 1e-3 if trains_from_scratch(model.encoder) else 5e-5 if adapter is None else 5e-4
+        small = trains_from_scratch(model.encoder) or pretrained_from_scratch(model.encoder)
+        default = 1e-3 if small else 5e-5 if adapter is None else 5e-4
         train = replace(train, learning_rate=default)
     if not 0 < train.layerwise_lr_decay <= 1:
         raise KbertError(f"layerwise_lr_decay must be in (0, 1], got {train.layerwise_lr_decay}")

@@ -253,7 +253,8 @@ def pretrain(config: RunConfig, settings: PretrainConfig, run_id: str | None = N
     seconds = time.perf_counter() - started
     final = history[-1]
     write_json(tmp / "pretrain.json", {
-        "competition": comp.name, "settings": asdict(settings), "learning_rate": learning_rate,
+        "competition": comp.name, "settings": asdict(settings), "from_scratch": from_scratch,
+        "learning_rate": learning_rate,
         "max_length": max_length, "vocab_size": tokenizer.get_vocab_size(), "rows": corpus.rows,
         "train_texts": len(corpus.train_texts), "held_out_rows": len(corpus.eval_texts),
         "masked_accuracy": final["masked_accuracy"], "perplexity": final["perplexity"],

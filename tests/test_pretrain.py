@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pandas as pd
 import pytest
 import yaml
@@ -15,6 +17,8 @@ from tokenizers import Tokenizer
 from pipeline.cli import main
 from pipeline.config import load_competition, resolve_run_config
 from pipeline.pretrain import PretrainConfig, build_corpus, mask_tokens
+from pipeline.space import parse_space, sample, space_entries, to_overrides
+from pipeline.tune import TuneOptions, resolve_trial_config
 
 LABELS = ["zebraclass", "yakclass", "quokkaclass"]
 
@@ -87,7 +91,7 @@ def test_masking_follows_80_10_10_and_never_touches_special_tokens():
     assert selected[words >= 0].mean() == pytest.approx(0.15, abs=0.015)
 
 
-def test_tiny_pretraining_improves_masked_accuracy_and_kbert_run_uses_it(tmp_path, capsys):
+def test_tiny_pretraining_improves_masked_accuracy_and_kbert_run_and_the_tuning_space_use_it(tmp_path):
     runs = tmp_path / "runs"
     code = main(["pretrain", "titanic", "--steps", "60", "--batch-size", "32", "--eval-every", "30",
                  "--augment", "1", "--lr", "2e-3", "--out", str(runs), "--run-id", "mlm", "--no-progress"])
@@ -101,11 +105,30 @@ def test_tiny_pretraining_improves_masked_accuracy_and_kbert_run_uses_it(tmp_pat
     assert 1 < report["perplexity"] < report["history"][0]["perplexity"]
     assert [h["step"] for h in report["history"]] == [0, 30, 60]
 
+    assert report["from_scratch"] is True
     code = main(["run", "titanic", "--encoder", str(folder), "--limit-rows", "120", "--folds", "2", "--epochs", "1",
-                 "--lr", "1e-3", "--out", str(runs), "--submissions-dir", str(tmp_path / "subs"), "--run-id", "ft",
+                 "--out", str(runs), "--submissions-dir", str(tmp_path / "subs"), "--run-id", "ft",
                  "--no-progress"])
     assert code == 0
     run_config = yaml.safe_load((runs / "titanic" / "ft" / "config.yaml").read_text())
     assert run_config["model"]["encoder"] == str(folder)
+    assert run_config["train"]["learning_rate"] == 1e-3  # a small from-scratch encoder: the from-scratch rate
     vocabulary = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab()
     assert Tokenizer.from_file(str(runs / "titanic" / "ft" / "tokenizer.json")).get_vocab() == vocabulary
+
+    # The tuning space takes the pretrained folder as one more encoder choice, with its own learning rates.
+    folder_name = str(folder)
+    competition = replace(load_competition("titanic"), search_space={
+        "encoder": {"choices": ["bert", folder_name]},
+        "mlm_learning_rate": {"set": "learning_rate", "low": 3e-4, "high": 3e-3, "log": True,
+                              "when": {"encoder": folder_name}}})
+    params = parse_space(space_entries(competition, gpu=False))
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(12):
+        chosen = sample(params, study.ask())
+        config = resolve_trial_config(competition, TuneOptions(competition="titanic"), to_overrides(params, chosen))
+        seen.add(config.model.encoder)
+        if config.model.encoder == folder_name:
+            assert "num_hidden_layers" not in chosen and 3e-4 <= config.train.learning_rate <= 3e-3
+    assert seen == {"bert", folder_name}
