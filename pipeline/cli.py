@@ -20,7 +20,9 @@ RUN_EPILOG = """examples:
   kbert run path/to/my_competition.yaml
 
 artifacts: <out>/<competition>/<run-id>/{config.yaml, folds.csv, oof.csv, test.csv, metrics.json, folds/<k>/}
-submission: <submissions-dir>/<competition>/<run-id>.csv"""
+submission: <submissions-dir>/<competition>/<run-id>.csv
+resume: after Ctrl-C or a crash, rerun the same command with --run-id <run-id> (printed first): finished folds
+are kept, the others are trained"""
 
 TUNE_EPILOG = """examples:
   kbert tune titanic --timeout 8h --workers 2      overnight, two processes
