@@ -428,12 +428,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_embed(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import numpy as np
-
     from models.encoders import load_encoder
     from pipeline.embed import embed_texts
     from pipeline.errors import KbertError
-    from pipeline.io import atomic_write
+    from pipeline.io import write_npy
 
     path = Path(args.texts)
     if not path.is_file():
@@ -448,12 +446,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     vectors = embed_texts(encoder, tokenizer, texts, args.pooling, args.normalize, args.max_length, args.batch_size)
     out = Path(args.out)
     with_suffix = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")
-
-    def save(tmp: Path) -> None:
-        with open(tmp, "wb") as handle:  # a handle: np.save would append ".npy" to the temp name
-            np.save(handle, vectors)
-
-    atomic_write(with_suffix, save)
+    write_npy(with_suffix, vectors)
     print(f"{with_suffix}: {vectors.shape[0]} x {vectors.shape[1]} embeddings")
     return 0
 

@@ -7,7 +7,6 @@ and written to ``runs/<competition>/<run-id>/config.yaml``.
 from __future__ import annotations
 
 import difflib
-import json
 import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -19,6 +18,7 @@ import yaml
 from models.heads import DEFAULT_METRICS, TASKS
 from models.pooling import POOLING_KINDS
 from pipeline.errors import KbertError
+from pipeline.io import read_json
 
 COMPETITIONS_DIR = Path(__file__).resolve().parent.parent / "competitions"
 BUNDLED_DATA_DIR = COMPETITIONS_DIR / "data"
@@ -293,7 +293,7 @@ def pretrained_from_scratch(encoder: str) -> bool:
     path = Path(encoder) / "pretrain.json"
     if not path.is_file():
         return False
-    return bool(json.loads(path.read_text(encoding="utf-8")).get("from_scratch"))
+    return bool(read_json(path).get("from_scratch"))
 
 
 def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any] | None = None) -> RunConfig:

@@ -56,11 +56,19 @@ def write_csv(path: Path, frame: pd.DataFrame) -> Path:
 
 
 def write_npz(path: Path, **arrays: np.ndarray) -> Path:
-    def save(tmp: Path) -> None:
-        with open(tmp, "wb") as handle:  # a handle: np.savez would append ".npz" to the temp name
-            np.savez(handle, **arrays)
+    return _write_numpy(path, lambda handle: np.savez(handle, **arrays))
 
-    return atomic_write(path, save)
+
+def write_npy(path: Path, array: np.ndarray) -> Path:
+    return _write_numpy(path, lambda handle: np.save(handle, array))
+
+
+def _write_numpy(path: Path, save: Callable[[Any], None]) -> Path:
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:  # a handle: np.save/np.savez would append a suffix to the temp name
+            save(handle)
+
+    return atomic_write(path, write)
 
 
 def read_json(path: Path, required: tuple[str, ...] = ()) -> dict[str, Any]:

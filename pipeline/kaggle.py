@@ -215,13 +215,25 @@ def _http_error(exc: Any, slug: str, source: str) -> str:
 
 
 @contextmanager
+def _silenced(occasion: str) -> Iterator[None]:
+    """The kaggle package's prints (stdout and stderr) go to the debug log, redacted."""
+    captured = io.StringIO()
+    try:
+        with redirect_stdout(captured), redirect_stderr(captured):
+            yield
+    finally:
+        output = _redact(captured.getvalue()).strip()
+        if output:
+            log.debug("kaggle package output%s: %s", occasion, output)
+
+
+@contextmanager
 def _translated(slug: str, source: str) -> Iterator[None]:
     """Run kaggle package calls: their prints go to the debug log (redacted), their errors become KbertError."""
     import requests
 
-    captured = io.StringIO()
     try:
-        with redirect_stdout(captured), redirect_stderr(captured):
+        with _silenced(""):
             yield
     except SystemExit:  # authenticate() calls exit(1) when no credential works
         raise KbertError(_bad_credentials(source)) from None
@@ -232,25 +244,16 @@ def _translated(slug: str, source: str) -> Iterator[None]:
     except requests.RequestException as exc:
         raise KbertError(f"the request to Kaggle failed ({type(exc).__name__}): check your connection, "
                          "then retry") from None
-    finally:
-        output = _redact(captured.getvalue()).strip()
-        if output:
-            log.debug("kaggle package output: %s", output)
 
 
 def _import_kaggle() -> Any:
     """``KaggleApi``. Importing the package authenticates a throw-away client and may print: silenced."""
-    captured = io.StringIO()
     try:
-        with redirect_stdout(captured), redirect_stderr(captured):
+        with _silenced(" on import"):
             from kaggle.api.kaggle_api_extended import KaggleApi
     except ImportError as exc:
         raise KbertError(f"the kaggle package is not installed ({exc.name} is missing): "
                          "pip install 'kaggle>=2.0'") from None
-    finally:
-        output = _redact(captured.getvalue()).strip()
-        if output:
-            log.debug("kaggle package output on import: %s", output)
     return KaggleApi
 
 

@@ -41,7 +41,7 @@ from models.task_model import build_task_model
 from models.weights import load_state_strict
 from models.tokenizer import encode, fits_in, load_or_train_tokenizer, token_lengths
 from pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature
-from pipeline.config import RunConfig, adapter_config
+from pipeline.config import RunConfig, adapter_config, read_yaml
 from pipeline.data import load_competition_data
 from pipeline.errors import KbertError
 from pipeline.folds import fold_groups, folds_path, load_or_make_folds, purge_training_rows
@@ -366,7 +366,7 @@ def check_resumable(run_dir: Path, config: RunConfig) -> None:
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise KbertError(f"run folder already exists and has no config.yaml: {run_dir}; pick another --run-id")
-    saved = yaml.safe_load(config_path.read_text(encoding="utf-8")) or {}
+    saved = read_yaml(config_path) or {}
     saved.pop("run_id", None)
     current = yaml.safe_load(yaml.safe_dump(config.to_dict(), sort_keys=False))
     changed = config_differences(saved, current)
