@@ -1,19 +1,17 @@
-"""Side-by-side speed of a kbert (MLX) BERT and PyTorch + transformers, in one process.
+"""Side-by-side speed of a kbert (MLX) BERT and PyTorch + transformers, in one run.
 
 Times one training step (forward, backward, clipping, AdamW) and one inference batch for the same
 configuration, alternating MLX and PyTorch repetitions, and prints sequences/s, the MLX/PyTorch
-ratio, and MLX's MFU against the sgemm peak measured in this process.
+ratio, and MLX's MFU against the sgemm peak measured in the MLX process.
+
+Each framework runs in its own worker process (started once, driven over a pipe), so that each sees
+the environment its users get: kbert's (its BLAS binding, glibc keeping large buffers, its CPU kernels)
+and PyTorch's (its own MKL and OpenMP, default glibc), and neither's thread pools spin against the
+other's. ``--same-process`` runs both in this process instead (kbert's settings then apply to PyTorch too).
 
     python benchmarks/bert_speed.py --size minilm --seq 128 --reps 5
     python benchmarks/bert_speed.py --size scratch --seq 32 64 128
     python benchmarks/bert_speed.py --end-to-end          # also time `kbert run titanic`
-
-Baseline measured 2026-11-22 on 2 cores (AMD EPYC, MKL, --reps 3 --steps 2), sequences/s:
-    size     seq   MLX train  torch train  ratio   MLX infer  torch infer  ratio   MFU
-    scratch   64        78.1        226.5   0.31       183.5       1001.4   0.19   6.7%
-    scratch  128        47.4        139.1   0.34       105.9        598.3   0.18   8.7%
-    minilm    64         6.6         16.1   0.41        17.3         76.7   0.22  14.4%
-    minilm   128         3.4          9.5   0.38         9.5         36.7   0.25  15.5%
 
 Needs the test extras (torch==2.13.0, transformers).
 """
@@ -21,22 +19,17 @@ Needs the test extras (torch==2.13.0, transformers).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
-import models  # noqa: E402,F401  (binds the fast BLAS before mlx.core loads)
-import mlx.core as mx  # noqa: E402
-import mlx.optimizers as optim  # noqa: E402
 import numpy as np  # noqa: E402
-
-from models.blas import STATUS, measure_sgemm_gflops  # noqa: E402
-from models.task_model import build_task_model  # noqa: E402
-from pipeline.train import make_forward, make_train_step  # noqa: E402
 
 SIZES = {
     "minilm": dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
@@ -55,6 +48,13 @@ def train_flops(size: dict, batch: int, seq: int) -> float:
 
 def mlx_setup(size: dict, seq: int, compiled: bool):
     """kbert's own train step and eval forward (pipeline/train.py), as `kbert run` uses them."""
+    import models  # noqa: F401  (binds the fast BLAS before mlx.core loads)
+    import mlx.core as mx
+    import mlx.optimizers as optim
+
+    from models.task_model import build_task_model
+    from pipeline.train import make_forward, make_train_step
+
     values = {**size, "model_type": "bert", "max_position_embeddings": max(512, seq), "add_pooling_layer": False}
     model = build_task_model(values, "binary", "cls", 0.1)
     optimizer = optim.AdamW(learning_rate=5e-5, weight_decay=0.01)
@@ -103,55 +103,139 @@ def timed(fn, args, steps: int) -> float:
     return (time.perf_counter() - started) / steps
 
 
-def bench(size_name: str, seq: int, batch: int, infer_batch: int, reps: int, steps: int, peak: float,
-          compiled: bool) -> dict:
-    import torch
-
-    size = SIZES[size_name]
+def batches(size: dict, seq: int, batch: int, infer_batch: int):
     rng = np.random.default_rng(0)
     ids = rng.integers(5, size["vocab_size"], (batch, seq)).astype(np.int32)
     infer_ids = rng.integers(5, size["vocab_size"], (infer_batch, seq)).astype(np.int32)
     targets = rng.integers(0, 2, batch).astype(np.float32)
+    return ids, infer_ids, targets
 
-    mx.random.seed(0)
-    _, mlx_train, mlx_infer = mlx_setup(size, seq, compiled)
-    torch.manual_seed(0)
-    _, torch_train, torch_infer = torch_setup(size, seq)
-    mlx_train_args = (mx.array(ids), mx.ones(ids.shape, dtype=mx.int32), mx.array(targets))
-    mlx_infer_args = (mx.array(infer_ids), mx.ones(infer_ids.shape, dtype=mx.int32))
-    torch_train_args = (torch.tensor(ids, dtype=torch.long), torch.ones(ids.shape, dtype=torch.long),
-                        torch.tensor(targets))
-    torch_infer_args = (torch.tensor(infer_ids, dtype=torch.long), torch.ones(infer_ids.shape, dtype=torch.long))
 
-    mlx_train(*mlx_train_args)  # warm-up both before timing
-    torch_train(*torch_train_args)
+def setup(framework: str, size_name: str, seq: int, batch: int, infer_batch: int, compiled: bool):
+    """(train, infer) callables taking no arguments, warmed up (compiled steps traced)."""
+    size = SIZES[size_name]
+    ids, infer_ids, targets = batches(size, seq, batch, infer_batch)
+    if framework == "mlx":
+        import mlx.core as mx
+
+        mx.random.seed(0)
+        _, train, infer = mlx_setup(size, seq, compiled)
+        train_args = (mx.array(ids), mx.ones(ids.shape, dtype=mx.int32), mx.array(targets))
+        infer_args = (mx.array(infer_ids), mx.ones(infer_ids.shape, dtype=mx.int32))
+    else:
+        import torch
+
+        torch.manual_seed(0)
+        _, train, infer = torch_setup(size, seq)
+        train_args = (torch.tensor(ids, dtype=torch.long), torch.ones(ids.shape, dtype=torch.long),
+                      torch.tensor(targets))
+        infer_args = (torch.tensor(infer_ids, dtype=torch.long), torch.ones(infer_ids.shape, dtype=torch.long))
+    train(*train_args)
+    infer(*infer_args)
+    return (lambda: train(*train_args)), (lambda: infer(*infer_args))
+
+
+def describe(framework: str) -> str:
+    if framework == "mlx":
+        import models  # noqa: F401
+        import mlx.core as mx
+
+        from models import cpu_kernels
+        from models.blas import MALLOC_STATUS, STATUS, measure_sgemm_gflops
+
+        with mx.stream(mx.cpu):
+            peak = measure_sgemm_gflops()
+        cpu_kernels.kernels()
+        return (f"peak={peak} MLX {mx.__version__} on {mx.default_device()}, BLAS {STATUS.name}, sgemm peak "
+                f"{peak:.0f} GFLOP/s, CPU kernels {cpu_kernels.STATUS.state}, malloc {MALLOC_STATUS}")
+    import torch
+
+    return f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def worker(framework: str) -> None:
+    """Child process: answers the parent's commands (see Worker.ask) one line each."""
+    local = Worker(framework, same_process=True)
+    for line in sys.stdin:
+        print(local.ask(line.strip()), flush=True)
+
+
+class Worker:
+    """One framework's side: a child process, or this process with --same-process."""
+
+    def __init__(self, framework: str, same_process: bool):
+        self.framework = framework
+        self.proc = None if same_process else subprocess.Popen(
+            [sys.executable, __file__, "--worker", framework], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, cwd=ROOT)
+        self.runners: dict[str, object] = {}
+        self.counts: dict[str, int] = {}
+
+    def ask(self, line: str) -> str:
+        """`describe`, `setup SIZE SEQ BATCH INFER_BATCH COMPILED`, `train STEPS` or `infer STEPS` (sequences/s)."""
+        if self.proc is not None:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+            answer = self.proc.stdout.readline()
+            if not answer:
+                raise RuntimeError(f"the {self.framework} worker died (see its stderr above)")
+            return answer.strip()
+        command, *rest = line.split()
+        if command == "describe":
+            return describe(self.framework)
+        if command == "setup":
+            size_name, seq, batch, infer_batch, compiled = rest
+            self.runners["train"], self.runners["infer"] = setup(self.framework, size_name, int(seq), int(batch),
+                                                                 int(infer_batch), compiled == "1")
+            self.counts = {"train": int(batch), "infer": int(infer_batch)}
+            return "ready"
+        return str(self.counts[command] / timed(self.runners[command], (), int(rest[0])))
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.stdin.close()
+            self.proc.wait()
+
+
+def bench(workers: dict[str, Worker], size_name: str, seq: int, batch: int, infer_batch: int, reps: int,
+          steps: int, peak: float, compiled: bool) -> dict:
+    for w in workers.values():
+        w.ask(f"setup {size_name} {seq} {batch} {infer_batch} {int(compiled)}")
     results = {"mlx_train": [], "torch_train": [], "mlx_infer": [], "torch_infer": []}
     for _ in range(reps):  # alternate, so drifting machine load hits both sides alike
-        results["mlx_train"].append(batch / timed(mlx_train, mlx_train_args, steps))
-        results["torch_train"].append(batch / timed(torch_train, torch_train_args, steps))
-        results["mlx_infer"].append(infer_batch / timed(mlx_infer, mlx_infer_args, steps))
-        results["torch_infer"].append(infer_batch / timed(torch_infer, torch_infer_args, steps))
+        for kind in ("train", "infer"):
+            for framework in ("mlx", "torch"):
+                time.sleep(0.5)  # let the other side's BLAS/OpenMP threads stop spinning before timing
+                results[f"{framework}_{kind}"].append(float(workers[framework].ask(f"{kind} {steps}")))
     median = {k: statistics.median(v) for k, v in results.items()}
     ratios_train = [m / t for m, t in zip(results["mlx_train"], results["torch_train"])]
     ratios_infer = [m / t for m, t in zip(results["mlx_infer"], results["torch_infer"])]
-    step_flops = train_flops(size, batch, seq)
+    step_flops = train_flops(SIZES[size_name], batch, seq)
     return {
         **median,
         "train_ratio": statistics.median(ratios_train),
         "infer_ratio": statistics.median(ratios_infer),
+        "train_ratios": ratios_train,
+        "infer_ratios": ratios_infer,
         "mlx_train_mfu": median["mlx_train"] / batch * step_flops / (peak * 1e9),
     }
 
 
-def end_to_end(reference_blas: bool) -> float:
-    import os
+# What "every optimization off" means for `kbert run`: MLX's reference BLAS, glibc's default allocator
+# behaviour, MLX's own softmax/GELU ops, eager steps and fixed-length padding.
+UNOPTIMIZED_ENV = {"KBERT_BLAS": "reference", "KBERT_MALLOC": "default", "KBERT_CPU_KERNELS": "0"}
+UNOPTIMIZED_FLAGS = ["--no-compile", "--no-dynamic-padding"]
+
+
+def end_to_end(unoptimized: bool) -> float:
     import tempfile
 
-    env = {**os.environ, **({"KBERT_BLAS": "reference"} if reference_blas else {})}
+    env = {**os.environ, **(UNOPTIMIZED_ENV if unoptimized else {})}
+    flags = UNOPTIMIZED_FLAGS if unoptimized else []
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
         subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "titanic", "--no-progress", "--out", out,
-                        "--submissions-dir", out], check=True, env=env, cwd=Path(__file__).resolve().parent.parent)
+                        "--submissions-dir", out, *flags], check=True, env=env, cwd=ROOT)
         return time.perf_counter() - started
 
 
@@ -166,29 +250,42 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true", help="time kbert's eager (uncompiled) steps")
     parser.add_argument("--end-to-end", action="store_true", help="also time `kbert run titanic` end to end")
     parser.add_argument("--end-to-end-reference", action="store_true",
-                        help="also time it with MLX's reference BLAS (KBERT_BLAS=reference; over 30 minutes)")
+                        help="also time it with every optimization off (reference BLAS, default malloc, no CPU "
+                             "kernels, no compile, no dynamic padding; about an hour)")
+    parser.add_argument("--same-process", action="store_true",
+                        help="run MLX and PyTorch in this one process (kbert's settings then apply to both)")
+    parser.add_argument("--worker", choices=["mlx", "torch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        worker(args.worker)
+        return
 
-    import torch
-
-    with mx.stream(mx.cpu):
-        peak = measure_sgemm_gflops()
-    print(f"MLX {mx.__version__} on {mx.default_device()}, BLAS {STATUS.name}, sgemm peak {peak:.0f} GFLOP/s; "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    workers = {framework: Worker(framework, args.same_process) for framework in ("mlx", "torch")}
+    mlx_line = workers["mlx"].ask("describe")
+    peak = float(mlx_line.split()[0].removeprefix("peak="))
+    print(mlx_line.split(" ", 1)[1] + "; " + workers["torch"].ask("describe")
+          + ("; one process" if args.same_process else "; one worker process each"))
     header = f"{'size':8} {'seq':>4} | {'MLX train':>9} {'torch train':>11} {'ratio':>5} | " \
              f"{'MLX infer':>9} {'torch infer':>11} {'ratio':>5} | {'MFU':>5}"
     print(header + "\n" + "-" * len(header))
     for size in args.size:
         for seq in args.seq:
-            r = bench(size, seq, args.batch, args.infer_batch, args.reps, args.steps, peak, not args.no_compile)
+            r = bench(workers, size, seq, args.batch, args.infer_batch, args.reps, args.steps, peak,
+                      not args.no_compile)
             print(f"{size:8} {seq:>4} | {r['mlx_train']:9.1f} {r['torch_train']:11.1f} {r['train_ratio']:5.2f} | "
                   f"{r['mlx_infer']:9.1f} {r['torch_infer']:11.1f} {r['infer_ratio']:5.2f} | "
                   f"{r['mlx_train_mfu']:5.1%}", flush=True)
+            print(f"{'':13} per repetition: train " + " ".join(f"{x:.2f}" for x in r["train_ratios"])
+                  + " | infer " + " ".join(f"{x:.2f}" for x in r["infer_ratios"]), flush=True)
+    for w in workers.values():
+        w.close()
     print("(sequences/s; ratio = median over repetitions of MLX / PyTorch)")
     if args.end_to_end:
-        print(f"kbert run titanic: {end_to_end(False):.0f}s with BLAS {STATUS.name}", flush=True)
+        print(f"kbert run titanic: {end_to_end(False):.0f}s with every optimization on", flush=True)
     if args.end_to_end_reference:
-        print(f"kbert run titanic: {end_to_end(True):.0f}s with the reference BLAS", flush=True)
+        print(f"kbert run titanic: {end_to_end(True):.0f}s with every optimization off "
+              f"({' '.join(f'{k}={v}' for k, v in UNOPTIMIZED_ENV.items())} {' '.join(UNOPTIMIZED_FLAGS)})",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from models.activations import ACTIVATIONS
+from models.cpu_kernels import attention
 from models.recompute import Dropout, call_layer
 
 
@@ -91,15 +92,8 @@ class BertSelfAttention(nn.Module):
             return t.reshape(batch, seq_len, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
 
         q, k, v = split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x))
-        scale = 1.0 / math.sqrt(self.head_dim)
-        if self.training and self.attention_dropout > 0:
-            # The fused kernel has no dropout on the attention probabilities; spell it out in training.
-            scores = (q * scale) @ k.transpose(0, 1, 3, 2)
-            if mask is not None:
-                scores = scores + mask
-            out = self.dropout(mx.softmax(scores, axis=-1, precise=True)) @ v
-        else:
-            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+        dropout = self.dropout if self.training and self.attention_dropout > 0 else None
+        out = attention(q, k, v, 1.0 / math.sqrt(self.head_dim), mask, dropout)
         return out.transpose(0, 2, 1, 3).reshape(batch, seq_len, hidden)
 
 

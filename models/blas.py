@@ -6,7 +6,13 @@ library opened with ``RTLD_GLOBAL`` first takes over every matmul. Order of pref
 
 1. ``KBERT_BLAS``: a path to a shared library, or ``reference`` to keep MLX's own BLAS;
 2. a system OpenBLAS (Debian ``libopenblas0-pthread``), when present;
-3. Intel MKL's ``libmkl_rt`` from the PyPI ``mkl`` package (a Linux dependency of kbert).
+3. the OpenBLAS that numpy's Linux wheels bundle (``numpy.libs/libscipy_openblas64_*.so``). Its symbols
+   are prefixed and take 64-bit integers (``scipy_cblas_sgemm64_``), so a ten-line C shim exporting
+   ``cblas_sgemm`` is built once with the system C compiler (0.2 s) and cached under
+   ``~/.cache/kbert/blas-shim/``. Measured on 2 cores (AMD EPYC): 194-198 GFLOP/s against MKL's
+   115-139 in MLX, for 1024^3 and BERT's FFN shapes;
+4. Intel MKL's ``libmkl_rt`` from the PyPI ``mkl`` package (a Linux x86-64 dependency of kbert), where
+   there is no C compiler.
 
 Does nothing on macOS, where MLX uses Accelerate and Metal.
 """
@@ -54,6 +60,69 @@ def _try_load(path: str) -> bool:
     return hasattr(lib, "cblas_sgemm")
 
 
+_SHIM_SOURCE = """
+#include <stdint.h>
+extern void scipy_cblas_sgemm64_(int order, int transa, int transb, int64_t m, int64_t n, int64_t k, float alpha,
+                                 const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                                 int64_t ldc);
+void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha, const float* a, int lda,
+                 const float* b, int ldb, float beta, float* c, int ldc) {
+  scipy_cblas_sgemm64_(order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+"""
+
+
+def _numpy_openblas() -> str | None:
+    """Path of the OpenBLAS inside numpy's wheel, found without importing numpy."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("numpy")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    libs = os.path.join(os.path.dirname(list(spec.submodule_search_locations)[0]), "numpy.libs")
+    found = sorted(glob.glob(os.path.join(libs, "libscipy_openblas64_*.so")))
+    return found[0] if found else None
+
+
+def _numpy_openblas_shim() -> tuple[str | None, str]:
+    """(path of the built shim, "") or (None, why not); builds it once per numpy install and compiler."""
+    import hashlib
+    import shutil
+    import subprocess
+    import tempfile
+
+    if os.environ.get("KBERT_BLAS_SHIM", "1") == "0":
+        return None, "KBERT_BLAS_SHIM=0"
+    openblas = _numpy_openblas()
+    if openblas is None:
+        return None, "numpy bundles no OpenBLAS here"
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        return None, "no C compiler on PATH"
+    stat = os.stat(openblas)
+    key = hashlib.sha256(f"{_SHIM_SOURCE}|{openblas}|{stat.st_size}|{stat.st_mtime_ns}|{compiler}".encode())
+    cache = os.path.join(os.environ.get("KBERT_CACHE") or os.path.expanduser("~/.cache/kbert"), "blas-shim",
+                         key.hexdigest()[:16])
+    target = os.path.join(cache, "libkbert_sgemm.so")
+    if os.path.exists(target):
+        return target, ""
+    try:
+        os.makedirs(cache, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as scratch:
+            source = os.path.join(scratch, "shim.c")
+            with open(source, "w") as f:
+                f.write(_SHIM_SOURCE)
+            output = os.path.join(scratch, "libkbert_sgemm.so")
+            done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", source, "-o", output, openblas,
+                                   f"-Wl,-rpath,{os.path.dirname(openblas)}"], capture_output=True, text=True)
+            if done.returncode != 0:
+                return None, f"building the shim failed: {(done.stderr.strip().splitlines() or ['?'])[0][:200]}"
+            os.replace(output, target)
+    except OSError as error:
+        return None, f"building the shim failed: {error}"
+    return target, ""
+
+
 def load_fast_blas() -> BlasStatus:
     """Load the best available BLAS into the global scope; safe to call more than once."""
     global STATUS
@@ -78,6 +147,10 @@ def load_fast_blas() -> BlasStatus:
         if os.path.exists(path) and _try_load(path):
             STATUS = BlasStatus("openblas", path)
             return STATUS
+    shim, why_not = _numpy_openblas_shim()
+    if shim is not None and _try_load(str(shim)):
+        STATUS = BlasStatus("openblas", str(shim), "numpy's bundled OpenBLAS, through a cblas_sgemm shim")
+        return STATUS
     # Conditional Numerical Reproducibility: same results run to run on the same machine.
     os.environ.setdefault("MKL_CBWR", "AUTO")
     for path in _mkl_candidates():
@@ -103,3 +176,34 @@ def measure_sgemm_gflops(n: int = 1024, repeats: int = 5) -> float:
         mx.eval(a @ b)
         best = min(best, time.perf_counter() - started)
     return 2 * n**3 / best / 1e9
+
+
+# glibc mallopt parameters (malloc.h).
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+MALLOC_STATUS = "default"
+
+
+def keep_freed_memory() -> str:
+    """Make glibc reuse freed large buffers instead of returning them to the OS (Linux only).
+
+    glibc serves allocations above 32 MB (the most its threshold adapts to) with a fresh ``mmap`` and
+    unmaps them on free, so every large MLX array (a batch's attention scores, activations) is page-faulted
+    in again: an elementwise op over 12M float32 ran at 2.7-3.2 ns/element instead of 0.35 (measured on
+    2 cores). Raising the mmap threshold to 1 GiB and the trim threshold to 2 GiB keeps those pages in
+    the heap; the price is that the process keeps its peak memory. ``KBERT_MALLOC=default`` leaves
+    glibc alone.
+    """
+    global MALLOC_STATUS
+    if sys.platform != "linux" or MALLOC_STATUS != "default":
+        return MALLOC_STATUS
+    if os.environ.get("KBERT_MALLOC", "").strip() == "default":
+        MALLOC_STATUS = "default (KBERT_MALLOC=default)"
+        return MALLOC_STATUS
+    try:
+        libc = ctypes.CDLL(None)
+        ok = libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1) == 1
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        ok = False
+    MALLOC_STATUS = "large buffers kept for reuse" if ok else "default (mallopt unavailable)"
+    return MALLOC_STATUS

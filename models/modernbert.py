@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from models.activations import ACTIVATIONS
+from models.cpu_kernels import attention
 from models.recompute import Dropout, call_layer
 
 GLOBAL = "full_attention"
@@ -150,15 +151,8 @@ class ModernBertAttention(nn.Module):
         # traditional=False rotates the two halves of head_dim: HF's rotate_half convention.
         q = mx.fast.rope(q, self.head_dim, traditional=False, base=self.rope_theta, scale=1.0, offset=0)
         k = mx.fast.rope(k, self.head_dim, traditional=False, base=self.rope_theta, scale=1.0, offset=0)
-        scale = 1.0 / math.sqrt(self.head_dim)
-        if self.training and self.attention_dropout > 0:
-            # The fused kernel has no dropout on the attention probabilities; spell it out in training.
-            scores = (q * scale) @ k.transpose(0, 1, 3, 2)
-            if mask is not None:
-                scores = scores + mask
-            out = self.dropout(mx.softmax(scores, axis=-1, precise=True)) @ v
-        else:
-            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+        dropout = self.dropout if self.training and self.attention_dropout > 0 else None
+        out = attention(q, k, v, 1.0 / math.sqrt(self.head_dim), mask, dropout)
         out = out.transpose(0, 2, 1, 3).reshape(batch, seq_len, hidden)
         return self.out_drop(self.Wo(out))
 

@@ -17,6 +17,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from models.cpu_kernels import attention
 from models.recompute import call_layer
 
 ROPE_BASE = 10000.0  # hard-coded in the reference (precompute_freqs_cis theta)
@@ -144,7 +145,7 @@ class EncoderBlock(nn.Module):
         qkv = self.qkv(x).reshape(batch, seq_len, self.num_heads, 3 * self.head_dim).transpose(0, 2, 1, 3)
         q, k, v = mx.split(qkv, 3, axis=-1)
         q, k = apply_rope(q), apply_rope(k)
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(self.head_dim), mask=mask)
+        out = attention(q, k, v, 1.0 / math.sqrt(self.head_dim), mask)
         return self.wo(out.transpose(0, 2, 1, 3).reshape(batch, seq_len, hidden))
 
     def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:

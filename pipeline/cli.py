@@ -468,7 +468,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     import mlx.core as mx
 
-    from models.blas import STATUS, measure_sgemm_gflops
+    from models import cpu_kernels
+    from models.blas import MALLOC_STATUS, STATUS, measure_sgemm_gflops
     from pipeline.kaggle import credential_source
 
     print(f"platform: {platform.system()} {platform.machine()}, Python {platform.python_version()}")
@@ -479,6 +480,13 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     with mx.stream(mx.cpu):
         gflops = measure_sgemm_gflops()
     print(f"sgemm 1024^3 float32 on CPU: {gflops:.1f} GFLOP/s")
+    if platform.system() == "Linux":
+        with mx.stream(mx.cpu):
+            cpu_kernels.kernels()
+        kernels = cpu_kernels.STATUS
+        print(f"CPU kernels (softmax, GELU): {kernels.state}" + (f" ({kernels.path})" if kernels.path else "")
+              + (f"; {kernels.note}" if kernels.note else ""))
+        print(f"malloc: {MALLOC_STATUS}")
     versions = []
     for package in ("kbert",) + DOCTOR_PACKAGES:
         try:

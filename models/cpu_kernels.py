@@ -1,0 +1,188 @@
+"""Vectorized, multithreaded CPU kernels for MLX on Linux: softmax over the last axis and exact GELU.
+
+MLX's CPU backend evaluates ``exp`` and ``erf`` one element at a time on one thread (no SIMD on x86),
+so on a Linux CPU a BERT layer spends more time in softmax and GELU than in its matmuls. The kernels in
+``cpu_kernels.cpp`` are MLX primitives (with their gradients) whose loops the compiler vectorizes; they
+are built on first use with the system C++ compiler (the one ``mx.compile`` already needs on a CPU),
+``-O3 -march=native``, against the installed MLX and ``nanobind``, and cached under
+``~/.cache/kbert/cpu-kernels/<key>/`` (``KBERT_CACHE`` moves it); the key covers the source, the
+compiler, the flags, the CPU's features and the versions of Python, MLX and nanobind.
+
+They are used for float32 arrays when MLX's default device is the CPU. Anywhere else (Metal, CUDA,
+other dtypes), with ``KBERT_CPU_KERNELS=0``, or when the build fails (the reason is logged once and
+shown by ``kbert doctor``), ``softmax`` and ``gelu`` fall back to MLX's own ops. Measured on 2 cores,
+12.6M elements: softmax 180 -> 25 ms, GELU 105 -> 20 ms (rational erf in MLX ops), GELU gradient
+65 -> 24 ms; results match MLX's to 3e-6.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from types import ModuleType
+
+import mlx.core as mx
+
+log = logging.getLogger("kbert")
+
+SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+MODULE_NAME = "_kbert_cpu_kernels"
+FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden",
+         "-fno-strict-aliasing", "-DNDEBUG", "-DNB_COMPACT_ASSERTIONS",
+         # MLX registers its Python types in nanobind's "mlx" domain; the kernels must see them.
+         "-DNB_DOMAIN=mlx"]
+
+
+@dataclass
+class KernelStatus:
+    state: str = "not loaded"  # "not loaded", "loaded", "disabled", "unavailable"
+    path: str | None = None
+    note: str = ""
+
+
+STATUS = KernelStatus()
+_MODULE: ModuleType | None = None
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("KBERT_CACHE") or Path.home() / ".cache" / "kbert")
+
+
+def _cpu_features() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def build_command(compiler: str, output: Path) -> list[str]:
+    import nanobind
+
+    nb_root = Path(nanobind.__file__).parent
+    mlx_root = Path(mx.__file__).parent  # site-packages/mlx: include/, lib/libmlx.so
+    return [
+        compiler, *FLAGS,
+        f"-I{sysconfig.get_paths()['include']}", f"-I{nb_root / 'include'}",
+        f"-I{nb_root / 'ext' / 'robin_map' / 'include'}", f"-I{mlx_root / 'include'}",
+        str(SOURCE), str(nb_root / "src" / "nb_combined.cpp"),
+        f"-L{mlx_root / 'lib'}", "-lmlx", f"-Wl,-rpath,{mlx_root / 'lib'}",
+        "-o", str(output),
+    ]
+
+
+def _build_key(compiler_path: str) -> str:
+    version = subprocess.run([compiler_path, "--version"], capture_output=True, text=True).stdout
+    parts = [SOURCE.read_bytes().hex(), version, " ".join(FLAGS), _cpu_features(), sys.version,
+             _version("mlx"), _version("nanobind")]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _import_from(path: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(MODULE_NAME, str(path))
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, path, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def _build(compiler_path: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        output = Path(scratch) / target.name
+        log.info("building kbert's CPU kernels with %s (once per machine, about 10-60 s)", compiler_path)
+        done = subprocess.run(build_command(compiler_path, output), capture_output=True, text=True)
+        if done.returncode != 0:
+            lines = [ln for ln in done.stderr.splitlines() if "error" in ln] or done.stderr.splitlines()
+            raise RuntimeError("compiler failed: " + (lines[0][:300] if lines else f"exit {done.returncode}"))
+        os.replace(output, target)
+
+
+def _load() -> ModuleType | None:
+    global _MODULE
+    if sys.platform != "linux":
+        STATUS.state, STATUS.note = "unavailable", "Linux only (macOS uses Accelerate and Metal)"
+        return None
+    if os.environ.get("KBERT_CPU_KERNELS", "1") == "0":
+        STATUS.state, STATUS.note = "disabled", "KBERT_CPU_KERNELS=0"
+        return None
+    try:
+        compiler_path = shutil.which(os.environ.get("CXX", "g++"))
+        if compiler_path is None:
+            raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
+        if importlib.util.find_spec("nanobind") is None:
+            raise RuntimeError("the nanobind package is not installed")
+        suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+        target = cache_root() / "cpu-kernels" / _build_key(compiler_path) / f"{MODULE_NAME}{suffix}"
+        if not target.exists():
+            _build(compiler_path, target)
+        module = _import_from(target)
+        probe = mx.array([[0.5, -1.0, 2.0]], dtype=mx.float32)
+        got = module.softmax(probe, stream=mx.cpu)
+        if not mx.allclose(got, mx.softmax(probe, axis=-1, stream=mx.cpu), atol=1e-6).item():
+            raise RuntimeError("the built kernels disagree with MLX on a probe")
+    except Exception as error:  # any failure: fall back to MLX's own ops, say why once
+        STATUS.state, STATUS.note = "unavailable", str(error).splitlines()[0][:300]
+        log.warning("kbert CPU kernels unavailable (%s); using MLX's slower CPU ops", STATUS.note)
+        return None
+    STATUS.state, STATUS.path = "loaded", str(target)
+    _MODULE = module
+    return module
+
+
+def kernels() -> ModuleType | None:
+    """The compiled module, building it on first call; None where it cannot be used."""
+    if STATUS.state == "not loaded":
+        _load()
+    return _MODULE
+
+
+def applies(x: mx.array) -> bool:
+    """Whether the kernels take this array: float32 on MLX's CPU device, kernels built."""
+    return x.dtype == mx.float32 and mx.default_device() == mx.cpu and kernels() is not None
+
+
+def softmax(x: mx.array, mask: mx.array | None = None, scale: float = 1.0) -> mx.array:
+    """``softmax(scale * x + mask)`` over the last axis, float32 accumulation; ``mask`` broadcasts to ``x``."""
+    if applies(x) and (mask is None or mask.dtype == mx.float32):
+        return _MODULE.softmax(x, mask, scale)
+    scores = x * scale if scale != 1.0 else x
+    return mx.softmax(scores if mask is None else scores + mask, axis=-1, precise=True)
+
+
+def gelu(x: mx.array) -> mx.array | None:
+    """Exact (erf) GELU from the kernels, or None where they do not apply."""
+    return _MODULE.gelu(x) if applies(x) else None
+
+
+def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None,
+              dropout=None) -> mx.array:
+    """Scaled dot-product attention over (batch, heads, seq, head_dim) with an additive mask.
+
+    ``dropout`` (training) is applied to the probabilities. Without it, and where the kernels do not
+    apply, this is ``mx.fast.scaled_dot_product_attention``; on the CPU the softmax is the kernel's.
+    """
+    if dropout is None and not applies(q):
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    probs = softmax(q @ k.swapaxes(-1, -2), mask, scale)
+    return (probs if dropout is None else dropout(probs)) @ v
