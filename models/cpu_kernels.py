@@ -132,6 +132,9 @@ def _load() -> ModuleType | None:
             raise RuntimeError(f"no C++ compiler ({os.environ.get('CXX', 'g++')}) on PATH")
         if importlib.util.find_spec("nanobind") is None:
             raise RuntimeError("the nanobind package is not installed")
+        headers = Path(sysconfig.get_paths()["include"])
+        if not (headers / "Python.h").exists():
+            raise RuntimeError(f"Python.h is not in {headers} (install your Python's headers, e.g. python3-dev)")
         suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
         target = cache_root() / "cpu-kernels" / _build_key(compiler_path) / f"{MODULE_NAME}{suffix}"
         if not target.exists():

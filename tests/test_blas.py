@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from models.blas import SYSTEM_OPENBLAS, _mkl_candidates
+from models.blas import SYSTEM_OPENBLAS, _mkl_candidates, _numpy_openblas
 
-FAST_AVAILABLE = sys.platform == "linux" and (bool(_mkl_candidates()) or any(
+FAST_AVAILABLE = sys.platform == "linux" and (bool(_mkl_candidates()) or _numpy_openblas() is not None or any(
     __import__("os").path.exists(p) for p in SYSTEM_OPENBLAS))
 
 
@@ -43,3 +43,28 @@ def test_importing_mlx_first_is_reported_not_hidden():
     code = "import mlx.core; import models.blas as b; print(b.STATUS.name, '|', b.STATUS.note)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert out.startswith("reference | mlx.core was imported before kbert")
+
+
+@pytest.mark.skipif(sys.platform != "linux" or _numpy_openblas() is None, reason="numpy bundles OpenBLAS on Linux")
+def test_numpy_openblas_shim_multiplies_correctly_and_mkl_is_the_fallback(tmp_path):
+    import os
+
+    code = ("import models, numpy as np, mlx.core as mx; from models.blas import STATUS; "
+            "a = np.random.default_rng(0).normal(size=(67, 129)).astype(np.float32); "
+            "b = np.random.default_rng(1).normal(size=(129, 45)).astype(np.float32); "
+            "got = np.array(mx.array(a) @ mx.array(b)); gotT = np.array(mx.array(b).T @ mx.array(a).T); "
+            "print(STATUS.name, STATUS.note, float(abs(got - a @ b).max()), float(abs(gotT - (a @ b).T).max()))")
+    env = {**os.environ, "KBERT_CACHE": str(tmp_path)}  # a fresh cache: the shim is built here
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    name, *note, err, err_t = out.stdout.split()
+    if any(os.path.exists(p) for p in SYSTEM_OPENBLAS):
+        assert name == "openblas"
+    else:
+        assert (name, " ".join(note)) == ("openblas", "numpy's bundled OpenBLAS, through a cblas_sgemm shim")
+        assert list((tmp_path / "blas-shim").glob("*/libkbert_sgemm.so"))
+    assert float(err) < 1e-3 and float(err_t) < 1e-3
+    off = subprocess.run([sys.executable, "-c", "import models; from models.blas import STATUS; print(STATUS.name)"],
+                         capture_output=True, text=True, timeout=60, env={**env, "KBERT_BLAS_SHIM": "0"})
+    if _mkl_candidates() and not any(os.path.exists(p) for p in SYSTEM_OPENBLAS):
+        assert off.stdout.strip() == "mkl"

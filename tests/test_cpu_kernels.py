@@ -1,0 +1,126 @@
+"""The vectorized CPU kernels (models/cpu_kernels.py) agree with MLX's own ops, forward and backward, and fall
+back to them where they do not apply."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from models import cpu_kernels
+from models.activations import gelu, gelu_mlx
+
+ON_LINUX_CPU = sys.platform == "linux" and mx.default_device() == mx.cpu
+BUILDABLE = ON_LINUX_CPU and shutil.which(os.environ.get("CXX", "g++")) is not None
+needs_kernels = pytest.mark.skipif(not BUILDABLE, reason="the kernels are built on Linux CPUs with a C++ compiler")
+
+NEG = float(mx.finfo(mx.float32).min)
+
+
+def reference_softmax(x, mask, scale):
+    return mx.softmax(x * scale + (0 if mask is None else mask), axis=-1, precise=True)
+
+
+@needs_kernels
+def test_kernels_build_and_load_here():
+    assert cpu_kernels.kernels() is not None, cpu_kernels.STATUS.note
+    assert cpu_kernels.STATUS.state == "loaded"
+    assert cpu_kernels.applies(mx.zeros((2, 3)))
+
+
+@needs_kernels
+@pytest.mark.parametrize("mask_shape", [None, (3, 1, 1, 37), (3, 1, 19, 37), (1, 1, 1, 37)])
+def test_softmax_with_scale_and_mask_matches_mlx(mask_shape):
+    mx.random.seed(0)
+    x = mx.random.normal((3, 4, 19, 37)) * 4
+    mask = None
+    if mask_shape is not None:  # additive padding mask as the encoders build it: 0 or the float32 minimum
+        mask = mx.where(mx.random.uniform(shape=mask_shape) > 0.3, 0.0, NEG)
+        mask[..., 0] = 0.0  # every row keeps one key
+    got = cpu_kernels.softmax(x, mask, 0.125)
+    assert mx.allclose(got, reference_softmax(x, mask, 0.125), atol=1e-6, rtol=1e-5).item()
+    if mask is not None:  # masked keys get exactly zero probability
+        blocked = mx.broadcast_to(mask < 0, x.shape)
+        assert mx.all(mx.where(blocked, got, 0.0) == 0).item()
+    assert mx.allclose(got.sum(-1), mx.ones(got.shape[:-1]), atol=1e-5).item()
+
+
+@needs_kernels
+def test_softmax_gradient_matches_mlx():
+    mx.random.seed(1)
+    x = mx.random.normal((2, 3, 8, 16)) * 3
+    weights = mx.random.normal(x.shape)
+    mask = mx.where(mx.random.uniform(shape=(2, 1, 1, 16)) > 0.5, 0.0, -1e4)
+    got = mx.grad(lambda a: (cpu_kernels.softmax(a, mask, 0.3) * weights).sum())(x)
+    want = mx.grad(lambda a: (reference_softmax(a, mask, 0.3) * weights).sum())(x)
+    assert mx.allclose(got, want, atol=1e-6, rtol=1e-5).item()
+
+
+@needs_kernels
+def test_softmax_takes_non_contiguous_input():
+    x = mx.random.normal((5, 7, 9)).transpose(0, 2, 1)
+    assert mx.allclose(cpu_kernels.softmax(x), mx.softmax(x, axis=-1), atol=1e-6).item()
+
+
+@needs_kernels
+def test_gelu_and_its_gradient_match_exact_gelu():
+    x = mx.linspace(-8, 8, 100_000).reshape(-1, 8)
+    fast = cpu_kernels.gelu(x)
+    assert fast is not None
+    assert mx.abs(fast - nn.gelu(x)).max().item() < 2e-6  # nn.gelu uses MLX's own erf
+    assert mx.array_equal(gelu(x), fast)  # the models' gelu takes the kernel here
+    weights = mx.random.normal(x.shape)
+    got = mx.grad(lambda a: (gelu(a) * weights).sum())(x)
+    want = mx.grad(lambda a: (nn.gelu(a) * weights).sum())(x)
+    assert mx.abs(got - want).max().item() < 1e-5
+
+
+@needs_kernels
+def test_kernels_inside_compiled_functions_and_attention():
+    mx.random.seed(2)
+    q, k, v = (mx.random.normal((2, 4, 10, 8)) for _ in range(3))
+    mask = mx.where(mx.arange(10) < 7, 0.0, NEG)[None, None, None, :]
+
+    def attend(q, k, v):
+        return cpu_kernels.attention(q, k, v, 8 ** -0.5, mask)
+
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=8 ** -0.5, mask=mask)
+    assert mx.allclose(attend(q, k, v), want, atol=1e-5).item()
+    assert mx.allclose(mx.compile(attend)(q, k, v), want, atol=1e-5).item()
+    loss = lambda q: (mx.compile(attend)(q, k, v) ** 2).sum()  # noqa: E731
+    reference = lambda q: (mx.fast.scaled_dot_product_attention(q, k, v, scale=8 ** -0.5, mask=mask) ** 2).sum()  # noqa: E731
+    assert mx.allclose(mx.grad(loss)(q), mx.grad(reference)(q), atol=1e-4).item()
+
+
+def test_other_dtypes_fall_back_to_mlx_ops():
+    x = mx.random.normal((4, 6)).astype(mx.float16)
+    assert not cpu_kernels.applies(x)
+    assert cpu_kernels.gelu(x) is None
+    assert mx.allclose(gelu(x), gelu_mlx(x)).item()
+    assert mx.allclose(cpu_kernels.softmax(x, None, 0.5), mx.softmax(x * 0.5, axis=-1, precise=True)).item()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the kernels are Linux-only")
+def test_kernels_can_be_switched_off_and_the_encoder_still_runs():
+    code = ("import models, mlx.core as mx; from models import cpu_kernels; "
+            "from models.bert import BertConfig, BertModel; "
+            "m = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, "
+            "intermediate_size=32)); h, _ = m(mx.array([[1, 2, 3]])); mx.eval(h); "
+            "print(cpu_kernels.STATUS.state, cpu_kernels.STATUS.note, h.shape)")
+    env = {**os.environ, "KBERT_CPU_KERNELS": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "disabled KBERT_CPU_KERNELS=0 (1, 3, 16)"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's mallopt is Linux-only")
+def test_glibc_keeps_large_buffers_unless_told_not_to():
+    code = "import models; from models import blas; print(blas.MALLOC_STATUS)"
+    kept = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert kept.stdout.strip() == "large buffers kept for reuse"
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "KBERT_MALLOC": "default"})
+    assert off.stdout.strip() == "default (KBERT_MALLOC=default)"
