@@ -60,14 +60,22 @@ def _try_load(path: str) -> bool:
     return hasattr(lib, "cblas_sgemm")
 
 
+# The shim opens numpy's OpenBLAS with RTLD_LOCAL and exports only cblas_sgemm: loading the OpenBLAS itself
+# globally would let its other symbols (LAPACK with 64-bit integers) take over scipy's 32-bit LAPACK calls.
 _SHIM_SOURCE = """
+#include <dlfcn.h>
 #include <stdint.h>
-extern void scipy_cblas_sgemm64_(int order, int transa, int transb, int64_t m, int64_t n, int64_t k, float alpha,
-                                 const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-                                 int64_t ldc);
-void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float alpha, const float* a, int lda,
-                 const float* b, int ldb, float beta, float* c, int ldc) {
-  scipy_cblas_sgemm64_(order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+typedef void (*sgemm64_fn)(int, int, int, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                           int64_t, float, float*, int64_t);
+static sgemm64_fn impl;
+__attribute__((constructor)) static void kbert_open(void) {
+  void* handle = dlopen(KBERT_OPENBLAS, RTLD_NOW | RTLD_LOCAL);
+  if (handle) impl = (sgemm64_fn)dlsym(handle, "scipy_cblas_sgemm64_");
+}
+__attribute__((visibility("default"))) int kbert_sgemm_ready(void) { return impl != 0; }
+__attribute__((visibility("default"))) void cblas_sgemm(int order, int transa, int transb, int m, int n, int k,
+    float alpha, const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  impl(order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 """
 
@@ -113,8 +121,9 @@ def _numpy_openblas_shim() -> tuple[str | None, str]:
             with open(source, "w") as f:
                 f.write(_SHIM_SOURCE)
             output = os.path.join(scratch, "libkbert_sgemm.so")
-            done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", source, "-o", output, openblas,
-                                   f"-Wl,-rpath,{os.path.dirname(openblas)}"], capture_output=True, text=True)
+            done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-fvisibility=hidden",
+                                   f'-DKBERT_OPENBLAS="{openblas}"', source, "-o", output, "-ldl"],
+                                  capture_output=True, text=True)
             if done.returncode != 0:
                 return None, f"building the shim failed: {(done.stderr.strip().splitlines() or ['?'])[0][:200]}"
             os.replace(output, target)
@@ -148,7 +157,7 @@ def load_fast_blas() -> BlasStatus:
             STATUS = BlasStatus("openblas", path)
             return STATUS
     shim, why_not = _numpy_openblas_shim()
-    if shim is not None and _try_load(str(shim)):
+    if shim is not None and _try_load(str(shim)) and ctypes.CDLL(str(shim)).kbert_sgemm_ready() == 1:
         STATUS = BlasStatus("openblas", str(shim), "numpy's bundled OpenBLAS, through a cblas_sgemm shim")
         return STATUS
     # Conditional Numerical Reproducibility: same results run to run on the same machine.
