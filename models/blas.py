@@ -14,17 +14,24 @@ library opened with ``RTLD_GLOBAL`` first takes over every matmul. Order of pref
 4. Intel MKL's ``libmkl_rt`` from the PyPI ``mkl`` package (a Linux x86-64 dependency of kbert), where
    there is no C compiler.
 
-Does nothing on macOS, where MLX uses Accelerate and Metal.
+Does nothing on macOS, where MLX uses Accelerate and Metal. ``cache_root`` and ``build_library`` build
+kbert's small native libraries (this shim, models/cpu_kernels.py's kernels) into its cache atomically.
 """
 
 from __future__ import annotations
 
 import ctypes
 import glob
+import hashlib
 import os
+import shutil
+import subprocess
 import sys
 import sysconfig
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 SYSTEM_OPENBLAS = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3",
@@ -52,12 +59,13 @@ def _mkl_candidates() -> list[str]:
     return found
 
 
-def _try_load(path: str) -> bool:
+def _try_load(path: str) -> ctypes.CDLL | None:
+    """The library opened into the global scope, or None when it cannot be opened or lacks cblas_sgemm."""
     try:
         lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
     except OSError:
-        return False
-    return hasattr(lib, "cblas_sgemm")
+        return None
+    return lib if hasattr(lib, "cblas_sgemm") else None
 
 
 # The shim opens numpy's OpenBLAS with RTLD_LOCAL and exports only cblas_sgemm: loading the OpenBLAS itself
@@ -92,44 +100,44 @@ def _numpy_openblas() -> str | None:
     return found[0] if found else None
 
 
-def _numpy_openblas_shim() -> tuple[str | None, str]:
-    """(path of the built shim, "") or (None, why not); builds it once per numpy install and compiler."""
-    import hashlib
-    import shutil
-    import subprocess
-    import tempfile
+def cache_root() -> Path:
+    """kbert's cache of built native libraries: ``KBERT_CACHE``, else ``~/.cache/kbert``."""
+    return Path(os.environ.get("KBERT_CACHE") or Path.home() / ".cache" / "kbert")
 
+
+def build_library(target: Path, command: Callable[[Path], list[str]], source: str | None = None) -> None:
+    """Compile into ``target`` atomically: ``command(output)`` runs in a temp folder beside it (``source``, if
+    given, is its stdin), and the output is renamed into place. Raises RuntimeError with the first error line."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        output = Path(scratch) / target.name
+        done = subprocess.run(command(output), input=source, capture_output=True, text=True)
+        if done.returncode != 0:
+            lines = [ln for ln in done.stderr.splitlines() if "error" in ln] or done.stderr.splitlines()
+            raise RuntimeError("compiler failed: " + (lines[0][:300] if lines else f"exit {done.returncode}"))
+        os.replace(output, target)
+
+
+def _numpy_openblas_shim() -> str | None:
+    """Path of the cblas_sgemm shim over numpy's OpenBLAS, built once per numpy install and compiler; None
+    where it cannot be (KBERT_BLAS_SHIM=0, no bundled OpenBLAS, no C compiler, a failed build)."""
     if os.environ.get("KBERT_BLAS_SHIM", "1") == "0":
-        return None, "KBERT_BLAS_SHIM=0"
+        return None
     openblas = _numpy_openblas()
-    if openblas is None:
-        return None, "numpy bundles no OpenBLAS here"
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None:
-        return None, "no C compiler on PATH"
+    if openblas is None or compiler is None:
+        return None
     stat = os.stat(openblas)
     key = hashlib.sha256(f"{_SHIM_SOURCE}|{openblas}|{stat.st_size}|{stat.st_mtime_ns}|{compiler}".encode())
-    cache = os.path.join(os.environ.get("KBERT_CACHE") or os.path.expanduser("~/.cache/kbert"), "blas-shim",
-                         key.hexdigest()[:16])
-    target = os.path.join(cache, "libkbert_sgemm.so")
-    if os.path.exists(target):
-        return target, ""
-    try:
-        os.makedirs(cache, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache) as scratch:
-            source = os.path.join(scratch, "shim.c")
-            with open(source, "w") as f:
-                f.write(_SHIM_SOURCE)
-            output = os.path.join(scratch, "libkbert_sgemm.so")
-            done = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-fvisibility=hidden",
-                                   f'-DKBERT_OPENBLAS="{openblas}"', source, "-o", output, "-ldl"],
-                                  capture_output=True, text=True)
-            if done.returncode != 0:
-                return None, f"building the shim failed: {(done.stderr.strip().splitlines() or ['?'])[0][:200]}"
-            os.replace(output, target)
-    except OSError as error:
-        return None, f"building the shim failed: {error}"
-    return target, ""
+    target = cache_root() / "blas-shim" / key.hexdigest()[:16] / "libkbert_sgemm.so"
+    if not target.exists():
+        try:
+            build_library(target, lambda output: [compiler, "-O2", "-shared", "-fPIC", "-fvisibility=hidden",
+                                                  f'-DKBERT_OPENBLAS="{openblas}"', "-x", "c", "-", "-o",
+                                                  str(output), "-ldl"], source=_SHIM_SOURCE)
+        except (OSError, RuntimeError):
+            return None
+    return str(target)
 
 
 def load_fast_blas() -> BlasStatus:
@@ -156,9 +164,10 @@ def load_fast_blas() -> BlasStatus:
         if os.path.exists(path) and _try_load(path):
             STATUS = BlasStatus("openblas", path)
             return STATUS
-    shim, why_not = _numpy_openblas_shim()
-    if shim is not None and _try_load(str(shim)) and ctypes.CDLL(str(shim)).kbert_sgemm_ready() == 1:
-        STATUS = BlasStatus("openblas", str(shim), "numpy's bundled OpenBLAS, through a cblas_sgemm shim")
+    shim = _numpy_openblas_shim()
+    lib = _try_load(shim) if shim is not None else None
+    if lib is not None and lib.kbert_sgemm_ready() == 1:
+        STATUS = BlasStatus("openblas", shim, "numpy's bundled OpenBLAS, through a cblas_sgemm shim")
         return STATUS
     # Conditional Numerical Reproducibility: same results run to run on the same machine.
     os.environ.setdefault("MKL_CBWR", "AUTO")

@@ -26,13 +26,14 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 
 import mlx.core as mx
+
+from models.blas import build_library, cache_root
 
 log = logging.getLogger("kbert")
 
@@ -53,10 +54,6 @@ class KernelStatus:
 
 STATUS = KernelStatus()
 _MODULE: ModuleType | None = None
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("KBERT_CACHE") or Path.home() / ".cache" / "kbert")
 
 
 def _cpu_features() -> str:
@@ -106,18 +103,6 @@ def _import_from(path: Path) -> ModuleType:
     return module
 
 
-def _build(compiler_path: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-        output = Path(scratch) / target.name
-        log.info("building kbert's CPU kernels with %s (once per machine, about 10-60 s)", compiler_path)
-        done = subprocess.run(build_command(compiler_path, output), capture_output=True, text=True)
-        if done.returncode != 0:
-            lines = [ln for ln in done.stderr.splitlines() if "error" in ln] or done.stderr.splitlines()
-            raise RuntimeError("compiler failed: " + (lines[0][:300] if lines else f"exit {done.returncode}"))
-        os.replace(output, target)
-
-
 def _load() -> ModuleType | None:
     global _MODULE
     if sys.platform != "linux":
@@ -138,7 +123,8 @@ def _load() -> ModuleType | None:
         suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
         target = cache_root() / "cpu-kernels" / _build_key(compiler_path) / f"{MODULE_NAME}{suffix}"
         if not target.exists():
-            _build(compiler_path, target)
+            log.info("building kbert's CPU kernels with %s (once per machine, about 10-60 s)", compiler_path)
+            build_library(target, lambda output: build_command(compiler_path, output))
         module = _import_from(target)
         probe = mx.array([[0.5, -1.0, 2.0]], dtype=mx.float32)
         got = module.softmax(probe, stream=mx.cpu)

@@ -481,8 +481,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         gflops = measure_sgemm_gflops()
     print(f"sgemm 1024^3 float32 on CPU: {gflops:.1f} GFLOP/s")
     if platform.system() == "Linux":
-        with mx.stream(mx.cpu):
-            cpu_kernels.kernels()
+        cpu_kernels.kernels()
         kernels = cpu_kernels.STATUS
         print(f"CPU kernels (softmax, GELU): {kernels.state}" + (f" ({kernels.path})" if kernels.path else "")
               + (f"; {kernels.note}" if kernels.note else ""))
