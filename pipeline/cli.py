@@ -46,6 +46,7 @@ pretrain.json (held-out masked accuracy, perplexity, history, time)}"""
 BASELINE_EPILOG = """examples:
   kbert baseline titanic                     HistGradientBoosting on the 5 folds of kbert run
   kbert baseline titanic --model logreg      logistic regression on one-hot and TF-IDF features
+  kbert baseline house-prices-advanced-regression-techniques --model logreg   trimmed lasso on log-scaled sizes
 
 member: <out>/<competition>/baseline-<model>-seed<S>/{config.yaml, folds.csv, oof.csv, test.csv, metrics.json}"""
 
@@ -159,8 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    epilog=BASELINE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     baseline.add_argument("competition", help="a name under competitions/ or a path to a competition YAML")
     baseline.add_argument("--model", default="hgb", choices=("hgb", "logreg", "lgbm", "catboost"),
-                          help="hgb: scikit-learn HistGradientBoosting (default); logreg: logistic/ridge on one-hot "
-                               "and TF-IDF features; lgbm, catboost: if installed")
+                          help="hgb: scikit-learn HistGradientBoosting (default); logreg: logistic regression on "
+                               "one-hot and TF-IDF features (an outlier-trimmed lasso for regression); lgbm, catboost: "
+                               "if installed")
     baseline.add_argument("--seed", type=int, help="model seed (default: the run default, 42)")
     baseline.add_argument("--folds", type=int, help="number of CV folds (default: the competition's)")
     baseline.add_argument("--run-id", help="run folder name (default baseline-<model>-seed<S>)")
