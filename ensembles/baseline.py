@@ -2,10 +2,9 @@
 columns plus its engineered features, trained on the same folds as ``kbert run`` and written in the same
 run-artifact format (config.yaml, folds.csv, oof.csv, test.csv, metrics.json, a submission).
 
-Models: ``hgb`` (scikit-learn HistGradientBoosting, the default), ``logreg`` (logistic regression on
-quantile-normalised numbers, one-hot categories and TF-IDF text; for regression, an outlier-trimmed lasso on
-standardised numbers with skewed ones log-scaled), ``lgbm`` and ``catboost`` (optional extras, used only when
-installed). Categorical columns with many distinct values (tickets, cabins) are target-encoded, cross-fitted
+Models: ``hgb`` (scikit-learn HistGradientBoosting, the default), ``logreg`` (logistic regression, or for
+regression an outlier-trimmed lasso, on standardised numbers with the skewed ones log-scaled, one-hot
+categories and TF-IDF text), ``lgbm`` and ``catboost`` (optional extras, used only when installed). Categorical columns with many distinct values (tickets, cabins) are target-encoded, cross-fitted
 (CatBoost does its own). Every transform (category codes, target means, TF-IDF vocabulary, scaling,
 imputation) is part of a scikit-learn pipeline fitted on the fold's training rows only.
 """
@@ -27,8 +26,7 @@ from sklearn.impute import SimpleImputer
 from sklearn.linear_model import LassoCV, LogisticRegression
 from sklearn.model_selection import KFold, StratifiedKFold
 from sklearn.pipeline import make_pipeline as chain
-from sklearn.preprocessing import (OneHotEncoder, OrdinalEncoder, QuantileTransformer, StandardScaler,
-                                   TargetEncoder)
+from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler, TargetEncoder
 
 from ensembles.blend import average_folds, native
 from features import add_features
@@ -144,12 +142,9 @@ def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, tra
     many = [c for c in kinds.categorical if train_rows[c].nunique() > MAX_CATEGORIES]
     few = [c for c in kinds.categorical if c not in many]
     if model == "logreg":
-        if classify:  # quantiles mapped to a normal: heavy tails and outliers cannot dominate
-            scale_numbers = QuantileTransformer(n_quantiles=min(200, len(train_rows)), output_distribution="normal")
-        else:  # a regression target is linear in the size of things, often their log: keep magnitudes
-            scale_numbers = chain(SkewedLog1p(), StandardScaler())
-        parts = [("numeric", chain(SimpleImputer(strategy="median", add_indicator=True), scale_numbers),
-                  kinds.numeric),
+        # Sizes, prices and spending are skewed: their logs are what a linear model can use.
+        parts = [("numeric", chain(SimpleImputer(strategy="median", add_indicator=True), SkewedLog1p(),
+                                   StandardScaler()), kinds.numeric),
                  ("categorical", chain(SimpleImputer(strategy="constant", fill_value="missing"),
                                        OneHotEncoder(handle_unknown="infrequent_if_exist", min_frequency=3)), few)]
         if many:
