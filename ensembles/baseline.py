@@ -4,8 +4,9 @@ run-artifact format (config.yaml, folds.csv, oof.csv, test.csv, metrics.json, a 
 
 Models: ``hgb`` (scikit-learn HistGradientBoosting, the default), ``logreg`` (logistic regression, or for
 regression an outlier-trimmed lasso, on standardised numbers with the skewed ones log-scaled, one-hot
-categories and TF-IDF text), ``lgbm`` and ``catboost`` (optional extras, used only when installed). Categorical columns with many distinct values (tickets, cabins) are target-encoded, cross-fitted
-(CatBoost does its own). Every transform (category codes, target means, TF-IDF vocabulary, scaling,
+categories and TF-IDF text), ``lgbm`` and ``catboost`` (optional extras, used only when installed).
+Categorical columns with many distinct values (tickets, cabins) are target-encoded, cross-fitted (CatBoost
+does its own). Every transform (category codes, target means, TF-IDF vocabulary, scaling,
 imputation) is part of a scikit-learn pipeline fitted on the fold's training rows only.
 """
 
@@ -86,6 +87,7 @@ class TrimmedRegressor(RegressorMixin, BaseEstimator):
     def predict(self, X):
         return self.estimator_.predict(X)
 
+
 @dataclass
 class ColumnKinds:
     numeric: list[str]
@@ -136,7 +138,6 @@ def target_encoder(classify: bool, seed: int):
 
 def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, train_rows: pd.DataFrame):
     """The scikit-learn pipeline for ``model``; unfitted."""
-
     # Categories with more distinct training values than MAX_CATEGORIES (ticket numbers, cabins) are mostly
     # one-offs that codes or one-hot columns cannot use: they become cross-fitted target means instead.
     many = [c for c in kinds.categorical if train_rows[c].nunique() > MAX_CATEGORIES]
