@@ -140,14 +140,18 @@ def fit_decision(problem: Problem, table: np.ndarray, rows: np.ndarray) -> Decis
     return Decision(class_weights=weights)
 
 
+def metric_predictions(problem: Problem, table: np.ndarray, decision: Decision | None = None) -> np.ndarray:
+    """What the competition metric reads from a prediction table (natural scale): labels, scores or values."""
+    decision = decision or Decision()
+    predictions = native(problem.task, apply_decision(problem.task, table, decision))
+    return metric_input(problem.task, predictions, problem.metric.kind, decision.threshold, problem.classes)
+
+
 def score_table(problem: Problem, table: np.ndarray, rows: np.ndarray | None = None,
                 decision: Decision | None = None) -> float:
     """The competition metric of a prediction table (natural scale) on ``rows`` (default: all)."""
     rows = np.arange(len(table)) if rows is None else rows
-    decision = decision or Decision()
-    predictions = native(problem.task, apply_decision(problem.task, table[rows], decision))
-    return problem.metric(problem.truth[rows], metric_input(problem.task, predictions, problem.metric.kind,
-                                                            decision.threshold, problem.classes))
+    return problem.metric(problem.truth[rows], metric_predictions(problem, table[rows], decision))
 
 
 def metric_loss(problem: Problem) -> Callable[[np.ndarray, np.ndarray], float]:
@@ -387,6 +391,7 @@ class HonestResult:
     splits: list[tuple[np.ndarray, np.ndarray]]  # (fitted rows, scored rows) per outer fold (and repeat)
     blends: list[Blend]  # one per outer fold (and repeat)
     repeat_scores: list[float] = field(default_factory=list)  # one nested-CV score per outer split
+    predictions: list[np.ndarray] = field(default_factory=list)  # per outer split: the metric's input, row order
 
 
 def nested_cv(method: str, P: np.ndarray, problem: Problem, folds: np.ndarray,
@@ -397,22 +402,42 @@ def nested_cv(method: str, P: np.ndarray, problem: Problem, folds: np.ndarray,
     options = options or BlendOptions()
     fold_sets = np.atleast_2d(folds)
     everything = np.arange(P.shape[1])
-    splits, blends, scores = [], [], []
+    splits, blends, scores, predictions = [], [], [], []
     for fold_of_row in fold_sets:
         pieces = []
         for f in np.unique(fold_of_row):
             fit_rows, score_rows = everything[fold_of_row != f], everything[fold_of_row == f]
             blend = fit_blend(method, P, problem, fit_rows, options)
-            table = apply_decision(problem.task, apply_blend(blend, P[:, score_rows], problem.task), blend.decision)
-            predictions = metric_input(problem.task, native(problem.task, table), problem.metric.kind,
-                                       blend.decision.threshold, problem.classes)
-            pieces.append((score_rows, predictions))
+            scored = metric_predictions(problem, apply_blend(blend, P[:, score_rows], problem.task), blend.decision)
+            pieces.append((score_rows, scored))
             splits.append((fit_rows, score_rows))
             blends.append(blend)
         order = np.concatenate([rows for rows, _ in pieces])
-        predictions = np.concatenate([p for _, p in pieces])
-        scores.append(problem.metric(problem.truth, predictions[np.argsort(order)]))
+        predictions.append(np.concatenate([p for _, p in pieces])[np.argsort(order)])
+        scores.append(problem.metric(problem.truth, predictions[-1]))
     full = fit_blend(method, P, problem, everything, options)
     in_sample = score_table(problem, apply_blend(full, P, problem.task), decision=full.decision)
     return HonestResult(method=method, score=float(np.mean(scores)), in_sample=in_sample, splits=splits,
-                        blends=blends, repeat_scores=scores)
+                        blends=blends, repeat_scores=scores, predictions=predictions)
+
+
+def paired_bootstrap(problem: Problem, honest: list[np.ndarray], other: np.ndarray, samples: int = 1000,
+                     seed: int = 0) -> tuple[float, float, float] | None:
+    """metric(honest) - metric(other) over the rows, with its 95% interval from resampling rows with replacement
+    (the same rows for both, so their shared noise cancels). ``honest``: one metric-input array per outer split,
+    their differences averaged. None if no resample can be scored (e.g. a single class in every draw)."""
+    rng = np.random.default_rng(seed)
+    truth = problem.truth
+    differences = []
+    for _ in range(samples):
+        rows = rng.integers(0, len(truth), len(truth))
+        try:
+            baseline = problem.metric(truth[rows], other[rows])
+            differences.append(np.mean([problem.metric(truth[rows], p[rows]) for p in honest]) - baseline)
+        except ValueError:  # e.g. AUC on a draw with one class
+            continue
+    if not differences:
+        return None
+    observed = float(np.mean([problem.metric(truth, p) for p in honest]) - problem.metric(truth, other))
+    low, high = np.percentile(differences, [2.5, 97.5])
+    return observed, float(low), float(high)

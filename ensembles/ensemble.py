@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 
 from ensembles.blend import (METHODS, BlendOptions, HonestResult, Problem, applicable_methods, apply_blend,
-                             apply_decision, fit_blend, native, nested_cv, score_table)
+                             apply_decision, fit_blend, metric_predictions, native, nested_cv, paired_bootstrap,
+                             score_table)
 from ensembles.members import Member, select_members
 from pipeline.config import CompetitionConfig
 from pipeline.data import load_competition_data
@@ -33,6 +34,10 @@ class EnsembleResult:
     chosen: str
     selected_single: HonestResult | None = None  # the best member, picked inside each outer fold (top-1)
     weights: dict[str, float] = field(default_factory=dict)
+    # The chosen method's honest score minus the best member's OOF score, with a 95% paired-bootstrap interval.
+    best_member: str = ""
+    against_best: tuple[float, float, float] | None = None
+    greater_is_better: bool = True
     submission_path: Path | None = None
     sidecar_path: Path | None = None
 
@@ -93,13 +98,18 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
     selected_single = nested_cv("top-k", P, problem, fold_of_row, replace(options, top_k=1))
     better = (lambda r: -r.score) if problem.metric.greater_is_better else (lambda r: r.score)
     chosen = min(results.values(), key=better).method
+    best_member = (np.argmax if problem.metric.greater_is_better else np.argmin)(member_scores)
+    against_best = paired_bootstrap(problem, results[chosen].predictions, metric_predictions(problem, P[best_member]),
+                                    seed=seed)
 
     final = fit_blend(chosen, P, problem, np.arange(P.shape[1]), options)
     weights = {}
     if final.weights is not None:
         weights = {m.name: round(float(w), 6) for m, w in zip(members, final.weights)}
     result = EnsembleResult(members=members, member_scores=member_scores, member_honest=member_honest,
-                            results=results, chosen=chosen, weights=weights, selected_single=selected_single)
+                            results=results, chosen=chosen, weights=weights, selected_single=selected_single,
+                            best_member=members[best_member].name, against_best=against_best,
+                            greater_is_better=problem.metric.greater_is_better)
     if not write:
         return result
 
@@ -122,6 +132,8 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
         "methods": {name: {"honest_cv": r.score, "honest_cv_per_split": r.repeat_scores, "in_sample_cv": r.in_sample}
                     for name, r in results.items()},
         "best_member_selected_in_nested_cv": selected_single.score,
+        "honest_cv_minus_best_member": (None if against_best is None else
+                                        dict(zip(("difference", "low_95", "high_95"), against_best))),
         "submission": str(result.submission_path),
     })
     return result
@@ -140,4 +152,9 @@ def ensemble_table(result: EnsembleResult, metric: str) -> str:
     for name, r in result.results.items():
         mark = "  <- submission" if name == result.chosen else ""
         lines.append(f"{'ensemble: ' + name:<44} {'':>12} {r.score:>8.4f} {r.in_sample:>10.4f}{mark}")
+    if result.against_best is not None:
+        difference, low, high = result.against_best
+        better = "higher" if result.greater_is_better else "lower"
+        lines.append(f"{result.chosen} (honest) - best member ({result.best_member}): {difference:+.4f}, 95% interval "
+                     f"{low:+.4f} to {high:+.4f} (paired bootstrap over rows; {better} is better)")
     return "\n".join(lines)

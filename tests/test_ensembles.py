@@ -8,7 +8,7 @@ import pytest
 
 from ensembles.baseline import column_kinds, fit_predict_fold, make_pipeline, prepare
 from ensembles.blend import (BlendOptions, Problem, apply_blend, fit_blend, hill_climb, metric_loss, nested_cv,
-                             score_table)
+                             paired_bootstrap, score_table)
 from ensembles.members import select_members
 from pipeline.config import BUNDLED_DATA_DIR, load_competition
 from pipeline.errors import KbertError
@@ -234,6 +234,11 @@ def test_spaceship_ensemble_submission_has_true_false_and_the_sample_ids(spacesh
     assert sum(sidecar["weights"].values()) == pytest.approx(1.0, abs=1e-5)
     assert set(sidecar["methods"]) == {"mean", "weighted", "hill"}
     assert sidecar["honest_cv"] == sidecar["methods"][sidecar["method"]]["honest_cv"]
+    best_cv = max(m["cv"] for m in sidecar["members"])
+    against = sidecar["honest_cv_minus_best_member"]
+    assert against["difference"] == pytest.approx(sidecar["honest_cv"] - best_cv)
+    assert against["low_95"] <= against["difference"] <= against["high_95"]
+    assert "(honest) - best member" in printed
     assert main(["validate", "spaceship-titanic", str(path)]) == 0
 
 
@@ -349,3 +354,32 @@ def test_repeated_outer_splits_average_their_nested_cv_scores():
     singles = [nested_cv("weighted", P, problem, folds).score for folds in splits]
     np.testing.assert_allclose(repeated.repeat_scores, singles)
     assert repeated.score == pytest.approx(np.mean(singles)) and len(repeated.blends) == 12
+
+
+def test_nested_cv_keeps_the_predictions_it_scored():
+    rng = np.random.default_rng(3)
+    y = rng.normal(size=90)
+    P = np.stack([y + rng.normal(scale=s, size=90) for s in (0.4, 0.8)])[:, :, None]
+    problem = regression_problem(y)
+    result = nested_cv("weighted", P, problem, np.stack([rng.permutation(90) % 3 for _ in range(2)]))
+    assert len(result.predictions) == 2
+    for predictions, split_score in zip(result.predictions, result.repeat_scores):
+        assert problem.metric(y, predictions) == pytest.approx(split_score)
+
+
+def test_paired_bootstrap_of_a_blend_against_the_best_member():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 400)
+    problem = binary_problem(y, "accuracy")
+    member = np.where(rng.random(400) < 0.7, y, 1 - y)  # right on about 70% of rows
+    same = paired_bootstrap(problem, [member, member], member)
+    assert same == (0.0, 0.0, 0.0)  # identical predictions: every resample differs by exactly 0
+    better = np.where(rng.random(400) < 0.95, y, 1 - y)
+    difference, low, high = paired_bootstrap(problem, [better], member, samples=500, seed=1)
+    assert difference == pytest.approx((better == y).mean() - (member == y).mean())
+    assert 0 < low < difference < high  # a 25-point gain on 400 rows is far outside the noise
+    assert paired_bootstrap(problem, [better], member, samples=500, seed=1) == (difference, low, high)  # seeded
+    # Another member right on about 70% of rows: no real difference, so the interval straddles 0.
+    coin = np.where(rng.random(400) < 0.7, y, 1 - y)
+    _, low, high = paired_bootstrap(problem, [coin], member, samples=500)
+    assert low < 0 < high
