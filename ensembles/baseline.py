@@ -124,16 +124,20 @@ def prepare(rows: pd.DataFrame, kinds: ColumnKinds) -> pd.DataFrame:
     return out
 
 
+def missing_as_category() -> SimpleImputer:
+    """Missing category values become the category "missing"."""
+    return SimpleImputer(strategy="constant", fill_value="missing")
+
+
 def target_encoder(classify: bool, seed: int):
     """scikit-learn's TargetEncoder: each training row is encoded by a model of the other 4/5 of the training
     rows (cross-fitting), the rows it predicts by all of them; a seeded split, so runs repeat."""
-    missing_as_category = SimpleImputer(strategy="constant", fill_value="missing")
     if inspect.signature(TargetEncoder).parameters["random_state"].default == "deprecated":  # scikit-learn >= 1.9
         splitter = StratifiedKFold if classify else KFold
         encoder = TargetEncoder(cv=splitter(5, shuffle=True, random_state=seed))
     else:
         encoder = TargetEncoder(shuffle=True, random_state=seed)
-    return chain(missing_as_category, encoder)
+    return chain(missing_as_category(), encoder)
 
 
 def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, train_rows: pd.DataFrame):
@@ -146,7 +150,7 @@ def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, tra
         # Sizes, prices and spending are skewed: their logs are what a linear model can use.
         parts = [("numeric", chain(SimpleImputer(strategy="median", add_indicator=True), SkewedLog1p(),
                                    StandardScaler()), kinds.numeric),
-                 ("categorical", chain(SimpleImputer(strategy="constant", fill_value="missing"),
+                 ("categorical", chain(missing_as_category(),
                                        OneHotEncoder(handle_unknown="infrequent_if_exist", min_frequency=3)), few)]
         if many:
             parts.append(("target-encoded", chain(target_encoder(classify, seed), StandardScaler()), many))
@@ -196,7 +200,7 @@ def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, tra
             raise KbertError("--model catboost needs CatBoost: pip install catboost (or kbert[baselines])") from None
         # CatBoost encodes categories itself (ordered target statistics on the training rows): pass strings.
         transformer = ColumnTransformer([p for p in parts if p[0] not in ("categorical", "target-encoded")] +
-                                        [("categorical", SimpleImputer(strategy="constant", fill_value="missing"),
+                                        [("categorical", missing_as_category(),
                                           kinds.categorical)], sparse_threshold=0.0)
         first_categorical = len(kinds.numeric) + text_components
         options = dict(iterations=800, learning_rate=0.05, depth=6, random_seed=seed, verbose=0, thread_count=-1,

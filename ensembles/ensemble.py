@@ -37,7 +37,6 @@ class EnsembleResult:
     # The chosen method's honest score minus the best member's OOF score, with a 95% paired-bootstrap interval.
     best_member: str = ""
     against_best: tuple[float, float, float] | None = None
-    greater_is_better: bool = True
     submission_path: Path | None = None
     sidecar_path: Path | None = None
 
@@ -108,8 +107,7 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
         weights = {m.name: round(float(w), 6) for m, w in zip(members, final.weights)}
     result = EnsembleResult(members=members, member_scores=member_scores, member_honest=member_honest,
                             results=results, chosen=chosen, weights=weights, selected_single=selected_single,
-                            best_member=members[best_member].name, against_best=against_best,
-                            greater_is_better=problem.metric.greater_is_better)
+                            best_member=members[best_member].name, against_best=against_best)
     if not write:
         return result
 
@@ -154,7 +152,7 @@ def ensemble_table(result: EnsembleResult, metric: str) -> str:
         lines.append(f"{'ensemble: ' + name:<44} {'':>12} {r.score:>8.4f} {r.in_sample:>10.4f}{mark}")
     if result.against_best is not None:
         difference, low, high = result.against_best
-        better = "higher" if result.greater_is_better else "lower"
+        better = "higher" if get_metric(metric).greater_is_better else "lower"
         lines.append(f"{result.chosen} (honest) - best member ({result.best_member}): {difference:+.4f}, 95% interval "
                      f"{low:+.4f} to {high:+.4f} (paired bootstrap over rows; {better} is better)")
     return "\n".join(lines)
