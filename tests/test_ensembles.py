@@ -265,6 +265,24 @@ def test_baseline_transforms_fit_on_the_training_rows_only(titanic_train, titani
         assert before.shape == (len(test), 1) and ((before > 0) & (before < 1)).all()
 
 
+def test_identifiers_are_dropped_and_trees_skip_short_text():
+    rows = pd.DataFrame({
+        "Id": np.arange(200),
+        "Code": [f"C{i:03d}" for i in range(200)],  # one distinct value per row: an identifier
+        "Ticket": [f"T{i // 2}" for i in range(200)],  # shared by two rows: target-encoded
+        "Name": [f"Smith{i}, Mr. John Q" for i in range(200)],  # four words: short text
+        "Review": [f"word{i % 97} word{i % 89} and {i} more words about it" for i in range(200)],  # long text
+    })
+    kinds = column_kinds(rows, exclude=("Id",))
+    assert kinds.identifiers == ["Code"] and kinds.categorical == ["Ticket"]
+    assert kinds.text == ["Name", "Review"]
+    for model, expected in (("hgb", ["text:Review"]), ("logreg", ["text:Name", "text:Review"])):
+        parts = make_pipeline(model, kinds, True, 0, prepare(rows, kinds))[0].transformers
+        used = {column for _, _, columns in parts for column in ([columns] if isinstance(columns, str) else columns)}
+        assert "Code" not in used and "Ticket" in used
+        assert [name for name, _, _ in parts if name.startswith("text:")] == expected
+
+
 def test_kbert_baseline_writes_a_member_on_the_run_folds(tmp_path, capsys):
     from pipeline.cli import main
 
