@@ -7,8 +7,9 @@ regression an outlier-trimmed lasso, on standardised numbers with the skewed one
 categories and TF-IDF text), ``lgbm`` and ``catboost`` (optional extras, used only when installed).
 Categorical columns with many distinct values (tickets, cabins) are target-encoded, cross-fitted (CatBoost
 does its own); one with a distinct value on almost every row (a name, an id) is dropped, and trees skip
-short text (names), which only the linear model's TF-IDF can use. Every transform (category codes, target means, TF-IDF vocabulary, scaling,
-imputation) is part of a scikit-learn pipeline fitted on the fold's training rows only.
+short text (names), which only the linear model's TF-IDF can use. Every transform (category codes, target
+means, TF-IDF vocabulary, scaling, imputation) is part of a scikit-learn pipeline fitted on the fold's
+training rows only.
 """
 
 from __future__ import annotations
@@ -106,13 +107,15 @@ def column_kinds(rows: pd.DataFrame, exclude: tuple[str, ...]) -> ColumnKinds:
         if column in exclude:
             continue
         values = rows[column]
-        present = values.dropna().astype(str)
         if pd.api.types.is_bool_dtype(values) or pd.api.types.is_numeric_dtype(values):
             numeric.append(column)
-        elif present.str.split().str.len().mean() > TEXT_MIN_WORDS:
+            continue
+        present = values.dropna().astype(str)
+        distinct = present.nunique()
+        if present.str.split().str.len().mean() > TEXT_MIN_WORDS:
             text.append(column)
-        elif present.nunique() > MAX_CATEGORIES and present.nunique() >= IDENTIFIER_SHARE * len(present):
-            # Passenger names: target-encoding a value seen once is noise (Titanic's trees: 0.838 -> 0.848).
+        elif distinct > MAX_CATEGORIES and distinct >= IDENTIFIER_SHARE * len(present):
+            # Spaceship's passenger names: target means of values seen once are noise.
             identifiers.append(column)
         else:
             categorical.append(column)
@@ -181,9 +184,8 @@ def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, tra
     for c in kinds.text:
         # Short strings (passenger names) as SVD components are noise to trees (Titanic's HGB: 0.848 without,
         # 0.838 with); the linear model still reads their words.
-        words = train_rows[c].str.split().str.len().mean()
-        vocabulary = len(set(" ".join(train_rows[c].tolist()).lower().split()))
-        if words > TREE_TEXT_MIN_WORDS and vocabulary > 64:
+        tokens = train_rows[c].str.lower().str.split()
+        if tokens.str.len().mean() > TREE_TEXT_MIN_WORDS and len(set(tokens.explode().dropna())) > 64:
             parts.append((f"text:{c}", chain(TfidfVectorizer(min_df=2, sublinear_tf=True, max_features=5000),
                                              TruncatedSVD(n_components=32, random_state=seed)), c))
             text_components += 32
