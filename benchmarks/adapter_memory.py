@@ -24,20 +24,19 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from kbert.models import runtime  # noqa: E402
 
-import models  # noqa: E402,F401  (binds the fast BLAS before mlx.core loads)
+runtime.setup()  # binds the fast BLAS before mlx.core loads
 import mlx.core as mx  # noqa: E402
 import mlx.optimizers as optim  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
-from models.adapters import apply_adapters, resolve_adapter  # noqa: E402
-from models.recompute import set_recompute  # noqa: E402
-from models.task_model import build_task_model  # noqa: E402
-from pipeline.train import make_train_step  # noqa: E402
+from kbert.models.adapters import apply_adapters, resolve_adapter  # noqa: E402
+from kbert.models.recompute import set_recompute  # noqa: E402
+from kbert.models.task_model import build_task_model  # noqa: E402
+from kbert.pipeline.train import make_train_step  # noqa: E402
 
 MINILM = dict(model_type="bert", vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
               intermediate_size=1536, max_position_embeddings=512)

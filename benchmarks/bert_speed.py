@@ -48,12 +48,14 @@ def train_flops(size: dict, batch: int, seq: int) -> float:
 
 def mlx_setup(size: dict, seq: int, compiled: bool):
     """kbert's own train step and eval forward (pipeline/train.py), as `kbert run` uses them."""
-    import models  # noqa: F401  (binds the fast BLAS before mlx.core loads)
+    from kbert.models import runtime
+
+    runtime.setup()  # binds the fast BLAS before mlx.core loads
     import mlx.core as mx
     import mlx.optimizers as optim
 
-    from models.task_model import build_task_model
-    from pipeline.train import make_forward, make_train_step
+    from kbert.models.task_model import build_task_model
+    from kbert.pipeline.train import make_forward, make_train_step
 
     values = {**size, "model_type": "bert", "max_position_embeddings": max(512, seq), "add_pooling_layer": False}
     model = build_task_model(values, "binary", "cls", 0.1)
@@ -137,17 +139,20 @@ def setup(framework: str, size_name: str, seq: int, batch: int, infer_batch: int
 
 def describe(framework: str) -> str:
     if framework == "mlx":
-        import models  # noqa: F401
+        from kbert.models import runtime
+
+        runtime.setup()
         import mlx.core as mx
 
-        from models import cpu_kernels
-        from models.blas import MALLOC_STATUS, STATUS, measure_sgemm_gflops
+        from kbert.models import cpu_kernels
+        from kbert.models.blas import measure_sgemm_gflops
 
         with mx.stream(mx.cpu):
             peak = measure_sgemm_gflops()
         cpu_kernels.kernels()
-        return (f"peak={peak} MLX {mx.__version__} on {mx.default_device()}, BLAS {STATUS.name}, sgemm peak "
-                f"{peak:.0f} GFLOP/s, CPU kernels {cpu_kernels.STATUS.state}, malloc {MALLOC_STATUS}")
+        status = runtime.status()
+        return (f"peak={peak} MLX {mx.__version__} on {mx.default_device()}, BLAS {status.blas.name}, sgemm peak "
+                f"{peak:.0f} GFLOP/s, CPU kernels {cpu_kernels.STATUS.state}, malloc {status.malloc}")
     import torch
 
     return f"torch {torch.__version__}, {torch.get_num_threads()} threads"
@@ -234,7 +239,7 @@ def end_to_end(unoptimized: bool) -> float:
     flags = UNOPTIMIZED_FLAGS if unoptimized else []
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "titanic", "--no-progress", "--out", out,
+        subprocess.run([sys.executable, "-m", "kbert.cli", "run", "titanic", "--no-progress", "--out", out,
                         "--submissions-dir", out, *flags], check=True, env=env, cwd=ROOT)
         return time.perf_counter() - started
 

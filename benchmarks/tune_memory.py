@@ -13,9 +13,8 @@ import shutil
 import time
 from pathlib import Path
 
-
-from pipeline.space import write_space_file
-from pipeline.tune import TuneOptions, tune
+from kbert.tune import TuneOptions, tune
+from kbert.tune.space import write_space_file
 
 # Tiny trials whose shapes vary (hidden size, layers, length, batch size), so that compile caches, tokenizers
 # and buffers of many different sizes come and go.

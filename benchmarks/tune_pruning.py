@@ -16,9 +16,9 @@ from pathlib import Path
 
 from optuna.trial import TrialState
 
-from pipeline.io import read_json
-from pipeline.space import write_space_file
-from pipeline.tune import TuneOptions, load_study, trial_dir, tune
+from kbert.io import read_json
+from kbert.tune import TuneOptions, load_study, trial_dir, tune
+from kbert.tune.space import write_space_file
 
 # A quick from-scratch space: small encoders, few epochs, so that 30+ five-fold trials fit in minutes.
 SPACE = {"params": {

@@ -31,17 +31,19 @@ from sklearn.model_selection import KFold, StratifiedKFold
 from sklearn.pipeline import make_pipeline as chain
 from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler, TargetEncoder
 
-from ensembles.blend import average_folds, native
-from features import add_features
-from pipeline.config import RunConfig
-from pipeline.data import load_competition_data
-from pipeline.errors import KbertError
-from pipeline.io import write_csv, write_json, write_yaml
-from pipeline.metrics import get_metric
-from pipeline.predictions import check_metric_fits_task, metric_targets, score
-from pipeline.run import RunResult, make_fold_sets, predictions_frame
-from pipeline.submission import write_predictions_submission
-from pipeline.targets import encode_targets, raw_targets
+from kbert.ensembles.blend import native
+from kbert.errors import KbertError
+from kbert.features import add_features
+from kbert.io import write_json, write_yaml
+from kbert.pipeline.artifacts import RunResult, score_summary, write_folds_table, write_predictions
+from kbert.pipeline.config import RunConfig
+from kbert.pipeline.data import load_competition_data
+from kbert.pipeline.folds import make_fold_sets
+from kbert.pipeline.metrics import get_metric
+from kbert.pipeline.predictions import average_folds, check_metric_fits_task, metric_targets, score
+from kbert.pipeline.submission import write_predictions_submission
+from kbert.pipeline.targets import encode_targets, raw_targets
+from kbert.tasks import Task
 
 MODELS = ("hgb", "logreg", "lgbm", "catboost")
 TEXT_MIN_WORDS = 3.0  # a string column whose training values average more words than this is free text
@@ -233,7 +235,7 @@ def fit_predict_fold(model: str, task: str, train_rows: pd.DataFrame, train_targ
     kinds = column_kinds(train_rows, exclude)
     X = prepare(train_rows, kinds)
     frames = [prepare(rows, kinds) for rows in others]
-    if task in ("multiclass", "ordinal"):
+    if Task(task).classes:
         pipeline = make_pipeline(model, kinds, True, seed, X).fit(X, train_targets.astype(int))
         found = pipeline.classes_.astype(int)
         tables = []
@@ -245,7 +247,7 @@ def fit_predict_fold(model: str, task: str, train_rows: pd.DataFrame, train_targ
     targets = np.asarray(train_targets, dtype=np.float64).reshape(len(train_targets), -1)
     columns: list[list[np.ndarray]] = [[] for _ in frames]
     for j in range(targets.shape[1]):
-        if task in ("binary", "multilabel"):
+        if Task(task).probabilities:
             y = targets[:, j].astype(int)
             if len(np.unique(y)) < 2:
                 raise KbertError(f"a fold's training rows hold a single class of output {j}; use fewer folds")
@@ -276,7 +278,7 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
     raw = raw_targets(train, comp)
     fit_targets = raw if raw is not None else targets.values
     truth = metric_targets(task, targets.values, raw, metric.kind, targets.classes)
-    log_target = task in ("regression", "timeseries") and (metric.name in ("rmse_log", "rmsle") or
+    log_target = Task(task).numeric and (metric.name in ("rmse_log", "rmsle") or
                                                            config.head.target_transform.startswith("log1p"))
     run_id = run_id or f"baseline-{model}-seed{config.seed}"
     comp_dir = Path(config.out_dir) / comp.name
@@ -288,8 +290,7 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
                                          "seed": config.seed, "folds": comp.folds.k, "data_dir": config.data_dir,
                                          "limit_rows": config.limit_rows, "log_target": log_target})
     fold_of_row = make_fold_sets(config, train, targets, comp_dir)[0]
-    write_csv(run_dir / "folds.csv", pd.DataFrame({comp.id_column: train[comp.id_column].to_numpy(),
-                                                   "fold": fold_of_row}))
+    write_folds_table(run_dir, comp, train[comp.id_column], [fold_of_row])
     identifiers = column_kinds(features, exclude=(comp.id_column,)).identifiers
     if identifiers:
         log(f"not used, a distinct value per row: {', '.join(identifiers)}")
@@ -313,17 +314,13 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
         log(f"fold {k + 1}/{comp.folds.k}: {comp.metric} {fold_score:.4f}")
     oof_predictions, test_predictions = native(task, oof), native(task, average_folds(test_tables))
     cv = score(metric, task, truth, oof_predictions, 0.5, targets.classes)
-    write_csv(run_dir / "oof.csv", predictions_frame(comp, targets.classes, train[comp.id_column], oof_predictions))
-    write_csv(run_dir / "test.csv", predictions_frame(comp, targets.classes, data.test[comp.id_column],
-                                                      test_predictions))
+    write_predictions(run_dir, comp, targets.classes, train[comp.id_column], oof_predictions, data.test[comp.id_column],
+                      test_predictions)
     submission_path = write_predictions_submission(comp, test_predictions, targets.classes, 0.5,
                                                    data.test[comp.id_column], data.sample_submission,
                                                    Path(config.submissions_dir) / comp.name / f"{run_id}.csv")
     seconds = time.perf_counter() - started
-    write_json(run_dir / "metrics.json", {
-        "run_id": run_id, "task": task, "metric": comp.metric, "greater_is_better": metric.greater_is_better,
-        "cv": cv, "fold_mean": float(np.mean(fold_scores)), "fold_std": float(np.std(fold_scores)),
-        "folds": fold_records, "baseline": model, "wall_time_s": round(seconds, 2), "submission": str(submission_path),
-    })
+    write_json(run_dir / "metrics.json", {**score_summary(run_id, comp, metric, cv, fold_records), "baseline": model,
+                                          "wall_time_s": round(seconds, 2), "submission": str(submission_path)})
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=fold_scores, cv_score=cv, metric=comp.metric,
                           submission_path=submission_path, seconds=seconds)

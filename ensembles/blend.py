@@ -24,23 +24,16 @@ import numpy as np
 from scipy.optimize import minimize
 from sklearn.model_selection import KFold
 
-from models.heads import ordinal_class_probabilities
-from pipeline.errors import KbertError
-from pipeline.metrics import Metric
-from pipeline.predictions import metric_input, tune_label_thresholds, tune_threshold
+from kbert.errors import KbertError
+from kbert.models.heads import ordinal_class_probabilities
+from kbert.pipeline.metrics import Metric
+from kbert.pipeline.predictions import metric_input, tune_label_thresholds, tune_threshold
+from kbert.tasks import Task
 
 METHODS = ("mean", "top-k", "weighted", "rank", "hill", "stack")
 EPS = 1e-6
 LOGISTIC_C = [0.01, 0.1, 1.0, 10.0]  # stacking: the meta-models' regularisation grids
 RIDGE_ALPHA = [0.01, 0.1, 1.0, 10.0, 100.0]
-
-
-def average_folds(fold_predictions: list[np.ndarray]) -> np.ndarray:
-    """Mean of the fold models' test predictions (each an array over the same test rows)."""
-    if not fold_predictions:
-        raise ValueError("average_folds needs at least one fold's predictions")
-    stacked = np.stack([np.asarray(p, dtype=np.float64) for p in fold_predictions])
-    return stacked.mean(axis=0)
 
 
 @dataclass
@@ -56,13 +49,13 @@ class Problem:
     @property
     def space(self) -> str:
         """Where predictions are averaged: probabilities, values, or log values for log-error metrics."""
-        if self.task in ("regression", "timeseries"):
+        if Task(self.task).numeric:
             return {"rmse_log": "log", "rmsle": "log1p"}.get(self.metric.name, "value")
         return "probability"
 
     @property
     def tunes_decision(self) -> bool:
-        return self.metric.kind == "label" and self.task in ("binary", "multilabel", "multiclass")
+        return self.metric.kind == "label" and (Task(self.task).probabilities or self.task == Task.MULTICLASS)
 
 
 def to_space(table: np.ndarray, space: str) -> np.ndarray:
@@ -83,15 +76,15 @@ def from_space(table: np.ndarray, space: str) -> np.ndarray:
 
 def native(task: str, table: np.ndarray) -> np.ndarray:
     """A prediction table -> the task's prediction form (see pipeline/predictions.py)."""
-    if task in ("binary", "regression"):
+    if task in (Task.BINARY, Task.REGRESSION):  # one column: a probability or a value
         return table[:, 0]
-    if task == "ordinal":  # class probabilities -> cumulative P(y > k)
+    if task == Task.ORDINAL:  # class probabilities -> cumulative P(y > k)
         return np.clip(1.0 - np.cumsum(table, axis=1)[:, :-1], 0.0, 1.0)
     return table
 
 
 def table_from_native(task: str, predictions: np.ndarray) -> np.ndarray:
-    if task == "ordinal":
+    if task == Task.ORDINAL:
         return ordinal_class_probabilities(predictions)
     return predictions.reshape(len(predictions), -1)
 
@@ -122,9 +115,9 @@ def fit_decision(problem: Problem, table: np.ndarray, rows: np.ndarray) -> Decis
     """Tune the cut-off(s) or class weights of a label metric on ``rows`` of ``table`` (natural scale)."""
     if not problem.tunes_decision:
         return Decision()
-    if problem.task == "binary":
+    if problem.task == Task.BINARY:
         return Decision(threshold=tune_threshold(problem.metric, problem.truth[rows], table[rows, 0]))
-    if problem.task == "multilabel":
+    if problem.task == Task.MULTILABEL:
         return Decision(threshold=tune_label_thresholds(problem.truth[rows].astype(int), table[rows]))
     weights = np.ones(table.shape[1])  # multiclass: coordinate ascent over per-class weights
     grid = np.array([0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0])
@@ -171,7 +164,7 @@ def smooth_loss(problem: Problem) -> Callable[[np.ndarray, np.ndarray], float]:
         truth = to_space(np.asarray(problem.truth, dtype=np.float64).reshape(len(problem.truth), -1), problem.space)
         return lambda table, rows: float(np.mean((table[rows] - truth[rows]) ** 2))
     labels = problem.labels
-    if problem.task in ("binary", "multilabel"):
+    if Task(problem.task).probabilities:
         indicator = labels.reshape(len(labels), -1).astype(np.float64)
 
         def log_loss(table, rows):
@@ -275,10 +268,10 @@ def _ranks(values: np.ndarray, reference: np.ndarray) -> np.ndarray:
 
 def stack_features(P: np.ndarray, task: str, column: int | None = None) -> np.ndarray:
     """Meta-model inputs: logits of probabilities, log class probabilities, or blend-space values."""
-    if task in ("binary", "multilabel"):
+    if Task(task).probabilities:
         p = np.clip(P[:, :, column], EPS, 1 - EPS)
         return np.log(p / (1 - p)).T
-    if task in ("multiclass", "ordinal"):
+    if Task(task).classes:
         return np.log(np.clip(P, EPS, None)).transpose(1, 0, 2).reshape(P.shape[1], -1)
     return P[:, :, column].T
 
@@ -296,14 +289,14 @@ def fit_stack(P: np.ndarray, problem: Problem, rows: np.ndarray, options: BlendO
     local = {row: i for i, row in enumerate(rows)}
     local_splits = [(np.array([local[r] for r in a]), np.array([local[r] for r in b])) for a, b in inner]
     models = []
-    if problem.task in ("multiclass", "ordinal"):
+    if Task(problem.task).classes:
         model = GridSearchCV(LogisticRegression(max_iter=2000), {"C": LOGISTIC_C}, cv=local_splits,
                              scoring="neg_log_loss")
         models.append(model.fit(stack_features(P, problem.task)[rows], problem.labels[rows].astype(int)))
     else:
         for column in range(P.shape[2]):
             X = stack_features(P, problem.task, column)[rows]
-            if problem.task in ("binary", "multilabel"):
+            if Task(problem.task).probabilities:
                 y = problem.labels.reshape(len(problem.labels), -1)[rows, column].astype(int)
                 model = GridSearchCV(LogisticRegression(max_iter=2000), {"C": LOGISTIC_C}, cv=local_splits,
                                      scoring="neg_log_loss")
@@ -316,18 +309,18 @@ def fit_stack(P: np.ndarray, problem: Problem, rows: np.ndarray, options: BlendO
 
 
 def apply_stack(blend: Blend, P: np.ndarray, task: str) -> np.ndarray:
-    if task in ("multiclass", "ordinal"):
+    if Task(task).classes:
         return blend.meta[0].predict_proba(stack_features(P, task))
     columns = []
     for column, model in enumerate(blend.meta):
         X = stack_features(P, task, column)
-        columns.append(model.predict_proba(X)[:, 1] if task in ("binary", "multilabel") else model.predict(X))
+        columns.append(model.predict_proba(X)[:, 1] if Task(task).probabilities else model.predict(X))
     return np.stack(columns, axis=1)
 
 
 def applicable_methods(problem: Problem) -> list[str]:
     """Rank averaging needs a task scored on an ordering (binary, multilabel) and no probability metric."""
-    rank_ok = problem.task in ("binary", "multilabel") and problem.metric.name != "log_loss"
+    rank_ok = Task(problem.task).probabilities and problem.metric.name != "log_loss"
     return [m for m in METHODS if m != "rank" or rank_ok]
 
 

@@ -10,19 +10,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ensembles.blend import (METHODS, BlendOptions, HonestResult, Problem, applicable_methods, apply_blend,
-                             apply_decision, fit_blend, metric_predictions, native, nested_cv, paired_bootstrap,
-                             score_table)
-from ensembles.members import Member, select_members
-from pipeline.config import CompetitionConfig
-from pipeline.data import load_competition_data
-from pipeline.errors import KbertError
-from pipeline.folds import fold_groups, make_folds
-from pipeline.io import write_json
-from pipeline.metrics import get_metric
-from pipeline.predictions import check_metric_fits_task, metric_targets
-from pipeline.submission import write_predictions_submission
-from pipeline.targets import encode_targets, raw_targets
+from kbert.ensembles.blend import (METHODS, BlendOptions, HonestResult, Problem, applicable_methods, apply_blend,
+                                   apply_decision, fit_blend, metric_predictions, native, nested_cv, paired_bootstrap,
+                                   score_table)
+from kbert.ensembles.members import Member, select_members
+from kbert.errors import KbertError
+from kbert.io import write_json
+from kbert.pipeline.config import CompetitionConfig
+from kbert.pipeline.data import load_competition_data
+from kbert.pipeline.folds import fold_groups, make_folds
+from kbert.pipeline.metrics import get_metric
+from kbert.pipeline.predictions import check_metric_fits_task, metric_targets
+from kbert.pipeline.submission import write_predictions_submission
+from kbert.pipeline.targets import encode_targets, raw_targets
+from kbert.tasks import Task
 
 
 @dataclass
@@ -48,7 +49,7 @@ def load_problem(competition: CompetitionConfig, data_dir: str | None):
     targets = encode_targets(data.train, competition)
     truth = metric_targets(competition.task, targets.values, raw_targets(data.train, competition), metric.kind,
                            targets.classes)
-    labels = None if competition.task in ("regression", "timeseries") else targets.values
+    labels = None if Task(competition.task).numeric else targets.values
     problem = Problem(competition.task, metric, truth, labels, targets.classes)
     return data, targets, problem
 

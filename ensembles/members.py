@@ -2,7 +2,7 @@
 ``kbert baseline``), read back as OOF and test prediction tables aligned to the competition's rows.
 
 A member folder holds metrics.json (metric, cv), config.yaml, oof.csv (id + prediction columns) and
-test.csv (id + fold-averaged prediction columns); see pipeline/run.py.
+test.csv (id + fold-averaged prediction columns); see pipeline/artifacts.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from pipeline.errors import KbertError
-from pipeline.io import read_json
+from kbert.errors import KbertError
+from kbert.io import read_json
 
 
 @dataclass

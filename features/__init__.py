@@ -1,8 +1,25 @@
-"""Table -> text serializers, and the per-competition feature functions that run before them.
+"""Feature rows -> text: the bottom layer that the pipeline builds on (it imports only ``kbert.errors``,
+``kbert.io``, ``kbert.tasks`` and itself, never the pipeline, models, ensembles, tuning or the CLI).
 
-Serializers have ``fit(train_rows)`` and ``transform(rows, rng=None) -> list[str]`` (an ``rng`` asks
-for an augmented variant). Feature functions are ``add_features(rows) -> rows``: pure, label-free, and
-named in a competition's YAML as ``features: <name>`` only where YAML alone cannot say it.
+What lives here:
+
+- ``base.py``: ``Serializer``, the scikit-learn style contract every serializer satisfies:
+  ``fit(rows) -> self``, ``transform(rows, rng=None, fits=None) -> list[str]`` and
+  ``fitted_statistics() -> dict`` (saved per fold as serializer.json, compared by ``kbert predict``).
+- ``generic.py``: ``TableSerializer``, the ``list``, ``sentence`` and ``template`` styles, configured from
+  a competition's YAML (``text:``) alone.
+- ``titanic.py``: ``TitanicSerializer``, hand-written English sentences for Titanic passengers.
+- Per-competition feature functions ``add_features(rows) -> rows`` (``titanic.py``, ``spaceship_titanic.py``,
+  ``house_prices.py``, ``tweets.py``): pure and label-free, run over train and test together before any
+  fold is cut, named in a competition's YAML as ``features: <name>`` only where YAML alone cannot say it.
+
+``SERIALIZERS`` and ``FEATURES`` map the YAML names to them; ``add_features(name, train, test)`` runs one.
+
+The rule that keeps validation scores honest: a serializer is fitted on a fold's training rows only.
+Anything learned from data (columns, quantile bin edges, fare bands) is a fitted attribute whose name ends
+in ``_``, set only by ``fit``; the constructor stores its settings unchanged, and ``transform`` of
+validation or test rows never changes a fitted attribute. Feature functions learn nothing: they may count
+over train and test (ticket and travel-group sizes) but never see a target.
 """
 
 from collections.abc import Callable
@@ -10,14 +27,21 @@ from functools import partial
 
 import pandas as pd
 
-from features import house_prices, spaceship_titanic, titanic, tweets
-from features.generic import TableSerializer
-from features.titanic import TitanicSerializer
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
+from kbert.features import house_prices, spaceship_titanic, titanic, tweets
+from kbert.features.base import Serializer
+from kbert.features.generic import TableSerializer
+from kbert.features.titanic import TitanicSerializer
+
+__all__ = ["FEATURES", "GENERIC_SERIALIZERS", "SERIALIZERS", "Serializer", "TableSerializer", "TitanicSerializer",
+           "add_features"]
 
 GENERIC_SERIALIZERS = ("list", "sentence", "template")  # features/generic.py, configured from YAML alone
-SERIALIZERS = {**{style: partial(TableSerializer, style=style) for style in GENERIC_SERIALIZERS},
-               "titanic": TitanicSerializer}
+# YAML ``text.serializer`` name -> a constructor taking the text settings as keywords.
+SERIALIZERS: dict[str, Callable[..., Serializer]] = {
+    **{style: partial(TableSerializer, style=style) for style in GENERIC_SERIALIZERS},
+    "titanic": TitanicSerializer,
+}
 FEATURES: dict[str, Callable[[pd.DataFrame], pd.DataFrame]] = {
     "titanic": titanic.add_features,
     "spaceship-titanic": spaceship_titanic.add_features,

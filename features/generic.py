@@ -8,7 +8,9 @@ Column handling, shared by all three: which columns and in what order (``columns
 rounded to a few significant digits, or as quantile-bin words whose edges are fitted on the training
 fold only (``numeric: raw | round | bins``), missing values as "unknown" or left out
 (``missing: unknown | drop``), and readable words for codes (``mappings: {column: {code: word}}``).
-``fit`` sees the training rows only and stores nothing else, so validation and test rows cannot leak.
+``fit`` sees the training rows only and sets the fitted attributes (``columns_``, ``numeric_columns_``,
+``integer_columns_``, ``bin_edges_``; see features/base.py for the contract), so validation and test rows
+cannot leak.
 
 Augmentation (``transform(rows, rng)``, training rows and test-time augmentation only): the column
 order is shuffled per row, the phrasing is drawn from a few paraphrases (``list``/``sentence``) or
@@ -26,11 +28,13 @@ import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Self
 
 import numpy as np
 import pandas as pd
 
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
+from kbert.features.base import check_fitted
 
 BIN_WORDS = {3: ("low", "medium", "high"), 5: ("very low", "low", "medium", "high", "very high")}
 NUMERIC_MODES = ("raw", "round", "bins")
@@ -76,7 +80,9 @@ def humanize(column: str) -> str:
 
 @dataclass
 class TableSerializer:
-    """``style`` is list, sentence or template; see the module docstring for the options."""
+    """``style`` is list, sentence or template; see the module docstring for the options. A ``Serializer``
+    (features/base.py): the fields are the settings, stored as given; ``fit`` sets the attributes ending
+    in ``_``."""
 
     style: str = "list"
     template: str = ""
@@ -91,12 +97,15 @@ class TableSerializer:
     shuffle_columns: bool = True  # augmentation: shuffle the column order (list and sentence)
     paraphrase: bool = True  # augmentation: draw a phrasing per row
     jitter: float = 0.05  # augmentation: relative numeric jitter, kept inside the value's quantile bin
-    fitted_columns: list[str] = field(default_factory=list)
-    numeric_columns: set[str] = field(default_factory=set)
-    integer_columns: set[str] = field(default_factory=set)
-    bin_edges: dict[str, np.ndarray] = field(default_factory=dict)
+    # Fitted on the training rows by ``fit``, absent before it (not constructor arguments):
+    columns_: list[str] = field(init=False, repr=False, compare=False)  # the serialized columns, in order
+    numeric_columns_: set[str] = field(init=False, repr=False, compare=False)  # rendered as numbers
+    integer_columns_: set[str] = field(init=False, repr=False, compare=False)  # whole in training: jitter rounds
+    bin_edges_: dict[str, np.ndarray] = field(init=False, repr=False, compare=False)  # quantile edges per numeric
 
-    def fit(self, rows: pd.DataFrame) -> "TableSerializer":
+    def fit(self, rows: pd.DataFrame) -> Self:
+        """Check the text settings against a fold's training rows, then fit the attributes ending in ``_``
+        on those rows only."""
         if self.numeric not in NUMERIC_MODES:
             raise KbertError(f"text.numeric must be one of {', '.join(NUMERIC_MODES)}, got '{self.numeric}'")
         if self.missing not in MISSING_MODES:
@@ -104,6 +113,9 @@ class TableSerializer:
         if self.style == "template" and not self.template:
             raise KbertError("text.serializer 'template' needs a text.template")
         columns = self.columns if self.columns is not None else [c for c in rows.columns if c not in self.exclude]
+        if not columns:
+            raise KbertError(f"{self.style} serializer: no columns to serialize (text.columns is empty, or every "
+                             "column is the target or the id)")
         missing = [c for c in columns if c not in rows.columns]
         if missing:
             raise KbertError(f"{self.style} serializer: text.columns names unknown column(s) {missing}")
@@ -120,33 +132,36 @@ class TableSerializer:
                 if unknown:
                     raise KbertError(f"text.template names {', '.join(repr(n) for n in unknown)}, not a column of "
                                      f"the data; available: {', '.join(columns)}")
-        self.fitted_columns = list(columns)
-        self.numeric_columns = {c for c in columns if c not in self.mappings and pd.api.types.is_numeric_dtype(rows[c])
-                                and not pd.api.types.is_bool_dtype(rows[c])}
+        numeric_columns = {c for c in columns if c not in self.mappings and pd.api.types.is_numeric_dtype(rows[c])
+                           and not pd.api.types.is_bool_dtype(rows[c])}
         # Quantile bin edges, from the training rows only: bin words, and the bounds of numeric jitter.
-        self.bin_edges, self.integer_columns = {}, set()
+        bin_edges, integer_columns = {}, set()
         quantiles = np.linspace(0, 1, self.bins + 1)[1:-1]
-        for c in sorted(self.numeric_columns):
+        for c in sorted(numeric_columns):
             values = rows[c].dropna().to_numpy(dtype=float)
-            self.bin_edges[c] = np.quantile(values, quantiles) if values.size else np.array([])
+            bin_edges[c] = np.quantile(values, quantiles) if values.size else np.array([])
             if values.size and np.all(values == np.round(values)):
-                self.integer_columns.add(c)
+                integer_columns.add(c)
+        self.columns_, self.numeric_columns_ = list(columns), numeric_columns
+        self.integer_columns_, self.bin_edges_ = integer_columns, bin_edges
         return self
 
     def fitted_statistics(self) -> dict:
-        """What ``fit`` learned from the training rows (saved with each fold, compared by the leakage test)."""
-        return {"columns": self.fitted_columns, "numeric_columns": sorted(self.numeric_columns),
-                "integer_columns": sorted(self.integer_columns),
-                "bin_edges": {c: edges.tolist() for c, edges in sorted(self.bin_edges.items())}}
+        """What ``fit`` learned from the training rows (saved with each fold as serializer.json, compared by
+        ``kbert predict`` and the leakage test): keep these keys as they are."""
+        check_fitted(self, "columns_", "fitted_statistics")
+        return {"columns": self.columns_, "numeric_columns": sorted(self.numeric_columns_),
+                "integer_columns": sorted(self.integer_columns_),
+                "bin_edges": {c: edges.tolist() for c, edges in sorted(self.bin_edges_.items())}}
 
     def jittered(self, column: str, value: float, rng: np.random.Generator) -> float:
         """``value`` times (1 + jitter * N(0, 1)), clipped to the quantile bin it started in."""
-        edges = self.bin_edges.get(column, np.array([]))
+        edges = self.bin_edges_.get(column, np.array([]))
         index = int(np.searchsorted(edges, value, side="right"))
         low = edges[index - 1] if index > 0 else -np.inf
         high = np.nextafter(edges[index], -np.inf) if index < len(edges) else np.inf
         new = float(np.clip(value * (1.0 + self.jitter * rng.standard_normal()), low, high))
-        if column in self.integer_columns:
+        if column in self.integer_columns_:
             rounded = float(np.round(new))
             new = rounded if low <= rounded <= high else value
         return new
@@ -159,11 +174,11 @@ class TableSerializer:
             mapping = self.mappings[column]
             key = format_value(value)
             return str(mapping.get(key, mapping.get(value, key)))
-        if column in self.numeric_columns:
+        if column in self.numeric_columns_:
             if rng is not None and self.jitter > 0 and self.numeric != "bins":
                 value = self.jittered(column, float(value), rng)
-            if self.numeric == "bins" and self.bin_edges.get(column) is not None and len(self.bin_edges[column]):
-                return bin_word(float(value), self.bin_edges[column])
+            if self.numeric == "bins" and self.bin_edges_.get(column) is not None and len(self.bin_edges_[column]):
+                return bin_word(float(value), self.bin_edges_[column])
             if self.numeric == "round":
                 return round_value(float(value))
         return format_value(value)
@@ -171,13 +186,12 @@ class TableSerializer:
     def transform(self, rows: pd.DataFrame, rng: np.random.Generator | None = None,
                   fits: Callable[[str], bool] | None = None) -> list[str]:
         """Text per row. ``rng``: an augmented variant; ``fits``: drop low-priority columns until it is true."""
-        if not self.fitted_columns:
-            raise RuntimeError("TableSerializer.transform called before fit")
-        values = rows[self.fitted_columns].to_numpy(dtype=object)
+        check_fitted(self, "columns_")
+        values = rows[self.columns_].to_numpy(dtype=object)
         return [self.row_text(row, rng, fits) for row in values]
 
     def row_text(self, row, rng: np.random.Generator | None = None, fits: Callable[[str], bool] | None = None) -> str:
-        cells = [(c, self.render(c, v, rng)) for c, v in zip(self.fitted_columns, row)]
+        cells = [(c, self.render(c, v, rng)) for c, v in zip(self.columns_, row)]
         if self.style == "template":
             templates = [self.template, *self.paraphrases]
             template = templates[rng.integers(len(templates))] if rng is not None and self.paraphrase else self.template
@@ -185,14 +199,14 @@ class TableSerializer:
             try:
                 return re.sub(r"\s+", " ", template.format(**fields)).strip()
             except (KeyError, IndexError, ValueError) as exc:
-                raise KbertError(f"text.template: {exc!r}; available fields: {self.fitted_columns}") from None
+                raise KbertError(f"text.template: {exc!r}; available fields: {self.columns_}") from None
         present = [(c, text) for c, text in cells if text is not None]
         if rng is not None and self.shuffle_columns:
             present = [present[i] for i in rng.permutation(len(present))]
         phrasing = int(rng.integers(len(LIST_PHRASINGS))) if rng is not None and self.paraphrase else 0
         text = self.join(present, phrasing)
         if fits is not None and not fits(text):
-            for column in reversed(self.priority or self.fitted_columns):  # least important first
+            for column in reversed(self.priority or self.columns_):  # least important first
                 present = [(c, t) for c, t in present if c != column]
                 text = self.join(present, phrasing)
                 if fits(text) or not present:

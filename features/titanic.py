@@ -2,21 +2,24 @@
 
 Engineered facts (``add_features``): the title from the name, family size, the deck from the cabin and
 the ticket group size (passengers of train and test together sharing one ticket number; label-free).
-The serializer adds age as a life stage and the fare as a quantile band. The fare band edges are its
-only fitted statistic, and ``fit`` sees the training fold only. Missing values are stated
-("of unknown age"), never guessed.
+The serializer adds age as a life stage and the fare as a quantile band. The fare band edges
+(``fare_edges_``) are its only fitted statistic, and ``fit`` sees the training fold only (the contract is
+``Serializer`` in features/base.py). Missing values are stated ("of unknown age"), never guessed.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Self
 
 import numpy as np
 import pandas as pd
 
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
+from kbert.features.base import check_fitted
 
 TITLE_WORDS = {
     "Mr": "mister", "Mrs": "missus", "Miss": "miss", "Master": "master", "Mlle": "miss", "Ms": "miss",
@@ -99,25 +102,30 @@ def fare_band(fare: float, edges: np.ndarray) -> str:
 
 @dataclass
 class TitanicSerializer:
-    """``fit`` on the training fold, then ``transform`` any rows into text via ``template``."""
+    """``fit`` on the training fold, then ``transform`` any rows into text via ``template``. The fields are
+    the settings, stored as given; ``fit`` sets ``fare_edges_``."""
 
     template: str
     paraphrases: list[str] = field(default_factory=list)  # augmentation: alternative templates
     shuffle_columns: bool = True  # augmentation: shuffle the order of the sentences
     paraphrase: bool = True  # augmentation: draw the template from [template, *paraphrases]
-    fare_edges: np.ndarray | None = field(default=None, repr=False)
+    # Fitted on the training rows by ``fit``, absent before it (not a constructor argument):
+    fare_edges_: np.ndarray = field(init=False, repr=False, compare=False)  # quantile edges of the fare bands
 
-    def fit(self, rows: pd.DataFrame) -> "TitanicSerializer":
+    def fit(self, rows: pd.DataFrame) -> Self:
+        """Check the columns of a fold's training rows, then fit the fare band edges on those rows only."""
         _check_columns(rows)
         fares = rows["Fare"].dropna().to_numpy(dtype=float)
         if fares.size == 0:
             raise KbertError("titanic serializer: column 'Fare' has no values to fit fare bands on")
-        self.fare_edges = np.quantile(fares, np.linspace(0, 1, len(FARE_BANDS) + 1)[1:-1])
+        self.fare_edges_ = np.quantile(fares, np.linspace(0, 1, len(FARE_BANDS) + 1)[1:-1])
         return self
 
     def fitted_statistics(self) -> dict:
-        """What ``fit`` learned from the training rows (saved with each fold, compared by the leakage test)."""
-        return {"fare_edges": self.fare_edges.tolist()}
+        """What ``fit`` learned from the training rows (saved with each fold as serializer.json, compared by
+        ``kbert predict`` and the leakage test): keep the key as it is."""
+        check_fitted(self, "fare_edges_", "fitted_statistics")
+        return {"fare_edges": self.fare_edges_.tolist()}
 
     def facts(self, row: pd.Series) -> dict[str, str]:
         age = float(row["Age"]) if pd.notna(row["Age"]) else float("nan")
@@ -131,7 +139,7 @@ class TitanicSerializer:
             "age": life_stage(age),
             "pclass": CLASS_WORDS.get(int(row["Pclass"]), "an unknown class"),
             "port": PORT_WORDS.get(row["Embarked"], "an unknown port") if pd.notna(row["Embarked"]) else "an unknown port",
-            "fare": fare_band(float(row["Fare"]) if pd.notna(row["Fare"]) else float("nan"), self.fare_edges),
+            "fare": fare_band(float(row["Fare"]) if pd.notna(row["Fare"]) else float("nan"), self.fare_edges_),
             "family": family_phrase(sibsp, parch),
             "cabin": cabin_phrase(row["Cabin"]),
         }
@@ -139,10 +147,10 @@ class TitanicSerializer:
             facts["ticket"] = ticket_phrase(row["TicketGroupSize"])
         return facts
 
-    def transform(self, rows: pd.DataFrame, rng: np.random.Generator | None = None, fits=None) -> list[str]:
+    def transform(self, rows: pd.DataFrame, rng: np.random.Generator | None = None,
+                  fits: Callable[[str], bool] | None = None) -> list[str]:
         """Text per row; with ``rng`` an augmented variant. ``fits`` is ignored: the text is short."""
-        if self.fare_edges is None:
-            raise RuntimeError("TitanicSerializer.transform called before fit")
+        check_fitted(self, "fare_edges_")
         _check_columns(rows)
         templates = [self.template, *self.paraphrases]
         texts = []

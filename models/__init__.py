@@ -1,7 +1,5 @@
-"""Encoders, heads and checkpoints in MLX. Importing this package binds a fast BLAS before MLX loads and, on
-Linux, makes glibc keep freed large buffers for reuse (models/blas.py)."""
+"""Encoders, heads, adapters and checkpoints in MLX, one model per file with Hugging Face weight names.
 
-from models.blas import keep_freed_memory, load_fast_blas
-
-load_fast_blas()
-keep_freed_memory()
+Imports only the bottom layer (kbert.errors, kbert.io, kbert.tasks), never the pipeline above it. Importing
+this package has no side effects; ``kbert.models.runtime.setup()`` binds the fast BLAS before MLX loads.
+"""

@@ -19,7 +19,7 @@ import math
 import mlx.core as mx
 import mlx.nn as nn
 
-from models import cpu_kernels
+from kbert.models import cpu_kernels
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)

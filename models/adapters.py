@@ -27,10 +27,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from models.recompute import Dropout, set_recompute
-from models.weights import load_state_strict, read_safetensors, save_safetensors
-from pipeline.errors import KbertError
-from pipeline.io import read_json, write_json
+from kbert.errors import KbertError
+from kbert.io import read_json, write_json
+from kbert.models.recompute import Dropout, set_recompute
+from kbert.models.weights import load_state_strict, read_safetensors, save_safetensors
 
 ADAPTER_WEIGHTS_FILE = "adapter.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
@@ -247,7 +247,7 @@ def parameter_count(model: nn.Module) -> int:
 
 def _adapted_root(model: nn.Module) -> tuple[nn.Module, str]:
     """The encoder of a task model (adapters go there), or the module itself if it is an encoder."""
-    from models.task_model import TaskModel
+    from kbert.models.task_model import TaskModel
 
     return (model.encoder, "encoder.") if isinstance(model, TaskModel) else (model, "")
 

@@ -15,9 +15,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from models.activations import ACTIVATIONS
-from models.cpu_kernels import attention
-from models.recompute import Dropout, call_layer
+from kbert.models.activations import ACTIVATIONS
+from kbert.models.cpu_kernels import attention
+from kbert.models.recompute import Dropout, call_layer
 
 
 @dataclass

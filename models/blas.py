@@ -1,4 +1,4 @@
-"""Bind a fast BLAS for MLX on Linux before ``mlx.core`` is first imported.
+"""Bind a fast BLAS for MLX on Linux before ``mlx.core`` is first imported (models/runtime.py calls it).
 
 The ``mlx[cpu]`` wheel links the reference netlib BLAS (~5 GFLOP/s for sgemm). libmlx resolves
 ``cblas_sgemm`` from whatever library is already in the global symbol scope when it loads, so a
@@ -46,9 +46,6 @@ class BlasStatus:
     name: str  # "openblas", "mkl", "custom", "reference", "platform" (macOS) or "unbound"
     path: str | None
     note: str = ""
-
-
-STATUS = BlasStatus(name="unbound", path=None)
 
 
 def _mkl_candidates() -> list[str]:
@@ -140,43 +137,33 @@ def _numpy_openblas_shim() -> str | None:
     return str(target)
 
 
-def load_fast_blas() -> BlasStatus:
-    """Load the best available BLAS into the global scope; safe to call more than once."""
-    global STATUS
-    if STATUS.name != "unbound":
-        return STATUS
+def bind_fast_blas() -> BlasStatus:
+    """Load the best available BLAS into the global scope and say which; models/runtime.py calls it once."""
     if sys.platform != "linux":
-        STATUS = BlasStatus("platform", None, "MLX uses Accelerate/Metal here")
-        return STATUS
+        return BlasStatus("platform", None, "MLX uses Accelerate/Metal here")
     if "mlx.core" in sys.modules:
-        STATUS = BlasStatus("reference", None, "mlx.core was imported before kbert; its BLAS is already bound")
-        return STATUS
+        return BlasStatus("reference", None,
+                          "mlx.core was imported before kbert.models.runtime.setup(); its BLAS is already bound")
     requested = os.environ.get("KBERT_BLAS", "").strip()
     if requested == "reference":
-        STATUS = BlasStatus("reference", None, "KBERT_BLAS=reference")
-        return STATUS
+        return BlasStatus("reference", None, "KBERT_BLAS=reference")
     if requested:
         if not _try_load(requested):
             raise OSError(f"KBERT_BLAS={requested!r} could not be loaded or exports no cblas_sgemm")
-        STATUS = BlasStatus("custom", requested)
-        return STATUS
+        return BlasStatus("custom", requested)
     for path in SYSTEM_OPENBLAS:
         if os.path.exists(path) and _try_load(path):
-            STATUS = BlasStatus("openblas", path)
-            return STATUS
+            return BlasStatus("openblas", path)
     shim = _numpy_openblas_shim()
     lib = _try_load(shim) if shim is not None else None
     if lib is not None and lib.kbert_sgemm_ready() == 1:
-        STATUS = BlasStatus("openblas", shim, "numpy's bundled OpenBLAS, through a cblas_sgemm shim")
-        return STATUS
+        return BlasStatus("openblas", shim, "numpy's bundled OpenBLAS, through a cblas_sgemm shim")
     # Conditional Numerical Reproducibility: same results run to run on the same machine.
     os.environ.setdefault("MKL_CBWR", "AUTO")
     for path in _mkl_candidates():
         if _try_load(path):
-            STATUS = BlasStatus("mkl", path)
-            return STATUS
-    STATUS = BlasStatus("reference", None, "no fast BLAS found: pip install mkl, or apt install libopenblas0-pthread")
-    return STATUS
+            return BlasStatus("mkl", path)
+    return BlasStatus("reference", None, "no fast BLAS found: pip install mkl, or apt install libopenblas0-pthread")
 
 
 def measure_sgemm_gflops(n: int = 1024, repeats: int = 5, calls: int = 4) -> float:
@@ -201,7 +188,6 @@ def measure_sgemm_gflops(n: int = 1024, repeats: int = 5, calls: int = 4) -> flo
 # glibc mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-MALLOC_STATUS = "default"
 
 
 def keep_freed_memory() -> str:
@@ -214,16 +200,13 @@ def keep_freed_memory() -> str:
     the heap; the price is that the process keeps its peak memory. ``KBERT_MALLOC=default`` leaves
     glibc alone.
     """
-    global MALLOC_STATUS
-    if sys.platform != "linux" or MALLOC_STATUS != "default":
-        return MALLOC_STATUS
+    if sys.platform != "linux":
+        return "default"
     if os.environ.get("KBERT_MALLOC", "").strip() == "default":
-        MALLOC_STATUS = "default (KBERT_MALLOC=default)"
-        return MALLOC_STATUS
+        return "default (KBERT_MALLOC=default)"
     try:
         libc = ctypes.CDLL(None)
         ok = libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, (1 << 31) - 1) == 1
     except (OSError, AttributeError):  # not glibc (musl has no mallopt)
         ok = False
-    MALLOC_STATUS = "large buffers kept for reuse" if ok else "default (mallopt unavailable)"
-    return MALLOC_STATUS
+    return "large buffers kept for reuse" if ok else "default (mallopt unavailable)"

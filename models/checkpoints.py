@@ -12,13 +12,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from models.adapters import (ADAPTER_CONFIG_FILE, AdapterConfig, apply_adapters, load_adapter_weights,
-                             read_adapter_config, save_adapters, weights_fingerprint)
-from models.encoders import architecture, read_weights, resolve_encoder_path
-from models.task_model import TaskModel, build_task_model
-from models.weights import load_state_strict, load_weights_strict, write_safetensors
-from pipeline.errors import KbertError
-from pipeline.io import atomic_write, read_json, write_json
+from kbert.errors import KbertError
+from kbert.io import atomic_write, read_json, write_json
+from kbert.models.adapters import (ADAPTER_CONFIG_FILE, AdapterConfig, apply_adapters, load_adapter_weights,
+                                   read_adapter_config, save_adapters, weights_fingerprint)
+from kbert.models.encoders import architecture, read_weights, resolve_encoder_path
+from kbert.models.task_model import TaskModel, build_task_model
+from kbert.models.weights import load_state_strict, load_weights_strict, write_safetensors
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"

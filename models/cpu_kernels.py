@@ -33,7 +33,7 @@ from types import ModuleType
 
 import mlx.core as mx
 
-from models.blas import build_library, cache_root
+from kbert.models.blas import build_library, cache_root
 
 log = logging.getLogger("kbert")
 

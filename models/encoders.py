@@ -19,10 +19,10 @@ import mlx.nn as nn
 from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
 from tokenizers.models import WordPiece
 
-from models import bert, modernbert, neobert
-from models.weights import load_state_strict, read_safetensors, write_safetensors
-from pipeline.errors import KbertError
-from pipeline.io import read_json, write_json, write_text
+from kbert.errors import KbertError
+from kbert.io import read_json, write_json, write_text
+from kbert.models import bert, modernbert, neobert
+from kbert.models.weights import load_state_strict, read_safetensors, write_safetensors
 
 
 @dataclass(frozen=True)

@@ -25,25 +25,14 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from models.losses import (binary_cross_entropy, binary_focal_loss, coral_loss, cross_entropy, gaussian_nll_loss,
-                           huber_loss, mae_loss, mse_loss, softmax_focal_loss)
-
-TASKS = ("binary", "multiclass", "multilabel", "regression", "ordinal", "timeseries")
-LOSSES = {
-    "binary": ("bce", "focal", "softmax"),
-    "multiclass": ("cross_entropy", "focal"),
-    "multilabel": ("bce", "focal"),
-    "regression": ("mse", "mae", "huber", "gaussian_nll"),
-    "ordinal": ("coral",),
-    "timeseries": ("mse", "mae", "huber"),
-}
-DEFAULT_METRICS = {"binary": "roc_auc", "multiclass": "accuracy", "multilabel": "roc_auc", "regression": "rmse",
-                   "ordinal": "qwk", "timeseries": "rmse"}  # used when a competition YAML names no metric
+from kbert.models.losses import (binary_cross_entropy, binary_focal_loss, coral_loss, cross_entropy, gaussian_nll_loss,
+                                 huber_loss, mae_loss, mse_loss, softmax_focal_loss)
+from kbert.tasks import TASKS, Task
 
 
 @dataclass
 class HeadConfig:
-    """Everything a head needs; ``loss: default`` picks the first of ``LOSSES[task]``."""
+    """Everything a head needs; ``loss: default`` picks the first of the task's losses (kbert/tasks.py)."""
 
     task: str = "binary"
     num_outputs: int = 1  # classes (multiclass, ordinal), labels (multilabel) or horizons (timeseries)
@@ -65,35 +54,36 @@ class HeadConfig:
         return asdict(self)
 
     def resolved_loss(self) -> str:
-        return LOSSES[self.task][0] if self.loss == "default" else self.loss
+        return Task(self.task).losses[0] if self.loss == "default" else self.loss
 
 
 def check_head_config(config: HeadConfig) -> None:
     """Raise ValueError on an unknown task or loss, or options that do not fit the task."""
     if config.task not in TASKS:
         raise ValueError(f"unknown task '{config.task}'; known: {', '.join(TASKS)}")
+    task = Task(config.task)
     loss = config.resolved_loss()
-    if loss not in LOSSES[config.task]:
-        raise ValueError(f"loss '{loss}' does not fit task '{config.task}'; choose one of {', '.join(LOSSES[config.task])}")
+    if loss not in task.losses:
+        raise ValueError(f"loss '{loss}' does not fit task '{config.task}'; choose one of {', '.join(task.losses)}")
     if not 0.0 <= config.label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {config.label_smoothing}")
     if config.class_weights is not None and len(config.class_weights) != config.num_outputs:
         raise ValueError(f"class_weights has {len(config.class_weights)} entries for {config.num_outputs} classes")
     if isinstance(config.pos_weight, list) and len(config.pos_weight) != config.num_outputs:
         raise ValueError(f"pos_weight has {len(config.pos_weight)} entries for {config.num_outputs} labels")
-    minimum = 3 if config.task == "ordinal" else 2 if config.task == "multiclass" else 1
-    if config.num_outputs < minimum:
-        raise ValueError(f"task '{config.task}' needs at least {minimum} classes/outputs, got {config.num_outputs}")
+    if config.num_outputs < task.min_outputs:
+        raise ValueError(f"task '{config.task}' needs at least {task.min_outputs} classes/outputs, "
+                         f"got {config.num_outputs}")
 
 
 def output_size(config: HeadConfig) -> int:
     """Width of the head's output for ``config``."""
     loss = config.resolved_loss()
-    if config.task == "binary":
+    if config.task == Task.BINARY:
         return 2 if loss == "softmax" else 1
-    if config.task == "regression":
+    if config.task == Task.REGRESSION:
         return 2 if loss == "gaussian_nll" else 1
-    if config.task == "ordinal":
+    if config.task == Task.ORDINAL:
         return config.num_outputs - 1
     return config.num_outputs
 
@@ -116,14 +106,14 @@ class LinearHead(nn.Module):
 
     def loss(self, outputs: mx.array, targets: mx.array) -> mx.array:
         c, loss = self.config, self.config.resolved_loss()
-        if c.task in ("binary", "multilabel"):
+        if Task(c.task).probabilities:
             if loss == "softmax":
                 return cross_entropy(outputs, targets.astype(mx.int32))
             if loss == "focal":
                 return binary_focal_loss(outputs, targets, gamma=c.focal_gamma, alpha=c.focal_alpha)
             pos_weight = None if c.pos_weight is None else mx.array(c.pos_weight, dtype=mx.float32)
             return binary_cross_entropy(outputs, targets, pos_weight=pos_weight)
-        if c.task == "multiclass":
+        if c.task == Task.MULTICLASS:
             weights = None if c.class_weights is None else mx.array(c.class_weights, dtype=mx.float32)
             if loss == "focal":
                 return softmax_focal_loss(outputs, targets, gamma=c.focal_gamma, class_weights=weights)
@@ -168,7 +158,7 @@ class OrdinalHead(nn.Module):
 
 
 def build_head(hidden_size: int, config: HeadConfig) -> nn.Module:
-    return OrdinalHead(hidden_size, config) if config.task == "ordinal" else LinearHead(hidden_size, config)
+    return OrdinalHead(hidden_size, config) if config.task == Task.ORDINAL else LinearHead(hidden_size, config)
 
 
 # ---- numpy side: raw outputs -> predictions ------------------------------------------------------------
@@ -188,20 +178,20 @@ def predict(config: HeadConfig, outputs: np.ndarray) -> np.ndarray:
     """Raw head outputs -> predictions: probabilities for classification, values for regression
     (still in the transformed target space), cumulative probabilities P(y > k) for ordinal."""
     loss = config.resolved_loss()
-    if config.task == "binary":
+    if config.task == Task.BINARY:
         return _softmax(outputs)[:, 1] if loss == "softmax" else _sigmoid(outputs)
-    if config.task == "multiclass":
+    if config.task == Task.MULTICLASS:
         return _softmax(outputs)
-    if config.task in ("multilabel", "ordinal"):
+    if config.task in (Task.MULTILABEL, Task.ORDINAL):  # a sigmoid per label, or per threshold P(y > k)
         return _sigmoid(outputs)
-    if config.task == "regression" and loss == "gaussian_nll":
+    if config.task == Task.REGRESSION and loss == "gaussian_nll":
         return np.asarray(outputs[:, 0], dtype=np.float64)
     return np.asarray(outputs, dtype=np.float64)
 
 
 def predictive_std(config: HeadConfig, outputs: np.ndarray) -> np.ndarray | None:
     """The uncertainty head's standard deviation (transformed space); None for other heads."""
-    if config.task == "regression" and config.resolved_loss() == "gaussian_nll":
+    if config.task == Task.REGRESSION and config.resolved_loss() == "gaussian_nll":
         return np.exp(0.5 * np.asarray(outputs[:, 1], dtype=np.float64))
     return None
 

@@ -20,13 +20,13 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 from tokenizers import Tokenizer
 
-from models.bert import BertForMaskedLM
-from models.encoders import architecture, load_tokenizer, read_weights, resolve_encoder_path
-from models.modernbert import ModernBertForMaskedLM
-from models.neobert import NeoBertForMaskedLM
-from models.weights import load_state_strict, save_safetensors
-from pipeline.errors import KbertError
-from pipeline.io import read_json, write_json, write_text
+from kbert.errors import KbertError
+from kbert.io import read_json, write_json, write_text
+from kbert.models.bert import BertForMaskedLM
+from kbert.models.encoders import architecture, load_tokenizer, read_weights, resolve_encoder_path
+from kbert.models.modernbert import ModernBertForMaskedLM
+from kbert.models.neobert import NeoBertForMaskedLM
+from kbert.models.weights import load_state_strict, save_safetensors
 
 MASKED_LM: dict[str, type[nn.Module]] = {
     "bert": BertForMaskedLM,

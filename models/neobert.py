@@ -17,8 +17,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from models.cpu_kernels import attention
-from models.recompute import call_layer
+from kbert.models.cpu_kernels import attention
+from kbert.models.recompute import call_layer
 
 ROPE_BASE = 10000.0  # hard-coded in the reference (precompute_freqs_cis theta)
 

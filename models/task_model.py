@@ -7,9 +7,9 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from models.encoders import build_encoder
-from models.heads import HeadConfig, build_head
-from models.pooling import Pooler
+from kbert.models.encoders import build_encoder
+from kbert.models.heads import HeadConfig, build_head
+from kbert.models.pooling import Pooler
 
 
 class TaskModel(nn.Module):

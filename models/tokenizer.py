@@ -11,7 +11,7 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
 
-from pipeline.io import write_text
+from kbert.io import write_text
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 TOKENIZER_VERSION = "wordpiece-v2"  # bump when training settings change, to invalidate caches

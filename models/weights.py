@@ -8,8 +8,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
-from pipeline.errors import KbertError
-from pipeline.io import atomic_write
+from kbert.errors import KbertError
+from kbert.io import atomic_write
 
 
 def load_state_strict(module: nn.Module, weights: dict[str, mx.array], source: str,

@@ -1,3 +1,8 @@
-"""The competition pipeline: data -> folds -> text -> tokens -> training -> OOF/test -> submission."""
+"""The competition pipeline: data -> folds -> text -> tokens -> training -> OOF/test -> submission.
 
-import models  # noqa: F401  (binds a fast BLAS before anything imports mlx.core)
+Composes kbert.models and kbert.features into stages: config.py and data.py (the YAML and the CSVs), folds.py,
+fold.py (one fold: fit its transforms, tokenize, train, save), train.py (the MLX training loop), run.py (a whole
+run as named stages), artifacts.py (the run folder contract), predictions.py, calibration.py, metrics.py,
+submission.py, and the commands' own stages (predict.py, pretrain.py, embed.py, init.py, kaggle.py). It never
+imports the layers above it: ensembles, tuning, reports and the command line (tests/test_layers.py).
+"""

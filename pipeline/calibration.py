@@ -13,7 +13,7 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.special import expit, log_softmax, softmax
 
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
 
 LOG_T_BOUNDS = (float(np.log(0.05)), float(np.log(20.0)))
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import yaml
 
-from models.heads import DEFAULT_METRICS, TASKS
-from models.pooling import POOLING_KINDS
-from pipeline.errors import KbertError
-from pipeline.io import read_json
+from kbert.errors import KbertError
+from kbert.io import read_json
+from kbert.tasks import TASKS, Task
 
-COMPETITIONS_DIR = Path(__file__).resolve().parent.parent / "competitions"
-BUNDLED_DATA_DIR = COMPETITIONS_DIR / "data"
+BUNDLED_DIR = Path(__file__).resolve().parent.parent / "competitions"  # the package's kbert/competitions
+BUNDLED_DATA_DIR = BUNDLED_DIR / "data"
+USER_DIR = Path("competitions")  # the working folder's own competitions (`kbert init` writes here)
 DOWNLOAD_DIR = Path(os.environ.get("KBERT_DATA", "data"))  # `kbert download <slug>` writes data/<slug>/
 TARGET_TRANSFORMS = ("none", "log1p", "standardize", "log1p_standardize")
 COLUMN_DTYPES = ("int", "float", "str", "bool")
@@ -90,7 +90,8 @@ class CompetitionConfig:
 class ModelConfig:
     """The encoder: "bert" trains a classic BERT from scratch at the sizes below, a preset name
     (bert-mini, modernbert-base, neobert, ...) trains that architecture from scratch at that size, and a
-    shipped name (``minilm-l6``) or a Hugging Face model folder fine-tunes that pretrained encoder."""
+    shipped name (``minilm-l6``) or a Hugging Face model folder fine-tunes that pretrained encoder. The size
+    fields are named as in models/bert.py's BertConfig, which pipeline/fold.py fills from them by name."""
 
     encoder: str = "bert"
     hidden_size: int = 128
@@ -132,7 +133,8 @@ class TrainConfig:
 
 @dataclass
 class HeadOptions:
-    """The head's loss and its options (see models/heads.py), plus how predictions become a submission."""
+    """The head's loss and its options, plus how predictions become a submission. Fields named as in
+    models/heads.py's HeadConfig are passed to it by name (pipeline/fold.py ``make_head_config``)."""
 
     loss: str = "default"  # binary: bce|focal|softmax; multiclass: cross_entropy|focal; multilabel: bce|focal;
     # regression: mse|mae|huber|gaussian_nll (uncertainty); ordinal: coral; timeseries: mse|mae|huber
@@ -179,17 +181,28 @@ def _check_dtypes(mapping: dict[str, str], source: Path, key: str) -> dict[str, 
     return {str(k): str(v) for k, v in mapping.items()}
 
 
+def find_competition(name: str) -> Path | None:
+    """The YAML of competition ``name``: the working folder's ``competitions/<name>.yaml`` first, then the
+    bundled one; None when neither exists."""
+    for folder in (USER_DIR, BUNDLED_DIR):
+        path = folder / f"{name}.yaml"
+        if path.is_file():
+            return path
+    return None
+
+
 def competition_path(name_or_path: str) -> Path:
-    """A competition is a name under ``competitions/`` or a path to a YAML file."""
+    """A competition is a path to a YAML file, or a name looked up by ``find_competition``."""
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml"):
         if not candidate.is_file():
             raise KbertError(f"competition file not found: {candidate}")
         return candidate
-    path = COMPETITIONS_DIR / f"{name_or_path}.yaml"
-    if not path.is_file():
-        known = sorted(p.stem for p in COMPETITIONS_DIR.glob("*.yaml"))
-        raise KbertError(f"unknown competition '{name_or_path}': no {path}; known: {', '.join(known)}")
+    path = find_competition(name_or_path)
+    if path is None:
+        known = sorted({p.stem for folder in (USER_DIR, BUNDLED_DIR) for p in folder.glob("*.yaml")})
+        raise KbertError(f"unknown competition '{name_or_path}': no {USER_DIR / (name_or_path + '.yaml')} and no "
+                         f"bundled one{did_you_mean(name_or_path, known)}; known: {', '.join(known)}")
     return path
 
 
@@ -229,12 +242,12 @@ def load_competition(name_or_path: str) -> CompetitionConfig:
         raise KbertError(f"{source}: task '{task}' is not supported; supported: {', '.join(TASKS)}")
     target = _require(data, "target", source)
     if isinstance(target, list):
-        if task not in ("multilabel", "timeseries") or not target or not all(isinstance(t, str) for t in target):
+        if not Task(task).several_columns or not target or not all(isinstance(t, str) for t in target):
             raise KbertError(f"{source}: 'target' may be a list of columns only for multilabel and timeseries tasks")
-    elif task in ("multilabel", "timeseries"):
+    elif Task(task).several_columns:
         target = [str(target)]
-    metric = str(data.get("metric") or DEFAULT_METRICS[task])  # no metric: the task's default
-    from pipeline.metrics import get_metric
+    metric = str(data.get("metric") or Task(task).default_metric)  # no metric: the task's default
+    from kbert.pipeline.metrics import get_metric
 
     try:
         get_metric(metric)
@@ -313,8 +326,8 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         if text_overrides.get("serializer") == "competition":  # the search space's name for the YAML's own
             text_overrides = {k: v for k, v in text_overrides.items() if k != "serializer"}
         competition = replace(competition, text=_apply(competition.text, text_overrides, "text"))
-        from features import SERIALIZERS
-        from features.generic import NUMERIC_MODES
+        from kbert.features import SERIALIZERS
+        from kbert.features.generic import NUMERIC_MODES
 
         if competition.text.serializer not in SERIALIZERS:
             raise KbertError(f"text.serializer '{competition.text.serializer}' is unknown; known: "
@@ -327,15 +340,17 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     model = _apply(model, {k: v for k, v in merged.items() if k in model_names}, "model")
     train = _apply(train, {k: v for k, v in merged.items() if k in train_names}, "train")
     head = _apply(head, {k: v for k, v in merged.items() if k in head_names}, "head")
+    from kbert.models.pooling import POOLING_KINDS  # here, not at the top: importing config loads no MLX
+
     if model.pooling not in POOLING_KINDS:
         raise KbertError(f"pooling '{model.pooling}' is unknown; known: {', '.join(POOLING_KINDS)}")
     if head.target_transform not in TARGET_TRANSFORMS:
         raise KbertError(f"target_transform '{head.target_transform}' is unknown; known: {', '.join(TARGET_TRANSFORMS)}")
-    if head.target_transform != "none" and competition.task not in ("regression", "timeseries"):
+    if head.target_transform != "none" and not Task(competition.task).numeric:
         raise KbertError(f"target_transform applies to regression and timeseries tasks, not '{competition.task}'")
     if not (head.threshold == "tune" or isinstance(head.threshold, (int, float)) and 0 < head.threshold < 1):
         raise KbertError(f"threshold must be a probability in (0, 1) or 'tune', got {head.threshold!r}")
-    if head.calibrate and competition.task not in ("binary", "multiclass"):
+    if head.calibrate and not Task(competition.task).calibratable:
         raise KbertError(f"calibrate applies to binary and multiclass tasks, not '{competition.task}'")
     folds = competition.folds
     if "folds" in merged:
@@ -358,7 +373,7 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     for name in ("epochs", "batch_size", "eval_batch_size", "max_length", "length_bucket", "tta"):
         if getattr(train, name) < 1:
             raise KbertError(f"{name} must be at least 1, got {getattr(train, name)}")
-    from models.encoders import trains_from_scratch
+    from kbert.models.encoders import trains_from_scratch
 
     adapter = adapter_config(model)
     if adapter is None and model.adapter_options:
@@ -387,7 +402,7 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
 
 def adapter_config(model: ModelConfig):
     """The run's AdapterConfig, or None without adapters (unknown names and settings are errors)."""
-    from models.adapters import resolve_adapter
+    from kbert.models.adapters import resolve_adapter
 
     return resolve_adapter(model.adapter, **model.adapter_options)
 

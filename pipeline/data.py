@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.config import BUNDLED_DATA_DIR, DOWNLOAD_DIR, CompetitionConfig
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
+from kbert.pipeline.config import BUNDLED_DATA_DIR, DOWNLOAD_DIR, CompetitionConfig
+from kbert.tasks import Task
 
 
 @dataclass
@@ -135,24 +136,24 @@ def check_targets(train: pd.DataFrame, competition: CompetitionConfig, path: Pat
     """Each task's target columns hold what that task needs; no missing or infinite values."""
     task = competition.task
     for column in competition.target_columns:
-        if task == "multiclass":
+        if task == Task.MULTICLASS:
             if train[column].isna().any():
                 raise KbertError(f"{path}: target column '{column}' has missing values "
                                  f"(row {int(train[column].isna().values.argmax()) + 2})")
         else:
             _check_dtype(train, column, "float", path, allow_missing=False)
-        values = train[column] if task == "multiclass" else pd.to_numeric(train[column])
+        values = train[column] if task == Task.MULTICLASS else pd.to_numeric(train[column])
         distinct = sorted((plain(v) for v in values.unique()), key=lambda v: (isinstance(v, str), v))
-        if task in ("binary", "multilabel") and not set(distinct) <= {0, 1}:
+        if Task(task).probabilities and not set(distinct) <= {0, 1}:
             shown = ", ".join(map(str, distinct[:5])) + (", ..." if len(distinct) > 5 else "")
             raise KbertError(f"{path}: {task} target '{column}' must be 0/1, found {len(distinct)} distinct values "
                              f"({shown}); is the YAML's task or target wrong?")
-        if task in ("binary", "multiclass", "multilabel", "ordinal") and len(distinct) < 2:
+        if not Task(task).numeric and len(distinct) < 2:
             raise KbertError(f"{path}: {task} target '{column}' has the single value {distinct[0]!r}; "
                              "nothing to learn")
-        if task == "ordinal" and not (values == values.round()).all():
+        if task == Task.ORDINAL and not (values == values.round()).all():
             raise KbertError(f"{path}: ordinal target '{column}' must hold integer levels")
-        if task in ("ordinal", "multiclass") and competition.classes is not None:
+        if Task(task).classes and competition.classes is not None:
             unseen = [v for v in distinct if v not in competition.classes]
             if unseen:
                 row = int(values.isin(unseen).to_numpy().argmax()) + 2

@@ -7,9 +7,9 @@ import mlx.nn as nn
 import numpy as np
 from tokenizers import Tokenizer
 
-from models.pooling import cls_pool, max_pool, mean_pool
-from models.tokenizer import encode
-from pipeline.train import pad_batch
+from kbert.models.pooling import cls_pool, max_pool, mean_pool
+from kbert.models.tokenizer import encode
+from kbert.pipeline.train import pad_batch
 
 
 def embed_texts(encoder: nn.Module, tokenizer: Tokenizer, texts: list[str], pooling: str = "mean",

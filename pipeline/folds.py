@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import re
-
 from sklearn.model_selection import GroupKFold, KFold, StratifiedGroupKFold, StratifiedKFold
 
-from pipeline.config import FoldConfig
-from pipeline.errors import KbertError
-from pipeline.io import write_csv
+from kbert.errors import KbertError
+from kbert.io import write_csv
+from kbert.pipeline.config import FoldConfig, RunConfig
+from kbert.pipeline.targets import Targets
 
 
 def fold_strategy(config: FoldConfig, stratified: bool = True) -> str:
@@ -103,3 +104,20 @@ def load_or_make_folds(path: Path, ids: pd.Series, targets: pd.Series | None, co
     folds = make_folds(ids, targets, config, groups)
     write_csv(path, folds)
     return folds
+
+
+def make_fold_sets(config: RunConfig, train: pd.DataFrame, targets: Targets, comp_dir: Path) -> list[np.ndarray]:
+    """The fold of each training row, once per repeat (repeat r splits with seed ``folds.seed + r``).
+    Fold files live in ``runs/<competition>/folds/`` and are shared by every run with the same split."""
+    comp = config.competition
+    stratify = pd.Series(targets.stratify) if targets.stratify is not None else None
+    groups = fold_groups(train, comp.folds, comp.train_file)
+    fold_sets = []
+    for r in range(comp.folds.repeats):
+        fold_config = replace(comp.folds, seed=comp.folds.seed + r)
+        fold_file = folds_path(comp_dir, fold_config, stratified=targets.stratify is not None)
+        if config.limit_rows is not None:
+            fold_file = fold_file.with_name(fold_file.stem + f"-first{config.limit_rows}.csv")
+        folds = load_or_make_folds(fold_file, train[comp.id_column], stratify, fold_config, groups)
+        fold_sets.append(folds["fold"].to_numpy())
+    return fold_sets

@@ -1,6 +1,9 @@
 """`kbert init`: write a competition YAML for a new CSV pair by inferring its id, target, task and column types.
 
-The result is a starting point for the user to read and edit; `kbert run path/to/name.yaml` works on it as is.
+The result is a starting point for the user to read and edit. It goes to the working folder's
+``competitions/<name>.yaml`` (``--out`` moves it), never into the installed package, so ``kbert run <name>`` from
+that folder finds it (``find_competition`` looks there before the bundled ones), and ``kbert run <path>`` works
+from anywhere: ``data_dir`` is relative to the YAML file, not to the working folder.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from pipeline.data import read_csv
-from pipeline.errors import KbertError
-from pipeline.io import write_text
+from kbert.errors import KbertError
+from kbert.io import write_text
+from kbert.pipeline.config import USER_DIR
+from kbert.pipeline.data import read_csv
+from kbert.tasks import Task
 
 
 def column_dtype(values: pd.Series) -> str:
@@ -48,23 +53,35 @@ def infer_targets(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame 
     return only_train
 
 
-def infer_task(values: pd.DataFrame) -> str:
+def infer_task(values: pd.DataFrame) -> Task:
     if values.shape[1] > 1:
         binary = all(set(values[c].dropna().unique()) <= {0, 1} for c in values.columns)
-        return "multilabel" if binary else "timeseries"
+        return Task.MULTILABEL if binary else Task.TIMESERIES
     column = values.iloc[:, 0].dropna()
     distinct = column.nunique()
     if distinct == 2 and (pd.api.types.is_bool_dtype(column) or set(column.unique()) <= {0, 1}):
-        return "binary"
+        return Task.BINARY
     if not pd.api.types.is_numeric_dtype(column) or (pd.api.types.is_integer_dtype(column) and distinct <= 10):
-        return "multiclass"
-    return "regression"
+        return Task.MULTICLASS
+    return Task.REGRESSION
+
+
+def data_dir_for(data: Path, yaml_path: Path) -> str:
+    """The YAML's ``data_dir``: the data folder relative to the YAML's own folder (load_competition resolves it
+    from there, so it holds from any working folder, and a project folder moved whole keeps working); absolute
+    where no relative path exists (another drive on Windows)."""
+    try:
+        return Path(os.path.relpath(data, Path(yaml_path).resolve().parent)).as_posix()
+    except ValueError:
+        return str(data)
 
 
 def init_competition(name: str, train_path: Path, test_path: Path, sample_path: Path | None = None,
                      out: Path | None = None, id_column: str | None = None, target: str | None = None,
                      force: bool = False) -> Path:
-    """Infer and write ``<out or competitions/<name>.yaml>``; returns its path."""
+    """Infer and write ``out`` (default: ``competitions/<name>.yaml`` under the working folder); returns its path."""
+    if not name or name in (".", "..") or Path(name).name != name or "\\" in name:
+        raise KbertError(f"competition name '{name}' must be a plain file name (no folders)")
     train_path, test_path = Path(train_path).resolve(), Path(test_path).resolve()
     if train_path.parent != test_path.parent or (sample_path and Path(sample_path).resolve().parent != train_path.parent):
         raise KbertError(f"{train_path.name}, {test_path.name} (and the sample submission) must be in one folder")
@@ -77,20 +94,19 @@ def init_competition(name: str, train_path: Path, test_path: Path, sample_path: 
             raise KbertError(f"{train_path}: no column '{column}'")
     task = infer_task(train[targets])
     features = [c for c in train.columns if c in test.columns and c not in targets]
-    if task in ("binary", "multilabel"):
+    if task.probabilities:
         target_dtype = "bool" if column_dtype(train[targets[0]]) == "bool" else "int"
     else:
-        target_dtype = {"multiclass": column_dtype(train[targets[0]]), "regression": "float",
-                        "timeseries": "float"}[task]
-    out = Path(out) if out else Path(__file__).resolve().parent.parent / "competitions" / f"{name}.yaml"
+        target_dtype = column_dtype(train[targets[0]]) if task == Task.MULTICLASS else "float"
+    out = Path(out) if out else USER_DIR / f"{name}.yaml"
     if out.exists() and not force:
         raise KbertError(f"{out} exists; pass --force to overwrite it")
     data = {
         "name": name,
-        "task": task,
+        "task": task.value,
         "id_column": id_column,
         "target": targets[0] if len(targets) == 1 else targets,
-        "data_dir": os.path.relpath(train_path.parent, out.resolve().parent),
+        "data_dir": data_dir_for(train_path.parent, out),
         "files": {"train": train_path.name, "test": test_path.name,
                   **({"sample_submission": Path(sample_path).name} if sample_path else {})},
         "columns": {c: column_dtype(pd.concat([train[c], test[c]])) for c in features},

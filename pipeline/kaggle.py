@@ -38,7 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
 
 log = logging.getLogger(__name__)
 

@@ -13,20 +13,11 @@ from functools import cache
 
 import numpy as np
 from scipy.stats import spearmanr
-from sklearn.metrics import (
-    accuracy_score,
-    cohen_kappa_score,
-    f1_score,
-    log_loss,
-    matthews_corrcoef,
-    mean_absolute_error,
-    r2_score,
-    roc_auc_score,
-    root_mean_squared_error,
-    top_k_accuracy_score,
-)
+from sklearn.metrics import (accuracy_score, cohen_kappa_score, f1_score, log_loss, matthews_corrcoef,
+                             mean_absolute_error, r2_score, roc_auc_score, root_mean_squared_error,
+                             top_k_accuracy_score)
 
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
 
 KINDS = ("label", "score", "value")
 

@@ -15,20 +15,19 @@ import numpy as np
 import pandas as pd
 from tokenizers import Tokenizer
 
-from ensembles.blend import average_folds
-from features import add_features
-from models.checkpoints import TOKENIZER_FILE, load_checkpoint
-from models.heads import HeadConfig
-from models.tokenizer import encode, fits_in
-from pipeline.calibration import apply_temperature
-from pipeline.config import run_config_from_file
-from pipeline.data import check_feature_rows, load_competition_data, read_csv
-from pipeline.errors import KbertError
-from pipeline.folds import purge_training_rows
-from pipeline.io import read_json, write_csv
-from pipeline.run import make_serializer, predictions_frame, to_predictions
-from pipeline.targets import TargetTransform, encode_targets
-from pipeline.train import predict_outputs
+from kbert.errors import KbertError
+from kbert.features import add_features
+from kbert.io import read_json, write_csv
+from kbert.models.checkpoints import TOKENIZER_FILE, load_checkpoint
+from kbert.models.heads import HeadConfig
+from kbert.pipeline.calibration import apply_temperature
+from kbert.pipeline.config import run_config_from_file
+from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
+from kbert.pipeline.fold import make_serializer, to_predictions, tokenize
+from kbert.pipeline.folds import purge_training_rows
+from kbert.pipeline.predictions import average_folds, predictions_frame
+from kbert.pipeline.targets import TargetTransform, encode_targets
+from kbert.pipeline.train import predict_outputs
 
 
 def resolve_run_dir(run: str, runs_dir: str = "runs") -> Path:
@@ -76,12 +75,8 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
                              "saved one; the training data changed since the run")
         model, checkpoint = load_checkpoint(fold_dir)
         tokenizer = Tokenizer.from_file(str(fold_dir / TOKENIZER_FILE))
-        fits = fits_in(tokenizer, config.train.max_length) if comp.text.truncate == "priority" else None
-        variants = []
-        for variant in range(max(1, tta)):
-            rng = np.random.default_rng([config.seed, repeat, k, variant]) if variant else None
-            tokens = encode(tokenizer, serializer.transform(new_features, rng=rng, fits=fits), config.train.max_length)
-            variants.append(predict_outputs(model, tokens, config.train))
+        variants = [predict_outputs(model, tokenize(config, tokenizer, serializer, new_features, repeat, k, variant),
+                                    config.train) for variant in range(max(1, tta))]
         fold_outputs = np.mean(variants, axis=0)
         head = HeadConfig.from_dict(checkpoint["head"])
         transform = TargetTransform(**checkpoint["target_transform"]) if checkpoint.get("target_transform") else None

@@ -10,34 +10,26 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from models.heads import ordinal_class_probabilities, ordinal_labels
-from pipeline.errors import KbertError
-from pipeline.metrics import Metric
-
-METRIC_KINDS = {
-    "binary": ("label", "score"),
-    "multiclass": ("label", "score"),
-    "multilabel": ("label", "score"),
-    "regression": ("value",),
-    "ordinal": ("label", "score", "value"),
-    "timeseries": ("value",),
-}
+from kbert.errors import KbertError
+from kbert.models.heads import ordinal_class_probabilities, ordinal_labels
+from kbert.pipeline.metrics import Metric
+from kbert.tasks import Task
 
 
 def check_metric_fits_task(metric: Metric, task: str) -> None:
-    if metric.kind not in METRIC_KINDS[task]:
+    if metric.kind not in Task(task).prediction_kinds:
         raise KbertError(f"metric '{metric.name}' scores {metric.kind}s, which a {task} task does not produce; "
-                         f"pick a metric of kind {' or '.join(METRIC_KINDS[task])}")
+                         f"pick a metric of kind {' or '.join(Task(task).prediction_kinds)}")
 
 
 def metric_input(task: str, predictions: np.ndarray, kind: str, threshold: float | np.ndarray = 0.5,
                  classes: list | None = None) -> np.ndarray:
     """Turn predictions into what a metric of ``kind`` scores (labels, scores or values)."""
-    if task in ("binary", "multilabel"):
+    if Task(task).probabilities:
         return (predictions >= threshold).astype(int) if kind == "label" else predictions
-    if task == "multiclass":
+    if task == Task.MULTICLASS:
         return predictions.argmax(axis=1) if kind == "label" else predictions
-    if task == "ordinal":
+    if task == Task.ORDINAL:
         if kind == "label":
             return ordinal_labels(predictions)
         probabilities = ordinal_class_probabilities(predictions)
@@ -49,9 +41,9 @@ def metric_input(task: str, predictions: np.ndarray, kind: str, threshold: float
 
 def metric_targets(task: str, encoded: np.ndarray, raw: np.ndarray, kind: str, classes: list | None) -> np.ndarray:
     """Targets in the form the metric compares against: class indices / 0-1 labels, or raw values."""
-    if task == "ordinal" and kind == "value":
+    if task == Task.ORDINAL and kind == "value":
         return np.asarray(classes, dtype=np.float64)[encoded]
-    if task in ("regression", "timeseries"):
+    if Task(task).numeric:
         return raw
     return encoded.astype(int)
 
@@ -84,14 +76,14 @@ def tune_label_thresholds(targets: np.ndarray, probabilities: np.ndarray) -> np.
 
 def prediction_columns(task: str, target_columns: list[str], classes: list | None) -> list[str]:
     """Column names of oof.csv / test.csv (besides the id)."""
-    if task in ("multiclass", "ordinal"):
+    if Task(task).classes:
         return [str(c) for c in classes]
     return list(target_columns)
 
 
 def prediction_table(task: str, predictions: np.ndarray) -> np.ndarray:
     """Predictions as a 2-D table matching ``prediction_columns``; ordinal as class probabilities."""
-    if task == "ordinal":
+    if task == Task.ORDINAL:
         return ordinal_class_probabilities(predictions)
     return predictions.reshape(len(predictions), -1)
 
@@ -102,13 +94,13 @@ def submission_values(task: str, predictions: np.ndarray, columns: dict[str, str
     int columns get labels, float columns probabilities or values, and multiclass submissions with one
     column per class get class probabilities."""
     names = list(columns)
-    if task in ("multiclass", "ordinal"):
-        probabilities = predictions if task == "multiclass" else ordinal_class_probabilities(predictions)
+    if Task(task).classes:
+        probabilities = predictions if task == Task.MULTICLASS else ordinal_class_probabilities(predictions)
         if names == [str(c) for c in classes]:
             return {name: probabilities[:, j] for j, name in enumerate(names)}
         if len(names) == 1:
-            labels = probabilities.argmax(axis=1) if task == "multiclass" else ordinal_labels(predictions)
-            if columns[names[0]] == "float" and task == "ordinal":
+            labels = probabilities.argmax(axis=1) if task == Task.MULTICLASS else ordinal_labels(predictions)
+            if columns[names[0]] == "float" and task == Task.ORDINAL:
                 return {names[0]: probabilities @ np.asarray(classes, dtype=np.float64)}
             return {names[0]: np.asarray(classes, dtype=object)[labels]}
         raise KbertError(f"submission columns {names} fit neither one label column nor one column per class {classes}")
@@ -118,7 +110,7 @@ def submission_values(task: str, predictions: np.ndarray, columns: dict[str, str
     out = {}
     for j, name in enumerate(names):
         values = table[:, j]
-        if task in ("binary", "multilabel") and columns[name] in ("int", "bool"):
+        if Task(task).probabilities and columns[name] in ("int", "bool"):
             cut = threshold[j] if isinstance(threshold, np.ndarray) else threshold
             values = (values >= cut).astype(int)
         out[name] = values
@@ -133,4 +125,21 @@ def submission_frame(id_column: str, ids: pd.Series, values: dict[str, np.ndarra
         elif columns[name] == "bool":
             column = np.asarray(column).astype(bool)
         frame[name] = column
+    return frame
+
+
+def average_folds(fold_predictions: list[np.ndarray]) -> np.ndarray:
+    """Mean of the fold models' test predictions (each an array over the same test rows)."""
+    if not fold_predictions:
+        raise ValueError("average_folds needs at least one fold's predictions")
+    stacked = np.stack([np.asarray(p, dtype=np.float64) for p in fold_predictions])
+    return stacked.mean(axis=0)
+
+
+def predictions_frame(comp, classes: list | None, ids: pd.Series, predictions: np.ndarray) -> pd.DataFrame:
+    """oof.csv / test.csv: the id, then one column per prediction (see ``prediction_columns``)."""
+    frame = pd.DataFrame({comp.id_column: ids.to_numpy()})
+    table = prediction_table(comp.task, predictions)
+    for j, name in enumerate(prediction_columns(comp.task, comp.target_columns, classes)):
+        frame[name] = table[:, j]
     return frame

@@ -18,7 +18,6 @@ from __future__ import annotations
 import shutil
 import time
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime
 from pathlib import Path
 
 import mlx.core as mx
@@ -28,16 +27,17 @@ import pandas as pd
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from features import add_features
-from models.encoders import trains_from_scratch
-from models.masked_lm import build_masked_lm, load_masked_lm, save_masked_lm
-from models.tokenizer import load_or_train_tokenizer
-from pipeline.config import RunConfig
-from pipeline.data import load_competition_data
-from pipeline.errors import KbertError
-from pipeline.io import write_json
-from pipeline.run import make_serializer, scratch_encoder_config, seed_everything
-from pipeline.train import make_optimizer, make_train_step
+from kbert.errors import KbertError
+from kbert.features import add_features
+from kbert.io import write_json
+from kbert.models.encoders import trains_from_scratch
+from kbert.models.masked_lm import build_masked_lm, load_masked_lm, save_masked_lm
+from kbert.models.tokenizer import load_or_train_tokenizer
+from kbert.pipeline.artifacts import new_run_id
+from kbert.pipeline.config import RunConfig, TrainConfig
+from kbert.pipeline.data import load_competition_data
+from kbert.pipeline.fold import make_serializer, scratch_encoder_config
+from kbert.pipeline.train import make_optimizer, make_train_step, seed_everything
 
 
 @dataclass
@@ -168,67 +168,101 @@ def evaluate_masked_lm(model: nn.Module, batches: list[tuple[np.ndarray, np.ndar
             "masked_tokens": int(total)}
 
 
+@dataclass
+class Masking:
+    """What masking needs of the tokenizer: the [MASK] and [PAD] ids and the ids a random replacement draws."""
+
+    mask_id: int
+    pad_id: int
+    replacement_ids: np.ndarray  # every non-special token id
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer, encoder: str) -> "Masking":
+        mask_id = tokenizer.token_to_id("[MASK]")
+        if mask_id is None:
+            raise KbertError(f"encoder '{encoder}': its tokenizer has no [MASK] token")
+        specials = special_ids(tokenizer)
+        replacement = np.asarray([i for i in range(tokenizer.get_vocab_size()) if i not in specials], dtype=np.int32)
+        return cls(mask_id=mask_id, pad_id=tokenizer.token_to_id("[PAD]") or 0, replacement_ids=replacement)
+
+    def apply(self, ids: np.ndarray, words: np.ndarray, rng: np.random.Generator, settings: PretrainConfig):
+        return mask_tokens(ids, words, rng, settings.mask_prob, self.mask_id, self.replacement_ids,
+                           settings.whole_word)
+
+
 def pretrain(config: RunConfig, settings: PretrainConfig, run_id: str | None = None, progress: bool = True,
              log=print) -> Path:
     """Pretrain, then write the encoder + MLM head folder; returns its path."""
     started = time.perf_counter()
-    comp = config.competition
     if not 0 < settings.mask_prob < 1:
         raise KbertError(f"--mask-prob must be in (0, 1), got {settings.mask_prob}")
     if settings.steps < 1 or settings.batch_size < 1:
         raise KbertError("--steps and --batch-size must be at least 1")
     corpus = build_corpus(config, settings)
     seed_everything(settings.seed)
-    max_length = config.train.max_length
-    from_scratch = trains_from_scratch(settings.encoder)
-    cache_dir = Path(config.out_dir) / comp.name / "cache"
-    if from_scratch:
-        tokenizer, _ = load_or_train_tokenizer(corpus.train_texts, config.model.vocab_size, cache_dir)
-        config = replace(config, model=replace(config.model, encoder=settings.encoder))
-        model, model_config = build_masked_lm(scratch_encoder_config(config, tokenizer.get_vocab_size()))
-    else:
-        model, model_config, tokenizer = load_masked_lm(settings.encoder)
-    mask_id = tokenizer.token_to_id("[MASK]")
-    if mask_id is None:
-        raise KbertError(f"encoder '{settings.encoder}': its tokenizer has no [MASK] token")
-    specials = special_ids(tokenizer)
-    replacement_ids = np.asarray([i for i in range(tokenizer.get_vocab_size()) if i not in specials], dtype=np.int32)
-    train_data = encode_with_words(tokenizer, corpus.train_texts, max_length)
-    eval_data = encode_with_words(tokenizer, corpus.eval_texts, max_length)
-    bucket = config.train.length_bucket
-    pad_id = tokenizer.token_to_id("[PAD]") or 0
+    model, model_config, tokenizer = masked_lm_to_train(config, settings, corpus)
+    masking = Masking.of(tokenizer, settings.encoder)
+    train_data = encode_with_words(tokenizer, corpus.train_texts, config.train.max_length)
+    eval_batches = held_out_batches(encode_with_words(tokenizer, corpus.eval_texts, config.train.max_length),
+                                    masking, settings, config.train.length_bucket)
+    learning_rate = settings.learning_rate or (5e-4 if trains_from_scratch(settings.encoder) else 5e-5)
+    history = [{"step": 0, **evaluate_masked_lm(model, eval_batches)}]
+    log(f"{config.competition.name}: pretraining on {len(corpus.train_texts)} texts ({corpus.rows} rows, "
+        f"{settings.augment} augmented variants each; {len(corpus.eval_texts)} rows held out), vocabulary "
+        f"{tokenizer.get_vocab_size()}, step 0 masked accuracy {history[0]['masked_accuracy']:.3f}")
+    history += train_masked_lm(model, train_data, eval_batches, masking, settings,
+                               replace(config.train, learning_rate=learning_rate), progress, log)
+    folder = write_pretrained(model, model_config, tokenizer, config, settings, corpus, history, learning_rate,
+                              run_id or new_run_id(settings.seed), started)
+    final = history[-1]
+    log(f"held-out masked accuracy {final['masked_accuracy']:.3f} (start {history[0]['masked_accuracy']:.3f}), "
+        f"perplexity {final['perplexity']:.2f}; {time.perf_counter() - started:.0f}s")
+    return folder
 
-    # Held-out batches are masked once, with their own seed: every evaluation scores the same positions.
-    eval_rng = np.random.default_rng([settings.seed, 1])
-    eval_batches = []
-    for start in range(0, len(eval_data.ids), 128):
-        ids, words, attention = padded_batch(eval_data, np.arange(start, min(start + 128, len(eval_data.ids))),
-                                             pad_id, bucket)
-        inputs, labels = mask_tokens(ids, words, eval_rng, settings.mask_prob, mask_id, replacement_ids,
-                                     settings.whole_word)
-        eval_batches.append((inputs, attention, labels))
 
-    learning_rate = settings.learning_rate or (5e-4 if from_scratch else 5e-5)
-    train_config = replace(config.train, learning_rate=learning_rate)
+def masked_lm_to_train(config: RunConfig, settings: PretrainConfig, corpus: Corpus):
+    """(model, its config.json values, tokenizer): from scratch, sized as ``kbert run`` sizes it with a
+    vocabulary trained on the corpus; else the pretrained encoder with its MLM head and tokenizer."""
+    if not trains_from_scratch(settings.encoder):
+        return load_masked_lm(settings.encoder)
+    cache_dir = Path(config.out_dir) / config.competition.name / "cache"
+    tokenizer, _ = load_or_train_tokenizer(corpus.train_texts, config.model.vocab_size, cache_dir)
+    config = replace(config, model=replace(config.model, encoder=settings.encoder))
+    model, model_config = build_masked_lm(scratch_encoder_config(config, tokenizer.get_vocab_size()))
+    return model, model_config, tokenizer
+
+
+def held_out_batches(data: Encoded, masking: Masking, settings: PretrainConfig, bucket: int, size: int = 128
+                     ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Held-out batches masked once, with their own seed: every evaluation scores the same positions."""
+    rng = np.random.default_rng([settings.seed, 1])
+    batches = []
+    for start in range(0, len(data.ids), size):
+        ids, words, attention = padded_batch(data, np.arange(start, min(start + size, len(data.ids))),
+                                             masking.pad_id, bucket)
+        inputs, labels = masking.apply(ids, words, rng, settings)
+        batches.append((inputs, attention, labels))
+    return batches
+
+
+def train_masked_lm(model: nn.Module, data: Encoded, eval_batches: list, masking: Masking, settings: PretrainConfig,
+                    train_config: TrainConfig, progress: bool, log) -> list[dict]:
+    """``settings.steps`` optimizer steps over freshly masked batches; the held-out record every
+    ``eval_every`` steps and at the end."""
     optimizer = make_optimizer(model, train_config, settings.steps)
     step = make_train_step(model, optimizer, train_config.max_grad_norm, compiled=train_config.compile,
                            loss=masked_lm_loss)
     rng = np.random.default_rng(settings.seed)
-    history = [{"step": 0, **evaluate_masked_lm(model, eval_batches)}]
-    log(f"{comp.name}: pretraining on {len(corpus.train_texts)} texts ({corpus.rows} rows, {settings.augment} "
-        f"augmented variants each; {len(corpus.eval_texts)} rows held out), vocabulary {tokenizer.get_vocab_size()}, "
-        f"step 0 masked accuracy {history[0]['masked_accuracy']:.3f}")
-    order = rng.permutation(len(train_data.ids))
-    position, running = 0, []
+    order = rng.permutation(len(data.ids))
+    position, running, history = 0, [], []
     bar = tqdm(range(1, settings.steps + 1), desc="pretrain", unit="step", disable=not progress, leave=False)
     for number in bar:
         if position + settings.batch_size > len(order):
-            order, position = rng.permutation(len(train_data.ids)), 0
+            order, position = rng.permutation(len(data.ids)), 0
         index = order[position : position + settings.batch_size]
         position += settings.batch_size
-        ids, words, attention = padded_batch(train_data, index, pad_id, bucket)
-        inputs, labels = mask_tokens(ids, words, rng, settings.mask_prob, mask_id, replacement_ids,
-                                     settings.whole_word)
+        ids, words, attention = padded_batch(data, index, masking.pad_id, train_config.length_bucket)
+        inputs, labels = masking.apply(ids, words, rng, settings)
         loss = step(mx.array(inputs), mx.array(attention), mx.array(labels))
         mx.eval(loss, model.parameters(), optimizer.state)
         running.append(loss.item())
@@ -241,8 +275,14 @@ def pretrain(config: RunConfig, settings: PretrainConfig, run_id: str | None = N
                 log(f"step {number}: train loss {record['train_loss']:.3f}, held-out masked accuracy "
                     f"{record['masked_accuracy']:.3f}, perplexity {record['perplexity']:.2f}")
     bar.close()
+    return history
 
-    run_id = run_id or f"{datetime.now():%Y%m%d-%H%M%S}-seed{settings.seed}"
+
+def write_pretrained(model: nn.Module, model_config: dict, tokenizer: Tokenizer, config: RunConfig,
+                     settings: PretrainConfig, corpus: Corpus, history: list[dict], learning_rate: float,
+                     run_id: str, started: float) -> Path:
+    """The encoder + MLM head folder, written to a temp folder and renamed when complete."""
+    comp = config.competition
     folder = Path(config.out_dir) / comp.name / "pretrain" / run_id
     if folder.exists():
         raise KbertError(f"pretrain folder already exists: {folder}; pick another --run-id")
@@ -250,18 +290,15 @@ def pretrain(config: RunConfig, settings: PretrainConfig, run_id: str | None = N
     shutil.rmtree(tmp, ignore_errors=True)
     tokenizer.no_truncation()  # saved as trained: kbert run sets its own truncation
     save_masked_lm(model, model_config, tokenizer, tmp)
-    seconds = time.perf_counter() - started
     final = history[-1]
     write_json(tmp / "pretrain.json", {
-        "competition": comp.name, "settings": asdict(settings), "from_scratch": from_scratch,
+        "competition": comp.name, "settings": asdict(settings), "from_scratch": trains_from_scratch(settings.encoder),
         "learning_rate": learning_rate,
-        "max_length": max_length, "vocab_size": tokenizer.get_vocab_size(), "rows": corpus.rows,
+        "max_length": config.train.max_length, "vocab_size": tokenizer.get_vocab_size(), "rows": corpus.rows,
         "train_texts": len(corpus.train_texts), "held_out_rows": len(corpus.eval_texts),
         "masked_accuracy": final["masked_accuracy"], "perplexity": final["perplexity"],
         "masked_accuracy_at_start": history[0]["masked_accuracy"], "history": history,
-        "wall_time_s": round(seconds, 2),
+        "wall_time_s": round(time.perf_counter() - started, 2),
     })
     tmp.rename(folder)
-    log(f"held-out masked accuracy {final['masked_accuracy']:.3f} (start {history[0]['masked_accuracy']:.3f}), "
-        f"perplexity {final['perplexity']:.2f}; {seconds:.0f}s")
     return folder

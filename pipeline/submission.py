@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.config import CompetitionConfig
-from pipeline.errors import KbertError
-from pipeline.io import write_csv
-from pipeline.predictions import submission_frame, submission_values
+from kbert.errors import KbertError
+from kbert.io import write_csv
+from kbert.pipeline.config import CompetitionConfig
+from kbert.pipeline.predictions import submission_frame, submission_values
+from kbert.tasks import Task
 
 
 def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competition: CompetitionConfig,
@@ -48,7 +49,7 @@ def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, compet
             raise KbertError(f"{source}: column '{column}' has missing values")
         if dtype == "int" and not pd.api.types.is_integer_dtype(values):
             raise KbertError(f"{source}: column '{column}' must be integers, found dtype {values.dtype}")
-        if dtype == "int" and competition.task == "binary" and column != id_column and not values.isin([0, 1]).all():
+        if dtype == "int" and competition.task == Task.BINARY and column != id_column and not values.isin([0, 1]).all():
             raise KbertError(f"{source}: column '{column}' must hold class labels 0 or 1, found "
                              f"{sorted(set(values) - {0, 1})[:3]}")
         if dtype == "bool" and not pd.api.types.is_bool_dtype(values):

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from pipeline.config import CompetitionConfig
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
+from kbert.pipeline.config import CompetitionConfig
+from kbert.tasks import Task
 
 
 @dataclass
@@ -25,22 +26,22 @@ def _python_value(value):
 
 def encode_targets(train: pd.DataFrame, competition: CompetitionConfig) -> Targets:
     task, columns = competition.task, competition.target_columns
-    if task in ("multilabel", "timeseries"):
+    if Task(task).several_columns:
         values = train[columns].to_numpy(dtype=np.float32)
         return Targets(values=values, classes=None, stratify=None)
     raw = train[columns[0]]
-    if task == "binary":
+    if task == Task.BINARY:
         values = raw.to_numpy(dtype=np.float32)
         return Targets(values=values, classes=[0, 1], stratify=values.astype(int))
-    if task == "regression":
+    if task == Task.REGRESSION:
         return Targets(values=raw.to_numpy(dtype=np.float32), classes=None, stratify=None)
-    if task == "ordinal":
+    if task == Task.ORDINAL:
         classes = competition.classes or sorted(pd.to_numeric(raw).unique().tolist())
     else:  # multiclass: numbers sort numerically, strings alphabetically
         classes = competition.classes or sorted(raw.unique().tolist(), key=lambda v: (isinstance(v, str), v))
     classes = [_python_value(c) for c in classes]
     index = {c: i for i, c in enumerate(classes)}
-    if task == "ordinal":
+    if task == Task.ORDINAL:
         codes = [index.get(_python_value(v)) for v in pd.to_numeric(raw)]
     else:
         codes = [index.get(_python_value(v)) for v in raw]
@@ -52,17 +53,17 @@ def encode_targets(train: pd.DataFrame, competition: CompetitionConfig) -> Targe
 
 def raw_targets(train: pd.DataFrame, competition: CompetitionConfig) -> np.ndarray | None:
     """Regression (n,) / timeseries (n, H) targets as float64 on their own scale; None for other tasks."""
-    if competition.task not in ("regression", "timeseries"):
+    if not Task(competition.task).numeric:
         return None
     values = train[competition.target_columns].to_numpy(dtype=np.float64)
-    return values[:, 0] if competition.task == "regression" else values
+    return values[:, 0] if competition.task == Task.REGRESSION else values
 
 
 def num_outputs(task: str, targets: Targets) -> int:
     """Classes for multiclass/ordinal, labels for multilabel, horizons for timeseries, else 1."""
-    if task in ("multiclass", "ordinal"):
+    if Task(task).classes:
         return len(targets.classes)
-    if task in ("multilabel", "timeseries"):
+    if Task(task).several_columns:
         return targets.values.shape[1]
     return 1
 

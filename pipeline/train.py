@@ -6,6 +6,7 @@ targets, scores each epoch with the caller's ``evaluate`` and returns the raw he
 
 from __future__ import annotations
 
+import random
 import re
 import time
 from collections.abc import Callable
@@ -18,8 +19,15 @@ import numpy as np
 from mlx.utils import tree_flatten
 from tqdm import tqdm
 
-from models.task_model import TaskModel
-from pipeline.config import TrainConfig
+from kbert.models.task_model import TaskModel
+from kbert.pipeline.config import TrainConfig
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and MLX's global generators (initialisation, dropout, batch order)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    mx.random.seed(seed)
 
 
 @dataclass

@@ -1,8 +1,11 @@
-import pandas as pd
-import pytest
+from kbert.models import runtime
 
-import models  # noqa: F401  (binds the fast BLAS before mlx.core loads)
-from pipeline.config import BUNDLED_DATA_DIR, load_competition
+runtime.setup()  # binds the fast BLAS before any test module imports mlx.core
+
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition  # noqa: E402
 
 
 @pytest.fixture(scope="session")

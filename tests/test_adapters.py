@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from models.adapters import (ADAPTER_WEIGHTS_FILE, AdapterConfig, LoRALinear, apply_adapters, dense_weight,
-                             load_adapter_weights, merge_adapters, read_adapter_config, resolve_adapter, row_norms,
-                             save_adapters)
-from models.task_model import build_task_model
-from pipeline.errors import KbertError
-from pipeline.train import make_train_step
+from kbert.errors import KbertError
+from kbert.models.adapters import (ADAPTER_WEIGHTS_FILE, AdapterConfig, LoRALinear, apply_adapters, dense_weight,
+                                   load_adapter_weights, merge_adapters, read_adapter_config, resolve_adapter,
+                                   row_norms, save_adapters)
+from kbert.models.task_model import build_task_model
+from kbert.pipeline.train import make_train_step
 
 ENCODERS = {
     "bert": {"model_type": "bert", "vocab_size": 60, "hidden_size": 64, "num_hidden_layers": 2,
@@ -339,7 +339,7 @@ def test_gradients_match_peft(kind):
 def test_run_with_adapters_saves_adapter_only_folds_that_reload(tmp_path):
     """`kbert run --encoder FOLDER --adapter dora`: adapter-only fold checkpoints reload onto the base and give
     the same outputs as the same run saved merged."""
-    from models.checkpoints import load_checkpoint
+    from kbert.models.checkpoints import load_checkpoint
     from tests.test_cli import SMOKE, kbert
     from tests.test_pretrained import random_reference, tiny_tokenizer_folder
 
@@ -373,7 +373,7 @@ def test_run_with_adapters_saves_adapter_only_folds_that_reload(tmp_path):
 
 
 def test_adapter_settings_are_checked_when_the_run_is_configured(titanic):
-    from pipeline.config import resolve_run_config
+    from kbert.pipeline.config import resolve_run_config
 
     config = resolve_run_config(titanic, {"encoder": "minilm-l6", "adapter": "balanced",
                                           "adapter_options": {"rank": 16}})

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from pipeline.cli import main
+from kbert.cli import main
 
 CORPUS = Path(__file__).resolve().parent / "bad_inputs"
 CASES = sorted(p.name for p in CORPUS.iterdir() if (p / "case.yaml").is_file())

@@ -1,14 +1,13 @@
 """models/bert.py against Hugging Face transformers.BertModel (random weights, padded batches)."""
 
-import models  # noqa: F401  (binds the BLAS before mlx.core loads)
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from models.bert import BertConfig, BertModel, sanitize
-from models.weights import load_state_strict
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
+from kbert.models.bert import BertConfig, BertModel, sanitize
+from kbert.models.weights import load_state_strict
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from models.blas import SYSTEM_OPENBLAS, _mkl_candidates, _numpy_openblas
+from kbert.models.blas import SYSTEM_OPENBLAS, _mkl_candidates, _numpy_openblas
 
 FAST_AVAILABLE = sys.platform == "linux" and (bool(_mkl_candidates()) or _numpy_openblas() is not None or any(
     __import__("os").path.exists(p) for p in SYSTEM_OPENBLAS))
@@ -16,7 +16,7 @@ def doctor(env_extra=None):
     import os
 
     env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", "doctor"], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kbert.cli", "doctor"], capture_output=True, text=True,
                           timeout=120, env=env)
 
 
@@ -40,16 +40,17 @@ def test_doctor_warns_on_the_reference_blas():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="BLAS binding only happens on Linux")
 def test_importing_mlx_first_is_reported_not_hidden():
-    code = "import mlx.core; import models.blas as b; print(b.STATUS.name, '|', b.STATUS.note)"
+    code = ("import mlx.core; from kbert.models import runtime; s = runtime.setup().blas; "
+            "print(s.name, '|', s.note)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
-    assert out.startswith("reference | mlx.core was imported before kbert")
+    assert out.startswith("reference | mlx.core was imported before kbert.models.runtime.setup()")
 
 
 @pytest.mark.skipif(sys.platform != "linux" or _numpy_openblas() is None, reason="numpy bundles OpenBLAS on Linux")
 def test_numpy_openblas_shim_multiplies_correctly_and_mkl_is_the_fallback(tmp_path):
     import os
 
-    code = ("import models, numpy as np, mlx.core as mx; from models.blas import STATUS; "
+    code = ("from kbert.models import runtime; STATUS = runtime.setup().blas; import numpy as np, mlx.core as mx; "
             "a = np.random.default_rng(0).normal(size=(67, 129)).astype(np.float32); "
             "b = np.random.default_rng(1).normal(size=(129, 45)).astype(np.float32); "
             "got = np.array(mx.array(a) @ mx.array(b)); gotT = np.array(mx.array(b).T @ mx.array(a).T); "
@@ -64,7 +65,7 @@ def test_numpy_openblas_shim_multiplies_correctly_and_mkl_is_the_fallback(tmp_pa
         assert (name, " ".join(note)) == ("openblas", "numpy's bundled OpenBLAS, through a cblas_sgemm shim")
         assert list((tmp_path / "blas-shim").glob("*/libkbert_sgemm.so"))
     assert float(err) < 1e-3 and float(err_t) < 1e-3
-    off = subprocess.run([sys.executable, "-c", "import models; from models.blas import STATUS; print(STATUS.name)"],
+    off = subprocess.run([sys.executable, "-c", "from kbert.models import runtime; print(runtime.setup().blas.name)"],
                          capture_output=True, text=True, timeout=60, env={**env, "KBERT_BLAS_SHIM": "0"})
     if _mkl_candidates() and not any(os.path.exists(p) for p in SYSTEM_OPENBLAS):
         assert off.stdout.strip() == "mkl"

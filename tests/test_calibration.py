@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, log_loss
 
-from pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature, probabilities
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
+from kbert.pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature, probabilities
 
 N = 20_000
 

@@ -8,14 +8,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pipeline.config import BUNDLED_DATA_DIR, load_competition
-from pipeline.submission import validate_submission
+from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition
+from kbert.pipeline.submission import validate_submission
 
 SMOKE = ["--limit-rows", "200", "--folds", "2", "--epochs", "2", "--no-progress"]
 
 
 def kbert(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "kbert.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=300)
 
 
@@ -111,7 +111,7 @@ def test_run_fine_tunes_a_pretrained_encoder_folder(tmp_path, kind):
     assert result.returncode == 0, result.stderr
     assert f"encoder {folder}" in result.stdout
     saved = tmp_path / "runs" / "titanic" / kind / "folds" / "0"
-    from models.checkpoints import load_checkpoint
+    from kbert.models.checkpoints import load_checkpoint
 
     model, config = load_checkpoint(saved)
     assert config["encoder_config"]["model_type"] == kind and config["source"] == str(folder)
@@ -121,7 +121,7 @@ def test_run_fine_tunes_a_pretrained_encoder_folder(tmp_path, kind):
     import numpy as np
     from mlx.utils import tree_flatten
 
-    from models.encoders import architecture, read_weights
+    from kbert.models.encoders import architecture, read_weights
 
     reference = architecture(kind).sanitize(read_weights(folder))
     fold_weights = dict(tree_flatten(model.encoder.parameters()))
@@ -132,7 +132,7 @@ def test_run_fine_tunes_a_pretrained_encoder_folder(tmp_path, kind):
 def test_run_trains_a_named_size_from_scratch(tmp_path):
     result = kbert("run", "titanic", "--encoder", "bert-mini", *SMOKE, "--run-id", "mini", "--out", "runs", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    from models.checkpoints import load_checkpoint
+    from kbert.models.checkpoints import load_checkpoint
 
     _, config = load_checkpoint(tmp_path / "runs" / "titanic" / "mini" / "folds" / "0")
     assert (config["encoder_config"]["num_hidden_layers"], config["encoder_config"]["hidden_size"]) == (4, 256)

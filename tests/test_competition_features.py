@@ -4,11 +4,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import features
-from features import add_features
-from features.tweets import normalise_tweet
-from pipeline.config import BUNDLED_DATA_DIR
-from pipeline.errors import KbertError
+from kbert import features
+from kbert.errors import KbertError
+from kbert.features import add_features
+from kbert.features.tweets import normalise_tweet
+from kbert.pipeline.config import BUNDLED_DATA_DIR
 
 
 def bundled(name: str, target: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -78,8 +78,8 @@ def test_unknown_features_and_missing_columns_fail_loudly():
 
 
 def test_feature_functions_never_see_the_target(tmp_path, monkeypatch):
-    from pipeline.config import load_competition, resolve_run_config
-    from pipeline.run import run_competition
+    from kbert.pipeline.config import load_competition, resolve_run_config
+    from kbert.pipeline.run import run_competition
 
     seen = []
     original = features.FEATURES["titanic"]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from models.activations import erf_rational, gelu
-from models.task_model import build_task_model
-from pipeline.config import TrainConfig
-from pipeline.train import batch_width, make_forward, make_train_step, pad_batch
+from kbert.models.activations import erf_rational, gelu
+from kbert.models.task_model import build_task_model
+from kbert.pipeline.config import TrainConfig
+from kbert.pipeline.train import batch_width, make_forward, make_train_step, pad_batch
 
 TINY = {"model_type": "bert", "vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
         "intermediate_size": 64, "max_position_embeddings": 32, "add_pooling_layer": False}

@@ -1,8 +1,8 @@
 import pytest
 import yaml
 
-from pipeline.config import load_competition, resolve_run_config, run_config_from_dict
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
+from kbert.pipeline.config import load_competition, resolve_run_config, run_config_from_dict
 
 
 def test_titanic_yaml_is_complete(titanic):
@@ -32,7 +32,7 @@ def test_bad_settings_are_rejected(titanic, tmp_path):
     broken.write_text("name: broken\ntask: binary\n")
     with pytest.raises(KbertError, match=r"broken\.yaml: missing required key 'id_column'"):
         load_competition(str(broken))
-    from pipeline.config import competition_path
+    from kbert.pipeline.config import competition_path
 
     broken.write_text(competition_path("titanic").read_text().replace("task: binary", "task: sorting"))
     with pytest.raises(KbertError, match="task 'sorting' is not supported"):
@@ -40,8 +40,8 @@ def test_bad_settings_are_rejected(titanic, tmp_path):
 
 
 def test_every_named_size_resolves_to_a_buildable_config(titanic):
-    from models.encoders import ARCHITECTURES, architecture
-    from pipeline.run import scratch_encoder_config
+    from kbert.models.encoders import ARCHITECTURES, architecture
+    from kbert.pipeline.fold import scratch_encoder_config
 
     names = [name for arch in ARCHITECTURES.values() for name in arch.presets]
     assert {"bert-tiny", "bert-mini", "bert-small", "bert-base", "modernbert-base", "modernbert-large",
@@ -56,6 +56,6 @@ def test_every_named_size_resolves_to_a_buildable_config(titanic):
 
 
 def test_shipped_pretrained_names_are_not_size_presets():
-    from models.encoders import SHIPPED, is_preset
+    from kbert.models.encoders import SHIPPED, is_preset
 
     assert not any(is_preset(name) for name in SHIPPED)

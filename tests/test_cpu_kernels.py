@@ -10,8 +10,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from models import cpu_kernels
-from models.activations import gelu, gelu_mlx
+from kbert.models import cpu_kernels
+from kbert.models.activations import gelu, gelu_mlx
 
 ON_LINUX_CPU = sys.platform == "linux" and mx.default_device() == mx.cpu
 BUILDABLE = ON_LINUX_CPU and shutil.which(os.environ.get("CXX", "g++")) is not None
@@ -105,8 +105,8 @@ def test_other_dtypes_fall_back_to_mlx_ops():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the kernels are Linux-only")
 def test_kernels_can_be_switched_off_and_the_encoder_still_runs():
-    code = ("import models, mlx.core as mx; from models import cpu_kernels; "
-            "from models.bert import BertConfig, BertModel; "
+    code = ("from kbert.models import runtime; runtime.setup(); import mlx.core as mx; "
+            "from kbert.models import cpu_kernels; from kbert.models.bert import BertConfig, BertModel; "
             "m = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, "
             "intermediate_size=32)); h, _ = m(mx.array([[1, 2, 3]])); mx.eval(h); "
             "print(cpu_kernels.STATUS.state, cpu_kernels.STATUS.note, h.shape)")
@@ -118,7 +118,7 @@ def test_kernels_can_be_switched_off_and_the_encoder_still_runs():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc's mallopt is Linux-only")
 def test_glibc_keeps_large_buffers_unless_told_not_to():
-    code = "import models; from models import blas; print(blas.MALLOC_STATUS)"
+    code = "from kbert.models import runtime; print(runtime.setup().malloc)"
     kept = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert kept.stdout.strip() == "large buffers kept for reuse"
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

@@ -2,9 +2,9 @@ import shutil
 
 import pytest
 
-from pipeline.config import BUNDLED_DATA_DIR, load_competition
-from pipeline.data import load_competition_data
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
+from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition
+from kbert.pipeline.data import load_competition_data
 
 
 @pytest.fixture
@@ -67,8 +67,8 @@ def test_unknown_competition():
 
 
 def test_kbert_run_reads_the_folder_kbert_download_writes(tmp_path, monkeypatch):
-    from pipeline.config import DOWNLOAD_DIR
-    from pipeline.data import resolve_data_dir
+    from kbert.pipeline.config import DOWNLOAD_DIR
+    from kbert.pipeline.data import resolve_data_dir
 
     competition = load_competition("titanic")
     monkeypatch.chdir(tmp_path)

@@ -6,13 +6,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ensembles.baseline import column_kinds, fit_predict_fold, make_pipeline, prepare
-from ensembles.blend import (BlendOptions, Problem, apply_blend, fit_blend, hill_climb, metric_loss, nested_cv,
-                             paired_bootstrap, score_table)
-from ensembles.members import select_members
-from pipeline.config import BUNDLED_DATA_DIR, load_competition
-from pipeline.errors import KbertError
-from pipeline.metrics import get_metric
+from kbert.ensembles.baseline import column_kinds, fit_predict_fold, make_pipeline, prepare
+from kbert.ensembles.blend import (BlendOptions, Problem, apply_blend, fit_blend, hill_climb, metric_loss, nested_cv,
+                                   paired_bootstrap, score_table)
+from kbert.ensembles.members import select_members
+from kbert.errors import KbertError
+from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition
+from kbert.pipeline.metrics import get_metric
 
 
 def regression_problem(y: np.ndarray, metric: str = "rmse") -> Problem:
@@ -214,7 +214,7 @@ def test_member_selection(spaceship_members):
 
 
 def test_spaceship_ensemble_submission_has_true_false_and_the_sample_ids(spaceship_members, capsys):
-    from pipeline.cli import main
+    from kbert.cli import main
 
     out = spaceship_members
     code = main(["ensemble", "spaceship-titanic", "--out", str(out / "runs"), "--submissions-dir", str(out / "subs"),
@@ -245,7 +245,7 @@ def test_spaceship_ensemble_submission_has_true_false_and_the_sample_ids(spacesh
 # --- baselines -----------------------------------------------------------------------------------------------------
 
 def test_baseline_transforms_fit_on_the_training_rows_only(titanic_train, titanic_test):
-    from features import add_features
+    from kbert.features import add_features
 
     train, test = add_features("titanic", titanic_train.drop(columns=["Survived"]), titanic_test)
     y = titanic_train["Survived"].to_numpy()
@@ -284,7 +284,7 @@ def test_identifiers_are_dropped_and_trees_skip_short_text():
 
 
 def test_kbert_baseline_writes_a_member_on_the_run_folds(tmp_path, capsys):
-    from pipeline.cli import main
+    from kbert.cli import main
 
     args = ["--out", str(tmp_path / "runs"), "--submissions-dir", str(tmp_path / "subs")]
     assert main(["baseline", "titanic", "--folds", "3", *args]) == 0
@@ -302,8 +302,8 @@ def test_kbert_baseline_writes_a_member_on_the_run_folds(tmp_path, capsys):
 
 
 def test_house_prices_baseline_predicts_prices_in_log_space(tmp_path):
-    from ensembles.baseline import run_baseline
-    from pipeline.config import resolve_run_config
+    from kbert.ensembles.baseline import run_baseline
+    from kbert.pipeline.config import resolve_run_config
 
     houses = load_competition("house-prices-advanced-regression-techniques")
     config = resolve_run_config(houses, {"folds": 3, "out_dir": str(tmp_path / "runs"),
@@ -317,7 +317,7 @@ def test_house_prices_baseline_predicts_prices_in_log_space(tmp_path):
 def test_trimmed_regressor_drops_planted_outliers_and_recovers_the_line():
     from sklearn.linear_model import LinearRegression
 
-    from ensembles.baseline import TrimmedRegressor
+    from kbert.ensembles.baseline import TrimmedRegressor
 
     rng = np.random.default_rng(0)
     x = rng.uniform(0, 10, 200)
@@ -335,7 +335,7 @@ def test_trimmed_regressor_drops_planted_outliers_and_recovers_the_line():
 
 
 def test_skewed_log1p_picks_its_columns_on_the_fitting_rows():
-    from ensembles.baseline import SkewedLog1p
+    from kbert.ensembles.baseline import SkewedLog1p
 
     rng = np.random.default_rng(0)
     fit_rows = np.column_stack([rng.lognormal(3, 1, 500),  # skewed, non-negative: logged
@@ -352,7 +352,7 @@ def test_skewed_log1p_picks_its_columns_on_the_fitting_rows():
 @pytest.mark.parametrize("model", ["lgbm", "catboost"])
 def test_optional_gradient_boosting_baselines(model, titanic_train, titanic_test):
     pytest.importorskip("lightgbm" if model == "lgbm" else "catboost")
-    from features import add_features
+    from kbert.features import add_features
 
     train, test = add_features("titanic", titanic_train.drop(columns=["Survived"]), titanic_test)
     y = titanic_train["Survived"].to_numpy()

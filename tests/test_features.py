@@ -1,9 +1,11 @@
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from features import add_features
-from features.titanic import TitanicSerializer, cabin_phrase, life_stage, title_of
+from kbert.features import SERIALIZERS, Serializer, add_features
+from kbert.features.titanic import TitanicSerializer, cabin_phrase, life_stage, title_of
 
 
 @pytest.fixture(scope="module")
@@ -57,20 +59,20 @@ def test_fare_bands_are_fitted_on_the_training_fold_only(titanic, train_rows):
     train_part, valid_part = train_rows.iloc[:600], train_rows.iloc[600:].copy()
     fitted = TitanicSerializer(titanic.text.template).fit(train_part)
     expected = np.quantile(train_part["Fare"], [0.2, 0.4, 0.6, 0.8])
-    np.testing.assert_allclose(fitted.fare_edges, expected)
+    np.testing.assert_allclose(fitted.fare_edges_, expected)
 
     # Changing the held-out rows must not change the statistics or any training-fold text.
     valid_part["Fare"] = valid_part["Fare"] * 100
     refit = TitanicSerializer(titanic.text.template).fit(train_part)
-    np.testing.assert_array_equal(refit.fare_edges, fitted.fare_edges)
+    np.testing.assert_array_equal(refit.fare_edges_, fitted.fare_edges_)
     assert refit.transform(train_part) == fitted.transform(train_part)
     # ...while fitting on all rows would have moved the band edges: the check above can fail.
     leaky = TitanicSerializer(titanic.text.template).fit(pd.concat([train_part, valid_part]))
-    assert not np.allclose(leaky.fare_edges, fitted.fare_edges)
+    assert not np.allclose(leaky.fare_edges_, fitted.fare_edges_)
 
 
 def test_template_with_unknown_field_is_a_clear_error(train_rows):
-    from pipeline.errors import KbertError
+    from kbert.errors import KbertError
 
     serializer = TitanicSerializer("A {person} named {surname}.").fit(train_rows)
     with pytest.raises(KbertError, match="unknown field 'surname'"):
@@ -80,3 +82,17 @@ def test_template_with_unknown_field_is_a_clear_error(train_rows):
 def test_transform_before_fit_fails(titanic, train_rows):
     with pytest.raises(RuntimeError, match="before fit"):
         TitanicSerializer(titanic.text.template).transform(train_rows.iloc[:1])
+    with pytest.raises(RuntimeError, match="TitanicSerializer.fitted_statistics called before fit"):
+        TitanicSerializer(titanic.text.template).fitted_statistics()
+
+
+def test_every_named_serializer_satisfies_the_protocol(titanic, train_rows):
+    settings = {"titanic": {"template": titanic.text.template}}
+    for name, make in SERIALIZERS.items():
+        built = make(**settings.get(name, {"template": "{Name}", "exclude": ("PassengerId",)}))
+        assert isinstance(built, Serializer), name
+        fitted = built.fit(train_rows)
+        assert fitted is built
+        statistics = fitted.fitted_statistics()
+        assert statistics == json.loads(json.dumps(statistics)), name  # JSON-able, as serializer.json
+        assert len(fitted.transform(train_rows.iloc[:3], rng=np.random.default_rng(0))) == 3

@@ -1,9 +1,9 @@
 import pandas as pd
 import pytest
 
-from pipeline.config import FoldConfig
-from pipeline.errors import KbertError
-from pipeline.folds import folds_path, load_or_make_folds, make_folds
+from kbert.errors import KbertError
+from kbert.pipeline.config import FoldConfig
+from kbert.pipeline.folds import folds_path, load_or_make_folds, make_folds
 
 
 def test_stratified_folds_are_balanced_and_seeded(titanic_train):
@@ -51,7 +51,7 @@ def test_too_few_rows_for_the_folds_is_a_clear_error(titanic_train):
 
 
 def test_group_folds_keep_each_group_in_one_fold():
-    from pipeline.folds import fold_groups
+    from kbert.pipeline.folds import fold_groups
 
     rows = pd.DataFrame({"PassengerId": [f"{g:04d}_{m:02d}" for g in range(40) for m in range(1 + g % 3)]})
     rows["y"] = [i % 2 for i in range(len(rows))]

@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from features import SERIALIZERS
-from features.generic import humanize, round_value
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
+from kbert.features import SERIALIZERS, Serializer
+from kbert.features.generic import humanize, round_value
 
 ROWS = pd.DataFrame({
     "Id": [1, 2, 3, 4, 5, 6],
@@ -69,13 +69,13 @@ def test_bin_edges_come_from_the_training_rows_only():
     valid_rows["GrLivArea"] = [10**7, -(10**7)]
     valid_rows["Age"] = [1000.0, -1000.0]
     fitted = serializer("list", numeric="bins").fit(train_rows)
-    edges = {c: e.copy() for c, e in fitted.bin_edges.items()}
+    edges = {c: e.copy() for c, e in fitted.bin_edges_.items()}
     fitted.transform(pd.concat([train_rows, valid_rows]))  # transforming never refits
     for column, before in edges.items():
-        np.testing.assert_array_equal(fitted.bin_edges[column], before)
+        np.testing.assert_array_equal(fitted.bin_edges_[column], before)
         np.testing.assert_array_equal(before, np.quantile(train_rows[column].dropna(), np.linspace(0, 1, 6)[1:-1]))
     refit_with_valid = serializer("list", numeric="bins").fit(pd.concat([train_rows, valid_rows]))
-    assert not np.array_equal(refit_with_valid.bin_edges["GrLivArea"], edges["GrLivArea"])  # the check can fail
+    assert not np.array_equal(refit_with_valid.bin_edges_["GrLivArea"], edges["GrLivArea"])  # the check can fail
     assert fitted.transform(valid_rows)[0].startswith("Age: very high")
 
 
@@ -120,7 +120,7 @@ def test_numeric_jitter_stays_inside_the_fitted_bin():
     fitted = SERIALIZERS["list"](exclude=("Id",), jitter=0.3).fit(rows)
     rng = np.random.default_rng(0)
     for column in ("Fare", "Rooms"):
-        edges = fitted.bin_edges[column]
+        edges = fitted.bin_edges_[column]
         for value in rows[column].to_numpy(dtype=float):
             new = fitted.jittered(column, value, rng)
             assert np.searchsorted(edges, new, side="right") == np.searchsorted(edges, value, side="right")
@@ -142,3 +142,22 @@ def test_token_budget_truncates_lowest_priority_columns_first():
     assert fitted.transform(ROWS.iloc[:2], fits=lambda text: True) == fitted.transform(ROWS.iloc[:2])
     with pytest.raises(KbertError, match="text.priority"):
         serializer("list", priority=["Nope"]).fit(ROWS)
+
+
+def test_serializers_follow_the_fit_transform_contract():
+    """scikit-learn's rules: settings stored as given, fitted attributes (``name_``) set only by fit."""
+    unfitted = serializer("list", columns=["Sex", "Age"])
+    assert isinstance(unfitted, Serializer) and not hasattr(unfitted, "columns_")
+    with pytest.raises(RuntimeError, match="TableSerializer.transform called before fit"):
+        unfitted.transform(ROWS)
+    with pytest.raises(RuntimeError, match="TableSerializer.fitted_statistics called before fit"):
+        unfitted.fitted_statistics()
+    fitted = unfitted.fit(ROWS)
+    assert fitted is unfitted and fitted.columns == ["Sex", "Age"] and fitted.columns_ == ["Sex", "Age"]
+    assert fitted.numeric_columns_ == {"Age"} and set(fitted.bin_edges_) == {"Age"}
+    everything = serializer("sentence").fit(ROWS)
+    assert everything.columns is None and everything.columns_ == ["Age", "Sex", "Embarked", "GrLivArea"]
+    with pytest.raises(TypeError):
+        SERIALIZERS["list"](columns_=["Age"])  # fitted attributes are not constructor arguments
+    with pytest.raises(KbertError, match="no columns"):
+        serializer("list", columns=[]).fit(ROWS)

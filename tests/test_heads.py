@@ -7,12 +7,12 @@ import mlx.optimizers as optim
 import numpy as np
 import pytest
 
-from models.heads import (HeadConfig, OrdinalHead, build_head, check_head_config, ordinal_class_probabilities,
-                          ordinal_expected_value, ordinal_labels, output_size, predict, predictive_std)
-from models.pooling import Pooler
-from pipeline.metrics import get_metric
-from pipeline.predictions import metric_input, submission_values, tune_label_thresholds, tune_threshold
-from pipeline.targets import fit_target_transform
+from kbert.models.heads import (HeadConfig, OrdinalHead, build_head, check_head_config, ordinal_class_probabilities,
+                                ordinal_expected_value, ordinal_labels, output_size, predict, predictive_std)
+from kbert.models.pooling import Pooler
+from kbert.pipeline.metrics import get_metric
+from kbert.pipeline.predictions import metric_input, submission_values, tune_label_thresholds, tune_threshold
+from kbert.pipeline.targets import fit_target_transform
 
 HIDDEN = 8
 
@@ -179,8 +179,8 @@ def test_submission_values_follow_the_column_dtypes():
 
 
 def test_run_config_rejects_unknown_pooling_and_misplaced_options(titanic):
-    from pipeline.config import resolve_run_config
-    from pipeline.errors import KbertError
+    from kbert.errors import KbertError
+    from kbert.pipeline.config import resolve_run_config
 
     with pytest.raises(KbertError, match="pooling 'sum' is unknown"):
         resolve_run_config(titanic, {"pooling": "sum"})
@@ -195,7 +195,7 @@ def test_run_config_rejects_unknown_pooling_and_misplaced_options(titanic):
 def test_a_yaml_without_a_metric_gets_its_tasks_default(tmp_path):
     import yaml
 
-    from pipeline.config import load_competition
+    from kbert.pipeline.config import load_competition
 
     data = yaml.safe_load((Path(__file__).parent.parent / "benchmarks" / "heads" / "elnino.yaml").read_text())
     del data["metric"]

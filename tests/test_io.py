@@ -3,7 +3,7 @@ import stat
 
 import pytest
 
-from pipeline.io import atomic_write, write_text
+from kbert.io import atomic_write, write_text
 
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path):

@@ -35,9 +35,9 @@ from urllib.parse import urlsplit
 import pytest
 from kagglesdk import kaggle_env
 
-from pipeline.cli import main
-from pipeline.config import BUNDLED_DATA_DIR
-from pipeline.kaggle import credential_source
+from kbert.cli import main
+from kbert.pipeline.config import BUNDLED_DATA_DIR
+from kbert.pipeline.kaggle import credential_source
 
 REPO = Path(__file__).resolve().parent.parent
 TITANIC = BUNDLED_DATA_DIR / "titanic"
@@ -629,7 +629,7 @@ def test_credential_source_config_dir(offline, login, monkeypatch, tmp_path):
 
 
 def test_the_cli_does_not_import_kaggle(tmp_path):
-    code = ("import sys, pipeline.cli as cli, pipeline.kaggle as kaggle_module\n"
+    code = ("import sys, kbert.cli as cli, pipeline.kaggle as kaggle_module\n"
             "cli.build_parser().parse_args(['download', 'titanic'])\n"
             "cli.build_parser().parse_args(['submit', 'titanic', 'x.csv', '-m', 'm'])\n"
             "kaggle_module.credential_source()\n"
@@ -647,7 +647,7 @@ def test_first_import_of_kaggle_prints_nothing(server, tmp_path):
     script = ("import sys\n"
               "from kagglesdk import kaggle_env\n"
               "kaggle_env._env_to_endpoint[kaggle_env.KaggleEnv.PROD] = sys.argv[1]\n"
-              "from pipeline.cli import main\n"
+              "from kbert.cli import main\n"
               "sys.exit(main(sys.argv[2:]))\n")
     home = tmp_path / "fresh-home"
     home.mkdir()
@@ -666,12 +666,12 @@ def test_first_import_of_kaggle_prints_nothing(server, tmp_path):
 def test_doctor_names_the_credential_source_never_its_value(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KAGGLE_")}
     env.update(HOME=str(tmp_path), KAGGLE_CONFIG_DIR=str(tmp_path / "config"), KAGGLE_API_TOKEN=TOKEN)
-    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "doctor"], cwd=REPO, env=env, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "kbert.cli", "doctor"], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=120)
     assert "kaggle credentials: found (KAGGLE_API_TOKEN environment variable)" in result.stdout
     assert "free disk: " in result.stdout and "versions: kbert " in result.stdout and "kaggle 2." in result.stdout
     assert TOKEN not in result.stdout + result.stderr
     del env["KAGGLE_API_TOKEN"]
-    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "doctor"], cwd=REPO, env=env, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "kbert.cli", "doctor"], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=120)
     assert "kaggle credentials: none (kbert download/submit need a token)" in result.stdout

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pandas as pd
 
-from pipeline.config import BUNDLED_DATA_DIR, load_competition, resolve_run_config
-from pipeline.run import run_competition
+from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition, resolve_run_config
+from kbert.pipeline.run import run_competition
 
 NAME = "house-prices-advanced-regression-techniques"
 TINY = {"folds": 2, "epochs": 1, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,

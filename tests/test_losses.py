@@ -1,10 +1,9 @@
+import mlx.core as mx  # after models.losses: the fast BLAS is bound before MLX loads
 import numpy as np
 import pytest
 
-from models.losses import (binary_cross_entropy, binary_focal_loss, coral_loss, cross_entropy, gaussian_nll_loss,
-                           huber_loss, mae_loss, mse_loss, ordinal_levels, softmax_focal_loss)
-
-import mlx.core as mx  # after models.losses: the fast BLAS is bound before MLX loads
+from kbert.models.losses import (binary_cross_entropy, binary_focal_loss, coral_loss, cross_entropy, gaussian_nll_loss,
+                                 huber_loss, mae_loss, mse_loss, ordinal_levels, softmax_focal_loss)
 
 RNG = np.random.default_rng(0)
 N, L, C = 64, 5, 4

@@ -1,6 +1,5 @@
 """Masked-LM heads (models/masked_lm.py and the *ForMaskedLM classes) against transformers and the NeoBERT fixture."""
 
-import models  # noqa: F401  (binds the fast BLAS before mlx.core loads)
 
 import json
 from pathlib import Path
@@ -11,14 +10,14 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from models.bert import BertForMaskedLM
-from models.encoders import build_encoder, load_encoder, resolve_encoder_path, save_encoder
-from models.masked_lm import (MASKED_LM, build_masked_lm, encoder_of, hf_weights, load_masked_lm,
-                              load_masked_lm_weights, save_masked_lm)
-from models.modernbert import ModernBertForMaskedLM
-from models.neobert import NeoBertConfig, NeoBertForMaskedLM
-from models.weights import load_state_strict
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
+from kbert.models.bert import BertForMaskedLM
+from kbert.models.encoders import build_encoder, load_encoder, resolve_encoder_path, save_encoder
+from kbert.models.masked_lm import (MASKED_LM, build_masked_lm, encoder_of, hf_weights, load_masked_lm,
+                                    load_masked_lm_weights, save_masked_lm)
+from kbert.models.modernbert import ModernBertForMaskedLM
+from kbert.models.neobert import NeoBertConfig, NeoBertForMaskedLM
+from kbert.models.weights import load_state_strict
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -92,7 +91,7 @@ def modernbert_reference(**overrides):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from models.tokenizer import train_wordpiece
+    from kbert.models.tokenizer import train_wordpiece
 
     return train_wordpiece(["a masked language model predicts the hidden words", "kaggle tabular rows as text"] * 3,
                            vocab_size=60)
@@ -317,8 +316,8 @@ def test_encoder_only_folder_keeps_a_fresh_head(tokenizer, tmp_path):
 
 
 def test_run_fold_folder_loads_its_encoder(tokenizer, tmp_path):
-    from models.checkpoints import save_checkpoint
-    from models.task_model import build_task_model
+    from kbert.models.checkpoints import save_checkpoint
+    from kbert.models.task_model import build_task_model
 
     values = small_values("modernbert", tokenizer.get_vocab_size())
     task = build_task_model(values, "binary", "mean")

@@ -6,9 +6,9 @@ from scipy.stats import rankdata, spearmanr
 from sklearn import metrics as skm
 from sklearn.exceptions import UndefinedMetricWarning
 
-from pipeline.errors import KbertError
-from pipeline.metrics import KINDS, METRIC_NAMES, METRICS, Metric, get_metric
-from pipeline.predictions import score
+from kbert.errors import KbertError
+from kbert.pipeline.metrics import KINDS, METRIC_NAMES, METRICS, Metric, get_metric
+from kbert.pipeline.predictions import score
 
 N = 200
 

@@ -3,14 +3,14 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from models.checkpoints import load_checkpoint, save_checkpoint
-from models.weights import load_weights_strict
-from models.task_model import build_task_model
-from pipeline.config import TrainConfig
-from pipeline.errors import KbertError
-from pipeline.metrics import get_metric
-from models.heads import predict
-from pipeline.train import FoldData, pad_batch, predict_outputs, train_fold
+from kbert.errors import KbertError
+from kbert.models.checkpoints import load_checkpoint, save_checkpoint
+from kbert.models.heads import predict
+from kbert.models.task_model import build_task_model
+from kbert.models.weights import load_weights_strict
+from kbert.pipeline.config import TrainConfig
+from kbert.pipeline.metrics import get_metric
+from kbert.pipeline.train import FoldData, pad_batch, predict_outputs, train_fold
 
 TINY = {"model_type": "bert", "vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
         "intermediate_size": 64, "max_position_embeddings": 32, "add_pooling_layer": False}
@@ -23,7 +23,7 @@ def accuracy_of(labels):
 
 
 def model_head_config():
-    from models.heads import HeadConfig
+    from kbert.models.heads import HeadConfig
 
     return HeadConfig(task="binary")
 

@@ -1,4 +1,3 @@
-import models  # noqa: F401  (binds the fast BLAS before mlx.core loads)
 
 import json
 
@@ -9,9 +8,9 @@ import torch
 import transformers
 from mlx.utils import tree_flatten
 
-from models.weights import load_state_strict
-from models.modernbert import PRESETS, ModernBertConfig, ModernBertModel, sanitize
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
+from kbert.models.modernbert import PRESETS, ModernBertConfig, ModernBertModel, sanitize
+from kbert.models.weights import load_state_strict
 
 # 4 layers, global every 3rd: layers 0 and 3 global, 1 and 2 local with a window of +-4 tokens.
 # Distinct, small rope thetas so that swapping or ignoring them shows at sequence length 40.

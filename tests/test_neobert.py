@@ -1,6 +1,5 @@
 """NeoBERT in MLX against the PyTorch reference fixture in tests/data/neobert-tiny (see its README.md)."""
 
-import models  # noqa: F401  (binds the fast BLAS before mlx.core loads)
 
 import json
 from pathlib import Path
@@ -10,10 +9,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from models.neobert import PRESETS, NeoBertConfig, NeoBertModel, apply_rope, sanitize
-from pipeline.errors import KbertError
-
-from models.weights import load_state_strict
+from kbert.errors import KbertError
+from kbert.models.neobert import PRESETS, NeoBertConfig, NeoBertModel, apply_rope, sanitize
+from kbert.models.weights import load_state_strict
 
 FIXTURE = Path(__file__).parent / "data" / "neobert-tiny"
 TOL = 1e-4  # the README's suggested float32 tolerance; measured max abs error is ~7e-7

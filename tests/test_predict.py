@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.cli import main
-from pipeline.config import BUNDLED_DATA_DIR
+from kbert.cli import main
+from kbert.pipeline.config import BUNDLED_DATA_DIR
 
 TINY = ["--limit-rows", "150", "--folds", "2", "--epochs", "1", "--no-progress", "--max-length", "64"]
 

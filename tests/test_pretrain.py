@@ -14,11 +14,11 @@ import pytest
 import yaml
 from tokenizers import Tokenizer
 
-from pipeline.cli import main
-from pipeline.config import load_competition, resolve_run_config
-from pipeline.pretrain import PretrainConfig, build_corpus, mask_tokens
-from pipeline.space import parse_space, sample, space_entries, to_overrides
-from pipeline.tune import TuneOptions, resolve_trial_config
+from kbert.cli import main
+from kbert.pipeline.config import load_competition, resolve_run_config
+from kbert.pipeline.pretrain import PretrainConfig, build_corpus, mask_tokens
+from kbert.tune import TuneOptions, resolve_trial_config
+from kbert.tune.space import parse_space, sample, space_entries, to_overrides
 
 LABELS = ["zebraclass", "yakclass", "quokkaclass"]
 

@@ -5,15 +5,14 @@ import shutil
 import subprocess
 import sys
 
-import models  # noqa: F401  (binds the BLAS before mlx.core loads)
 import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from models.encoders import SHIPPED, load_encoder, resolve_encoder_path, save_encoder
-from pipeline.embed import embed_texts
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
+from kbert.models.encoders import SHIPPED, load_encoder, resolve_encoder_path, save_encoder
+from kbert.pipeline.embed import embed_texts
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -97,7 +96,7 @@ def test_pytorch_bin_checkpoints_load_without_code_execution(minilm_folder, tmp_
 
 
 def tiny_tokenizer_folder(folder):
-    from models.tokenizer import train_wordpiece
+    from kbert.models.tokenizer import train_wordpiece
 
     tokenizer = train_wordpiece(SENTENCES * 3, vocab_size=120)
     tokenizer.save(str(folder / "tokenizer.json"))
@@ -128,7 +127,7 @@ def test_kbert_embed_matches_random_models_saved_by_transformers(tmp_path, kind,
     texts = tmp_path / "texts.txt"
     texts.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     out = tmp_path / "emb.npy"
-    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "embed", str(folder), "--texts", str(texts),
+    result = subprocess.run([sys.executable, "-m", "kbert.cli", "embed", str(folder), "--texts", str(texts),
                              "--pooling", pooling, "--out", str(out)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     ours = np.load(out)

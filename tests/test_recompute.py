@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from models.recompute import Dropout, set_recompute
-from models.task_model import build_task_model
+from kbert.models.recompute import Dropout, set_recompute
+from kbert.models.task_model import build_task_model
 from tests.test_adapters import ENCODERS, batch
 
 DROPOUT = {"hidden_dropout_prob": 0.3, "attention_probs_dropout_prob": 0.3, "attention_dropout": 0.3,

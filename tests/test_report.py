@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.cli import main
-from pipeline.config import load_competition, resolve_run_config
-from pipeline.errors import KbertError
-from pipeline.report import format_score, write_report
+from kbert.cli import main
+from kbert.errors import KbertError
+from kbert.pipeline.config import load_competition, resolve_run_config
+from kbert.report import format_score, write_report
 
 REPO = Path(__file__).resolve().parent.parent
 HEADS = REPO / "benchmarks" / "heads"
@@ -25,7 +25,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def tiny_run(competition: str, out: Path, run_id: str, limit_rows: int = 120, **overrides) -> Path:
-    from pipeline.run import run_competition
+    from kbert.pipeline.run import run_competition
 
     config = resolve_run_config(load_competition(competition), {
         **TINY, "folds": 3, "limit_rows": limit_rows, "out_dir": str(out / "runs"),
@@ -37,7 +37,7 @@ def tiny_run(competition: str, out: Path, run_id: str, limit_rows: int = 120, **
 def titanic_runs(tmp_path_factory) -> Path:
     """runs/titanic/: a tiny MLX run (120 rows, 3 folds, 2 epochs, OOF-tuned threshold) and two baselines on
     every row; the baselines make an ensemble."""
-    from ensembles.baseline import run_baseline
+    from kbert.ensembles.baseline import run_baseline
 
     out = tmp_path_factory.mktemp("report")
     tiny_run("titanic", out, "tiny", threshold="tune")
@@ -50,7 +50,7 @@ def titanic_runs(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ensemble_sidecar(titanic_runs) -> Path:
-    from ensembles.ensemble import build_ensemble
+    from kbert.ensembles.ensemble import build_ensemble
 
     result = build_ensemble(load_competition("titanic"), "all", "mean,weighted,hill",
                             runs_dir=str(titanic_runs / "runs"), submissions_dir=str(titanic_runs / "subs"), folds=3,
@@ -60,8 +60,8 @@ def ensemble_sidecar(titanic_runs) -> Path:
 
 @pytest.fixture(scope="module")
 def study_dir(tmp_path_factory) -> Path:
+    from kbert.tune import tune
     from tests.test_tune import tiny_options
-    from pipeline.tune import tune
 
     options = tiny_options(tmp_path_factory.mktemp("study"), trials=2)
     tune(options)
@@ -166,7 +166,7 @@ def test_study_report(study_dir, capsys):
     text = assert_report(page, {"history.png", "parallel_coordinate.png", "fold_scores.png", "curves.png"})
     assert (study_dir / "report" / "best.yaml").is_file()
     assert "trials: 2 complete" in text and "Best trials" in text
-    assert "trials: 2 complete" in capsys.readouterr().out  # pipeline.tune.write_report printed its table
+    assert "trials: 2 complete" in capsys.readouterr().out  # kbert.tune.write_report printed its table
 
 
 def test_ensemble_report(ensemble_sidecar):

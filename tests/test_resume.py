@@ -18,7 +18,7 @@ RUN_ARGS = ["run", "titanic", "--limit-rows", "160", "--folds", "4", "--epochs",
 
 
 def kbert_command(tmp_path: Path, run_id: str, *extra: str) -> list[str]:
-    return [sys.executable, "-u", "-m", "pipeline.cli", *RUN_ARGS, "--out", str(tmp_path / "runs"),
+    return [sys.executable, "-u", "-m", "kbert.cli", *RUN_ARGS, "--out", str(tmp_path / "runs"),
             "--submissions-dir", str(tmp_path / "subs"), "--run-id", run_id, *extra]
 
 

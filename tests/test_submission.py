@@ -2,14 +2,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.errors import KbertError
-from pipeline.predictions import submission_frame, submission_values
-from pipeline.submission import validate_submission, write_submission
+from kbert.errors import KbertError
+from kbert.pipeline.predictions import submission_frame, submission_values
+from kbert.pipeline.submission import validate_submission, write_submission
 
 
 @pytest.fixture
 def sample():
-    from pipeline.config import BUNDLED_DATA_DIR
+    from kbert.pipeline.config import BUNDLED_DATA_DIR
 
     return pd.read_csv(BUNDLED_DATA_DIR / "titanic" / "gender_submission.csv")
 
@@ -88,7 +88,7 @@ def test_missing_values_and_labels_outside_the_classes_are_rejected(titanic, sam
 
 
 def test_spaceship_needs_booleans_and_house_prices_finite_values():
-    from pipeline.config import BUNDLED_DATA_DIR, load_competition
+    from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition
 
     spaceship = load_competition("spaceship-titanic")
     sample = pd.read_csv(BUNDLED_DATA_DIR / "spaceship-titanic" / "sample_submission.csv")
@@ -106,7 +106,7 @@ def test_spaceship_needs_booleans_and_house_prices_finite_values():
 
 
 def test_kbert_validate_exit_codes(titanic, sample, tmp_path, capsys):
-    from pipeline.cli import main
+    from kbert.cli import main
 
     good(titanic, sample).to_csv(tmp_path / "good.csv", index=False)
     assert main(["validate", "titanic", str(tmp_path / "good.csv")]) == 0

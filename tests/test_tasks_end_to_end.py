@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipeline.config import load_competition, resolve_run_config
-from pipeline.data import load_competition_data
-from pipeline.run import run_competition
+from kbert.pipeline.config import load_competition, resolve_run_config
+from kbert.pipeline.data import load_competition_data
+from kbert.pipeline.run import run_competition
 
 HEADS = Path(__file__).resolve().parent.parent / "benchmarks" / "heads"
 TINY = {"folds": 2, "epochs": 1, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -79,7 +79,7 @@ def test_calibration_and_a_tuned_threshold_leave_accuracy_honest(tmp_path):
 def test_metric_that_does_not_fit_the_task_is_refused(tmp_path):
     import yaml
 
-    from pipeline.errors import KbertError
+    from kbert.errors import KbertError
 
     data = yaml.safe_load((HEADS / "elnino.yaml").read_text())
     data["metric"] = "accuracy"
@@ -108,7 +108,7 @@ def test_show_text_prints_examples_with_their_targets():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "show-text", "titanic", "--n", "2"],
+    out = subprocess.run([sys.executable, "-m", "kbert.cli", "show-text", "titanic", "--n", "2"],
                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parent.parent)
     assert out.returncode == 0, out.stderr
     assert "[1] Survived=0" in out.stdout and "A man with the title mister" in out.stdout
@@ -127,7 +127,7 @@ def test_token_budget_is_reported_and_overflow_warned(tmp_path):
 
 
 def test_permute_target_shuffles_labels_but_keeps_their_distribution(tmp_path, monkeypatch):
-    import pipeline.run as run_module
+    import kbert.pipeline.run as run_module
 
     seen = {}
     original = run_module.encode_targets
@@ -146,12 +146,13 @@ def test_permute_target_shuffles_labels_but_keeps_their_distribution(tmp_path, m
 def test_priority_truncation_drops_whole_low_priority_columns(tmp_path, monkeypatch):
     from dataclasses import replace
 
-    import pipeline.run as run_module
-    from models.tokenizer import token_lengths
+    import kbert.pipeline.fold as fold_module
+    from kbert.models.tokenizer import token_lengths
 
     encoded = []
-    original = run_module.encode
-    monkeypatch.setattr(run_module, "encode", lambda tok, texts, n: encoded.append((tok, texts)) or original(tok, texts, n))
+    original = fold_module.encode
+    monkeypatch.setattr(fold_module, "encode",
+                        lambda tok, texts, n: encoded.append((tok, texts)) or original(tok, texts, n))
     comp = load_competition("house-prices-advanced-regression-techniques")
     comp = replace(comp, text=replace(comp.text, truncate="priority"))
     config = resolve_run_config(comp, {**TINY, "limit_rows": 60, "max_length": 32, "out_dir": str(tmp_path / "runs"),
@@ -166,11 +167,11 @@ def test_priority_truncation_drops_whole_low_priority_columns(tmp_path, monkeypa
 
 
 def test_repeated_folds_augmentation_and_tta(tmp_path, monkeypatch):
-    import pipeline.run as run_module
+    import kbert.pipeline.fold as fold_module
 
     seen = []
-    original = run_module.train_fold
-    monkeypatch.setattr(run_module, "train_fold", lambda model, data, *a, **k: seen.append(data) or
+    original = fold_module.train_fold
+    monkeypatch.setattr(fold_module, "train_fold", lambda model, data, *a, **k: seen.append(data) or
                         original(model, data, *a, **k))
     comp, result, metrics = run("titanic", tmp_path, limit_rows=80, repeats=2, augment=2, tta=3)
     folds = pd.read_csv(result.run_dir / "folds.csv")

@@ -1,6 +1,6 @@
 import numpy as np
 
-from models.tokenizer import encode, load_or_train_tokenizer, train_wordpiece
+from kbert.models.tokenizer import encode, load_or_train_tokenizer, train_wordpiece
 
 TEXTS = ["A man with the title mister, travelling in third class.",
          "A woman with the title missus, travelling in first class.",

@@ -17,15 +17,16 @@ import pytest
 from mlx.utils import tree_flatten
 from optuna.trial import TrialState
 
-from models.heads import HeadConfig
-from models.task_model import build_task_model
-from pipeline.cli import main
-from pipeline.config import TrainConfig, load_competition, resolve_run_config, run_config_from_file
-from pipeline.errors import KbertError
-from pipeline.space import default_params, parse_space, sample, space_entries, to_overrides, write_space_file
-from pipeline.train import layer_depth, make_optimizer
-from pipeline.tune import (HeartbeatJournalStorage, TuneOptions, keep_top_checkpoints, load_study, make_objective,
-                           parse_duration, resolve_trial_config, tune, write_report)
+from kbert.cli import main
+from kbert.errors import KbertError
+from kbert.io import read_json
+from kbert.models.heads import HeadConfig
+from kbert.models.task_model import build_task_model
+from kbert.pipeline.config import TrainConfig, load_competition, resolve_run_config, run_config_from_file
+from kbert.pipeline.train import layer_depth, make_optimizer
+from kbert.tune import (Heartbeats, TuneOptions, fail_stale_trials, keep_top_checkpoints, load_study, make_objective,
+                        open_storage, parse_duration, resolve_trial_config, tune, write_report)
+from kbert.tune.space import default_params, parse_space, sample, space_entries, to_overrides, write_space_file
 
 REPO = Path(__file__).resolve().parent.parent
 COMPETITIONS = ("titanic", "house-prices-advanced-regression-techniques", "nlp-getting-started", "spaceship-titanic")
@@ -225,7 +226,7 @@ def test_study_artifacts_top_checkpoints_report_and_best_yaml_reproduce(tmp_path
     for name in ("best.yaml", "history.png", "importances.png", "parallel_coordinate.png"):
         assert (report / name).stat().st_size > 0
     rerun = run_config_from_file(report / "best.yaml", {"out_dir": str(tmp_path / "rerun")})
-    from pipeline.run import run_competition
+    from kbert.pipeline.run import run_competition
 
     result = run_competition(rerun, run_id="repro", progress=False, log=lambda _: None,
                              submission_path=tmp_path / "sub.csv")
@@ -265,20 +266,38 @@ def test_pruned_trial_is_recorded_and_its_folder_removed_but_never_after_the_las
     assert (directory / "trial-0000").is_dir() and not (directory / "trial-0001").exists()
 
 
+def journal_study(path: Path, name: str = "s") -> optuna.Study:
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+    return optuna.create_study(storage=storage, study_name=name, load_if_exists=True)
+
+
 def test_stale_trial_is_failed_and_retried_by_optunas_callback(tmp_path):
-    storage = HeartbeatJournalStorage(tmp_path / "journal.log", heartbeat_interval=0.05, grace_period=0.2,
-                                      max_retry=2)
-    study = optuna.create_study(storage=storage, study_name="s")
+    study = journal_study(tmp_path / "journal.log")
+    heartbeats = Heartbeats(tmp_path / "journal.log.heartbeats", interval=0.05, grace=0.2, max_retry=2)
     trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})
-    storage.record_heartbeat(trial._trial_id)
-    optuna.storages.fail_stale_trials(study)
+    heartbeats.beat(trial.number)
+    assert fail_stale_trials(study, heartbeats) == []
     assert study.get_trials()[0].state == TrialState.RUNNING  # a fresh heartbeat: not stale
     time.sleep(0.3)
-    optuna.storages.fail_stale_trials(study)
+    assert fail_stale_trials(study, heartbeats) == [trial.number]
     original, retry = study.get_trials()
     assert original.state == TrialState.FAIL
     assert retry.state == TrialState.WAITING and retry.system_attrs["failed_trial"] == original.number
     assert retry.params == original.params
+    assert not heartbeats.path(trial.number).exists()
+    # Another process that opens the same journal later finds nothing stale: the trial is failed and retried once.
+    assert fail_stale_trials(journal_study(tmp_path / "journal.log"), heartbeats) == []
+    assert len(study.get_trials()) == 2
+
+
+def test_a_trial_that_never_beat_goes_stale_after_the_grace_period_from_its_start(tmp_path):
+    study = journal_study(tmp_path / "journal.log")
+    heartbeats = Heartbeats(tmp_path / "beats", interval=0.05, grace=0.3, max_retry=0)
+    trial = study.ask({"x": optuna.distributions.FloatDistribution(0, 1)})  # its worker died before the first beat
+    assert fail_stale_trials(study, heartbeats) == []
+    time.sleep(0.4)
+    assert fail_stale_trials(study, heartbeats) == [trial.number]
+    assert [t.state for t in study.get_trials()] == [TrialState.FAIL]  # max_retry=0: failed, not queued again
 
 
 def test_keep_top_checkpoints_deletes_weights_outside_the_best(tmp_path):
@@ -298,7 +317,7 @@ def test_keep_top_checkpoints_deletes_weights_outside_the_best(tmp_path):
 
 
 def tune_command(options: TuneOptions, trials: int, workers: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "pipeline.cli", "tune", "titanic", "--study", options.study, "--trials",
+    return [sys.executable, "-m", "kbert.cli", "tune", "titanic", "--study", options.study, "--trials",
             str(trials), "--workers", str(workers), "--space", options.space, "--limit-rows", "90", "--folds", "3",
             "--heartbeat", "1", "--out", options.out_dir, "--seed", "0", *extra]
 
@@ -367,6 +386,10 @@ def test_sigkill_one_of_two_workers_then_resume(tmp_path):
     directory = Path(options.out_dir) / "titanic" / options.study
     for trial in trials:
         assert (directory / f"trial-{trial.number:04d}").is_dir() == (trial.state == TrialState.COMPLETE)
+    if sys.platform == "linux":  # a spawned worker binds the fast BLAS before MLX loads
+        blas = {read_json(directory / f"trial-{t.number:04d}" / "metrics.json")["blas"] for t in trials
+                if t.state == TrialState.COMPLETE}
+        assert blas and not blas & {"reference", "unbound"}, blas
 
 
 # A tiny model learns nothing on 60 rows and early stopping would end a fold after 7 epochs (~0.5 s): folds of a
@@ -403,21 +426,28 @@ def test_ctrl_c_abandons_the_trial_and_the_next_run_resumes(tmp_path):
     assert resumed[0].params == abandoned[0].params
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the thread ends by SystemExit
-def test_stop_heartbeats_ends_a_heartbeat_thread_that_was_never_joined(tmp_path):
-    """A Ctrl-C inside Optuna's heartbeat-thread start skips its join; stop_heartbeats still ends the thread."""
-    from optuna.storages._heartbeat import HeartbeatThread
-
-    from pipeline.tune import HeartbeatJournalStorage
-
-    storage = HeartbeatJournalStorage(tmp_path / "journal.log", 0.1, 0.4, 2)
-    beat = HeartbeatThread(7, storage)
-    beat.start()  # and never joined, as when the interrupt lands in __enter__
-    time.sleep(0.3)
-    assert (tmp_path / "journal.log.heartbeats" / "7").exists() and beat._thread.is_alive()
-    storage.stop_heartbeats()
-    beat._thread.join(timeout=2)
-    assert not beat._thread.is_alive()
+def test_heartbeats_beat_while_the_trial_runs_and_a_thread_never_stopped_cannot_keep_the_process_alive(tmp_path):
+    """A trial's heartbeat file is rewritten while it runs and no more after; a Ctrl-C that lands between the
+    heartbeat thread's start and the code that stops it skips the stop, and the process must still end."""
+    heartbeats = Heartbeats(tmp_path / "journal.log.heartbeats", interval=0.1, grace=0.4, max_retry=2)
+    beat = heartbeats.path(7)
+    with heartbeats.beating(7):
+        first = beat.read_text()
+        time.sleep(0.35)
+        assert beat.read_text() != first  # rewritten at least once
+    last = beat.read_text()
+    time.sleep(0.25)
+    assert beat.read_text() == last  # the thread stopped with the trial
+    beating = heartbeats.start(8)
+    assert beating.thread.is_alive() and beating.thread.daemon
+    beating.stop()
+    assert not beating.thread.is_alive()
+    never_stopped = ("import time; from pathlib import Path; from kbert.tune.storage import Heartbeats\n"
+                     f"Heartbeats(Path({str(tmp_path / 'other')!r}), 0.1, 0.4, 2).start(9)  # never stopped\n"
+                     "time.sleep(0.3)\n")
+    done = subprocess.run([sys.executable, "-c", never_stopped], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "other" / "9").exists()
 
 
 def test_cli_report_and_run_config(tmp_path, capsys):
@@ -440,15 +470,15 @@ def test_cli_report_and_run_config(tmp_path, capsys):
 
 
 def test_timeout_stops_the_running_trial_after_its_fold_and_queues_it_again(tmp_path, monkeypatch):
-    import pipeline.run
+    import kbert.pipeline.fold
 
-    real_train_fold = pipeline.run.train_fold
+    real_train_fold = kbert.pipeline.fold.train_fold
 
     def slow_train_fold(*args, **kwargs):  # the deadline falls inside fold 1, however loaded the machine is
         time.sleep(4)
         return real_train_fold(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline.run, "train_fold", slow_train_fold)
+    monkeypatch.setattr(kbert.pipeline.fold, "train_fold", slow_train_fold)
     options = tiny_options(tmp_path, trials=None, timeout=3)
     study, code = tune(options)
     first, retry = study.get_trials()
@@ -465,7 +495,9 @@ def test_rdb_storage_url_with_heartbeats(tmp_path):
     assert code == 0 and len(study.get_trials(states=(TrialState.COMPLETE,))) == 2
     storage = optuna.storages.RDBStorage(options.storage)
     assert optuna.load_study(study_name="t", storage=storage).best_value == study.best_value
-    assert study._storage.get_heartbeat_interval() == 1
+    opened = open_storage(options, tmp_path / "runs" / "titanic" / "t")  # what load_study gave the study
+    assert isinstance(opened, optuna.storages.RDBStorage) and opened.get_heartbeat_interval() == 1
+    assert not (tmp_path / "runs" / "titanic" / "t" / "journal.log").exists()  # Optuna's heartbeats, no journal
 
 
 def pid_alive(pid: int) -> bool:

@@ -23,9 +23,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.config import load_competition  # noqa: E402
-from pipeline.data import load_competition_data  # noqa: E402
-from pipeline.metrics import get_metric  # noqa: E402
+from kbert.pipeline.config import load_competition  # noqa: E402
+from kbert.pipeline.data import load_competition_data  # noqa: E402
+from kbert.pipeline.metrics import get_metric  # noqa: E402
 
 RUNS = {  # name -> competition (a bundled name or a YAML path)
     "binary": "titanic",
@@ -85,7 +85,7 @@ def main() -> None:
         comp = load_competition(competition)
         run_dir = out / "runs" / comp.name / f"heads-{head}"
         if not (args.skip_existing and (run_dir / "metrics.json").exists()):
-            subprocess.run([sys.executable, "-m", "pipeline.cli", "run", competition, "--no-progress",
+            subprocess.run([sys.executable, "-m", "kbert.cli", "run", competition, "--no-progress",
                             "--run-id", f"heads-{head}", "--out", str(out / "runs"),
                             "--submissions-dir", str(out / "submissions")], check=True, cwd=ROOT)
         metrics = json.loads((run_dir / "metrics.json").read_text())

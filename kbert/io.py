@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from pipeline.errors import KbertError
+from kbert.errors import KbertError
 
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
@@ -26,17 +26,20 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
     tmp_path = Path(tmp)
     try:
         write(tmp_path)
-        os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual mode
+        os.chmod(tmp_path, 0o666 & ~UMASK)  # mkstemp creates 0600; give the file the usual mode
         os.replace(tmp_path, path)
     finally:
         tmp_path.unlink(missing_ok=True)
     return path
 
 
-def _umask() -> int:
+def _read_umask() -> int:
     current = os.umask(0)
     os.umask(current)
     return current
+
+
+UMASK = _read_umask()  # read once: reading it sets it for a moment, which races with threads writing files
 
 
 def write_text(path: Path, text: str) -> Path:

@@ -1,6 +1,6 @@
-"""The tuning search space: parsed from YAML (pipeline/search_space.yaml, a competition's ``search_space:``,
+"""The tuning search space: parsed from YAML (kbert/tune/search_space.yaml, a competition's ``search_space:``,
 or ``kbert tune --space FILE``), sampled entry by entry through an Optuna trial, and turned into the
-settings that ``resolve_run_config`` takes. See search_space.yaml for the format."""
+settings that ``resolve_run_config`` takes. See search_space.yaml (beside this file) for the format."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 
 import optuna
 
-from pipeline.config import CompetitionConfig, RunConfig, read_yaml
-from pipeline.errors import KbertError
-from pipeline.io import write_yaml
+from kbert.errors import KbertError
+from kbert.io import write_yaml
+from kbert.pipeline.config import CompetitionConfig, RunConfig, read_yaml
 
 DEFAULT_SPACE = Path(__file__).resolve().parent / "search_space.yaml"
 SET_PREFIXES = ("adapter_options.", "text.")

@@ -1,0 +1,64 @@
+"""The ``kbert`` command line: ``main`` (the console script) and ``build_parser``.
+
+Each command's options and handler sit together in one module, which adds its subparser(s) with ``add_parser`` and
+names the handler with ``set_defaults(handler=...)``:
+
+- run.py: ``kbert run``
+- tune.py: ``kbert tune``
+- baseline.py: ``kbert baseline``
+- ensemble.py: ``kbert ensemble``
+- predict.py: ``kbert predict`` and ``kbert embed``
+- doctor.py: ``kbert doctor``
+- competition.py: ``kbert validate`` and ``kbert init``
+- pretrain.py: ``kbert pretrain``
+- kaggle.py: ``kbert download``, ``submit``, ``submissions`` and ``leaderboard``
+- report.py: ``kbert report``
+- show_text.py: ``kbert show-text``
+
+common.py holds what several of them share (the competition, --data-dir, --out and --submissions-dir options, the
+closing lines of a run). Handlers import MLX, pandas and the pipeline lazily, so ``kbert --help`` stays fast and
+``runtime.setup()`` runs before MLX loads."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kbert.cli import baseline, competition, doctor, ensemble, kaggle, predict, pretrain, report, run, show_text, tune
+from kbert.errors import KbertError
+
+DESCRIPTION = """kbert: fine-tune BERT-family encoders in MLX on Kaggle competitions.
+
+Tabular rows become text, a BERT encoder is trained per fold, and the fold models'
+out-of-fold and test predictions are written to runs/ with a submission file."""
+
+# in the order `kbert --help` lists their commands
+COMMAND_MODULES = (run, tune, baseline, ensemble, predict, doctor, competition, pretrain, kaggle, report, show_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kbert", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in COMMAND_MODULES:
+        module.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    from kbert.models import runtime
+
+    runtime.setup()  # before any command imports mlx.core
+    try:
+        return args.handler(args)
+    except KbertError as exc:
+        print(f"kbert: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kbert: interrupted", file=sys.stderr)
+        return 130

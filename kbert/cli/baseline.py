@@ -1,0 +1,48 @@
+"""``kbert baseline``: a tabular model (gradient-boosted trees or linear) on the run's folds, written as an ensemble
+member in the run format (options and handler)."""
+
+from __future__ import annotations
+
+import argparse
+
+from kbert.cli.common import add_command, add_competition, add_data_dir, add_out, add_submissions_dir, print_run_result
+
+EPILOG = """examples:
+  kbert baseline titanic                     HistGradientBoosting on the 5 folds of kbert run
+  kbert baseline titanic --model logreg      logistic regression on one-hot and TF-IDF features
+  kbert baseline house-prices-advanced-regression-techniques --model logreg   trimmed lasso on log-scaled sizes
+
+member: <out>/<competition>/baseline-<model>-seed<S>/{config.yaml, folds.csv, oof.csv, test.csv, metrics.json}"""
+
+
+def add_parser(commands) -> None:
+    baseline = add_command(commands, "baseline", help="train a tabular baseline (gradient-boosted trees or linear) "
+                           "on the same folds, as an ensemble member",
+                           description="Train a tabular model per fold on the competition's raw columns plus "
+                                       "its engineered features and write a member in the run format "
+                                       "(oof.csv, test.csv, metrics.json) with a submission.",
+                           epilog=EPILOG)
+    add_competition(baseline)
+    baseline.add_argument("--model", default="hgb", choices=("hgb", "logreg", "lgbm", "catboost"),
+                          help="hgb: scikit-learn HistGradientBoosting (default); logreg: logistic regression on "
+                               "one-hot and TF-IDF features (an outlier-trimmed lasso for regression); lgbm, catboost: "
+                               "if installed")
+    baseline.add_argument("--seed", type=int, help="model seed (default: the run default, 42)")
+    baseline.add_argument("--folds", type=int, help="number of CV folds (default: the competition's)")
+    baseline.add_argument("--run-id", help="run folder name (default baseline-<model>-seed<S>)")
+    baseline.add_argument("--limit-rows", type=int, help="use only the first N training rows")
+    add_data_dir(baseline)
+    add_out(baseline)
+    add_submissions_dir(baseline)
+    baseline.set_defaults(handler=cmd_baseline)
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    from kbert.ensembles.baseline import run_baseline
+    from kbert.pipeline.config import load_competition, resolve_run_config
+
+    overrides = {name: getattr(args, name) for name in ("seed", "folds", "limit_rows", "data_dir", "out_dir",
+                                                         "submissions_dir")}
+    config = resolve_run_config(load_competition(args.competition), overrides)
+    print_run_result(run_baseline(config, args.model, run_id=args.run_id))
+    return 0

@@ -1,0 +1,57 @@
+"""``kbert validate`` (check a submission against the sample submission) and ``kbert init`` (write a competition
+YAML for a new CSV pair): their options and handlers."""
+
+from __future__ import annotations
+
+import argparse
+
+from kbert.cli.common import add_command, add_competition, add_data_dir
+
+
+def add_parser(commands) -> None:
+    validate = add_command(commands, "validate", help="check a submission file against the sample submission",
+                           description="Check that a submission CSV has the sample submission's columns, "
+                                       "row count, ids and dtypes. Exits 0 when it does, 2 otherwise.")
+    add_competition(validate)
+    validate.add_argument("file", help="the submission CSV to check")
+    add_data_dir(validate, help="folder with the sample submission (default: the bundled copy)")
+    validate.set_defaults(handler=cmd_validate)
+
+    init = add_command(commands, "init", help="write a competition YAML for a new train/test CSV pair",
+                       description="Infer the id, target, task and column types of a CSV pair and write "
+                                   "a competition YAML to edit; `kbert run` works on it as is.")
+    init.add_argument("name", help="the competition's name")
+    init.add_argument("--train", required=True, help="training CSV")
+    init.add_argument("--test", required=True, help="test CSV (same folder)")
+    init.add_argument("--sample-submission", help="sample submission CSV: names the id and target columns")
+    init.add_argument("--out", help="where to write the YAML (default: competitions/<name>.yaml)")
+    init.add_argument("--id", dest="id_column", help="the id column (default: inferred)")
+    init.add_argument("--target", help="the target column (default: the training column missing from test)")
+    init.add_argument("--force", action="store_true", help="overwrite an existing YAML")
+    init.set_defaults(handler=cmd_init)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Also the first step of ``kbert submit``: args needs competition, file and data_dir."""
+    from pathlib import Path
+
+    from kbert.pipeline.config import load_competition
+    from kbert.pipeline.data import load_competition_data, read_csv
+    from kbert.pipeline.submission import validate_submission
+
+    competition = load_competition(args.competition)
+    data = load_competition_data(competition, args.data_dir)
+    test_ids = data.test[competition.id_column]
+    validate_submission(read_csv(Path(args.file)), data.sample_submission, competition, source=args.file,
+                        test_ids=test_ids)
+    print(f"{args.file}: valid {competition.name} submission ({len(test_ids)} rows)")
+    return 0
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from kbert.pipeline.init import init_competition
+
+    path = init_competition(args.name, args.train, args.test, args.sample_submission, args.out, args.id_column,
+                            args.target, args.force)
+    print(f"wrote {path}; check it, then: kbert run {path}")
+    return 0

@@ -1,0 +1,96 @@
+"""``kbert doctor``: report the platform, MLX device and backends, BLAS and its speed, package versions, free disk
+and whether Kaggle credentials are present (never their values); exits 1 on the slow reference BLAS."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kbert.cli.common import add_command
+
+SLOW_BLAS_GFLOPS = 20.0  # the reference netlib BLAS measures ~5; OpenBLAS and MKL measure 100+
+DOCTOR_PACKAGES = ("mlx", "numpy", "pandas", "scikit-learn", "optuna", "tokenizers", "safetensors", "kaggle",
+                   "matplotlib", "torch", "transformers")
+LOW_DISK_GB = 5.0
+
+
+def add_parser(commands) -> None:
+    doctor = add_command(commands, "doctor",
+                         help="report the platform, MLX device, BLAS speed, versions, disk and credentials",
+                         description="Report the platform, the MLX version, device and GPU backends, which BLAS "
+                                     "MLX's CPU matmuls use and its measured 1024^3 float32 sgemm throughput, package "
+                                     "versions, free disk, and whether Kaggle credentials are present (never their "
+                                     "values). Exits 1 on the slow reference BLAS.")
+    doctor.set_defaults(handler=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Platform, MLX device and backends, BLAS and its speed, versions, disk, Kaggle credentials (never values)."""
+    import platform
+
+    from kbert.pipeline.kaggle import credential_source
+
+    gflops = _print_platform_mlx_and_blas()
+    print("versions: " + ", ".join(_package_versions()))
+    free_gb = _print_free_disk()
+    source = credential_source()
+    print(f"kaggle credentials: {'found (' + source + ')' if source else 'none (kbert download/submit need a token)'}")
+    code = 0
+    if free_gb < LOW_DISK_GB:
+        print(f"warning: less than {LOW_DISK_GB:.0f} GB free; fold checkpoints and tuning trials need room",
+              file=sys.stderr)
+    if platform.system() == "Linux" and gflops < SLOW_BLAS_GFLOPS:
+        print("warning: MLX is using a slow BLAS; pip install mkl, or apt install libopenblas0-pthread, "
+              "or set KBERT_BLAS=/path/to/libblas.so", file=sys.stderr)
+        code = 1
+    return code
+
+
+def _print_platform_mlx_and_blas() -> float:
+    """Print the platform, MLX's version, device and GPU backends, the BLAS and (on Linux) the CPU kernels and
+    malloc; return the measured CPU sgemm GFLOP/s."""
+    import platform
+
+    import mlx.core as mx
+
+    from kbert.models import cpu_kernels, runtime
+    from kbert.models.blas import measure_sgemm_gflops
+
+    print(f"platform: {platform.system()} {platform.machine()}, Python {platform.python_version()}")
+    backends = [name for name, module in (("metal", getattr(mx, "metal", None)), ("cuda", getattr(mx, "cuda", None)))
+                if module is not None and module.is_available()]
+    print(f"mlx: {mx.__version__}, default device {mx.default_device()}, GPU backends: {', '.join(backends) or 'none'}")
+    blas = runtime.status().blas
+    print(f"BLAS: {blas.name}" + (f" ({blas.path})" if blas.path else "") + (f"; {blas.note}" if blas.note else ""))
+    with mx.stream(mx.cpu):
+        gflops = measure_sgemm_gflops()
+    print(f"sgemm 1024^3 float32 on CPU: {gflops:.1f} GFLOP/s")
+    if platform.system() == "Linux":
+        cpu_kernels.kernels()
+        print(f"CPU kernels (softmax, GELU): {runtime.status().kernels}")
+        print(f"malloc: {runtime.status().malloc}")
+    return gflops
+
+
+def _package_versions() -> list[str]:
+    """'<package> <version>' for kbert and DOCTOR_PACKAGES, '<package> -' where it is not installed."""
+    from importlib import metadata
+
+    versions = []
+    for package in ("kbert",) + DOCTOR_PACKAGES:
+        try:
+            versions.append(f"{package} {metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{package} -")
+    return versions
+
+
+def _print_free_disk() -> float:
+    """Print and return the free GB on the disk of the working folder (its nearest existing parent)."""
+    import shutil
+    from pathlib import Path
+
+    folder = next(p for p in (Path.cwd(), *Path.cwd().parents) if p.exists())
+    free_gb = shutil.disk_usage(folder).free / 1e9
+    print(f"free disk: {free_gb:.1f} GB in {folder}")
+    return free_gb

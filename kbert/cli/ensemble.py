@@ -1,0 +1,60 @@
+"""``kbert ensemble``: blend runs, trials and baselines on their OOF predictions, scored by nested CV, and write
+the chosen blend's submission (options and handler)."""
+
+from __future__ import annotations
+
+import argparse
+
+from kbert.cli.common import add_command, add_competition, add_data_dir, add_out, add_submissions_dir
+
+EPILOG = """examples:
+  kbert ensemble titanic                               every member, every method; the best honest CV is submitted
+  kbert ensemble titanic --members top:5 --method hill
+  kbert ensemble house-prices-advanced-regression-techniques --members run-a,tune/trial-0003,baseline-hgb-seed42
+
+honest CV: each method's weights, meta-model and cut-off are fitted on all outer folds but one and scored on
+that one (nested CV); the in-sample figure fits and scores on the same rows and is optimistic.
+output: submissions/<competition>/ensemble-<method>-<time>.csv and .json (members, weights, method, honest CV)"""
+
+
+def add_parser(commands) -> None:
+    ensemble = add_command(commands, "ensemble", help="blend runs, trials and baselines on OOF; write a submission",
+                           description="Score blending methods with nested cross-validation on the members' "
+                                       "out-of-fold predictions, then write the best (or the named) method's "
+                                       "submission and a sidecar JSON with members, weights and honest CV.",
+                           epilog=EPILOG)
+    add_competition(ensemble)
+    ensemble.add_argument("--members", default="all",
+                          help="all (default), top:K (the K best by CV), or comma-separated run ids / "
+                               "<study>/trial-NNNN folders under runs/<competition>/")
+    ensemble.add_argument("--method", default="best",
+                          help="best (default: every method, the best honest CV is submitted), or one or more of "
+                               "mean, top-k, weighted, rank, hill, stack (comma-separated)")
+    ensemble.add_argument("--top-k", type=int, default=3, help="members in the top-k mean (default 3)")
+    ensemble.add_argument("--threshold", choices=("auto", "tune", "fixed"), default="auto",
+                          help="label metrics: tune the cut-off (binary), per-label cut-offs or per-class weights "
+                               "on OOF (tune), keep 0.5 / argmax (fixed), or tune for every label metric but "
+                               "accuracy (auto, default)")
+    ensemble.add_argument("--outer-folds", type=int, default=5, help="outer folds of the nested CV (default 5)")
+    ensemble.add_argument("--outer-repeats", type=int, default=3,
+                          help="outer splits (seeds S, S+1, ...) whose nested-CV scores are averaged (default 3)")
+    ensemble.add_argument("--seed", type=int, default=0, help="seed of the outer split and of hill-climbing bags")
+    add_data_dir(ensemble)
+    add_out(ensemble, default="runs", help="runs folder to read members from")
+    add_submissions_dir(ensemble, default="submissions", help="where the submission goes")
+    ensemble.set_defaults(handler=cmd_ensemble)
+
+
+def cmd_ensemble(args: argparse.Namespace) -> int:
+    from kbert.ensembles.blend import BlendOptions
+    from kbert.ensembles.ensemble import build_ensemble, ensemble_table
+    from kbert.pipeline.config import load_competition
+
+    competition = load_competition(args.competition)
+    options = BlendOptions(top_k=args.top_k, seed=args.seed, decision=args.threshold)
+    result = build_ensemble(competition, args.members, args.method, args.out_dir, args.submissions_dir, args.data_dir,
+                            args.outer_folds, args.seed, options, repeats=args.outer_repeats)
+    print(ensemble_table(result, competition.metric))
+    print(f"submission: {result.submission_path}")
+    print(f"members, weights and honest CV: {result.sidecar_path}")
+    return 0

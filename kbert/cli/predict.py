@@ -1,0 +1,73 @@
+"""``kbert predict`` (a finished run's fold models on new rows) and ``kbert embed`` (sentence embeddings of a text
+file): their options and handlers."""
+
+from __future__ import annotations
+
+import argparse
+
+from kbert.cli.common import add_command, add_out
+
+
+def add_parser(commands) -> None:
+    predict = add_command(commands, "predict", help="predict a CSV with a finished run's fold models",
+                          description="Predict new rows with every saved fold model of a run and average "
+                                      "them; the text is serialized as the run did, fold by fold.")
+    predict.add_argument("run", help="a run folder, or a run id under <out>/<competition>/")
+    predict.add_argument("--data", required=True, help="CSV with the competition's input columns (and ids)")
+    predict.add_argument("--tta", type=int, default=1, help="average over this many serializations (default 1: off)")
+    predict.add_argument("--output", help="where to write id + predictions (default <run>/predictions/<name>.csv)")
+    add_out(predict, default="runs", help="runs folder to look run ids up in")
+    predict.set_defaults(handler=cmd_predict)
+
+    embed = add_command(commands, "embed", help="write sentence embeddings of a text file with an encoder",
+                        description="Embed one text per line of FILE with a pretrained encoder and write "
+                                    "a (lines, hidden) float32 .npy array.")
+    embed.add_argument("model", help="a shipped name (minilm-l6) or a local Hugging Face model folder")
+    embed.add_argument("--texts", required=True, help="UTF-8 text file, one text per line")
+    embed.add_argument("--out", required=True, help="output .npy file")
+    embed.add_argument("--pooling", choices=("cls", "mean", "max"), default="mean",
+                       help="how to pool tokens (default mean)")
+    embed.add_argument("--normalize", action="store_true", help="L2-normalise each embedding")
+    embed.add_argument("--max-length", type=int, default=256, help="maximum tokens per text (default 256)")
+    embed.add_argument("--batch-size", type=int, default=64)
+    embed.set_defaults(handler=cmd_embed)
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from kbert.pipeline.predict import predict_run, resolve_run_dir
+
+    path = predict_run(resolve_run_dir(args.run, args.out_dir), args.data, args.tta, args.output)
+    print(f"predictions: {path}")
+    return 0
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kbert.io import write_npy
+    from kbert.models.encoders import load_encoder
+    from kbert.pipeline.embed import embed_texts
+
+    texts = _read_lines(Path(args.texts))
+    encoder, _, tokenizer = load_encoder(args.model)
+    vectors = embed_texts(encoder, tokenizer, texts, args.pooling, args.normalize, args.max_length, args.batch_size)
+    out = Path(args.out)
+    with_suffix = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")
+    write_npy(with_suffix, vectors)
+    print(f"{with_suffix}: {vectors.shape[0]} x {vectors.shape[1]} embeddings")
+    return 0
+
+
+def _read_lines(path) -> list[str]:
+    """The texts to embed, one per line; KbertError for a missing, non-UTF-8 or empty file."""
+    from kbert.errors import KbertError
+
+    if not path.is_file():
+        raise KbertError(f"{path}: file not found")
+    try:
+        texts = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise KbertError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
+    if not texts:
+        raise KbertError(f"{path}: no lines to embed")
+    return texts

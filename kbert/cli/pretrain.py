@@ -1,0 +1,74 @@
+"""``kbert pretrain``: masked-language-model pretraining of an encoder on the competition's rows as text (options
+and handler)."""
+
+from __future__ import annotations
+
+import argparse
+
+from kbert.cli.common import add_command, add_competition, add_data_dir, add_out
+
+EPILOG = """examples:
+  kbert pretrain titanic --steps 3000 --run-id mlm          from scratch, the size kbert run trains
+  kbert run titanic --encoder runs/titanic/pretrain/mlm     fine-tune it on the folds
+  kbert pretrain titanic --encoder minilm-l6 --steps 1000   continue pretraining a pretrained encoder
+
+output: runs/<competition>/pretrain/<id>/{config.json, model.safetensors (encoder + MLM head), tokenizer.json,
+pretrain.json (held-out masked accuracy, perplexity, history, time)}"""
+
+
+def add_parser(commands) -> None:
+    pretrain = add_command(commands, "pretrain", help="masked-language-model pretraining on the competition's text",
+                           description="Pretrain an encoder with masked-language modelling on every train "
+                                       "and test row as text (never a target column), then fine-tune it "
+                                       "with kbert run --encoder runs/<competition>/pretrain/<id>.",
+                           epilog=EPILOG)
+    add_competition(pretrain)
+    _add_encoder_source(pretrain)
+    _add_masking_options(pretrain)
+    pretrain.add_argument("--vocab-size", type=int, help="from scratch: WordPiece vocabulary size (default: the "
+                          "run's, 1000)")
+    pretrain.add_argument("--max-length", type=int, help="maximum tokens per row (default: the run's)")
+    pretrain.add_argument("--seed", type=int, default=42)
+    pretrain.add_argument("--run-id", help="folder name under runs/<competition>/pretrain/ (default: timestamp)")
+    add_data_dir(pretrain, help="folder with the competition's CSV files (default: as kbert run)")
+    add_out(pretrain)
+    pretrain.add_argument("--no-progress", action="store_true", help="print evaluations instead of a progress bar")
+    pretrain.set_defaults(handler=cmd_pretrain)
+
+
+def _add_encoder_source(pretrain: argparse.ArgumentParser) -> None:
+    """--from-scratch SIZE or --encoder NAME, not both."""
+    source = pretrain.add_mutually_exclusive_group()
+    source.add_argument("--from-scratch", dest="scratch", metavar="SIZE",
+                        help="bert (default: the size kbert run trains, with a WordPiece vocabulary learned on the "
+                             "corpus) or a preset (bert-mini, modernbert-base, neobert, ...)")
+    source.add_argument("--encoder", help="continue pretraining a pretrained encoder: minilm-l6 or a model folder")
+
+
+def _add_masking_options(pretrain: argparse.ArgumentParser) -> None:
+    pretrain.add_argument("--steps", type=int, default=2000, help="optimizer steps (default 2000)")
+    pretrain.add_argument("--batch-size", type=int, default=64, help="texts per step (default 64)")
+    pretrain.add_argument("--lr", type=float, dest="learning_rate",
+                          help="peak learning rate (default 5e-4 from scratch, 5e-5 for a pretrained encoder)")
+    pretrain.add_argument("--mask-prob", type=float, default=0.15, help="share of tokens predicted (default 0.15)")
+    pretrain.add_argument("--whole-word", action="store_true", help="mask whole words, not single word pieces")
+    pretrain.add_argument("--augment", type=int, default=4,
+                          help="augmented serializations of every row next to the plain one (default 4)")
+    pretrain.add_argument("--holdout", type=float, default=0.05, help="share of rows held out for masked "
+                          "accuracy and perplexity (default 0.05)")
+    pretrain.add_argument("--eval-every", type=int, default=200, help="steps between held-out evaluations")
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    from kbert.pipeline.config import load_competition, resolve_run_config
+    from kbert.pipeline.pretrain import PretrainConfig, pretrain
+
+    overrides = {name: getattr(args, name) for name in ("vocab_size", "max_length", "data_dir", "out_dir")}
+    config = resolve_run_config(load_competition(args.competition), overrides)
+    settings = PretrainConfig(encoder=args.encoder or args.scratch or "bert", steps=args.steps,
+                              batch_size=args.batch_size, learning_rate=args.learning_rate, mask_prob=args.mask_prob,
+                              whole_word=args.whole_word, augment=args.augment, holdout=args.holdout,
+                              eval_every=args.eval_every, seed=args.seed)
+    folder = pretrain(config, settings, run_id=args.run_id, progress=not args.no_progress)
+    print(f"encoder: {folder}\nfine-tune it: kbert run {args.competition} --encoder {folder}")
+    return 0

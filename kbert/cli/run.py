@@ -1,0 +1,161 @@
+"""``kbert run``: train k fold models and write OOF, test predictions and a submission (its options and handler)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kbert.cli.common import add_command, add_competition, add_data_dir, add_out, add_submissions_dir, print_run_result
+from kbert.errors import KbertError
+
+EPILOG = """examples:
+  kbert run titanic                          bundled Titanic data, 5 folds, seed 42
+  kbert run titanic --epochs 5 --folds 3     a quicker run
+  kbert run titanic --encoder minilm-l6      fine-tune pretrained all-MiniLM-L6-v2
+  kbert run titanic --data-dir ~/kaggle/titanic --out /tmp/runs
+  kbert run path/to/my_competition.yaml
+
+artifacts: <out>/<competition>/<run-id>/{config.yaml, folds.csv, oof.csv, test.csv, metrics.json, folds/<k>/}
+submission: <submissions-dir>/<competition>/<run-id>.csv
+resume: after Ctrl-C or a crash, rerun the same command with --run-id <run-id> (printed first): finished folds
+are kept, the others are trained"""
+
+# RunConfig fields set by the flag of the same name (None: the config's or competition's value)
+OVERRIDES = ("folds", "seed", "encoder", "epochs", "batch_size", "learning_rate", "max_length", "data_dir", "out_dir",
+             "submissions_dir", "limit_rows", "compile", "gradient_checkpointing", "dynamic_padding", "pooling", "loss",
+             "label_smoothing", "focal_gamma", "head_dropout", "target_transform", "calibrate", "permute_target",
+             "repeats", "augment", "tta", "adapter", "adapter_checkpoint")
+
+
+def add_parser(commands) -> None:
+    run = add_command(commands, "run", help="train k fold models and write OOF, test predictions and a submission",
+                      description="Run the whole pipeline for one competition: folds -> text -> tokens -> "
+                                  "MLX training per fold -> OOF/test predictions -> submission.",
+                      epilog=EPILOG)
+    add_competition(run, help="a name under competitions/ (e.g. titanic) or a path to a competition YAML",
+                    optional=True)
+    _add_data_options(run)
+    _add_encoder_options(run)
+    _add_training_options(run)
+    _add_output_options(run)
+    _add_head_options(run)
+    _add_speed_options(run)
+    run.set_defaults(handler=cmd_run)
+
+
+def _add_data_options(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--config", help="a run config YAML: a run's config.yaml, `kbert tune --report`'s best.yaml, "
+                     "or `competition: <name>` with settings (flags override them)")
+    run.add_argument("--folds", type=int, help="number of CV folds (default: the competition's, 5 for titanic)")
+    run.add_argument("--repeats", type=int, help="repeated k-fold: this many different splits, OOF averaged")
+    run.add_argument("--augment", type=int, help="augmented serializations of the training rows (column shuffle, "
+                     "paraphrase, numeric jitter); epochs cycle through them (default 0: off)")
+    run.add_argument("--tta", type=int, help="test-time augmentation: average over this many serializations "
+                     "(default 1: off)")
+    run.add_argument("--seed", type=int, help="training seed: initialisation, dropout, batch order (default 42)")
+
+
+def _add_encoder_options(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--encoder", help="bert (default: a small BERT trained from scratch), a size to train from "
+                                       "scratch (bert-tiny, bert-mini, modernbert-base, neobert, ...), a shipped "
+                                       "pretrained name (minilm-l6), or a local Hugging Face model folder")
+    run.add_argument("--adapter", help="train adapters on a pretrained encoder instead of all its weights: a preset "
+                     "(efficient r=4, balanced r=8, expressive r=16, qlora_memory: 4-bit base r=8) or a kind "
+                     "(lora, rslora, dora, qlora)")
+    run.add_argument("--lora-rank", type=int, help="adapter rank (overrides the preset's)")
+    run.add_argument("--lora-alpha", type=float, help="adapter alpha: the update is scaled by alpha / rank")
+    run.add_argument("--lora-dropout", type=float, help="dropout on the adapters' input")
+    run.add_argument("--lora-targets", help="comma-separated encoder layers to adapt, as name patterns "
+                     "(e.g. query,value or attention.* or Wqkv,Wo,Wi; default: every linear layer of the blocks)")
+    run.add_argument("--adapter-checkpoint", choices=("adapter", "merged"),
+                     help="fold checkpoints hold the adapter weights only (default) or the merged full model")
+
+
+def _add_training_options(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--epochs", type=int, help="maximum epochs per fold (early stopping may end sooner)")
+    run.add_argument("--batch-size", type=int, help="training batch size")
+    run.add_argument("--lr", type=float, dest="learning_rate", help="peak learning rate")
+    run.add_argument("--max-length", type=int, help="maximum tokens per row")
+
+
+def _add_output_options(run: argparse.ArgumentParser) -> None:
+    add_data_dir(run)
+    add_out(run)
+    add_submissions_dir(run)
+    run.add_argument("--run-id", help="name of the run folder (default: <timestamp>-seed<S>)")
+    run.add_argument("--limit-rows", type=int, help="use only the first N training rows (quick smoke runs)")
+    run.add_argument("--no-progress", action="store_true", help="hide the per-fold progress bars")
+
+
+def _add_head_options(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--pooling", choices=("cls", "mean", "max", "attention"), help="how token states are pooled")
+    run.add_argument("--loss", help="the head's loss (e.g. focal, huber, gaussian_nll; see models/heads.py)")
+    run.add_argument("--label-smoothing", type=float, help="multiclass cross-entropy label smoothing")
+    run.add_argument("--focal-gamma", type=float, help="focal loss gamma")
+    run.add_argument("--head-dropout", type=float, help="dropout before the head")
+    run.add_argument("--target-transform", choices=("none", "log1p", "standardize", "log1p_standardize"),
+                     help="regression/timeseries target transform, fitted per fold")
+    run.add_argument("--threshold", help="binary/multilabel cut-off for label submissions: a probability or 'tune'")
+    run.add_argument("--calibrate", action="store_const", const=True,
+                     help="temperature-scale binary/multiclass probabilities on OOF logits")
+    run.add_argument("--permute-target", action="store_const", const=True,
+                     help="sanity check: shuffle the training targets; the CV should fall to the trivial baseline")
+
+
+def _add_speed_options(run: argparse.ArgumentParser) -> None:
+    run.add_argument("--gradient-checkpointing", action="store_const", const=True,
+                     help="recompute encoder layers in the backward pass: much less memory, about 1/3 more time")
+    run.add_argument("--no-compile", dest="compile", action="store_const", const=False,
+                     help="run the train and eval steps eagerly instead of with mx.compile")
+    run.add_argument("--no-dynamic-padding", dest="dynamic_padding", action="store_const", const=False,
+                     help="pad every batch to --max-length instead of to its own longest row")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kbert.pipeline.run import new_run_id, run_competition
+
+    config = _run_config(args, _overrides(args))
+    run_id = args.run_id or new_run_id(config.seed)
+    try:
+        result = run_competition(config, run_id=run_id, progress=not args.no_progress)
+    except KeyboardInterrupt:
+        kept = Path(config.out_dir) / config.competition.name / run_id
+        print(f"kbert: interrupted; finished folds are kept in {kept}; resume with the same command and --run-id "
+              f"{run_id}", file=sys.stderr)
+        return 130
+    print_run_result(result)
+    return 0
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    """The flags as RunConfig overrides: OVERRIDES, the --lora-* adapter options and a parsed --threshold."""
+    overrides = {name: getattr(args, name) for name in OVERRIDES}
+    adapter_options = {name: getattr(args, f"lora_{name}") for name in ("rank", "alpha", "dropout", "targets")
+                       if getattr(args, f"lora_{name}") is not None}
+    if adapter_options:
+        overrides["adapter_options"] = adapter_options
+    if args.threshold is not None:
+        overrides["threshold"] = args.threshold if args.threshold == "tune" else _probability(args.threshold)
+    return overrides
+
+
+def _run_config(args: argparse.Namespace, overrides: dict):
+    """The RunConfig from --config or the competition (exactly one of them), with the flags laid over it."""
+    from kbert.pipeline.config import load_competition, resolve_run_config, run_config_from_file
+
+    if args.config:
+        if args.competition:
+            raise KbertError("give a competition or --config, not both")
+        return run_config_from_file(args.config, overrides)
+    if not args.competition:
+        raise KbertError("name a competition (e.g. kbert run titanic) or pass --config FILE")
+    return resolve_run_config(load_competition(args.competition), overrides)
+
+
+def _probability(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise KbertError(f"--threshold must be a probability or 'tune', got {text!r}") from None

@@ -1,0 +1,72 @@
+"""``kbert tune``: an Optuna study over the k folds, or with --report its best trials and plots (options, handler)."""
+
+from __future__ import annotations
+
+import argparse
+
+from kbert.cli.common import add_command, add_competition, add_data_dir, add_out
+
+EPILOG = """examples:
+  kbert tune titanic --timeout 8h --workers 2      overnight, two processes
+  kbert tune titanic --trials 30 --pruner median   30 finished trials
+  kbert tune titanic --report                      best trials, plots, report/best.yaml
+  kbert run --config runs/titanic/tune/report/best.yaml
+
+study: runs/<competition>/<study>/{journal.log, trial-<NNNN>/ (run artifacts), report/}
+dashboard: optuna-dashboard runs/<competition>/<study>/journal.log"""
+
+
+def add_parser(commands) -> None:
+    tune = add_command(commands, "tune",
+                       help="tune settings with Optuna over the k folds (resumable, pruned, parallel)",
+                       description="Run an Optuna study: each trial is a full k-fold run with sampled "
+                                   "settings, reported fold by fold and pruned when clearly worse. Rerun the "
+                                   "same command to resume after Ctrl-C, a crash or a kill.",
+                       epilog=EPILOG)
+    add_competition(tune)
+    tune.add_argument("--trials", type=int, help="finished (complete or pruned) trials the study should reach "
+                      "(default 100; with --timeout alone: no limit)")
+    tune.add_argument("--timeout", help="a deadline, e.g. 8h, 90m, 1h30m: a trial running then stops after its current "
+                      "fold and is queued again for the next run (default: none)")
+    tune.add_argument("--study", default="tune", help="study name: runs/<competition>/<study>/ (default tune)")
+    tune.add_argument("--storage", help="journal file (default runs/<competition>/<study>/journal.log) or an RDB "
+                      "URL such as postgresql://user@host/db for several machines")
+    tune.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    tune.add_argument("--space", help="search space YAML replacing kbert/tune/search_space.yaml")
+    tune.add_argument("--pruner", choices=("wilcoxon", "median", "none"), default="wilcoxon",
+                      help="fold-wise pruning (default wilcoxon)")
+    tune.add_argument("--prune-p", type=float, default=0.2,
+                      help="Wilcoxon p-value threshold; larger prunes more (default 0.2: after 3 of 5 folds)")
+    tune.add_argument("--keep-top", type=int, default=3, help="keep fold weights of the best N trials (default 3)")
+    tune.add_argument("--heartbeat", type=float, default=30.0,
+                      help="seconds between heartbeats; a trial silent for 4 is stale and retried (default 30)")
+    tune.add_argument("--seed", type=int, dest="sampler_seed", help="the TPE sampler's seed (default: random)")
+    tune.add_argument("--folds", type=int, help="number of CV folds for every trial")
+    tune.add_argument("--limit-rows", type=int, help="every trial uses the first N training rows (quick studies)")
+    add_data_dir(tune)
+    add_out(tune, default="runs", help="runs folder (default runs)")
+    tune.add_argument("--report", action="store_true",
+                      help="do not tune: print the best trials, write plots and best.yaml to <study>/report/")
+    tune.set_defaults(handler=cmd_tune)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from kbert.tune import TuneOptions, parse_duration, tune, write_report
+
+    timeout = parse_duration(args.timeout)
+    trials = args.trials if args.trials is not None else (None if timeout else 100)
+    overrides = {name: getattr(args, name) for name in ("folds", "limit_rows", "data_dir")
+                 if getattr(args, name) is not None}
+    options = TuneOptions(competition=args.competition, study=args.study, storage=args.storage or "", trials=trials,
+                          timeout=timeout, workers=args.workers, space=args.space or "", pruner=args.pruner,
+                          prune_p=args.prune_p, keep_top=args.keep_top, heartbeat=args.heartbeat,
+                          sampler_seed=args.sampler_seed, overrides=overrides, out_dir=args.out_dir)
+    if args.report:
+        write_report(options)
+        return 0
+    study, code = tune(options)
+    from kbert.tune import trials_table
+
+    print(trials_table(study, top=5))
+    print(f"report and best.yaml: kbert tune {args.competition} --study {args.study} --report")
+    return code

@@ -1,0 +1,240 @@
+"""The report of one run folder (``kbert run``, a tuning trial, ``kbert baseline``): its key numbers, the fold
+plots (also drawn for a study's best trial: ``fold_figures``) and the OOF predictions against the competition's
+targets, which ``load_truth`` reads again from the run's config.yaml and ``oof_plots`` draws as the task asks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kbert.errors import KbertError
+from kbert.io import read_json
+from kbert.report.page import Page, direction, format_score
+from kbert.report.plots import (fold_label, plot_binary_calibration, plot_confusion, plot_curves, plot_fold_scores,
+                                plot_label_calibration, plot_label_confusion, plot_residuals,
+                                plot_top_label_calibration)
+from kbert.tasks import Task
+
+RUN_FOLD_CAPTIONS = {
+    "fold_scores.png": "Score of each fold's validation rows; the dashed line is the CV over all OOF rows at once, "
+                       "the band the fold mean ± std.",
+    "curves.png": "Training (dashed) and validation (solid) loss per epoch, and the validation score per epoch; the "
+                  "star marks the epoch each fold kept.",
+}
+
+
+def run_report(run_dir: Path, out: Path) -> Page:
+    """Fold scores, training curves and the OOF predictions against the truth, for one run folder."""
+    metrics = read_json(run_dir / "metrics.json", required=("cv", "metric", "task"))
+    task, metric = metrics["task"], metrics["metric"]
+    page = Page(title=f"Run {metrics.get('run_id', run_dir.name)}",
+                subtitle=f"{run_dir} - {task}, {metric} ({direction(metrics.get('greater_is_better', True))})")
+    page.facts = run_facts(run_dir, metrics)
+    page.figures = fold_figures(run_dir, metrics, out, RUN_FOLD_CAPTIONS)
+    if metrics.get("folds"):
+        page.tables.append(fold_table(metrics))
+    if "curves.png" not in dict(page.figures):
+        page.notes.append("no folds/<k>/history.json (a baseline run): no training curves")
+
+    oof_path = run_dir / "oof.csv"
+    if not oof_path.is_file():
+        page.notes.append(f"{oof_path} is missing: no OOF plots")
+        return page
+    oof = pd.read_csv(oof_path)
+    columns = [str(c) for c in oof.columns[1:]]
+    predictions = oof.iloc[:, 1:].to_numpy(dtype=np.float64)
+    try:
+        truth, classes = load_truth(run_dir, task, oof.iloc[:, 0])
+    except KbertError as exc:
+        page.notes.append(f"truth-based plots skipped: {exc}")
+        return page
+    page.figures += oof_plots(task, metric, metrics, truth, classes, predictions, columns, out)
+    return page
+
+
+def run_facts(run_dir: Path, metrics: dict) -> list[tuple[str, str]]:
+    """The key numbers of a run, for the page's table."""
+    records = metrics.get("folds") or []
+    facts = [("run", str(metrics.get("run_id", run_dir.name))), ("task", str(metrics["task"])),
+             ("metric", f"{metrics['metric']} ({direction(metrics.get('greater_is_better', True))})"),
+             ("CV (all OOF rows)", format_score(metrics["cv"]))]
+    if "fold_mean" in metrics:
+        facts.append(("fold mean ± std", f"{format_score(metrics['fold_mean'])} ± "
+                                         f"{format_score(metrics.get('fold_std', float('nan')))}"))
+    if records:
+        facts.append(("folds", str(len(records))))
+        facts.append(("OOF rows", str(sum(r.get("n_valid", 0) for r in records if not r.get("repeat")))))
+    facts.append(("model", model_description(run_dir, metrics)))
+    if records and any(r.get("best_epoch") is not None for r in records):
+        facts.append(("best epoch per fold", ", ".join(best_epoch(r) for r in records)))
+    threshold = metrics.get("threshold") or {}
+    if threshold.get("tuned_on_oof"):
+        facts.append(("threshold tuned on OOF", ", ".join(f"{t:.2f}" for t in threshold["tuned_on_oof"])))
+        if "cv_at_tuned_threshold_optimistic" in threshold:
+            facts.append(("CV at the tuned threshold (optimistic)",
+                          format_score(threshold["cv_at_tuned_threshold_optimistic"])))
+    calibration = metrics.get("calibration") or {}
+    if "temperature" in calibration:
+        facts.append(("temperature (calibration)", f"{calibration['temperature']:.3f}"))
+    if "wall_time_s" in metrics:
+        facts.append(("wall time", f"{metrics['wall_time_s'] / 60:.1f} min"))
+    if metrics.get("submission"):
+        facts.append(("submission", str(metrics["submission"])))
+    return facts
+
+
+def model_description(run_dir: Path, metrics: dict) -> str:
+    """``baseline hgb``, or the encoder (with its size when trained from scratch) and adapter."""
+    import yaml
+
+    if metrics.get("baseline"):
+        return f"baseline {metrics['baseline']}"
+    path = run_dir / "config.yaml"
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError):
+        return "-"
+    model = config.get("model") or {}
+    text = str(model.get("encoder", "-"))
+    if text == "bert" and "hidden_size" in model:
+        text += f" from scratch (hidden {model['hidden_size']}, {model.get('num_hidden_layers', '?')} layers)"
+    if model.get("adapter"):
+        text += f" + {model['adapter']} adapters"
+    return text
+
+
+def best_epoch(record: dict) -> str:
+    """The epoch a fold kept, counted from 1, or ``-``."""
+    return "-" if record.get("best_epoch") is None else str(record["best_epoch"] + 1)
+
+
+def fold_table(metrics: dict) -> tuple[str, list[str], list[list[str]]]:
+    """The page's table of the folds: score, best epoch, rows and seconds of each."""
+    records = metrics["folds"]
+    return ("Folds", ["fold", metrics["metric"], "best epoch", "train rows", "valid rows", "seconds"],
+            [[fold_label(r, records), format_score(r.get("score")), best_epoch(r), str(r.get("n_train", "-")),
+              str(r.get("n_valid", "-")), str(r.get("seconds", "-"))] for r in records])
+
+
+def fold_figures(run_dir: Path, metrics: dict, out: Path, captions: dict[str, str]) -> list[tuple[str, str]]:
+    """fold_scores.png (when metrics.json has the folds' records) and curves.png (when the folds kept a
+    history.json) of one run folder, written to ``out``; (file name, caption from ``captions``) of each drawn."""
+    drawn = []
+    if metrics.get("folds"):
+        drawn.append(plot_fold_scores(metrics, out / "fold_scores.png").name)
+    histories = read_histories(run_dir)
+    if histories:
+        drawn.append(plot_curves(histories, metrics, out / "curves.png").name)
+    return [(name, captions[name]) for name in drawn]
+
+
+def read_histories(run_dir: Path) -> dict[str, list[dict]]:
+    """Each fold folder's history.json (epoch, train_loss, valid_loss, valid_score), by folder name."""
+    found = {}
+    for path in sorted((run_dir / "folds").glob("*/history.json"), key=lambda p: _fold_order(p.parent.name)):
+        history = json.loads(path.read_text(encoding="utf-8"))
+        if history:
+            found[path.parent.name] = history
+    return found
+
+
+def _fold_order(name: str) -> tuple[int, int]:
+    if name.isdigit():
+        return 0, int(name)
+    repeat, _, fold = name[1:].partition("-")
+    return (int(repeat), int(fold)) if repeat.isdigit() and fold.isdigit() else (1 << 30, 0)
+
+
+def run_source(run_dir: Path):
+    """(competition config, data_dir or None, limit_rows, permute_target) of a run folder's config.yaml: a resolved
+    run config, or a baseline's ``competition: <name>`` with its settings."""
+    from kbert.pipeline.config import load_competition, read_run_file, run_config_from_file
+
+    competition, rest = read_run_file(run_dir / "config.yaml")
+    if isinstance(competition, str):
+        return (load_competition(competition), rest.get("data_dir") or None, rest.get("limit_rows"),
+                bool(rest.get("permute_target")))
+    config = run_config_from_file(run_dir / "config.yaml", {})
+    return config.competition, config.data_dir or None, config.limit_rows, config.permute_target
+
+
+def load_truth(run_dir: Path, task: str, ids: pd.Series) -> tuple[np.ndarray, list | None]:
+    """The training targets in the order of ``ids`` (oof.csv's id column): class indices (binary 0/1,
+    multiclass, ordinal), 0/1 labels (n, L) for multilabel, raw values for regression (n,) and timeseries (n, H);
+    and the classes. A KbertError says why they cannot be had (a permuted-target run, missing data)."""
+    from kbert.pipeline.data import load_competition_data
+    from kbert.pipeline.targets import encode_targets, raw_targets
+
+    competition, data_dir, limit_rows, permuted = run_source(run_dir)
+    if permuted:
+        raise KbertError("this run shuffled its targets (permute_target), so its predictions have no truth")
+    train = load_competition_data(competition, data_dir).train
+    if limit_rows is not None:
+        train = train.iloc[:limit_rows].reset_index(drop=True)
+    targets = encode_targets(train, competition)
+    values = raw_targets(train, competition) if Task(task).numeric else targets.values
+    train_ids = pd.Index(train[competition.id_column])
+    if train_ids.is_unique:
+        position = train_ids.get_indexer(ids)
+        if (position < 0).any():
+            raise KbertError(f"{int((position < 0).sum())} oof.csv ids are not in the training data")
+    elif len(train_ids) == len(ids):
+        position = np.arange(len(ids))
+    else:
+        raise KbertError("the training data's ids repeat and oof.csv has a different row count")
+    return values[position], targets.classes
+
+
+def oof_plots(task: str, metric: str, metrics: dict, truth: np.ndarray, classes: list | None,
+              predictions: np.ndarray, columns: list[str], out: Path) -> list[tuple[str, str]]:
+    """The task's truth-based plots; returns (file name, caption) for each."""
+    figures = []
+    tuned = (metrics.get("threshold") or {}).get("tuned_on_oof")
+    if task == Task.BINARY:
+        threshold = float(tuned[0]) if tuned else 0.5
+        y, p = truth.astype(int), predictions[:, 0]
+        plot_confusion(y, (p >= threshold).astype(int), ["0", "1"], columns[0],
+                       f"OOF confusion matrix at threshold {threshold:.2f}", out / "confusion.png")
+        plot_binary_calibration(y, p, threshold, columns[0], out / "calibration.png")
+        figures += [("confusion.png", f"OOF predictions against the truth, P({columns[0]}) cut at {threshold:.2f}."),
+                    ("calibration.png", "Reliability diagram (mean predicted probability against the observed share, "
+                                        "per probability bin) and the OOF probabilities of each true class.")]
+    elif task == Task.MULTICLASS:
+        plot_confusion(truth.astype(int), predictions.argmax(axis=1), columns, "class",
+                       "OOF confusion matrix (most probable class)", out / "confusion.png")
+        plot_top_label_calibration(truth.astype(int), predictions, out / "calibration.png")
+        figures += [("confusion.png", "OOF predictions (the most probable class) against the truth."),
+                    ("calibration.png", "Top-label calibration: the confidence in the predicted class against how "
+                                        "often it is right, per confidence bin.")]
+    elif task == Task.ORDINAL:
+        labels = ordinal_labels_from_probabilities(predictions)
+        plot_confusion(truth.astype(int), labels, columns, "class", "OOF confusion matrix (ordinal label)",
+                       out / "confusion.png")
+        values = np.asarray(classes, dtype=np.float64)
+        plot_residuals(values[truth.astype(int)], predictions @ values, metric, out / "residuals.png",
+                       "expected value")
+        figures += [("confusion.png", "OOF ordinal labels (thresholds cleared with probability over 1/2) against the "
+                                      "truth."),
+                    ("residuals.png", "Expected value of each OOF prediction against the true class, and the "
+                                      "residuals.")]
+    elif task == Task.MULTILABEL:
+        thresholds = np.asarray(tuned, dtype=np.float64) if tuned else np.full(len(columns), 0.5)
+        plot_label_confusion(truth.astype(int), predictions, thresholds, columns, out / "confusion.png")
+        plot_label_calibration(truth.astype(int), predictions, columns, out / "calibration.png")
+        figures += [("confusion.png", "Per label: true/false positives and negatives of the OOF predictions."),
+                    ("calibration.png", "Reliability diagram per label.")]
+    else:  # regression, timeseries (every horizon together)
+        plot_residuals(np.asarray(truth, dtype=np.float64).ravel(), predictions.ravel(), metric,
+                       out / "residuals.png", "prediction")
+        figures.append(("residuals.png", "OOF predictions against the truth (the line is y = x), and the residuals "
+                                         "against the prediction."))
+    return figures
+
+
+def ordinal_labels_from_probabilities(probabilities: np.ndarray) -> np.ndarray:
+    """oof.csv's ordinal class probabilities -> the CORAL label (thresholds cleared with P(y > k) > 1/2)."""
+    above = 1.0 - np.cumsum(probabilities, axis=1)[:, :-1]
+    return (above > 0.5).sum(axis=1)

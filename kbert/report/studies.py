@@ -1,0 +1,82 @@
+"""The report of an Optuna study folder (``runs/<competition>/<study>``, holding journal.log): Optuna's plots and
+best.yaml as ``kbert.tune.write_report`` writes them, the trials' key numbers and table, and the best trial's
+fold plots. Optuna is imported only when a study is reported."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from kbert.io import atomic_write, read_json
+from kbert.report.page import Page, direction, format_score
+from kbert.report.runs import fold_figures
+from kbert.report.target import REPORT_FOLDER
+
+STUDY_PLOTS = ("history.png", "importances.png", "parallel_coordinate.png")  # drawn by kbert.tune.write_report
+
+
+def study_report(directory: Path, out: Path) -> Page:
+    """Optuna's plots and best.yaml via ``kbert.tune.write_report``, the best trials table, and the best
+    trial's fold scores and curves."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from kbert.tune import TuneOptions, load_study, ranked_trials, trial_dir, trials_table
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    options = TuneOptions(competition=directory.parent.name, study=directory.name, out_dir=str(directory.parent.parent))
+    study, competition, _, _ = load_study(options, create=False)
+    tune_dir = directory / REPORT_FOLDER
+    write_tune_plots(options, tune_dir, out)
+
+    trials = study.get_trials(deepcopy=False)
+    best = ranked_trials(study)[0]
+    default = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("default")]
+    metric = f"{competition.metric} ({direction(study.direction.name == 'MAXIMIZE')})"
+    page = Page(title=f"Study {directory.name} ({competition.name})",
+                subtitle=f"{directory} - {competition.task}, {metric}")
+    page.facts = [("study", directory.name), ("competition", competition.name), ("metric", metric),
+                  ("trials", ", ".join(f"{n} {state}" for state, n in trial_states(trials).items() if n)),
+                  ("best trial", str(best.number)), ("best mean fold score", format_score(best.value)),
+                  ("best trial's CV (all OOF rows)", format_score(best.user_attrs.get("oof_cv")))]
+    if default:
+        page.facts.append(("default configuration (trial 0)", format_score(default[0].value)))
+    best_dir = trial_dir(directory, best.number)
+    page.facts.append(("reproduce", f"kbert run --config {tune_dir / 'best.yaml'}"))
+    page.facts.append(("the best trial's confusion/residual plots", f"kbert report {best_dir}"))
+    page.figures = [("history.png", "Objective (mean fold score) of every trial and the best so far."),
+                    ("importances.png", "How much each parameter explains of the objective (fANOVA)."),
+                    ("parallel_coordinate.png", "Each completed trial's parameters and objective.")]
+    if (best_dir / "metrics.json").is_file():
+        metrics = read_json(best_dir / "metrics.json", required=("cv", "metric"))
+        page.figures += fold_figures(best_dir, metrics, out, {
+            "fold_scores.png": f"Best trial {best.number}: score of each fold.",
+            "curves.png": f"Best trial {best.number}: loss and validation score per epoch."})
+    else:
+        page.notes.append(f"{best_dir / 'metrics.json'} is missing: no fold plots of the best trial")
+    page.text.append(("Best trials", trials_table(study)))
+    if (out / "best.yaml").is_file():
+        page.text.append(("best.yaml (the best trial's run config)", (out / "best.yaml").read_text(encoding="utf-8")))
+    return page
+
+
+def write_tune_plots(options, tune_dir: Path, out: Path) -> None:
+    """Optuna's plots and best.yaml, drawn afresh by ``kbert.tune.write_report`` into ``tune_dir`` (the study's
+    report folder) and copied to ``out`` when the report goes elsewhere."""
+    from kbert.tune import write_report as write_tune_report
+
+    for name in STUDY_PLOTS:  # drawn again below; one it skips this time must not linger from an earlier report
+        (tune_dir / name).unlink(missing_ok=True)
+    write_tune_report(options)
+    if out.resolve() != tune_dir.resolve():
+        for name in (*STUDY_PLOTS, "best.yaml"):
+            if (tune_dir / name).is_file():
+                atomic_write(out / name, lambda p, source=tune_dir / name: shutil.copyfile(source, p))
+
+
+def trial_states(trials: list) -> dict[str, int]:
+    """How many trials are complete, pruned, failed, running and waiting."""
+    from optuna.trial import TrialState
+
+    return {s.name.lower(): sum(t.state == s for t in trials)
+            for s in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING)}

@@ -1,0 +1,68 @@
+"""What one ``kbert tune`` invocation asks for (``TuneOptions``) and the durations it reads and prints.
+
+Standard library only: a spawned worker process rebuilds its ``TuneOptions`` from a dict before MLX may load.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from kbert.errors import KbertError
+
+DEFAULT_STUDY = "tune"
+PRUNERS = ("wilcoxon", "median", "none")
+STALE_HEARTBEATS = 4  # a running trial whose worker was silent for this many heartbeat intervals is stale
+
+
+@dataclass
+class TuneOptions:
+    competition: str  # a name under competitions/ or a YAML path
+    study: str = DEFAULT_STUDY
+    storage: str = ""  # "" = runs/<competition>/<study>/journal.log; a file path; or an RDB URL
+    trials: int | None = 100  # finished (complete + pruned) trials the study should reach
+    timeout: float | None = None  # seconds for this invocation
+    workers: int = 1
+    space: str = ""  # a search space YAML replacing kbert/tune/search_space.yaml
+    pruner: str = "wilcoxon"
+    prune_p: float = 0.2  # WilcoxonPruner p_threshold; with 5 folds 0.2 can prune after 3 folds, 0.1 after 4
+    keep_top: int = 3  # trials whose fold weights are kept
+    heartbeat: float = 30.0  # seconds between heartbeats; a trial silent for STALE_HEARTBEATS of them is stale
+    max_retry: int = 2  # retries of a stale or interrupted trial
+    sampler_seed: int | None = None
+    enqueue_default: bool = True  # a new study's trial 0 is the competition's default configuration
+    overrides: dict[str, Any] = field(default_factory=dict)  # fixed run settings for every trial
+    out_dir: str = "runs"
+
+    @property
+    def grace(self) -> float:
+        """Seconds without a heartbeat after which a running trial is stale."""
+        return STALE_HEARTBEATS * self.heartbeat
+
+    @property
+    def rdb(self) -> bool:
+        """The storage is an RDB URL (postgresql://, mysql://, sqlite:///), not a journal file."""
+        return "://" in self.storage
+
+
+def parse_duration(text: str | float | None) -> float | None:
+    """'8h', '90m', '1h30m', '45s', '2d' or plain seconds -> seconds."""
+    if text is None or text == "":
+        return None
+    if isinstance(text, (int, float)):
+        return float(text)
+    value = str(text).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", value):
+        return float(value)
+    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([dhms])", value)
+    if not parts or re.sub(r"(\d+(?:\.\d+)?)\s*([dhms])", "", value).strip():
+        raise KbertError(f"cannot read the duration '{text}'; write e.g. 8h, 90m, 1h30m or 3600")
+    scale = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    return sum(float(number) * scale[unit] for number, unit in parts)
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"

@@ -1,0 +1,117 @@
+"""``kbert tune --report``: the best trials as a table, the best trial's config as ``report/best.yaml`` (ready for
+``kbert run --config``), and Optuna's history, importance and parallel-coordinate plots as PNGs in ``report/``.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from kbert.errors import KbertError
+from kbert.io import atomic_write, write_text
+from kbert.tune.options import TuneOptions, format_duration
+from kbert.tune.study import load_study, ranked_trials, trial_dir
+
+STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING, TrialState.WAITING)
+
+
+def trials_table(study: optuna.Study, top: int = 10) -> str:
+    """The best ``top`` completed trials, then a count of every state."""
+    lines = [f"{'trial':>5}  {'mean':>8}  {'OOF':>8}  {'folds':<42} {'time':>7}  params"]
+    for t in ranked_trials(study)[:top]:
+        folds = " ".join(f"{s:.4f}" for s in t.user_attrs.get("fold_scores", []))
+        params = ", ".join(f"{k}={short(v)}" for k, v in t.params.items())
+        tag = " [default]" if t.user_attrs.get("default") else ""
+        oof = t.user_attrs.get("oof_cv", float("nan"))
+        lines.append(f"{t.number:>5}  {t.value:>8.4f}  {oof:>8.4f}  {folds:<42} "
+                     f"{format_duration(t.duration.total_seconds()):>7}  {params}{tag}")
+    states = [t.state for t in study.get_trials(deepcopy=False)]
+    counts = {state.name.lower(): states.count(state) for state in STATES}
+    lines.append("trials: " + ", ".join(f"{n} {state}" for state, n in counts.items() if n))
+    return "\n".join(lines)
+
+
+def short(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def best_config(study: optuna.Study, directory: Path) -> dict:
+    """The best trial's resolved run config (its config.yaml), ready for ``kbert run --config``."""
+    import yaml
+
+    path = trial_dir(directory, study.best_trial.number) / "config.yaml"
+    if not path.is_file():
+        raise KbertError(f"{path}: the best trial's config is missing")
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    config.pop("run_id", None)
+    return config
+
+
+def write_report(options: TuneOptions) -> Path:
+    """Print the best trials; write best.yaml and the history/importance/parallel-coordinate PNGs."""
+    study, competition, _, directory = load_study(options, create=False)
+    print(trials_table(study))
+    report_dir = directory / "report"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not completed:
+        raise KbertError(f"study '{options.study}' has no completed trial yet")
+    best_yaml = write_best_yaml(study, options, competition.name, competition.metric, directory, report_dir)
+    plots = write_plots(study, report_dir, len(completed))
+    if plots is not None:
+        print("wrote " + ", ".join(str(p) for p in [best_yaml, *plots]))
+    return report_dir
+
+
+def write_best_yaml(study: optuna.Study, options: TuneOptions, competition: str, metric: str, directory: Path,
+                    report_dir: Path) -> Path:
+    import yaml
+
+    best = study.best_trial
+    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    default = [t for t in completed if t.user_attrs.get("default")]
+    header = (f"# kbert tune {competition} --study {options.study}: best trial {best.number}, "
+              f"mean fold {metric} {best.value:.4f}"
+              + (f" (default configuration: {default[0].value:.4f})" if default else "") +
+              f"\n# Reproduce: kbert run --config {report_dir / 'best.yaml'}\n")
+    return write_text(report_dir / "best.yaml", header + yaml.safe_dump(best_config(study, directory), sort_keys=False))
+
+
+def write_plots(study: optuna.Study, report_dir: Path, completed: int) -> list[Path] | None:
+    """Optuna's matplotlib plots as PNGs (None without matplotlib); importances need two completed trials."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: pip install matplotlib for the report's plots", file=sys.stderr)
+        return None
+    from optuna.visualization import matplotlib as optuna_plots
+
+    plots = {"history.png": optuna_plots.plot_optimization_history,
+             "importances.png": optuna_plots.plot_param_importances,
+             "parallel_coordinate.png": optuna_plots.plot_parallel_coordinate}
+    written = []
+    for name, plot in plots.items():
+        if name == "importances.png" and completed < 2:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
+            try:
+                axes = plot(study)
+            except (ValueError, RuntimeError) as exc:  # e.g. importances of a single distinct trial
+                print(f"note: {name} skipped: {exc}", file=sys.stderr)
+                continue
+        figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
+        figure.set_size_inches(10, 6)
+        figure.tight_layout()
+        atomic_write(report_dir / name, lambda path: figure.savefig(path, format="png", dpi=100))
+        written.append(report_dir / name)
+        plt.close(figure)
+    return written

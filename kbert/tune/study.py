@@ -1,0 +1,128 @@
+"""The study and its folder: open or create it (direction, TPE sampler, pruner; trial 0 the competition's default
+configuration), each trial's run folder, and the housekeeping between trials (fold weights of the best trials
+only, no folders of unfinished ones).
+
+One study lives in ``runs/<competition>/<study>/``: ``journal.log`` (kbert/tune/storage.py), ``trial-<NNNN>/``
+per completed trial in the run artifact layout (config.yaml, oof.csv, test.csv, metrics.json, folds/<k>/), so
+that any trial can be blended, and ``report/`` (kbert/tune/report.py).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from kbert.errors import KbertError
+from kbert.pipeline.config import CompetitionConfig, RunConfig, load_competition, resolve_run_config
+from kbert.tune.options import PRUNERS, TuneOptions
+from kbert.tune.space import Param, default_params, parse_space, space_entries, to_overrides
+from kbert.tune.storage import open_storage, storage_label
+
+FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
+
+
+def study_dir(options: TuneOptions, competition: CompetitionConfig) -> Path:
+    return Path(options.out_dir) / competition.name / options.study
+
+
+def trial_dir(directory: Path, number: int) -> Path:
+    return directory / f"trial-{number:04d}"
+
+
+def resolve_trial_config(competition: CompetitionConfig, options: TuneOptions, overrides: dict[str, Any]) -> RunConfig:
+    """The run config of one trial: the study's fixed overrides, then the trial's (adapter options merged)."""
+    merged = {**options.overrides, **overrides, "out_dir": options.out_dir}
+    if options.overrides.get("adapter_options") or overrides.get("adapter_options"):
+        merged["adapter_options"] = {**(options.overrides.get("adapter_options") or {}),
+                                     **(overrides.get("adapter_options") or {})}
+    return resolve_run_config(competition, merged)
+
+
+def make_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
+    # constant_liar: parallel workers do not all propose the neighbourhood of the same running trial.
+    return optuna.samplers.TPESampler(multivariate=True, group=True, constant_liar=True, n_startup_trials=10,
+                                      seed=seed)
+
+
+def make_pruner(kind: str, p_threshold: float) -> optuna.pruners.BasePruner:
+    if kind == "wilcoxon":
+        return optuna.pruners.WilcoxonPruner(p_threshold=p_threshold, n_startup_steps=2)
+    if kind == "median":  # a fold's score against the median of the other trials' scores on that fold
+        return optuna.pruners.MedianPruner(n_startup_trials=4, n_warmup_steps=1)
+    if kind == "none":
+        return optuna.pruners.NopPruner()
+    raise KbertError(f"unknown pruner '{kind}'; choose one of {', '.join(PRUNERS)}")
+
+
+def load_study(options: TuneOptions, create: bool) -> tuple[optuna.Study, CompetitionConfig, list[Param], Path]:
+    """Open (or create) the study; on creation, queue the competition's default configuration first.
+    Returns the study, the competition, the parsed search space and the study folder."""
+    competition = load_competition(options.competition)
+    params = parse_space(space_entries(competition, Path(options.space) if options.space else None),
+                         options.space or f"{competition.name} search space")
+    directory = study_dir(options, competition)
+    storage = open_storage(options, directory)
+    names = optuna.study.get_all_study_names(storage)
+    if not create and options.study not in names:
+        raise KbertError(f"no study '{options.study}' for {competition.name} in {storage_label(options, directory)}")
+    study = optuna.create_study(study_name=options.study, storage=storage, load_if_exists=True,
+                                direction="maximize" if greater_is_better(competition) else "minimize",
+                                sampler=make_sampler(options.sampler_seed),
+                                pruner=make_pruner(options.pruner, options.prune_p))
+    if create and options.study not in names:
+        start_study(study, competition, options, params)
+    return study, competition, params, directory
+
+
+def start_study(study: optuna.Study, competition: CompetitionConfig, options: TuneOptions, params: list[Param]) -> None:
+    """A new study: its competition and metric, and trial 0 queued as the default configuration."""
+    default = resolve_trial_config(competition, options, {})
+    fixed, outside = default_params(params, default)
+    resolve_trial_config(competition, options, to_overrides(params, fixed))  # fail now, not in a worker
+    study.set_user_attr("competition", competition.name)
+    study.set_user_attr("metric", competition.metric)
+    if options.enqueue_default:
+        study.enqueue_trial(fixed, user_attrs={"default": True})
+        if outside:
+            print(f"note: the default configuration's {', '.join(outside)} lie(s) outside the search space; "
+                  f"trial 0 samples them")
+
+
+def greater_is_better(competition: CompetitionConfig) -> bool:
+    from kbert.pipeline.metrics import get_metric
+
+    return get_metric(competition.metric).greater_is_better
+
+
+def finished_count(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=FINISHED))
+
+
+def ranked_trials(study: optuna.Study) -> list[FrozenTrial]:
+    """Completed trials, best first (ties: the earlier trial)."""
+    completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
+    return sorted(completed, key=lambda t: (-t.value if maximize else t.value, t.number))
+
+
+def keep_top_checkpoints(study: optuna.Study, directory: Path, keep: int) -> int:
+    """Delete the fold weights of every completed trial outside the best ``keep``; returns bytes freed."""
+    freed = 0
+    for trial in ranked_trials(study)[keep:]:
+        for weights in (trial_dir(directory, trial.number) / "folds").glob("*/*.safetensors"):
+            try:
+                freed += weights.stat().st_size
+                weights.unlink()
+            except FileNotFoundError:  # another worker got there first
+                pass
+    return freed
+
+
+def remove_unfinished_folders(study: optuna.Study, directory: Path) -> None:
+    """Folders of failed or pruned trials (a killed worker leaves a half-written one)."""
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.FAIL, TrialState.PRUNED)):
+        shutil.rmtree(trial_dir(directory, trial.number), ignore_errors=True)

@@ -1,0 +1,193 @@
+"""Workers: ``tune()`` runs the study in this process or in ``--workers`` spawned processes, each optimizing the
+same study until it has ``--trials`` finished trials or the ``--timeout`` deadline passes.
+
+- ``run_worker``: one worker's optimize loop: its own sampler seed, heartbeats for a journal-file study
+  (kbert/tune/storage.py), the housekeeping after each trial, a stop after MAX_FAILURES_IN_A_ROW failures.
+- ``worker_main``: the entry point of a spawned worker process.
+- ``run_processes``: start the workers, pass ``kill PID`` (SIGTERM) on to them as a Ctrl-C, wait for them.
+- ``requeue_abandoned``: queue again the trials that Ctrl-C or the deadline abandoned.
+
+Exit codes: 0; 130 after Ctrl-C (the running trials are queued again: the same command resumes); ``tune``
+returns 1 when a worker died (its trial goes stale and is retried). A worker whose ``kbert tune`` is gone
+abandons its trial after the current fold and stops.
+
+Workers are spawned, not forked: MLX and BLAS threads do not survive a fork. A spawned worker imports this
+module to find its entry point, and ``kbert.models.runtime.setup()`` must bind the fast BLAS before anything
+imports ``mlx.core`` (else every trial trains on the reference BLAS: ``"blas": "reference"`` in its
+metrics.json). So kbert.tune imports no MLX at the top of any module (the objective imports the run inside
+the trial; tests/test_layers.py checks it), and ``worker_main`` calls ``setup()`` first.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from kbert.errors import KbertError
+from kbert.models import runtime
+from kbert.tune.objective import make_objective, parent_gone
+from kbert.tune.options import TuneOptions, format_duration
+from kbert.tune.storage import (Heartbeats, fail_stale_trials, forget_finished, heartbeats_of, queued_again, retry,
+                                storage_label)
+from kbert.tune.study import (FINISHED, finished_count, keep_top_checkpoints, load_study, make_sampler,
+                              remove_unfinished_folders)
+
+MAX_FAILURES_IN_A_ROW = 10  # a space where every trial fails stops instead of spinning
+INTERRUPTED = 130
+
+
+def tune(options: TuneOptions) -> tuple[optuna.Study, int]:
+    """Create or resume the study, then run ``options.workers`` worker processes (or this one).
+    Returns the study and an exit code: 0, or 1 when a worker died (its trial is retried on the next run).
+    Raises KeyboardInterrupt after Ctrl-C or SIGTERM, once the workers have queued their trials again."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if options.workers < 1:
+        raise KbertError(f"--workers must be at least 1, got {options.workers}")
+    if options.trials is not None and options.trials < 1:
+        raise KbertError(f"--trials must be at least 1, got {options.trials}")
+    study, competition, _, directory = load_study(options, create=True)
+    total = f"/{options.trials}" if options.trials else ""
+    print(f"study '{options.study}' for {competition.name} ({competition.metric}, "
+          f"{study.direction.name.lower()}): {finished_count(study)}{total} trials finished, storage "
+          f"{storage_label(options, directory)}; {options.workers} worker(s), pruner {options.pruner}"
+          + (f", timeout {format_duration(options.timeout)}" if options.timeout else ""))
+    if options.workers == 1:
+        if run_worker(options, 0) == INTERRUPTED:
+            raise KeyboardInterrupt
+        return study, 0
+    codes = run_processes(options, started_wall=time.time())
+    killed = [(worker, code) for worker, code in enumerate(codes) if code not in (0, INTERRUPTED)]
+    for worker, code in killed:
+        print(f"worker {worker} ended with exit code {code}; its running trial goes stale and is retried "
+              f"on the next `kbert tune`", file=sys.stderr)
+    if INTERRUPTED in codes:
+        raise KeyboardInterrupt
+    return study, 1 if killed else 0
+
+
+def run_processes(options: TuneOptions, started_wall: float) -> list[int | None]:
+    """Run the workers to their end and return their exit codes. A Ctrl-C reaches them too (one process
+    group) and ``kill PID`` is passed on as one: either way they abandon their trials before this returns."""
+    context = multiprocessing.get_context("spawn")  # no fork: MLX and BLAS threads do not survive it
+    processes = [context.Process(target=worker_main, args=(asdict(options), worker, started_wall))
+                 for worker in range(options.workers)]
+    for process in processes:
+        process.start()
+
+    def on_terminate(signum, frame):  # `kill PID`: the workers abandon their trials as on Ctrl-C
+        for process in processes:
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGINT)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_terminate)
+    try:
+        for process in processes:
+            process.join()
+    except KeyboardInterrupt:  # let the workers abandon their trials first
+        for process in processes:
+            process.join()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return [process.exitcode for process in processes]
+
+
+def worker_main(options: dict, worker: int, started_wall: float) -> None:
+    """A spawned worker process: bind the fast BLAS before MLX loads, then optimize."""
+    runtime.setup()
+    started = time.perf_counter() - (time.time() - started_wall)
+    sys.exit(run_worker(TuneOptions(**options), worker, started, parent_pid=os.getppid()))
+
+
+def run_worker(options: TuneOptions, worker: int = 0, started: float | None = None,
+               parent_pid: int | None = None) -> int:
+    """Optimize in this process until the study has ``options.trials`` finished trials or time runs out.
+    Returns 0, or 130 after Ctrl-C (the running trial is queued again for the next run)."""
+    started = time.perf_counter() if started is None else started
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures are logged by the objective, one line each
+    study, competition, params, directory = load_study(options, create=False)
+    if options.sampler_seed is not None:  # workers must not propose the same parameters
+        study.sampler = make_sampler(options.sampler_seed + worker)
+    if options.trials and finished_count(study) >= options.trials:
+        return 0
+    remaining = None if not options.timeout else options.timeout - (time.perf_counter() - started)
+    if remaining is not None and remaining <= 0:
+        return 0
+    objective = make_objective(options, competition, params, directory, worker, started, parent_pid=parent_pid)
+    heartbeats = heartbeats_of(options, directory)
+    if heartbeats is not None:  # a journal file: kbert's heartbeats (RDBStorage: Optuna's own)
+        fail_stale_trials(study, heartbeats)
+        objective = with_heartbeat(objective, heartbeats)
+    after_trial = after_trial_callback(options, directory, worker, heartbeats, parent_pid)
+    try:
+        study.optimize(objective, timeout=remaining, callbacks=[after_trial], catch=(Exception,),
+                       gc_after_trial=True)
+    except KeyboardInterrupt:
+        abandoned = requeue_abandoned(study, options)
+        print(f"worker {worker}: interrupted; trial(s) {', '.join(str(n) for n in abandoned) or '-'} "
+              f"abandoned and queued again. Rerun the same `kbert tune` to resume.", file=sys.stderr)
+        return INTERRUPTED
+    finally:
+        if heartbeats is not None:
+            forget_finished(study, heartbeats, os.getpid())
+        remove_unfinished_folders(study, directory)
+    requeue_abandoned(study, options)  # stopped at the deadline
+    return 0
+
+
+def with_heartbeat(objective: Callable[[optuna.Trial], float], heartbeats: Heartbeats):
+    """The objective, beating for its trial while it runs."""
+
+    def beating_objective(trial: optuna.Trial) -> float:
+        with heartbeats.beating(trial.number):
+            return objective(trial)
+
+    return beating_objective
+
+
+def after_trial_callback(options: TuneOptions, directory: Path, worker: int, heartbeats: Heartbeats | None,
+                         parent_pid: int | None) -> Callable[[optuna.Study, FrozenTrial], None]:
+    """What a worker does after each trial: drop its heartbeat, fail and queue again stale trials of dead
+    workers, keep the best fold weights, and stop on the trial target, too many failures in a row, or when its
+    ``kbert tune`` is gone."""
+    stop_at = optuna.study.MaxTrialsCallback(options.trials, states=FINISHED) if options.trials else None
+    failures: list[str] = []
+
+    def after_trial(study: optuna.Study, trial: FrozenTrial) -> None:
+        if heartbeats is not None:
+            heartbeats.forget(trial.number)  # its heartbeat thread has stopped
+            fail_stale_trials(study, heartbeats)  # their retries run next
+        keep_top_checkpoints(study, directory, options.keep_top)
+        failures[:] = failures + [trial.user_attrs.get("error", "?")] if trial.state == TrialState.FAIL else []
+        if parent_gone(parent_pid):  # killed or terminated: a worker must not outlive its `kbert tune`
+            study.stop()
+        if len(failures) >= MAX_FAILURES_IN_A_ROW:
+            print(f"worker {worker}: {len(failures)} trials in a row failed; stopping. Last error: {failures[-1]}",
+                  file=sys.stderr)
+            study.stop()
+        if stop_at is not None:
+            stop_at(study, trial)
+
+    return after_trial
+
+
+def requeue_abandoned(study: optuna.Study, options: TuneOptions) -> list[int]:
+    """Queue again, with the same parameters, this process's trials that Ctrl-C or the deadline abandoned;
+    returns their numbers."""
+    trials = study.get_trials(deepcopy=False)
+    requeued = queued_again(trials)
+    abandoned = [t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("pid") == os.getpid()
+                 and "queued again" in t.user_attrs.get("error", "") and t.number not in requeued]
+    for trial in abandoned:
+        retry(study, trial, options.max_retry)
+    return [t.number for t in abandoned]

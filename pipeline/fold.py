@@ -1,0 +1,329 @@
+"""One fold of a run: its transforms fitted on its training rows, its tokens, its model trained and saved.
+
+The stages, in the order pipeline/run.py calls them:
+
+    load_encoder_source   once per run: where every fold's encoder starts (from scratch, or pretrained weights)
+    fit_fold              the serializer, the target transform and (from scratch) the vocabulary, fitted on
+                          the fold's training rows only, so validation and test rows move no fitted statistic
+    fold_data             token ids of the fold's training, validation and test rows (augmented and TTA variants)
+    train_one_fold        a fresh model trained with early stopping; checkpoint, predictions and fold.json saved
+
+``kbert predict`` refits the same serializer with ``make_serializer`` and tokenizes with ``tokenize``;
+``kbert pretrain`` sizes its encoder with ``scratch_encoder_config``. Nothing here knows of tuning or ensembles.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from mlx.utils import tree_flatten
+from tokenizers import Tokenizer
+
+from kbert.errors import KbertError
+from kbert.features import GENERIC_SERIALIZERS, SERIALIZERS, Serializer
+from kbert.io import write_csv, write_json
+from kbert.models.adapters import AdapterConfig, apply_adapters, merge_adapters, weights_fingerprint
+from kbert.models.bert import BertConfig
+from kbert.models.checkpoints import save_checkpoint
+from kbert.models.encoders import (SHIPPED, is_preset, load_encoder, preset_config, read_config, resolve_encoder_path,
+                                   trains_from_scratch)
+from kbert.models.heads import HeadConfig, check_head_config, predict
+from kbert.models.recompute import set_recompute
+from kbert.models.task_model import build_task_model
+from kbert.models.tokenizer import encode, fits_in, load_or_train_tokenizer, token_lengths
+from kbert.models.weights import load_state_strict
+from kbert.pipeline.artifacts import write_finished_fold
+from kbert.pipeline.config import RunConfig, adapter_config
+from kbert.pipeline.metrics import Metric
+from kbert.pipeline.predictions import predictions_frame, score
+from kbert.pipeline.targets import Targets, TargetTransform, fit_target_transform
+from kbert.pipeline.train import FoldData, seed_everything, train_fold
+
+
+@dataclass
+class RunInputs:
+    """What every fold of a run shares, prepared once (pipeline/run.py ``prepare_inputs``)."""
+
+    config: RunConfig
+    train: pd.DataFrame  # the training rows, targets included
+    features: pd.DataFrame  # their feature columns (targets dropped) after the competition's feature function
+    test_features: pd.DataFrame
+    test_ids: pd.Series  # the test file's id column
+    sample_submission: pd.DataFrame | None
+    targets: Targets  # encoded for training: class indices, 0/1 labels or values
+    raw_targets: np.ndarray | None  # regression/timeseries: the values on their own scale
+    truth: np.ndarray  # what the metric scores predictions against
+    head: HeadConfig
+    metric: Metric
+    threshold: float  # the cut-off for label metrics while training ("tune" picks one after the folds)
+
+
+@dataclass
+class EncoderSource:
+    """Where each fold's encoder starts: from scratch (sized per fold's vocabulary) or the pretrained weights."""
+
+    name: str  # config.model.encoder
+    from_scratch: bool
+    folder: Path | None = None  # the pretrained model folder
+    config: dict | None = None  # its config.json
+    tokenizer: Tokenizer | None = None  # its tokenizer
+    weights: dict | None = None  # its parameters, flat (immutable MLX arrays: safe to share between folds)
+    adapter: AdapterConfig | None = None
+    base_fingerprint: str = ""  # adapter checkpoints name the base weights they were trained on
+
+
+@dataclass
+class FoldSplit:
+    """Fold ``k`` of repeat ``r``: its rows, its folder name and how the log names it."""
+
+    repeat: int
+    k: int
+    train_index: np.ndarray
+    valid_index: np.ndarray
+    name: str  # "3", or "r1-3" with repeated k-fold
+    description: str  # "fold 4/5 (repeat 2/3)"
+
+    @property
+    def first(self) -> bool:
+        return self.repeat == 0 and self.k == 0
+
+
+@dataclass
+class FoldFit:
+    """Everything fitted for one fold, on its training rows only."""
+
+    serializer: Serializer  # fitted: bin edges and jitter bounds
+    train_texts: list[str]  # the training rows' plain text
+    target_transform: TargetTransform | None  # regression/timeseries: log1p/standardize statistics
+    tokenizer: Tokenizer | None = None  # from-scratch encoders: a WordPiece vocabulary
+    tokenizer_path: Path | None = None
+    encoder_config: dict | None = None  # from-scratch encoders: sized to that vocabulary
+
+
+@dataclass
+class FoldPredictions:
+    """A finished fold: its validation rows' and the test rows' outputs and predictions, and its record."""
+
+    valid_index: np.ndarray
+    valid_outputs: np.ndarray  # raw head outputs (logits, values)
+    valid_predictions: np.ndarray  # on the target's own scale
+    test_outputs: np.ndarray
+    test_predictions: np.ndarray
+    record: dict  # fold, repeat, score, best epoch, sizes, seconds (fold.json)
+    tokens: dict | None  # the token budget of the training rows, kept by the first fold
+
+
+def make_serializer(config: RunConfig) -> Serializer:
+    """The competition's serializer, unfitted, with its text settings."""
+    comp = config.competition
+    text = comp.text
+    if text.serializer not in SERIALIZERS:
+        raise KbertError(f"unknown serializer '{text.serializer}'; known: {', '.join(sorted(SERIALIZERS))}")
+    augmentation = {"paraphrases": text.paraphrases, "shuffle_columns": text.shuffle_columns,
+                    "paraphrase": text.paraphrase}
+    if text.serializer in GENERIC_SERIALIZERS:
+        return SERIALIZERS[text.serializer](template=text.template, columns=text.columns, numeric=text.numeric,
+                                            bins=text.bins, missing=text.missing, mappings=text.mappings,
+                                            exclude=(comp.id_column, *comp.target_columns), priority=text.priority,
+                                            jitter=text.jitter, **augmentation)
+    return SERIALIZERS[text.serializer](template=text.template, **augmentation)
+
+
+def scratch_encoder_config(config: RunConfig, vocab_size: int) -> dict:
+    """config.json-style values for a from-scratch encoder: a named preset (bert-mini, modernbert-base, ...)
+    or, for "bert", a classic BERT sized by ``config.model``."""
+    m = config.model
+    positions = -(-config.train.max_length // config.train.length_bucket) * config.train.length_bucket
+    if is_preset(m.encoder):
+        values = preset_config(m.encoder)
+        key = "max_length" if values["model_type"] == "neobert" else "max_position_embeddings"
+        return {**values, "vocab_size": vocab_size, key: max(positions, values.get(key, 0)), "pad_token_id": 0}
+    sizes = {f.name: getattr(m, f.name) for f in fields(BertConfig) if hasattr(m, f.name)}  # ModelConfig's own
+    return {"model_type": "bert", **sizes, "vocab_size": vocab_size, "max_position_embeddings": positions,
+            "add_pooling_layer": False}
+
+
+def make_head_config(config: RunConfig, outputs: int) -> HeadConfig:
+    """The head of this run: the task and its output count, plus every loss option the run's HeadOptions share
+    with HeadConfig (loss, focal, smoothing, weights, huber delta)."""
+    shared = {f.name: getattr(config.head, f.name) for f in fields(HeadConfig) if hasattr(config.head, f.name)}
+    head = HeadConfig(task=config.competition.task, num_outputs=outputs, dropout=config.model.head_dropout, **shared)
+    try:
+        check_head_config(head)
+    except ValueError as exc:
+        raise KbertError(f"{config.competition.name}: {exc}") from None
+    return head
+
+
+def to_predictions(head: HeadConfig, outputs: np.ndarray, transform: TargetTransform | None) -> np.ndarray:
+    """Raw outputs -> predictions, regression values back on the target's original scale."""
+    predictions = predict(head, outputs)
+    return transform.inverse(predictions) if transform is not None else predictions
+
+
+def load_encoder_source(config: RunConfig) -> EncoderSource:
+    """Read a pretrained encoder once (a bad checkpoint fails here, before any write); from scratch, nothing."""
+    adapter = adapter_config(config.model)
+    if trains_from_scratch(config.model.encoder):
+        return EncoderSource(name=config.model.encoder, from_scratch=True, adapter=adapter)
+    folder = resolve_encoder_path(config.model.encoder)
+    pretrained, _, tokenizer = load_encoder(folder)
+    encoder_config = read_config(folder)
+    limit = encoder_config.get("max_position_embeddings")
+    if limit is not None and config.train.max_length > limit:
+        raise KbertError(f"--max-length {config.train.max_length} exceeds the encoder's "
+                         f"max_position_embeddings {limit}")
+    return EncoderSource(name=config.model.encoder, from_scratch=False, folder=folder, config=encoder_config,
+                         tokenizer=tokenizer, weights=dict(tree_flatten(pretrained.parameters())), adapter=adapter,
+                         base_fingerprint=weights_fingerprint(folder) if adapter is not None else "")
+
+
+def fit_fold(config: RunConfig, train_rows: pd.DataFrame, train_targets: np.ndarray | None,
+             cache_dir: Path) -> FoldFit:
+    """Fit the serializer, the target transform and (from scratch) the vocabulary on a fold's training
+    rows. Nothing else goes in, so the validation and test rows cannot move any fitted statistic."""
+    serializer = make_serializer(config).fit(train_rows)
+    texts = serializer.transform(train_rows)
+    transform = None
+    if train_targets is not None:  # regression/timeseries
+        transform = fit_target_transform(config.head.target_transform, train_targets,
+                                         ", ".join(config.competition.target_columns))
+    fit = FoldFit(serializer=serializer, train_texts=texts, target_transform=transform)
+    if trains_from_scratch(config.model.encoder):
+        fit.tokenizer, fit.tokenizer_path = load_or_train_tokenizer(texts, config.model.vocab_size, cache_dir)
+        fit.encoder_config = scratch_encoder_config(config, fit.tokenizer.get_vocab_size())
+    return fit
+
+
+def tokenize(config: RunConfig, tokenizer: Tokenizer, serializer: Serializer, rows: pd.DataFrame, repeat: int, k: int,
+             variant: int = 0) -> list[np.ndarray]:
+    """Token ids of ``rows``; variant 0 is the plain text, others are augmentations seeded by (seed, repeat,
+    fold, variant), so a run, its resume and ``kbert predict`` draw the same ones."""
+    fits = fits_in(tokenizer, config.train.max_length) if config.competition.text.truncate == "priority" else None
+    rng = np.random.default_rng([config.seed, repeat, k, variant]) if variant else None
+    return encode(tokenizer, serializer.transform(rows, rng=rng, fits=fits), config.train.max_length)
+
+
+def fold_data(inputs: RunInputs, split: FoldSplit, fit: FoldFit, tokenizer: Tokenizer) -> FoldData:
+    """The fold's token ids and training-space targets: plain, augmented (training) and TTA (valid, test)."""
+    config, serializer = inputs.config, fit.serializer
+    train_rows, valid_rows = inputs.features.iloc[split.train_index], inputs.features.iloc[split.valid_index]
+    transform = fit.target_transform
+    targets = transform.forward(inputs.raw_targets) if transform is not None else inputs.targets.values
+
+    def tokens(rows: pd.DataFrame, variant: int = 0) -> list[np.ndarray]:
+        return tokenize(config, tokenizer, serializer, rows, split.repeat, split.k, variant)
+
+    # The training rows' plain text is already serialized, unless it must be truncated column by column.
+    plain_train = (tokens(train_rows) if config.competition.text.truncate == "priority"
+                   else encode(tokenizer, fit.train_texts, config.train.max_length))
+    return FoldData(
+        train_tokens=plain_train,
+        train_targets=targets[split.train_index],
+        valid_tokens=tokens(valid_rows),
+        valid_targets=targets[split.valid_index],
+        test_tokens=tokens(inputs.test_features),
+        train_variants=[tokens(train_rows, v) for v in range(1, config.train.augment + 1)],
+        valid_tta=[tokens(valid_rows, v) for v in range(1, config.train.tta)],
+        test_tta=[tokens(inputs.test_features, v) for v in range(1, config.train.tta)],
+    )
+
+
+def token_budget(lengths: np.ndarray, max_length: int) -> dict:
+    """Token counts of the serialized training rows against ``max_length``."""
+    truncated = int((lengths > max_length).sum())
+    return {"mean_tokens": round(float(lengths.mean()), 1), "max_tokens": int(lengths.max()),
+            "max_length": max_length, "truncated_rows": truncated, "truncated_share": truncated / len(lengths)}
+
+
+def report_token_budget(inputs: RunInputs, fit: FoldFit, tokenizer: Tokenizer, log) -> dict:
+    """The first fold logs an example text and how every training row's text fits ``max_length``."""
+    config = inputs.config
+    log(f"example text: {fit.train_texts[0]}")
+    all_texts = fit.serializer.transform(inputs.features)  # for the report only: every training row's length
+    budget = token_budget(token_lengths(tokenizer, all_texts), config.train.max_length)
+    if budget["truncated_rows"]:
+        remedy = ("their lowest-priority columns are dropped (text.truncate: priority)"
+                  if config.competition.text.truncate == "priority" else
+                  "lose their end; raise --max-length, choose fewer text.columns or set text.truncate: priority")
+        log(f"warning: {budget['truncated_rows']} of {len(all_texts)} rows ({budget['truncated_share']:.1%}) exceed "
+            f"--max-length {config.train.max_length} tokens (longest {budget['max_tokens']}): {remedy}")
+    return budget
+
+
+def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, fold_dir: Path, cache_dir: Path,
+                   run_tokenizer_path: Path | None, progress: bool, log) -> FoldPredictions:
+    """Fit, tokenize, train and save one fold; fold.json is written last (a fold without it is unfinished)."""
+    config, head = inputs.config, inputs.head
+    if fold_dir.exists():  # a fold interrupted half-way is trained again from scratch
+        shutil.rmtree(fold_dir)
+    fit = fit_fold(config, inputs.features.iloc[split.train_index],
+                   None if inputs.raw_targets is None else inputs.raw_targets[split.train_index], cache_dir)
+    tokenizer, tokenizer_path = ((fit.tokenizer, fit.tokenizer_path) if source.from_scratch
+                                 else (source.tokenizer, run_tokenizer_path))
+    encoder_config = fit.encoder_config if source.from_scratch else source.config
+    budget = report_token_budget(inputs, fit, tokenizer, log) if split.first else None
+    data = fold_data(inputs, split, fit, tokenizer)
+
+    fold_seed = config.seed * 1000 + split.repeat * 100 + split.k
+    seed_everything(fold_seed)
+    model = build_task_model(encoder_config, head, config.model.pooling)
+    if source.weights is not None:  # every fold starts from the pretrained weights
+        load_state_strict(model.encoder, source.weights, source.name)
+    if config.train.gradient_checkpointing:
+        set_recompute(model.encoder, True)
+    if source.adapter is not None:
+        report = apply_adapters(model, source.adapter)
+        if split.first:
+            log(report.summary())
+
+    def evaluate(outputs: np.ndarray) -> float:
+        predictions = to_predictions(head, outputs, fit.target_transform)
+        return score(inputs.metric, config.competition.task, inputs.truth[split.valid_index], predictions,
+                     inputs.threshold, inputs.targets.classes)
+
+    result = train_fold(model, data, config.train, evaluate, inputs.metric.greater_is_better, seed=fold_seed,
+                        description=split.description, progress=progress)
+    fold = FoldPredictions(
+        valid_index=split.valid_index,
+        valid_outputs=result.valid_outputs,
+        valid_predictions=to_predictions(head, result.valid_outputs, fit.target_transform),
+        test_outputs=result.test_outputs,
+        test_predictions=to_predictions(head, result.test_outputs, fit.target_transform),
+        record={"fold": split.k, "repeat": split.repeat, "score": result.best_score, "best_epoch": result.best_epoch,
+                "n_train": len(split.train_index), "n_valid": len(split.valid_index),
+                "seconds": round(result.seconds, 2)},
+        tokens=budget,
+    )
+    save_fold_checkpoint(model, config, source, head, encoder_config, fit.target_transform, fold_dir, tokenizer_path)
+    comp = config.competition
+    write_csv(fold_dir / "test.csv", predictions_frame(comp, inputs.targets.classes,
+                                                      inputs.test_features[comp.id_column], fold.test_predictions))
+    write_json(fold_dir / "history.json", result.history)
+    write_json(fold_dir / "serializer.json", fit.serializer.fitted_statistics())
+    write_finished_fold(fold_dir, fold.valid_outputs, fold.valid_predictions, fold.test_outputs,
+                        fold.test_predictions, fold.record, budget)
+    log(f"{split.description}: {comp.metric} {result.best_score:.4f} "
+        f"(best epoch {result.best_epoch + 1}, {result.seconds:.0f}s)")
+    return fold
+
+
+def save_fold_checkpoint(model, config: RunConfig, source: EncoderSource, head: HeadConfig, encoder_config: dict,
+                         transform: TargetTransform | None, fold_dir: Path, tokenizer_path: Path) -> None:
+    """The fold's weights (or its adapters only, or merged), config.json and tokenizer.json."""
+    adapter = source.adapter
+    checkpoint_config = {"encoder_config": encoder_config, "head": head.to_dict(), "pooling": config.model.pooling,
+                         "source": config.model.encoder, "target_transform": vars(transform) if transform else None}
+    if adapter is not None:  # an adapter checkpoint names its base so that it loads from anywhere
+        checkpoint_config["source"] = str(config.model.encoder if config.model.encoder in SHIPPED
+                                          else source.folder.resolve())
+    if adapter is not None and config.model.adapter_checkpoint == "merged":
+        merge_adapters(model, dequantize=True)
+        checkpoint_config["merged_adapter"] = adapter.to_dict()
+    adapter_only = adapter is not None and config.model.adapter_checkpoint == "adapter"
+    save_checkpoint(model, fold_dir, checkpoint_config, tokenizer_path,
+                    adapter=adapter if adapter_only else None, base_fingerprint=source.base_fingerprint)
