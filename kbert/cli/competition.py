@@ -24,7 +24,7 @@ def add_parser(commands) -> None:
     init.add_argument("--train", required=True, help="training CSV")
     init.add_argument("--test", required=True, help="test CSV (same folder)")
     init.add_argument("--sample-submission", help="sample submission CSV: names the id and target columns")
-    init.add_argument("--out", help="where to write the YAML (default: competitions/<name>.yaml)")
+    init.add_argument("--out", help="where to write the YAML (default: competitions/<name>.yaml in the working folder)")
     init.add_argument("--id", dest="id_column", help="the id column (default: inferred)")
     init.add_argument("--target", help="the target column (default: the training column missing from test)")
     init.add_argument("--force", action="store_true", help="overwrite an existing YAML")
