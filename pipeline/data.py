@@ -187,3 +187,21 @@ def load_competition_data(competition: CompetitionConfig, data_dir: str | Path |
             raise KbertError(f"{sample_path}: ids in '{competition.id_column}' differ from those in {test_path}")
     return CompetitionData(train=train.reset_index(drop=True), test=test.reset_index(drop=True), sample_submission=sample,
                            data_dir=folder)
+
+
+def data_warnings(train: pd.DataFrame, test: pd.DataFrame, competition: CompetitionConfig) -> list[str]:
+    """Facts about the data that deserve a warning but not a refusal, one line each: ids that appear in both
+    train and test, and input columns that are missing on every row of train or of test."""
+    warnings = []
+    id_column = competition.id_column
+    shared = pd.Index(train[id_column]).intersection(pd.Index(test[id_column]))
+    if len(shared):
+        shown = ", ".join(map(str, shared[:3].map(plain))) + (", ..." if len(shared) > 3 else "")
+        warnings.append(f"{len(shared)} id(s) in both train and test ({id_column} {shown}): are the rows the same?")
+    for column in competition.columns:
+        empty = [name for name, frame in (("train", train), ("test", test))
+                 if column in frame.columns and frame[column].isna().all()]
+        if empty:
+            warnings.append(f"column '{column}' is missing on every row of {' and '.join(empty)}; it carries no "
+                            "information there")
+    return warnings

@@ -3,7 +3,7 @@ to the importer's own layer or a layer below it. The files are read with ``ast``
 folder of each subpackage comes from pyproject.toml (tests/test_install.py checks that the wheel holds them all),
 so a new subpackage must be placed in a layer here too.
 
-    bottom       kbert (errors, io, tasks)          imports nothing of kbert
+    bottom       kbert (errors, io, names, tasks)   imports nothing of kbert but the bottom
     models       kbert.models                       the bottom
     features     kbert.features                     the bottom
     competitions kbert.competitions                 the bottom (YAML and data only)
@@ -23,7 +23,7 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BOTTOM = ("kbert", "kbert.errors", "kbert.io", "kbert.tasks")
+BOTTOM = ("kbert", "kbert.errors", "kbert.io", "kbert.names", "kbert.tasks")
 BELOW = {  # layer -> the layers its modules may import (its own included)
     "bottom": {"bottom"},
     "models": {"bottom", "models"},

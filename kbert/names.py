@@ -1,0 +1,26 @@
+"""User-given names that become file or folder names: one check, used wherever such a name is accepted.
+
+A run id, a competition's ``name:``, a ``kbert init`` name, a study name, a pretrain id, a baseline or member
+id: each becomes a folder or file under a folder the user chose (``--out``, ``--submissions-dir``,
+``competitions/``), so it must not leave it. A plain name is letters, digits, ``-``, ``_`` and ``.``, does not
+start with a dot (no ``..``, no hidden files) and is at most 128 characters; anything else (a separator, an
+absolute path, a space, an empty name) is refused with one line naming where the name came from.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kbert.errors import KbertError
+
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,127}")
+
+
+def check_name(value: object, what: str) -> str:
+    """``value`` when it is a plain name; else a KbertError naming ``what`` (an option such as ``--run-id`` or
+    a YAML key such as ``competitions/x.yaml: name``)."""
+    text = "" if value is None else str(value)
+    if not PLAIN_NAME.fullmatch(text):
+        raise KbertError(f"{what} {text!r} is not a plain name: use letters, digits, '-', '_' and '.' "
+                         "(not first), with no folder separators")
+    return text
