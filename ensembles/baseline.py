@@ -1,6 +1,7 @@
 """Tabular baselines as ensemble members: gradient-boosted trees or a linear model on the competition's raw
 columns plus its engineered features, trained on the same folds as ``kbert run`` and written in the same
-run-artifact format (config.yaml, folds.csv, oof.csv, test.csv, metrics.json, a submission).
+run-artifact format (inputs.json, config.yaml, folds.csv, oof.csv, test.csv, metrics.json, a submission). The output
+folders are checked before anything is written; a refusal at any stage removes what the command created.
 
 Models: ``hgb`` (scikit-learn HistGradientBoosting, the default), ``logreg`` (logistic regression, or for
 regression an outlier-trimmed lasso, on standardised numbers with the skewed ones log-scaled, one-hot
@@ -34,11 +35,14 @@ from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler,
 from kbert.ensembles.blend import native
 from kbert.errors import KbertError
 from kbert.features import add_features
-from kbert.io import write_json, write_yaml
-from kbert.pipeline.artifacts import RunResult, score_summary, write_folds_table, write_predictions
+from kbert.io import make_folder, removed_on_refusal, write_json
+from kbert.pipeline.artifacts import (RunResult, check_run_outputs, config_fingerprint, input_fingerprint, lock_message,
+                                      lock_run_folder, score_summary, write_folds_table, write_predictions,
+                                      write_run_config)
 from kbert.pipeline.config import RunConfig
-from kbert.pipeline.data import load_competition_data
-from kbert.pipeline.folds import make_fold_sets
+from kbert.pipeline.data import data_warnings, load_competition_data
+from kbert.pipeline.fold import fold_warnings, split_folds
+from kbert.pipeline.folds import fold_rows
 from kbert.pipeline.metrics import get_metric
 from kbert.pipeline.predictions import average_folds, check_metric_fits_task, metric_targets, score
 from kbert.pipeline.submission import write_predictions_submission
@@ -285,42 +289,66 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
     run_dir = comp_dir / run_id
     if run_dir.exists():
         raise KbertError(f"run folder already exists: {run_dir}; pick another --run-id")
-    run_dir.mkdir(parents=True)
-    write_yaml(run_dir / "config.yaml", {"run_id": run_id, "baseline": model, "competition": comp.name,
-                                         "seed": config.seed, "folds": comp.folds.k, "data_dir": config.data_dir,
-                                         "limit_rows": config.limit_rows, "log_target": log_target})
-    fold_of_row = make_fold_sets(config, train, targets, comp_dir)[0]
-    write_folds_table(run_dir, comp, train[comp.id_column], [fold_of_row])
-    identifiers = column_kinds(features, exclude=(comp.id_column,)).identifiers
-    if identifiers:
-        log(f"not used, a distinct value per row: {', '.join(identifiers)}")
-    classes = len(targets.classes) if targets.classes is not None else 0
-    oof: np.ndarray | None = None
-    test_tables, fold_scores, fold_records = [], [], []
-    for k in range(comp.folds.k):
-        fold_started = time.perf_counter()
-        train_index, valid_index = np.flatnonzero(fold_of_row != k), np.flatnonzero(fold_of_row == k)
-        valid_table, test_table = fit_predict_fold(model, task, features.iloc[train_index], fit_targets[train_index],
-                                                   [features.iloc[valid_index], test_features], classes,
-                                                   config.seed + k, log_target, exclude=(comp.id_column,))
-        if oof is None:
-            oof = np.zeros((len(train), valid_table.shape[1]))
-        oof[valid_index] = valid_table
-        test_tables.append(test_table)
-        fold_score = score(metric, task, truth[valid_index], native(task, valid_table), 0.5, targets.classes)
-        fold_scores.append(fold_score)
-        fold_records.append({"fold": k, "repeat": 0, "score": fold_score, "n_train": len(train_index),
-                             "n_valid": len(valid_index), "seconds": round(time.perf_counter() - fold_started, 2)})
-        log(f"fold {k + 1}/{comp.folds.k}: {comp.metric} {fold_score:.4f}")
-    oof_predictions, test_predictions = native(task, oof), native(task, average_folds(test_tables))
-    cv = score(metric, task, truth, oof_predictions, 0.5, targets.classes)
-    write_predictions(run_dir, comp, targets.classes, train[comp.id_column], oof_predictions, data.test[comp.id_column],
-                      test_predictions)
-    submission_path = write_predictions_submission(comp, test_predictions, targets.classes, 0.5,
-                                                   data.test[comp.id_column], data.sample_submission,
-                                                   Path(config.submissions_dir) / comp.name / f"{run_id}.csv")
-    seconds = time.perf_counter() - started
-    write_json(run_dir / "metrics.json", {**score_summary(run_id, comp, metric, cv, fold_records), "baseline": model,
-                                          "wall_time_s": round(seconds, 2), "submission": str(submission_path)})
+    submission_path = Path(config.submissions_dir) / comp.name / f"{run_id}.csv"
+    check_run_outputs(config, run_dir, submission_path)
+    warnings = data_warnings(train, data.test, comp)
+    with removed_on_refusal():  # a refusal at any stage leaves nothing behind (a baseline is never resumed)
+        fold_of_row = split_folds(config, train, targets, comp_dir)[0]
+        rows = [fold_rows(fold_of_row, k, comp.folds) for k in range(comp.folds.k)]
+        warnings += fold_warnings(comp, targets, [(f"fold {k + 1}/{comp.folds.k}", rows[k][0])
+                                                  for k in range(comp.folds.k)])
+        try:
+            make_folder(run_dir)
+        except FileExistsError:  # another process made it after the check above
+            raise KbertError(lock_message(run_dir)) from None
+        with lock_run_folder(run_dir):
+            write_run_config(run_dir, {"run_id": run_id, "baseline": model, "competition": comp.name,
+                                       "seed": config.seed, "folds": comp.folds.k, "data_dir": config.data_dir,
+                                       "limit_rows": config.limit_rows, "log_target": log_target},
+                             input_fingerprint(comp, data.data_dir))
+            write_folds_table(run_dir, comp, train[comp.id_column], [fold_of_row])
+            for warning in warnings:
+                log(f"warning: {warning}")
+            identifiers = column_kinds(features, exclude=(comp.id_column,)).identifiers
+            if identifiers:
+                log(f"not used, a distinct value per row: {', '.join(identifiers)}")
+            classes = len(targets.classes) if targets.classes is not None else 0
+            oof: np.ndarray | None = None
+            test_tables, fold_scores, fold_records = [], [], []
+            for k in range(comp.folds.k):
+                fold_started = time.perf_counter()
+                train_index, valid_index = rows[k]
+                try:
+                    valid_table, test_table = fit_predict_fold(model, task, features.iloc[train_index],
+                                                               fit_targets[train_index],
+                                                               [features.iloc[valid_index], test_features], classes,
+                                                               config.seed + k, log_target, exclude=(comp.id_column,))
+                except ValueError as exc:  # scikit-learn's refusal of too few rows (its early-stopping split, ...)
+                    raise KbertError(f"fold {k + 1}/{comp.folds.k}: the {model} baseline cannot be fitted on its "
+                                     f"{len(train_index)} training rows: {exc}") from None
+                if oof is None:
+                    oof = np.full((len(train), valid_table.shape[1]), np.nan)  # time series: no first block
+                oof[valid_index] = valid_table
+                test_tables.append(test_table)
+                fold_score = score(metric, task, truth[valid_index], native(task, valid_table), 0.5, targets.classes)
+                fold_scores.append(fold_score)
+                fold_records.append({"fold": k, "repeat": 0, "score": fold_score, "n_train": len(train_index),
+                                     "n_valid": len(valid_index),
+                                     "seconds": round(time.perf_counter() - fold_started, 2)})
+                log(f"fold {k + 1}/{comp.folds.k}: {comp.metric} {fold_score:.4f}")
+            oof_predictions, test_predictions = native(task, oof), native(task, average_folds(test_tables))
+            covered = fold_of_row >= 0
+            cv = score(metric, task, truth[covered], oof_predictions[covered], 0.5, targets.classes)
+            write_predictions(run_dir, comp, targets.classes, train[comp.id_column], oof_predictions,
+                              data.test[comp.id_column], test_predictions)
+            submission_path = write_predictions_submission(comp, test_predictions, targets.classes, 0.5,
+                                                           data.test[comp.id_column], data.sample_submission,
+                                                           submission_path)
+            seconds = time.perf_counter() - started
+            write_json(run_dir / "metrics.json", {
+                **score_summary(run_id, comp, metric, cv, fold_records), "baseline": model,
+                "wall_time_s": round(seconds, 2), "submission": str(submission_path),
+                "inputs": input_fingerprint(comp, data.data_dir), "config_sha256": config_fingerprint(config),
+                "warnings": warnings})
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=fold_scores, cv_score=cv, metric=comp.metric,
                           submission_path=submission_path, seconds=seconds)

@@ -13,12 +13,16 @@ Methods (``fit_blend``): ``mean``, ``top-k`` (mean of the k best members on the 
 rounds) and ``stack`` (logistic or ridge meta-model, its regularisation chosen by an inner CV on the fitting
 rows only). For label metrics (accuracy, F1, ...) a cut-off (binary), per-label cut-offs (multilabel) or
 per-class weights (multiclass) are tuned on the fitting rows as part of the blend.
+
+``nested_cv`` scores a method on outer folds. Time-series outer folds are forward-chaining as a run's are
+(pipeline/folds.py): each blend is fitted only on the rows before the block it scores, and the first block
+(fold -1) is fitted on but never scored.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.optimize import minimize
@@ -26,6 +30,8 @@ from sklearn.model_selection import KFold
 
 from kbert.errors import KbertError
 from kbert.models.heads import ordinal_class_probabilities
+from kbert.pipeline.config import FoldConfig
+from kbert.pipeline.folds import purge_training_rows
 from kbert.pipeline.metrics import Metric
 from kbert.pipeline.predictions import metric_input, tune_label_thresholds, tune_threshold
 from kbert.tasks import Task
@@ -45,6 +51,10 @@ class Problem:
     truth: np.ndarray  # metric targets (pipeline.predictions.metric_targets)
     labels: np.ndarray | None  # classification: 0/1 (n,) or (n, L) indicators, or class ids (n,)
     classes: list | None = None
+
+    def on_rows(self, rows: np.ndarray) -> Problem:
+        """The same problem restricted to ``rows`` (e.g. those every member has an OOF prediction for)."""
+        return replace(self, truth=self.truth[rows], labels=None if self.labels is None else self.labels[rows])
 
     @property
     def space(self) -> str:
@@ -385,21 +395,29 @@ class HonestResult:
     blends: list[Blend]  # one per outer fold (and repeat)
     repeat_scores: list[float] = field(default_factory=list)  # one nested-CV score per outer split
     predictions: list[np.ndarray] = field(default_factory=list)  # per outer split: the metric's input, row order
+    scored_rows: np.ndarray | None = None  # the rows ``score`` and ``predictions`` cover (all but fold -1)
 
 
-def nested_cv(method: str, P: np.ndarray, problem: Problem, folds: np.ndarray,
-              options: BlendOptions | None = None) -> HonestResult:
+def nested_cv(method: str, P: np.ndarray, problem: Problem, folds: np.ndarray, options: BlendOptions | None = None,
+              outer: FoldConfig | None = None) -> HonestResult:
     """Fit ``method`` on all outer folds but one and score it on that one; the score is the metric over all
-    rows of the concatenated out-of-fold blends (each with its own fitted cut-off). ``folds`` is one fold id
-    per row, or (repeats, rows) for repeated outer splits, whose scores are averaged."""
+    scored rows of the concatenated out-of-fold blends (each with its own fitted cut-off). ``folds`` is one fold
+    id per row, or (repeats, rows) for repeated outer splits, whose scores are averaged. Rows in fold -1 are
+    never scored; with ``outer`` the outer folds' settings, a forward-chaining split (``shuffle: false``) fits
+    each blend on the rows before the block it scores only, less ``purge`` rows (``purge_training_rows``)."""
     options = options or BlendOptions()
     fold_sets = np.atleast_2d(folds)
     everything = np.arange(P.shape[1])
+    scored_rows = everything[fold_sets[0] >= 0]
+    if any(not np.array_equal(everything[fold_of_row >= 0], scored_rows) for fold_of_row in fold_sets):
+        raise KbertError("nested CV: every outer split must leave the same rows unscored (fold -1)")
     splits, blends, scores, predictions = [], [], [], []
     for fold_of_row in fold_sets:
         pieces = []
-        for f in np.unique(fold_of_row):
+        for f in np.unique(fold_of_row[scored_rows]):
             fit_rows, score_rows = everything[fold_of_row != f], everything[fold_of_row == f]
+            if outer is not None:
+                fit_rows = purge_training_rows(fit_rows, score_rows, outer)
             blend = fit_blend(method, P, problem, fit_rows, options)
             scored = metric_predictions(problem, apply_blend(blend, P[:, score_rows], problem.task), blend.decision)
             pieces.append((score_rows, scored))
@@ -407,11 +425,11 @@ def nested_cv(method: str, P: np.ndarray, problem: Problem, folds: np.ndarray,
             blends.append(blend)
         order = np.concatenate([rows for rows, _ in pieces])
         predictions.append(np.concatenate([p for _, p in pieces])[np.argsort(order)])
-        scores.append(problem.metric(problem.truth, predictions[-1]))
+        scores.append(problem.metric(problem.truth[scored_rows], predictions[-1]))
     full = fit_blend(method, P, problem, everything, options)
     in_sample = score_table(problem, apply_blend(full, P, problem.task), decision=full.decision)
     return HonestResult(method=method, score=float(np.mean(scores)), in_sample=in_sample, splits=splits,
-                        blends=blends, repeat_scores=scores, predictions=predictions)
+                        blends=blends, repeat_scores=scores, predictions=predictions, scored_rows=scored_rows)
 
 
 def paired_bootstrap(problem: Problem, honest: list[np.ndarray], other: np.ndarray, samples: int = 1000,

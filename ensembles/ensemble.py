@@ -1,5 +1,8 @@
 """``kbert ensemble``: load members, score every method with nested CV, fit the chosen one on all OOF rows,
-and write its submission with a sidecar JSON (members, weights, method, honest CV)."""
+and write its submission with a sidecar JSON (members, weights, method, honest CV).
+
+Every method is fitted and scored on the rows every member has an OOF prediction for: all of them, unless a
+member was trained on forward-chaining time-series folds, whose first block has none (pipeline/folds.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import pandas as pd
 from kbert.ensembles.blend import (METHODS, BlendOptions, HonestResult, Problem, applicable_methods, apply_blend,
                                    apply_decision, fit_blend, metric_predictions, native, nested_cv, paired_bootstrap,
                                    score_table)
-from kbert.ensembles.members import Member, select_members
+from kbert.ensembles.members import Member, common_rows, select_members
 from kbert.errors import KbertError
 from kbert.io import write_json
 from kbert.pipeline.config import CompetitionConfig
@@ -54,13 +57,13 @@ def load_problem(competition: CompetitionConfig, data_dir: str | None):
     return data, targets, problem
 
 
-def outer_folds(competition: CompetitionConfig, train: pd.DataFrame, targets, k: int, seed: int,
+def outer_folds(competition: CompetitionConfig, train: pd.DataFrame, stratify: np.ndarray | None, k: int, seed: int,
                 repeats: int = 1) -> np.ndarray:
     """The nested CV's outer splits, (repeats, rows): the competition's fold strategy (stratified, grouped, ...)
-    with seeds seed, seed + 1, ..."""
-    stratify = None if targets.stratify is None else pd.Series(targets.stratify)
+    with seeds seed, seed + 1, ...; forward-chaining time-series folds do not depend on the seed: one split."""
+    stratify = None if stratify is None else pd.Series(stratify)
     sets = []
-    for r in range(repeats):
+    for r in range(repeats if competition.folds.shuffle else 1):
         config = replace(competition.folds, k=k, seed=seed + r)
         groups = fold_groups(train, config, competition.train_file)
         sets.append(make_folds(train[competition.id_column], stratify, config, groups)["fold"].to_numpy())
@@ -81,26 +84,36 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
     competition_dir = Path(runs_dir) / competition.name
     members = select_members(competition_dir, members_spec, id_column, data.train[id_column], data.test[id_column],
                              problem.metric.greater_is_better, log=log)
-    P = np.stack([m.oof for m in members])
+    rows = common_rows(members)  # all rows, unless a member has time-series folds (no OOF for their first block)
+    if len(rows) < len(data.train):
+        log(f"blending on the {len(rows)} of {len(data.train)} training rows that every member has an OOF "
+            "prediction for")
+    problem = problem.on_rows(rows)
+    P = np.stack([m.oof[rows] for m in members])
     T = np.stack([m.test for m in members])
     if repeats < 1 or folds < 2:
         raise KbertError(f"the nested CV needs --outer-folds >= 2 and --outer-repeats >= 1, got {folds} and {repeats}")
-    fold_of_row = outer_folds(competition, data.train, targets, folds, seed, repeats)
+    stratify = None if targets.stratify is None else np.asarray(targets.stratify)[rows]
+    fold_of_row = outer_folds(competition, data.train.iloc[rows].reset_index(drop=True), stratify, folds, seed,
+                              repeats)
+    outer = replace(competition.folds, k=folds)
 
     names = applicable_methods(problem) if methods in ("all", "best") else [m.strip() for m in methods.split(",")]
     unknown = [m for m in names if m not in METHODS]
     if unknown:
         raise KbertError(f"unknown ensemble method(s) {unknown}; known: {', '.join(METHODS)}")
-    member_scores = [score_table(problem, m.oof) for m in members]
-    member_honest = [nested_cv("mean", P[[j]], problem, fold_of_row, options).score for j in range(len(members))]
-    results = {name: nested_cv(name, P, problem, fold_of_row, options) for name in names}
+    member_scores = [score_table(problem, P[j]) for j in range(len(members))]
+    member_honest = [nested_cv("mean", P[[j]], problem, fold_of_row, options, outer).score
+                     for j in range(len(members))]
+    results = {name: nested_cv(name, P, problem, fold_of_row, options, outer) for name in names}
     # Choosing the best member by its OOF score is itself a fit: this is that choice, scored honestly.
-    selected_single = nested_cv("top-k", P, problem, fold_of_row, replace(options, top_k=1))
+    selected_single = nested_cv("top-k", P, problem, fold_of_row, replace(options, top_k=1), outer)
     better = (lambda r: -r.score) if problem.metric.greater_is_better else (lambda r: r.score)
     chosen = min(results.values(), key=better).method
     best_member = (np.argmax if problem.metric.greater_is_better else np.argmin)(member_scores)
-    against_best = paired_bootstrap(problem, results[chosen].predictions, metric_predictions(problem, P[best_member]),
-                                    seed=seed)
+    scored = results[chosen].scored_rows  # all rows but a forward-chaining outer split's first block
+    against_best = paired_bootstrap(problem.on_rows(scored), results[chosen].predictions,
+                                    metric_predictions(problem, P[best_member])[scored], seed=seed)
 
     final = fit_blend(chosen, P, problem, np.arange(P.shape[1]), options)
     weights = {}
@@ -122,7 +135,8 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
         "competition": competition.name, "metric": problem.metric.name,
         "greater_is_better": problem.metric.greater_is_better, "method": chosen,
         "honest_cv": results[chosen].score, "in_sample_cv": results[chosen].in_sample,
-        "outer_folds": folds, "outer_repeats": repeats, "seed": seed, "decision": final.decision.to_dict(),
+        "outer_folds": folds, "outer_repeats": len(fold_of_row), "seed": seed, "rows_blended": len(rows),
+        "decision": final.decision.to_dict(),
         "weights": weights,
         "stack_coefficients": ([np.asarray(m.best_estimator_.coef_).round(4).tolist() for m in final.meta]
                                if final.meta else None),

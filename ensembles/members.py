@@ -2,7 +2,9 @@
 ``kbert baseline``), read back as OOF and test prediction tables aligned to the competition's rows.
 
 A member folder holds metrics.json (metric, cv), config.yaml, oof.csv (id + prediction columns) and
-test.csv (id + fold-averaged prediction columns); see pipeline/artifacts.py.
+test.csv (id + fold-averaged prediction columns); see pipeline/artifacts.py. A member trained on forward-chaining
+time-series folds has no OOF prediction for the first block (empty cells in oof.csv, NaN rows in ``oof``): its
+``covered`` rows are the others, and ensembles blend on the rows every member covers.
 """
 
 from __future__ import annotations
@@ -23,10 +25,23 @@ class Member:
     name: str  # "<run-id>" or "<study>/trial-0003", relative to runs/<competition>/
     path: Path
     cv: float  # the member's own OOF score, as recorded in metrics.json
-    oof: np.ndarray  # (n_train, columns) in the competition's training row order
+    oof: np.ndarray  # (n_train, columns) in the competition's training row order; NaN rows: no OOF prediction
     test: np.ndarray  # (n_test, columns) in the test file's row order
     columns: list[str]
     config: dict
+
+    @property
+    def covered(self) -> np.ndarray:
+        """(n_train,) bool: the rows with an OOF prediction (all but a time-series run's first block)."""
+        return ~np.isnan(self.oof).any(axis=1)
+
+
+def common_rows(members: list[Member]) -> np.ndarray:
+    """The training rows every member has an OOF prediction for, in row order."""
+    rows = np.flatnonzero(np.logical_and.reduce([m.covered for m in members]))
+    if len(rows) == 0:
+        raise KbertError("--members: no training row has an out-of-fold prediction from every member")
+    return rows
 
 
 def member_folders(competition_dir: Path) -> list[Path]:
@@ -40,8 +55,10 @@ def member_folders(competition_dir: Path) -> list[Path]:
     return found
 
 
-def _aligned(path: Path, id_column: str, ids: pd.Series) -> tuple[np.ndarray, list[str]] | None:
-    """The prediction columns of ``path`` in the order of ``ids``; None when its ids are not exactly those."""
+def _aligned(path: Path, id_column: str, ids: pd.Series,
+             empty_rows: bool = False) -> tuple[np.ndarray, list[str]] | None:
+    """The prediction columns of ``path`` in the order of ``ids``; None when its ids are not exactly those.
+    ``empty_rows``: rows whose cells are all empty (no OOF prediction) are kept as NaN."""
     frame = pd.read_csv(path)
     if id_column not in frame.columns:
         raise KbertError(f"{path}: no id column '{id_column}'")
@@ -49,8 +66,11 @@ def _aligned(path: Path, id_column: str, ids: pd.Series) -> tuple[np.ndarray, li
         return None
     columns = [c for c in frame.columns if c != id_column]
     table = frame.set_index(id_column).loc[ids.to_numpy(), columns].to_numpy(dtype=np.float64)
-    if not np.isfinite(table).all():
+    empty = np.isnan(table).all(axis=1) if empty_rows else np.zeros(len(table), dtype=bool)
+    if not np.isfinite(table[~empty]).all():
         raise KbertError(f"{path}: predictions contain NaN or infinite values")
+    if empty.all():
+        raise KbertError(f"{path}: no row has a prediction")
     return table, columns
 
 
@@ -59,7 +79,7 @@ def load_member(folder: Path, competition_dir: Path, id_column: str, train_ids: 
     """The member in ``folder``, or None when its rows are not the whole training and test set (a
     ``--limit-rows`` run)."""
     metrics = read_json(folder / "metrics.json", required=("cv",))
-    oof = _aligned(folder / "oof.csv", id_column, train_ids)
+    oof = _aligned(folder / "oof.csv", id_column, train_ids, empty_rows=True)
     test = _aligned(folder / "test.csv", id_column, test_ids)
     if oof is None or test is None:
         return None

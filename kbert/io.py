@@ -1,12 +1,29 @@
-"""Atomic file writes (write to a temp file beside the target, then rename: nothing is half-written), and
-reading a JSON file that must exist and hold some keys."""
+"""Files: atomic writes, checked reads, output folders checked before use, locks, and taking back what a refused
+command created.
+
+Writes go to a temp file beside the target, then a rename: nothing is ever half-written. Reads of the artifacts
+kbert writes itself (``read_json``, ``read_npz``, ``read_table``) turn a missing, truncated or edited file into one
+KbertError line naming the file; safetensors and tokenizer files have their checked readers beside their formats
+(models/weights.py ``read_safetensors``, models/tokenizer.py ``read_tokenizer``), YAML in pipeline/config.py
+(``read_yaml``) and the user's data CSVs in pipeline/data.py (``read_csv``).
+
+``removed_on_refusal()`` records every file and folder that the writes in its block create (not those they
+replace); a KbertError leaving the block removes them again, so a refused command leaves nothing behind.
+``exclusive_lock`` holds a lock file (``fcntl.flock``; no lock where fcntl does not exist) for a block.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +33,123 @@ import yaml
 
 from kbert.errors import KbertError
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: runs are not locked
+    fcntl = None
+
+
+@dataclass
+class Created:
+    """What the writes of one ``removed_on_refusal`` block created, in order."""
+
+    files: list[Path] = field(default_factory=list)
+    folders: list[Path] = field(default_factory=list)  # made on the way to a file: removed only when empty again
+    trees: list[Path] = field(default_factory=list)  # folders owned whole (a new run folder): removed with their files
+
+    def remove(self) -> None:
+        """Remove the files, the owned folders, then the other new folders that are empty, deepest first."""
+        for path in reversed(self.files):
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:  # the refusal that triggered this is what the user must see
+                pass
+        for tree in reversed(self.trees):
+            shutil.rmtree(tree, ignore_errors=True)
+        for folder in sorted(self.folders, key=lambda p: len(p.parts), reverse=True):
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: something else was put there too
+                pass
+
+    def forget(self) -> None:
+        """Keep what was created so far (a run folder with a finished fold can be resumed)."""
+        self.files, self.folders, self.trees = [], [], []
+
+    def add(self, other: Created) -> None:
+        self.files += other.files
+        self.folders += other.folders
+        self.trees += other.trees
+
+
+_CREATED: ContextVar[Created | None] = ContextVar("kbert_created", default=None)
+
+
+@contextmanager
+def removed_on_refusal() -> Iterator[Created]:
+    """Record what the writes in the block create; on a KbertError remove it (unless ``forget()`` was called).
+    Other exceptions (Ctrl-C, a crash) keep everything: an interrupted run is resumed from what it wrote."""
+    created = Created()
+    token = _CREATED.set(created)
+    try:
+        yield created
+    except KbertError:
+        created.remove()
+        raise
+    finally:
+        _CREATED.reset(token)
+    outer = _CREATED.get()
+    if outer is not None:  # a block inside another: the outer one takes it back if it is refused later
+        outer.add(created)
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its parents that do not exist, outermost first."""
+    missing = []
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        missing.append(path)
+    return missing[::-1]
+
+
+def _make_folders(folder: Path, path: Path) -> None:
+    """Create ``folder`` and its missing parents for writing ``path``; recorded when a block is active."""
+    missing = _missing_folders(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise KbertError(f"cannot write {path}: {exc.strerror or exc} ({exc.filename or folder})") from None
+    created = _CREATED.get()
+    if created is not None:
+        created.folders += missing
+
+
+def make_folder(folder: Path) -> Path:
+    """Create ``folder`` (and its missing parents); FileExistsError when it exists. Recorded as owned whole: a
+    refusal removes it with everything in it."""
+    folder = Path(folder)
+    _make_folders(folder.parent, folder)
+    folder.mkdir()
+    created = _CREATED.get()
+    if created is not None:
+        created.trees.append(folder)
+    return folder
+
 
 def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
     """Call ``write(tmp_path)``, then move the temp file onto ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    _make_folders(path.parent, path)
+    existed = path.exists()
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise KbertError(f"cannot write {path}: {exc.strerror or exc}") from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         write(tmp_path)
         os.chmod(tmp_path, 0o666 & ~UMASK)  # mkstemp creates 0600; give the file the usual mode
-        os.replace(tmp_path, path)
+        try:
+            os.replace(tmp_path, path)
+        except OSError as exc:  # e.g. a folder of that name is in the way
+            raise KbertError(f"cannot write {path}: {exc.strerror or exc}") from None
     finally:
         tmp_path.unlink(missing_ok=True)
+    created = _CREATED.get()
+    if created is not None and not existed:
+        created.files.append(path)
     return path
 
 
@@ -74,13 +194,117 @@ def _write_numpy(path: Path, save: Callable[[Any], None]) -> Path:
     return atomic_write(path, write)
 
 
-def read_json(path: Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A JSON object from ``path``; a missing file or a missing ``required`` key is an error naming the file."""
+def _existing_file(path: Path) -> Path:
     path = Path(path)
     if not path.is_file():
         raise KbertError(f"{path}: file not found")
-    values = json.loads(path.read_text(encoding="utf-8"))
+    return path
+
+
+def read_text(path: Path) -> str:
+    """A UTF-8 text file; missing or not UTF-8 is an error naming the file."""
+    path = _existing_file(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise KbertError(f"{path}: not valid UTF-8 (byte {exc.start}); the file is damaged") from None
+
+
+def read_json(path: Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A JSON object from ``path``; a missing, empty, truncated or invalid file, another JSON value than an
+    object, or a missing ``required`` key is an error naming the file."""
+    text = read_text(path)
+    if not text.strip():
+        raise KbertError(f"{path}: file is empty")
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise KbertError(f"{path}: not valid JSON (truncated or edited?): {exc}") from None
+    if not isinstance(values, dict):
+        raise KbertError(f"{path}: expected a JSON object, found {type(values).__name__}")
     for key in required:
         if key not in values:
             raise KbertError(f"{path}: missing key '{key}'")
     return values
+
+
+def read_npz(path: Path, required: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Every array of an .npz file (no pickled objects); missing, truncated or corrupt is an error naming it."""
+    path = _existing_file(path)
+    try:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise ValueError("a single array, not an archive of named arrays")
+        with loaded as arrays:
+            values = {name: arrays[name] for name in arrays.files}
+    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as exc:
+        raise KbertError(f"{path}: not a readable .npz file (truncated or corrupt?): {exc}") from None
+    for name in required:
+        if name not in values:
+            raise KbertError(f"{path}: missing array '{name}'")
+    return values
+
+
+def read_table(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A CSV file that kbert wrote (folds.csv, oof.csv, test.csv): missing, empty, unparsable or lacking a
+    ``required`` column is an error naming the file."""
+    path = _existing_file(path)
+    try:
+        frame = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise KbertError(f"{path}: file is empty") from None
+    except UnicodeDecodeError as exc:
+        raise KbertError(f"{path}: not valid UTF-8 (byte {exc.start}); the file is damaged") from None
+    except pd.errors.ParserError as exc:
+        raise KbertError(f"{path}: could not parse CSV: {' '.join(str(exc).split())}") from None
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise KbertError(f"{path}: missing column(s) {', '.join(map(repr, missing))}")
+    return frame
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_writable_folder(folder: Path, what: str) -> None:
+    """Refuse a folder that could not be made or written in: a file (or anything but a folder) where it or one of
+    its parents should be, or an existing folder without write permission. ``what`` names where it comes from
+    (``--out runs``). Nothing is created."""
+    folder = Path(folder)
+    for path in (folder, *folder.parents):
+        if path.exists() or path.is_symlink():
+            if not path.is_dir():
+                raise KbertError(f"{what}: '{path}' is not a folder")
+            if not os.access(path, os.W_OK | os.X_OK):
+                raise KbertError(f"{what}: '{path}' is not writable")
+            return
+
+
+@contextmanager
+def exclusive_lock(path: Path, held_elsewhere: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (created when missing; the file stays) for the block. The lock goes
+    when the block ends or the process dies, however. Held by another process: a KbertError with the message
+    ``held_elsewhere``. Without fcntl (not POSIX) nothing is locked."""
+    if fcntl is None:
+        yield
+        return
+    path = Path(path)
+    existed = path.exists()
+    handle = open(path, "a")
+    created = _CREATED.get()
+    if created is not None and not existed:
+        created.files.append(path)
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise KbertError(held_elsewhere) from None
+        yield
+    finally:
+        handle.close()

@@ -22,5 +22,5 @@ def check_name(value: object, what: str) -> str:
     text = "" if value is None else str(value)
     if not PLAIN_NAME.fullmatch(text):
         raise KbertError(f"{what} {text!r} is not a plain name: use letters, digits, '-', '_' and '.' "
-                         "(not first), with no folder separators")
+                         "(not first), at most 128, with no folder separators")
     return text

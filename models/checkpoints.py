@@ -3,7 +3,8 @@
 A fold trained with adapters may instead be adapter-only: ``adapter.safetensors`` (adapter weights, head
 and pooler) + ``adapter_config.json``, on top of the base encoder that ``config.json`` names under
 ``source``; loading re-reads that base and checks its weights' fingerprint.
-Loading is strict: a missing or unexpected weight name is an error that lists the names.
+Loading is strict: a missing or unexpected weight name is an error that lists the names, and a config.json or
+weight file that is truncated, edited or describes no model is one error naming the file.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kbert.errors import KbertError
-from kbert.io import atomic_write, read_json, write_json
+from kbert.io import atomic_write, read_json, write_json, write_text
 from kbert.models.adapters import (ADAPTER_CONFIG_FILE, AdapterConfig, apply_adapters, load_adapter_weights,
                                    read_adapter_config, save_adapters, weights_fingerprint)
 from kbert.models.encoders import architecture, read_weights, resolve_encoder_path
@@ -26,24 +27,41 @@ TOKENIZER_FILE = "tokenizer.json"
 
 
 def save_checkpoint(model: TaskModel, folder: Path, config: dict[str, Any], tokenizer_path: Path | None = None,
-                    adapter: AdapterConfig | None = None, base_fingerprint: str = "") -> Path:
+                    adapter: AdapterConfig | None = None, base_fingerprint: str = "",
+                    tokenizer_json: str | None = None) -> Path:
     """``config`` holds what ``build_task_model`` needs: encoder_config, head (a HeadConfig dict), pooling,
-    and ``source`` (the base encoder). With ``adapter``, only the adapter and head weights are written."""
+    and ``source`` (the base encoder). With ``adapter``, only the adapter and head weights are written. The
+    tokenizer is copied from ``tokenizer_path`` or written from its ``tokenizer_json`` text."""
     folder = Path(folder)
     if adapter is None:
         write_safetensors(folder / WEIGHTS_FILE, model)
     else:
         save_adapters(model, folder, adapter, base=config["source"], base_fingerprint=base_fingerprint)
     write_json(folder / CONFIG_FILE, config)
-    if tokenizer_path is not None:
+    if tokenizer_json is not None:
+        write_text(folder / TOKENIZER_FILE, tokenizer_json)
+    elif tokenizer_path is not None:
         atomic_write(folder / TOKENIZER_FILE, lambda p: shutil.copyfile(tokenizer_path, p))
     return folder
+
+
+def build_checkpoint_model(path: Path, config: dict[str, Any]) -> TaskModel:
+    """The model that a checkpoint's config.json (read from ``path``) describes; odd values are one error."""
+    encoder_config, head = config["encoder_config"], config["head"]
+    if not isinstance(encoder_config, dict) or not isinstance(head, dict):
+        raise KbertError(f"{path}: 'encoder_config' and 'head' must be mappings")
+    try:
+        return build_task_model(encoder_config, head, config["pooling"])
+    except KbertError as exc:
+        raise KbertError(f"{path}: {exc}") from None
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise KbertError(f"{path}: does not describe a model: {type(exc).__name__}: {exc}") from None
 
 
 def load_checkpoint(folder: Path) -> tuple[TaskModel, dict[str, Any]]:
     folder = Path(folder)
     config = read_json(folder / CONFIG_FILE, required=("encoder_config", "head", "pooling"))
-    model = build_task_model(config["encoder_config"], config["head"], config["pooling"])
+    model = build_checkpoint_model(folder / CONFIG_FILE, config)
     if (folder / ADAPTER_CONFIG_FILE).is_file():
         saved = read_adapter_config(folder)
         base = resolve_encoder_path(saved["base_encoder"])

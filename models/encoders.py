@@ -8,7 +8,6 @@ through the architecture's ``sanitize`` and then a strict load: a missing or une
 from __future__ import annotations
 
 import importlib.util
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from tokenizers.models import WordPiece
 from kbert.errors import KbertError
 from kbert.io import read_json, write_json, write_text
 from kbert.models import bert, modernbert, neobert
+from kbert.models.tokenizer import read_tokenizer
 from kbert.models.weights import load_state_strict, read_safetensors, write_safetensors
 
 
@@ -101,7 +101,10 @@ def read_weights(folder: Path) -> dict[str, mx.array]:
     if single.is_file():
         weights = read_safetensors(single)
     elif index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json(index, required=("weight_map",))["weight_map"]
+        if not isinstance(weight_map, dict):
+            raise KbertError(f"{index}: 'weight_map' must map weight names to shard files")
+        shards = sorted(set(map(str, weight_map.values())))
         weights = {}
         for shard in shards:
             weights.update(read_safetensors(folder / shard))
@@ -124,7 +127,7 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     Padding and truncation saved in the file are switched off: kbert pads per batch and truncates itself.
     """
     if (folder / "tokenizer.json").is_file():
-        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tokenizer = read_tokenizer(folder / "tokenizer.json")
         tokenizer.no_padding()
         tokenizer.no_truncation()
         return tokenizer
@@ -132,7 +135,7 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     if not vocab.is_file():
         raise KbertError(f"{folder}: no tokenizer.json or vocab.txt")
     settings_path = folder / "tokenizer_config.json"
-    settings = json.loads(settings_path.read_text()) if settings_path.is_file() else {}
+    settings = read_json(settings_path) if settings_path.is_file() else {}
     tokenizer = Tokenizer(WordPiece.from_file(str(vocab), unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=settings.get("do_lower_case", True))
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()

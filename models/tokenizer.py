@@ -1,4 +1,5 @@
-"""WordPiece tokenizers (Hugging Face ``tokenizers``): train on competition text, cache, encode to int32."""
+"""WordPiece tokenizers (Hugging Face ``tokenizers``): train on competition text, cache, encode to int32; and the
+checked reader of every ``tokenizer.json`` kbert reads (``read_tokenizer``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
 
-from kbert.io import write_text
+from kbert.errors import KbertError
+from kbert.io import read_text, write_text
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 TOKENIZER_VERSION = "wordpiece-v2"  # bump when training settings change, to invalidate caches
@@ -65,11 +67,20 @@ def corpus_key(texts: list[str], vocab_size: int) -> str:
     return digest.hexdigest()[:16]
 
 
+def read_tokenizer(path: Path) -> Tokenizer:
+    """A ``tokenizer.json``; a missing, truncated or invalid file is one error naming it."""
+    text = read_text(path)
+    try:
+        return Tokenizer.from_str(text)
+    except Exception as exc:  # the tokenizers library raises plain Exception for a parse error
+        raise KbertError(f"{path}: not a readable tokenizer file (truncated or edited?): {exc}") from None
+
+
 def load_or_train_tokenizer(texts: list[str], vocab_size: int, cache_dir: Path) -> tuple[Tokenizer, Path]:
     """Train once per distinct corpus and vocabulary size; later runs load the cached ``tokenizer.json``."""
     path = Path(cache_dir) / f"tokenizer-{corpus_key(texts, vocab_size)}.json"
     if path.exists():
-        return Tokenizer.from_file(str(path)), path
+        return read_tokenizer(path), path
     tokenizer = train_wordpiece(texts, vocab_size)
     write_text(path, tokenizer.to_str())
     return tokenizer, path

@@ -1,19 +1,32 @@
 """The run folder: what a run (and a baseline member) writes, and what resuming, tuning and ensembles read.
 
-``runs/<competition>/<run-id>/``: config.yaml (the resolved config; written first), folds.csv (id, fold, and
-fold_repeat<r> per extra repeat), oof.csv and test.csv (id, then the prediction columns of
-pipeline/predictions.py), outputs.npz (raw OOF and fold-averaged test head outputs), metrics.json (the scores,
-written last), and ``folds/<k>/`` per fold (``r<repeat>-<k>`` with repeated k-fold): model.safetensors,
-config.json, tokenizer.json, test.csv, history.json, serializer.json (the serializer's fitted statistics),
-outputs.npz (the fold's raw and final validation and test predictions) and fold.json (its record; written
-last: a fold without it is unfinished). Every file is written to a temp file and renamed (kbert.io).
+``runs/<competition>/<run-id>/``: inputs.json (the sha256 of each data file the run read, by file name) and
+config.yaml (the resolved config), written first, in that order; .lock (locked while a process writes the
+folder); folds.csv (id, fold, and fold_repeat<r> per extra repeat), oof.csv and test.csv (id, then the
+prediction columns of pipeline/predictions.py), outputs.npz (raw OOF and fold-averaged test head outputs),
+metrics.json (the scores, the inputs' hashes and the config's, the warnings; written last), and ``folds/<k>/``
+per fold (``fold_name``: ``r<repeat>-<k>`` with repeated k-fold): model.safetensors (or adapter.safetensors +
+adapter_config.json), config.json, tokenizer.json, test.csv, history.json, serializer.json (the serializer's
+fitted statistics), outputs.npz (the fold's raw and final validation and test predictions) and fold.json (its
+record; written last: a fold without it is unfinished). Every file is written to a temp file and renamed
+(kbert.io) and read back through a checked reader (kbert.io, models/weights.py, models/tokenizer.py): a damaged
+file is one error naming it.
 
-Resume: a run id that exists is resumed only with the config it was started with; its finished folds are
-read back and the others trained, so an interrupted run ends as an uninterrupted one would.
+Before anything is written the output folders are checked (``check_run_outputs``). A command refused after
+it created a run folder, and before a fold of it finished, removes what it created (kbert.io
+``removed_on_refusal``). A process holds the run folder's lock for the whole run (``lock_run_folder``): a
+second process on the same run id is refused.
+
+Resume: a run id that exists is resumed only with the config and data files it was started with
+(``check_resumable``); its finished folds are read back and the others trained, so an interrupted run ends
+as an uninterrupted one would. ``kbert predict`` needs every fold the config lists (``missing_fold_part``).
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -23,7 +36,11 @@ import pandas as pd
 import yaml
 
 from kbert.errors import KbertError
-from kbert.io import read_json, write_csv, write_json, write_npz
+from kbert.io import (check_writable_folder, exclusive_lock, file_sha256, read_json, read_npz, write_csv, write_json,
+                      write_npz, write_yaml)
+from kbert.models.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from kbert.models.checkpoints import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
+from kbert.models.checkpoints import TOKENIZER_FILE, WEIGHTS_FILE
 from kbert.pipeline.config import CompetitionConfig, RunConfig, read_yaml
 from kbert.pipeline.metrics import Metric
 from kbert.pipeline.predictions import predictions_frame
@@ -44,12 +61,73 @@ def new_run_id(seed: int) -> str:
     return f"{datetime.now():%Y%m%d-%H%M%S}-seed{seed}"
 
 
-def check_resumable(run_dir: Path, config: RunConfig) -> None:
-    """An existing run folder may be resumed only with the config it was started with."""
-    config_path = run_dir / "config.yaml"
+CONFIG_FILE = "config.yaml"
+INPUTS_FILE = "inputs.json"
+LOCK_FILE = ".lock"
+FOLD_ARRAYS = ("valid_outputs", "valid_predictions", "test_outputs", "test_predictions")
+
+
+def fold_name(repeat: int, k: int, repeats: int) -> str:
+    """A fold's folder under ``folds/``: ``3``, or ``r1-3`` with repeated k-fold."""
+    return str(k) if repeats == 1 else f"r{repeat}-{k}"
+
+
+def fold_names(config: RunConfig) -> list[str]:
+    """Every fold folder a run with this config has, in training order."""
+    folds = config.competition.folds
+    return [fold_name(r, k, folds.repeats) for r in range(folds.repeats) for k in range(folds.k)]
+
+
+def input_fingerprint(comp: CompetitionConfig, data_dir: Path) -> dict[str, str]:
+    """The sha256 of each data file a run reads (train, test, the sample submission when there is one), by name."""
+    names = [comp.train_file, comp.test_file, *([comp.sample_submission_file] if comp.sample_submission_file else [])]
+    return {name: file_sha256(Path(data_dir) / name) for name in names}
+
+
+def config_fingerprint(config: RunConfig) -> str:
+    """The sha256 of the resolved config, as config.yaml holds it (keys sorted)."""
+    return hashlib.sha256(yaml.safe_dump(config.to_dict(), sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def write_run_config(run_dir: Path, values: dict, inputs: dict[str, str]) -> None:
+    """inputs.json, then config.yaml (``values``): a folder with a config.yaml has its inputs recorded."""
+    write_json(run_dir / INPUTS_FILE, inputs)
+    write_yaml(run_dir / CONFIG_FILE, values)
+
+
+def check_run_outputs(config: RunConfig, run_dir: Path, submission_path: Path) -> None:
+    """The run folder, the competition's shared folds/ and cache/ folders (``--out``) and the submission file
+    (``--submissions-dir``) can be written: checked before anything is written; nothing is created."""
+    comp_dir = Path(config.out_dir) / config.competition.name
+    for folder in (run_dir, comp_dir / "folds", comp_dir / "cache"):
+        check_writable_folder(folder, f"--out {config.out_dir}")
+    what = f"--submissions-dir {config.submissions_dir}"
+    check_writable_folder(submission_path.parent, what)
+    if submission_path.is_dir():
+        raise KbertError(f"{what}: '{submission_path}' is a folder, not a file")
+
+
+def lock_message(run_dir: Path) -> str:
+    return (f"{run_dir}: run '{run_dir.name}' is being written by another kbert process; wait for it to end or "
+            "pick another --run-id")
+
+
+@contextmanager
+def lock_run_folder(run_dir: Path) -> Iterator[None]:
+    """Hold the run folder's lock for the block; another process holding it is refused (``lock_message``)."""
+    with exclusive_lock(run_dir / LOCK_FILE, lock_message(run_dir)):
+        yield
+
+
+def check_resumable(run_dir: Path, config: RunConfig, inputs: dict[str, str] | None = None) -> None:
+    """An existing run folder may be resumed only with the config and (``inputs``) the data files it was started
+    with; a folder from before inputs were recorded is checked on its config alone."""
+    config_path = run_dir / CONFIG_FILE
     if not config_path.is_file():
         raise KbertError(f"run folder already exists and has no config.yaml: {run_dir}; pick another --run-id")
-    saved = read_yaml(config_path) or {}
+    saved = read_yaml(config_path)
+    if not isinstance(saved, dict):
+        raise KbertError(f"{config_path}: not a run config (expected a mapping); pick another --run-id")
     saved.pop("run_id", None)
     current = yaml.safe_load(yaml.safe_dump(config.to_dict(), sort_keys=False))
     changed = config_differences(saved, current)
@@ -57,6 +135,18 @@ def check_resumable(run_dir: Path, config: RunConfig) -> None:
         shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
         raise KbertError(f"{config_path}: run '{run_dir.name}' was started with other settings ({shown}); "
                          "resume it with the same settings, or pick another --run-id")
+    if inputs is not None and (run_dir / INPUTS_FILE).is_file():
+        check_same_inputs(run_dir, inputs)
+
+
+def check_same_inputs(run_dir: Path, inputs: dict[str, str]) -> None:
+    """The data files' hashes equal those the run recorded in inputs.json; else an error naming the files."""
+    path = run_dir / INPUTS_FILE
+    recorded = read_json(path)
+    changed = [name for name in {**recorded, **inputs} if recorded.get(name) != inputs.get(name)]
+    if changed:
+        raise KbertError(f"{path}: run '{run_dir.name}' was started on other data: {', '.join(changed)} changed; "
+                         "pick another --run-id")
 
 
 def config_differences(saved: object, current: object, prefix: str = "") -> list[str]:
@@ -102,9 +192,26 @@ def write_finished_fold(fold_dir: Path, valid_outputs: np.ndarray, valid_predict
 
 
 def read_finished_fold(fold_dir: Path) -> dict | None:
-    """A finished fold's predictions, record and token budget; None when the fold is absent or unfinished."""
+    """A finished fold's predictions, record and token budget; None when the fold is absent or unfinished. A
+    damaged fold.json or outputs.npz is an error naming it."""
     if not (fold_dir / "fold.json").is_file() or not (fold_dir / "outputs.npz").is_file():
         return None
-    with np.load(fold_dir / "outputs.npz") as arrays:
-        finished = {name: arrays[name] for name in arrays.files}
-    return {**finished, **read_json(fold_dir / "fold.json", required=("record",))}
+    finished = read_json(fold_dir / "fold.json", required=("record",))
+    record = finished["record"]
+    if not isinstance(record, dict) or isinstance(record.get("score"), bool) or \
+            not isinstance(record.get("score"), (int, float)):
+        raise KbertError(f"{fold_dir / 'fold.json'}: 'record' must be a mapping with a numeric 'score'")
+    return {**read_npz(fold_dir / "outputs.npz", required=FOLD_ARRAYS), **finished}
+
+
+def missing_fold_part(fold_dir: Path) -> str | None:
+    """What a fold folder lacks to predict with (``kbert predict``): the folder itself, fold.json, or one of its
+    checkpoint files; None when it is complete."""
+    if not fold_dir.is_dir():
+        return "the folder"
+    weights = ((ADAPTER_WEIGHTS_FILE, ADAPTER_CONFIG_FILE) if (fold_dir / ADAPTER_CONFIG_FILE).is_file()
+               else (WEIGHTS_FILE,))
+    for name in ("fold.json", CHECKPOINT_CONFIG_FILE, *weights, TOKENIZER_FILE, "serializer.json"):
+        if not (fold_dir / name).is_file():
+            return name
+    return None

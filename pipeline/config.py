@@ -7,8 +7,9 @@ and written to ``runs/<competition>/<run-id>/config.yaml``.
 from __future__ import annotations
 
 import difflib
+import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import yaml
 
 from kbert.errors import KbertError
 from kbert.io import read_json
+from kbert.names import check_name
 from kbert.tasks import TASKS, Task
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "competitions"  # the package's kbert/competitions
@@ -53,8 +55,8 @@ class FoldConfig:
     k: int = 5
     seed: int = 42
     stratify: bool = True  # classification targets only
-    shuffle: bool = True  # False: contiguous blocks in file order (time series)
-    purge: int = 0  # with shuffle False: also drop this many training rows on each side of the validation block
+    shuffle: bool = True  # False: forward-chaining blocks in file order (time series; see pipeline/folds.py)
+    purge: int = 0  # with shuffle False: drop this many training rows just before each validation block
     group_column: str = ""  # rows sharing a group stay in one fold (group k-fold; stratified too when stratify)
     group_regex: str = ""  # optional: the group is this regex's first capture group in group_column
     repeats: int = 1  # repeated k-fold: this many splits, seeds seed, seed + 1, ...; OOF averaged over repeats
@@ -166,6 +168,144 @@ class RunConfig:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Bound:
+    """The values a numeric setting or option accepts: an integer or a finite number, within the given limits;
+    ``optional``: None too; ``words``: these strings too (threshold: 'tune'); ``form``: a number, a list of
+    numbers, or either."""
+
+    integer: bool = False
+    at_least: float | None = None
+    above: float | None = None
+    at_most: float | None = None
+    below: float | None = None
+    optional: bool = False
+    words: tuple[str, ...] = ()
+    form: str = "number"  # number | list | number or list
+
+    def holds(self, value: Any) -> bool:
+        """One number: its type, finite, within the limits."""
+        if isinstance(value, bool) or not isinstance(value, int if self.integer else (int, float)):
+            return False
+        return (math.isfinite(value) and (self.at_least is None or value >= self.at_least)
+                and (self.above is None or value > self.above) and (self.at_most is None or value <= self.at_most)
+                and (self.below is None or value < self.below))
+
+    def describe(self) -> str:
+        """'an integer >= 1', 'a finite number in [0, 1)', 'a list of finite numbers > 0', ..."""
+        limits = [(sign, value) for sign, value in ((">=", self.at_least), (">", self.above), ("<=", self.at_most),
+                                                    ("<", self.below)) if value is not None]
+        if len(limits) == 2:  # an interval: [0, 1), (0, 1], ...
+            (low_sign, low), (high_sign, high) = limits
+            text = f" in {'[' if low_sign == '>=' else '('}{low:g}, {high:g}{']' if high_sign == '<=' else ')'}"
+        else:
+            text = "".join(f" {sign} {value:g}" for sign, value in limits)
+        number = "integer" if self.integer else "finite number"
+        article = "an" if self.integer else "a"
+        kind = {"number": f"{article} {number}{text}", "list": f"a list of {number}s{text}",
+                "number or list": f"{article} {number}{text}, or a list of them"}[self.form]
+        return kind + "".join(f" or {word!r}" for word in self.words) + (", or null" if self.optional else "")
+
+
+def check_number(value: Any, what: str, bound: Bound) -> Any:
+    """``value`` when ``bound`` accepts it; else a KbertError naming ``what`` (an option such as ``--lr`` or a
+    YAML key such as ``competition.yaml: training.learning_rate``): NaN, infinities, zero or negative counts,
+    text where a number belongs."""
+    if value is None and bound.optional or isinstance(value, str) and value in bound.words:
+        return value
+    if isinstance(value, list):
+        ok = bound.form != "number" and all(bound.holds(v) for v in value)
+    else:
+        ok = bound.form != "list" and bound.holds(value)
+    if not ok:
+        raise KbertError(f"{what} must be {bound.describe()}, got {value!r}{_text_number_hint(value)}")
+    return value
+
+
+def _text_number_hint(value: Any) -> str:
+    """YAML 1.1 reads ``1e-3`` (no dot) as text: say so."""
+    try:
+        number = float(value) if isinstance(value, str) else None
+    except ValueError:
+        return ""
+    return "" if number is None else f" (text, not a number: YAML reads {value} as a string; write e.g. {number!r})"
+
+
+COUNT, SIZE = Bound(integer=True, at_least=0), Bound(integer=True, at_least=1)
+POSITIVE, NON_NEGATIVE = Bound(above=0), Bound(at_least=0)
+SHARE = Bound(at_least=0, below=1)  # dropout probabilities, warmup and smoothing shares: [0, 1)
+SEED = Bound(integer=True, at_least=0)
+
+# Every numeric run setting, by the name it has in a flat override mapping and in a YAML `training:` / `head:`
+# section (ModelConfig, TrainConfig and HeadOptions fields; adapter_options.<AdapterConfig field>), and in the
+# `folds:` and `text:` sections as folds.<field> and text.<field> (`--folds` and `--repeats` set folds.k and
+# folds.repeats). tests/test_config.py checks that each int and float field of those dataclasses is here.
+BOUNDS: dict[str, Bound] = {
+    # ModelConfig
+    "hidden_size": SIZE, "num_hidden_layers": SIZE, "num_attention_heads": SIZE, "intermediate_size": SIZE,
+    "vocab_size": SIZE, "hidden_dropout_prob": SHARE, "attention_probs_dropout_prob": SHARE, "head_dropout": SHARE,
+    "adapter_options.rank": SIZE, "adapter_options.alpha": POSITIVE, "adapter_options.dropout": SHARE,
+    "adapter_options.bits": COUNT, "adapter_options.group_size": SIZE,
+    # TrainConfig
+    "epochs": SIZE, "batch_size": SIZE, "eval_batch_size": SIZE, "patience": SIZE, "max_length": SIZE,
+    "length_bucket": SIZE, "tta": SIZE, "augment": COUNT, "learning_rate": Bound(above=0, optional=True),
+    "weight_decay": NON_NEGATIVE, "warmup_ratio": SHARE, "min_lr_ratio": Bound(at_least=0, at_most=1),
+    "max_grad_norm": POSITIVE, "layerwise_lr_decay": Bound(above=0, at_most=1),
+    # HeadOptions
+    "focal_gamma": NON_NEGATIVE, "focal_alpha": Bound(at_least=0, at_most=1, optional=True),
+    "label_smoothing": SHARE, "pos_weight": Bound(above=0, optional=True, form="number or list"),
+    "class_weights": Bound(at_least=0, optional=True, form="list"), "huber_delta": POSITIVE,
+    "threshold": Bound(above=0, below=1, words=("tune",)),
+    # FoldConfig, and the flags that set it
+    "folds.k": Bound(integer=True, at_least=2), "folds.seed": SEED, "folds.purge": COUNT, "folds.repeats": SIZE,
+    "folds": Bound(integer=True, at_least=2), "repeats": SIZE,
+    # TextConfig
+    "text.bins": SIZE, "text.jitter": NON_NEGATIVE,
+    # RunConfig
+    "seed": SEED, "limit_rows": Bound(integer=True, at_least=1, optional=True),
+}
+NESTED_SETTINGS = ("adapter_options", "text")  # override keys holding a mapping of settings
+
+
+def check_settings(values: Mapping[str, Any], label: Callable[[str], str], prefix: str = "") -> None:
+    """Every numeric setting among ``values`` (keyed as in BOUNDS once ``prefix`` is put before them; the
+    mappings under adapter_options and text too) is checked; ``label(key)`` names it in the message. Other
+    keys are left to the checks that know them (unknown settings, choices)."""
+    for name, value in values.items():
+        key = f"{prefix}{name}"
+        if key in NESTED_SETTINGS and isinstance(value, Mapping):
+            check_settings(value, label, f"{key}.")
+        elif key in BOUNDS:
+            check_number(value, label(key), BOUNDS[key])
+
+
+def check_competition_settings(competition: CompetitionConfig, where: str = "") -> None:
+    """The numbers of a competition's `training:`, `head:`, `folds:` and `text:` sections; ``where`` is put
+    before the key in messages (``competition.yaml: ``)."""
+    check_settings(competition.training, lambda key: f"{where}training.{key}")
+    check_settings(competition.head, lambda key: f"{where}head.{key}")
+    check_settings(asdict(competition.folds), lambda key: f"{where}{key}", "folds.")
+    check_settings(asdict(competition.text), lambda key: f"{where}{key}", "text.")
+
+
+def check_model_sizes(model: ModelConfig, where: str = "") -> None:
+    """A from-scratch "bert" splits hidden_size evenly across its attention heads."""
+    if model.encoder == "bert" and model.hidden_size % model.num_attention_heads:
+        raise KbertError(f"{where}hidden_size {model.hidden_size} is not a multiple of num_attention_heads "
+                         f"{model.num_attention_heads}")
+
+
+def check_unique(values: Any, what: str) -> None:
+    """A list of columns or classes names each once (a repeat would silently count twice, or keep the last)."""
+    if isinstance(values, list):
+        seen = set()
+        for value in values:
+            key = repr(value)
+            if key in seen:
+                raise KbertError(f"{what} lists {value!r} twice")
+            seen.add(key)
+
+
 def _require(data: dict[str, Any], key: str, source: Path) -> Any:
     if key not in data or data[key] in (None, ""):
         raise KbertError(f"{source}: missing required key '{key}'")
@@ -206,10 +346,31 @@ def competition_path(name_or_path: str) -> Path:
     return path
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key written twice in one mapping (PyYAML would keep the last silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        first_lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` may be overridden by design
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = first_lines.get(key)
+            except TypeError:  # an unhashable key: SafeLoader's own error follows
+                continue
+            if first is not None:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} appears twice (first at line {first})",
+                                                        key_node.start_mark)
+            first_lines[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> Any:
-    """A YAML file's contents; a syntax error is one line naming the file, line and column."""
+    """A YAML file's contents; a syntax error or a key written twice is one line naming the file, line and
+    column. Every YAML kbert reads (competitions, --config files, search spaces) comes through here."""
     try:
-        return yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        return yaml.load(Path(path).read_text(encoding="utf-8"), Loader=UniqueKeyLoader)
     except UnicodeDecodeError as exc:
         raise KbertError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
     except yaml.YAMLError as exc:
@@ -237,13 +398,18 @@ def load_competition(name_or_path: str) -> CompetitionConfig:
                          f"{', '.join(REQUIRED_KEYS + OPTIONAL_KEYS)}")
     for key in REQUIRED_KEYS:
         _require(data, key, source)
+    for key in ("text", "files", "submission", "folds", "training", "head", "search_space"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            raise KbertError(f"{source}: '{key}' must be a mapping, got {data[key]!r}")
     task = _require(data, "task", source)
     if task not in TASKS:
         raise KbertError(f"{source}: task '{task}' is not supported; supported: {', '.join(TASKS)}")
+    name = check_name(_require(data, "name", source), f"{source}: name")
     target = _require(data, "target", source)
     if isinstance(target, list):
         if not Task(task).several_columns or not target or not all(isinstance(t, str) for t in target):
             raise KbertError(f"{source}: 'target' may be a list of columns only for multilabel and timeseries tasks")
+        check_unique(target, f"{source}: target")
     elif Task(task).several_columns:
         target = [str(target)]
     metric = str(data.get("metric") or Task(task).default_metric)  # no metric: the task's default
@@ -260,6 +426,9 @@ def load_competition(name_or_path: str) -> CompetitionConfig:
     unknown_text_keys = set(text) - {f.name for f in fields(TextConfig)}
     if unknown_text_keys:
         raise KbertError(f"{source}: unknown keys under 'text': {sorted(unknown_text_keys)}")
+    for key in ("columns", "priority"):
+        check_unique(text.get(key), f"{source}: text.{key}")
+    check_unique(data.get("classes"), f"{source}: classes")
     head = data.get("head", {}) or {}
     unknown_head_keys = set(head) - {f.name for f in fields(HeadOptions)}
     if unknown_head_keys:
@@ -271,8 +440,8 @@ def load_competition(name_or_path: str) -> CompetitionConfig:
     unknown_fold_keys = set(folds) - {f.name for f in fields(FoldConfig)}
     if unknown_fold_keys:
         raise KbertError(f"{source}: unknown keys under 'folds': {sorted(unknown_fold_keys)}")
-    return CompetitionConfig(
-        name=_require(data, "name", source),
+    competition = CompetitionConfig(
+        name=name,
         id_column=_require(data, "id_column", source),
         target=target,
         task=task,
@@ -291,6 +460,11 @@ def load_competition(name_or_path: str) -> CompetitionConfig:
         features=str(data.get("features") or ""),
         search_space=data.get("search_space") or {},
     )
+    check_competition_settings(competition, f"{source}: ")
+    model_fields = {f.name for f in fields(ModelConfig)}
+    check_model_sizes(replace(ModelConfig(), **{k: v for k, v in competition.training.items() if k in model_fields}),
+                      f"{source}: training: ")
+    return competition
 
 
 def _apply(obj: Any, overrides: dict[str, Any], source: str) -> Any:
@@ -310,9 +484,13 @@ def pretrained_from_scratch(encoder: str) -> bool:
 
 
 def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any] | None = None) -> RunConfig:
-    """Defaults, then the competition's ``training`` section, then CLI ``overrides`` (flat field names)."""
+    """Defaults, then the competition's ``training`` section, then CLI ``overrides`` (flat field names).
+    Every number is checked first (the competition's sections as ``training.<key>``, the overrides by their
+    names; the CLI checks its flags by flag name before this, load_competition the YAML's by file)."""
     model, train, head = ModelConfig(), TrainConfig(), HeadOptions()
     run_fields = {"seed", "data_dir", "out_dir", "submissions_dir", "limit_rows", "permute_target"}
+    check_competition_settings(competition)
+    check_settings({k: v for k, v in (overrides or {}).items() if v is not None}, str)
     merged = {**competition.head, **competition.training,
               **{k: v for k, v in (overrides or {}).items() if v is not None}}
     options = {**(competition.training.get("adapter_options") or {}), **((overrides or {}).get("adapter_options") or {})}
@@ -348,8 +526,6 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         raise KbertError(f"target_transform '{head.target_transform}' is unknown; known: {', '.join(TARGET_TRANSFORMS)}")
     if head.target_transform != "none" and not Task(competition.task).numeric:
         raise KbertError(f"target_transform applies to regression and timeseries tasks, not '{competition.task}'")
-    if not (head.threshold == "tune" or isinstance(head.threshold, (int, float)) and 0 < head.threshold < 1):
-        raise KbertError(f"threshold must be a probability in (0, 1) or 'tune', got {head.threshold!r}")
     if head.calibrate and not Task(competition.task).calibratable:
         raise KbertError(f"calibrate applies to binary and multiclass tasks, not '{competition.task}'")
     folds = competition.folds
@@ -357,22 +533,11 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         folds = replace(folds, k=int(merged["folds"]))
     if "repeats" in merged:
         folds = replace(folds, repeats=int(merged["repeats"]))
-    if folds.k < 2:
-        raise KbertError(f"folds must be at least 2, got {folds.k}")
-    if folds.repeats < 1:
-        raise KbertError(f"folds.repeats must be at least 1, got {folds.repeats}")
     if folds.repeats > 1 and not folds.shuffle:
         raise KbertError("folds.repeats > 1 needs shuffled folds; contiguous (shuffle: false) folds never change")
     if competition.text.truncate not in ("warn", "priority"):
         raise KbertError(f"text.truncate must be warn or priority, got '{competition.text.truncate}'")
-    if train.augment < 0:
-        raise KbertError(f"augment must be at least 0, got {train.augment}")
-    limit_rows = merged.get("limit_rows")
-    if limit_rows is not None and limit_rows < 1:
-        raise KbertError(f"limit_rows must be at least 1, got {limit_rows}")
-    for name in ("epochs", "batch_size", "eval_batch_size", "max_length", "length_bucket", "tta"):
-        if getattr(train, name) < 1:
-            raise KbertError(f"{name} must be at least 1, got {getattr(train, name)}")
+    check_model_sizes(model)
     from kbert.models.encoders import trains_from_scratch
 
     adapter = adapter_config(model)
@@ -390,10 +555,6 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         small = trains_from_scratch(model.encoder) or pretrained_from_scratch(model.encoder)
         default = 1e-3 if small else 5e-5 if adapter is None else 5e-4
         train = replace(train, learning_rate=default)
-    if not 0 < train.layerwise_lr_decay <= 1:
-        raise KbertError(f"layerwise_lr_decay must be in (0, 1], got {train.layerwise_lr_decay}")
-    if train.learning_rate <= 0:
-        raise KbertError(f"learning_rate must be positive, got {train.learning_rate}")
     # The fold split keeps the competition's own seed, so runs with different training seeds share
     # folds and can be blended on OOF; --seed changes initialisation, dropout and batch order.
     run = RunConfig(competition=replace(competition, folds=folds), model=model, train=train, head=head)
@@ -443,6 +604,7 @@ def run_config_from_file(path: Path, overrides: dict[str, Any] | None = None) ->
     competition, rest = read_run_file(path)
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     if isinstance(competition, str):
+        check_settings(rest, lambda key: f"{path}: {key}")
         return resolve_run_config(load_competition(competition), {**rest, **overrides})
     run_fields = {"seed", "data_dir", "out_dir", "submissions_dir", "limit_rows"}
     refused = set(overrides) - run_fields
@@ -454,4 +616,19 @@ def run_config_from_file(path: Path, overrides: dict[str, Any] | None = None) ->
         config = run_config_from_dict({"competition": competition, **rest})
     except TypeError as exc:
         raise KbertError(f"{path}: not a kbert run config: {exc}") from None
+    except (KeyError, AttributeError) as exc:  # a section missing, or not a mapping
+        raise KbertError(f"{path}: not a kbert run config: missing or malformed section {exc}") from None
+    check_resolved_config(config, f"{path}: ")
     return replace(config, **overrides)
+
+
+def check_resolved_config(config: RunConfig, where: str) -> None:
+    """A resolved run config read back (a run's config.yaml, best.yaml): its competition's name, and every
+    number of every section, named as in the file (``train.learning_rate``, ``competition.folds.k``)."""
+    check_name(config.competition.name, f"{where}competition.name")
+    check_settings(asdict(config.model), lambda key: f"{where}model.{key}")
+    check_settings(asdict(config.train), lambda key: f"{where}train.{key}")
+    check_settings(asdict(config.head), lambda key: f"{where}head.{key}")
+    check_settings({"seed": config.seed, "limit_rows": config.limit_rows}, lambda key: f"{where}{key}")
+    check_competition_settings(config.competition, f"{where}competition.")
+    check_model_sizes(config.model, f"{where}model: ")

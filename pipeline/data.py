@@ -89,7 +89,25 @@ def plain(value: object) -> object:
 def _check_columns(frame: pd.DataFrame, required: list[str], path: Path) -> None:
     missing = [c for c in required if c not in frame.columns]
     if missing:
-        raise KbertError(f"{path}: missing column(s) {', '.join(repr(c) for c in missing)}")
+        hints = [hint for hint in (near_header(c, frame.columns) for c in missing) if hint]
+        raise KbertError(f"{path}: missing column(s) {', '.join(repr(c) for c in missing)}"
+                         + "".join(f"; {hint}" for hint in hints))
+
+
+def near_header(name: str, header) -> str:
+    """A hint for a column the file lacks under ``name`` but has with other spaces around it or in another
+    case (``the file has ' Age ' (spaces around it)``); empty when no header is that close."""
+    wanted = str(name).strip().casefold()
+    for column in map(str, header):
+        if column.strip().casefold() != wanted:
+            continue
+        differences = []
+        if column.strip() != column or str(name).strip() != str(name):
+            differences.append("spaces around it" if column.strip() != column else "no spaces around it")
+        if column.strip() != str(name).strip():
+            differences.append("another case")
+        return f"the file has {column!r} ({', '.join(differences)})"
+    return ""
 
 
 def _check_dtype(frame: pd.DataFrame, column: str, dtype: str, path: Path, allow_missing: bool = True) -> None:

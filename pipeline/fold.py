@@ -3,19 +3,23 @@
 The stages, in the order pipeline/run.py calls them:
 
     load_encoder_source   once per run: where every fold's encoder starts (from scratch, or pretrained weights)
+    split_folds           once per run: each training row's fold (pipeline/folds.py); ``fold_warnings`` names the
+                          folds whose training rows miss a class
     fit_fold              the serializer, the target transform and (from scratch) the vocabulary, fitted on
                           the fold's training rows only, so validation and test rows move no fitted statistic
     fold_data             token ids of the fold's training, validation and test rows (augmented and TTA variants)
     train_one_fold        a fresh model trained with early stopping; checkpoint, predictions and fold.json saved
 
 ``kbert predict`` refits the same serializer with ``make_serializer`` and tokenizes with ``tokenize``;
-``kbert pretrain`` sizes its encoder with ``scratch_encoder_config``. Nothing here knows of tuning or ensembles.
+``kbert pretrain`` sizes its encoder with ``scratch_encoder_config``; ``kbert baseline`` splits with ``split_folds``.
+Nothing here knows of tuning or ensembles.
 """
 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, fields
+import warnings
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -37,11 +41,13 @@ from kbert.models.task_model import build_task_model
 from kbert.models.tokenizer import encode, fits_in, load_or_train_tokenizer, token_lengths
 from kbert.models.weights import load_state_strict
 from kbert.pipeline.artifacts import write_finished_fold
-from kbert.pipeline.config import RunConfig, adapter_config
+from kbert.pipeline.config import CompetitionConfig, RunConfig, adapter_config
+from kbert.pipeline.folds import make_fold_sets
 from kbert.pipeline.metrics import Metric
 from kbert.pipeline.predictions import predictions_frame, score
 from kbert.pipeline.targets import Targets, TargetTransform, fit_target_transform
 from kbert.pipeline.train import FoldData, seed_everything, train_fold
+from kbert.tasks import Task
 
 
 @dataclass
@@ -60,6 +66,8 @@ class RunInputs:
     head: HeadConfig
     metric: Metric
     threshold: float  # the cut-off for label metrics while training ("tune" picks one after the folds)
+    inputs: dict[str, str] = field(default_factory=dict)  # the sha256 of each data file read, by file name
+    warnings: list[str] = field(default_factory=list)  # one line each, logged and kept in metrics.json
 
 
 @dataclass
@@ -101,6 +109,7 @@ class FoldFit:
     target_transform: TargetTransform | None  # regression/timeseries: log1p/standardize statistics
     tokenizer: Tokenizer | None = None  # from-scratch encoders: a WordPiece vocabulary
     tokenizer_path: Path | None = None
+    tokenizer_json: str | None = None  # its text, kept for the checkpoint whatever happens to the cached file
     encoder_config: dict | None = None  # from-scratch encoders: sized to that vocabulary
 
 
@@ -115,6 +124,46 @@ class FoldPredictions:
     test_predictions: np.ndarray
     record: dict  # fold, repeat, score, best epoch, sizes, seconds (fold.json)
     tokens: dict | None  # the token budget of the training rows, kept by the first fold
+
+
+def split_folds(config: RunConfig, train: pd.DataFrame, targets: Targets, comp_dir: Path) -> list[np.ndarray]:
+    """``make_fold_sets`` (each training row's fold, once per repeat) without scikit-learn's raw warning about a
+    class with fewer rows than folds: ``fold_warnings`` says, one line per fold, what that does to the folds."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The least populated class", category=UserWarning)
+        return make_fold_sets(config, train, targets, comp_dir)
+
+
+def fold_warnings(comp: CompetitionConfig, targets: Targets, folds: list[tuple[str, np.ndarray]]) -> list[str]:
+    """One line per fold, given as (description, training rows), whose training rows hold a single class of a
+    classification target, lack some of its classes, or hold a single value of a multilabel label: its model
+    cannot learn what it never sees. Regression and time-series targets have no classes."""
+    task = Task(comp.task)
+    if task.numeric:
+        return []
+    found = []
+    every_class = np.unique(targets.values)
+
+    def label(value: float) -> str:
+        return str(targets.classes[int(value)] if targets.classes is not None else int(value))
+
+    for description, train_index in folds:
+        values = targets.values[train_index]
+        if task.several_columns:
+            found += [f"{description}: its training rows hold a single value of label '{column}'; its model cannot "
+                      "learn that label" for j, column in enumerate(comp.target_columns)
+                      if len(np.unique(values[:, j])) < 2]
+            continue
+        present = np.unique(values)
+        absent = np.setdiff1d(every_class, present)
+        column = comp.target_columns[0]
+        if len(present) == 1:
+            found.append(f"{description}: its training rows hold a single class of '{column}' ({label(present[0])});"
+                         " its model can only predict that class")
+        elif len(absent):
+            found.append(f"{description}: its training rows lack class(es) {', '.join(map(label, absent))} of "
+                         f"'{column}'; its model cannot predict them")
+    return found
 
 
 def make_serializer(config: RunConfig) -> Serializer:
@@ -195,6 +244,7 @@ def fit_fold(config: RunConfig, train_rows: pd.DataFrame, train_targets: np.ndar
     fit = FoldFit(serializer=serializer, train_texts=texts, target_transform=transform)
     if trains_from_scratch(config.model.encoder):
         fit.tokenizer, fit.tokenizer_path = load_or_train_tokenizer(texts, config.model.vocab_size, cache_dir)
+        fit.tokenizer_json = fit.tokenizer.to_str()  # as cached: before encoding sets truncation
         fit.encoder_config = scratch_encoder_config(config, fit.tokenizer.get_vocab_size())
     return fit
 
@@ -299,7 +349,8 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
                 "seconds": round(result.seconds, 2)},
         tokens=budget,
     )
-    save_fold_checkpoint(model, config, source, head, encoder_config, fit.target_transform, fold_dir, tokenizer_path)
+    save_fold_checkpoint(model, config, source, head, encoder_config, fit.target_transform, fold_dir, tokenizer_path,
+                         fit.tokenizer_json if source.from_scratch else None)
     comp = config.competition
     write_csv(fold_dir / "test.csv", predictions_frame(comp, inputs.targets.classes,
                                                       inputs.test_features[comp.id_column], fold.test_predictions))
@@ -313,8 +364,10 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
 
 
 def save_fold_checkpoint(model, config: RunConfig, source: EncoderSource, head: HeadConfig, encoder_config: dict,
-                         transform: TargetTransform | None, fold_dir: Path, tokenizer_path: Path) -> None:
-    """The fold's weights (or its adapters only, or merged), config.json and tokenizer.json."""
+                         transform: TargetTransform | None, fold_dir: Path, tokenizer_path: Path,
+                         tokenizer_json: str | None = None) -> None:
+    """The fold's weights (or its adapters only, or merged), config.json and tokenizer.json (its text, or a copy
+    of ``tokenizer_path``)."""
     adapter = source.adapter
     checkpoint_config = {"encoder_config": encoder_config, "head": head.to_dict(), "pooling": config.model.pooling,
                          "source": config.model.encoder, "target_transform": vars(transform) if transform else None}
@@ -326,4 +379,5 @@ def save_fold_checkpoint(model, config: RunConfig, source: EncoderSource, head: 
         checkpoint_config["merged_adapter"] = adapter.to_dict()
     adapter_only = adapter is not None and config.model.adapter_checkpoint == "adapter"
     save_checkpoint(model, fold_dir, checkpoint_config, tokenizer_path,
-                    adapter=adapter if adapter_only else None, base_fingerprint=source.base_fingerprint)
+                    adapter=adapter if adapter_only else None, base_fingerprint=source.base_fingerprint,
+                    tokenizer_json=tokenizer_json)

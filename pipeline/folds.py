@@ -1,4 +1,17 @@
-"""K-fold assignment from a seed, saved to disk and reused by later runs of the same competition."""
+"""K-fold assignment from a seed, saved to disk and reused by later runs of the same competition.
+
+The fold table (``runs/<competition>/folds/*.csv``, a run's folds.csv) gives each training row its fold:
+fold k validates on the rows marked k and trains on the others (``purge_training_rows``). Shuffled kinds
+(stratified, plain, group, stratified-group k-fold) put every row in exactly one fold 0..k-1.
+
+Time series (``folds.shuffle: false``) are forward-chaining, as scikit-learn's ``TimeSeriesSplit(n_splits=k,
+gap=purge)``: the rows, in file order, are cut into k+1 contiguous blocks (the first takes the remainder);
+fold j validates on block j+1 and trains only on the rows before it, less the ``purge`` rows just before the
+block (their windows overlap it). The first block is never validated: its rows are marked fold -1, so a
+time-series run's OOF predictions cover the other blocks only. Its oof.csv keeps every id, with empty cells
+(NaN rows in outputs.npz) for the first block, and the CV, calibration and tuned thresholds use the covered
+rows; ensembles blend on the rows every member covers. ``group_column`` is refused with time-series folds.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +21,23 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from sklearn.model_selection import GroupKFold, KFold, StratifiedGroupKFold, StratifiedKFold
+from sklearn.model_selection import GroupKFold, KFold, StratifiedGroupKFold, StratifiedKFold, TimeSeriesSplit
 
 from kbert.errors import KbertError
 from kbert.io import write_csv
 from kbert.pipeline.config import FoldConfig, RunConfig
 from kbert.pipeline.targets import Targets
 
+NEVER_VALIDATED = -1  # the fold of a forward-chaining split's first block: a training row in every fold
+
 
 def fold_strategy(config: FoldConfig, stratified: bool = True) -> str:
-    """contiguous, stratified_group, group, stratified or kfold, from the YAML's fold settings."""
+    """forward, stratified_group, group, stratified or kfold, from the YAML's fold settings."""
     if not config.shuffle:
-        return "contiguous"
+        if config.group_column:
+            raise KbertError("folds.group_column needs folds.shuffle: true; time-series folds (shuffle: false) "
+                             "follow the row order, not groups")
+        return "forward"
     if config.group_column:
         return "stratified_group" if config.stratify and stratified else "group"
     return "stratified" if config.stratify and stratified else "kfold"
@@ -47,12 +65,12 @@ def fold_groups(rows: pd.DataFrame, config: FoldConfig, source: str = "train") -
 
 def make_folds(ids: pd.Series, targets: pd.Series | None, config: FoldConfig,
                groups: np.ndarray | None = None) -> pd.DataFrame:
-    """Return ``id, fold`` in the order of ``ids``."""
+    """Return ``id, fold`` in the order of ``ids``; forward-chaining folds mark their first block -1."""
     strategy = fold_strategy(config, targets is not None)
     if strategy in ("group", "stratified_group") and groups is None:
         raise KbertError("folds.group_column is set but no groups were given")
-    if strategy == "contiguous":
-        splitter = KFold(n_splits=config.k, shuffle=False)  # contiguous blocks in file order (time series)
+    if strategy == "forward":
+        splitter = TimeSeriesSplit(n_splits=config.k)  # k+1 blocks in file order; the gap is purge_training_rows'
     elif strategy == "stratified_group":
         splitter = StratifiedGroupKFold(n_splits=config.k, shuffle=True, random_state=config.seed)
     elif strategy == "group":
@@ -61,7 +79,7 @@ def make_folds(ids: pd.Series, targets: pd.Series | None, config: FoldConfig,
         splitter = StratifiedKFold(n_splits=config.k, shuffle=True, random_state=config.seed)
     else:
         splitter = KFold(n_splits=config.k, shuffle=True, random_state=config.seed)
-    fold = np.full(len(ids), -1, dtype=int)
+    fold = np.full(len(ids), NEVER_VALIDATED, dtype=int)
     try:
         for k, (_, valid_index) in enumerate(splitter.split(np.zeros(len(ids)), targets, groups)):
             fold[valid_index] = k
@@ -73,20 +91,36 @@ def make_folds(ids: pd.Series, targets: pd.Series | None, config: FoldConfig,
 def folds_path(competition_dir: Path, config: FoldConfig, stratified: bool = True) -> Path:
     """``runs/<competition>/folds/stratified-k5-seed42.csv``: shared by every run with that split."""
     kind = fold_strategy(config, stratified)
-    if kind == "contiguous":
-        return Path(competition_dir) / "folds" / f"contiguous-k{config.k}.csv"
+    if kind == "forward":  # not "contiguous-k5.csv": the KFold blocks of earlier versions are not reused
+        return Path(competition_dir) / "folds" / f"forward-k{config.k}.csv"
     if config.group_column:
         kind += "-by-" + re.sub(r"[^A-Za-z0-9]+", "_", config.group_column)
     return Path(competition_dir) / "folds" / f"{kind}-k{config.k}-seed{config.seed}.csv"
 
 
+def expected_folds(config: FoldConfig) -> list[int]:
+    """The fold ids a fold table holds: 0..k-1, and -1 (never validated) for forward-chaining folds."""
+    return ([NEVER_VALIDATED] if not config.shuffle else []) + list(range(config.k))
+
+
+def fold_rows(fold_of_row: np.ndarray, k: int, config: FoldConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Fold ``k``'s (training rows, validation rows), the training rows purged as ``purge_training_rows`` says."""
+    valid_index = np.flatnonzero(fold_of_row == k)
+    return purge_training_rows(np.flatnonzero(fold_of_row != k), valid_index, config), valid_index
+
+
 def purge_training_rows(train_index: np.ndarray, valid_index: np.ndarray, config: FoldConfig) -> np.ndarray:
-    """With contiguous folds and ``purge`` > 0, drop training rows within ``purge`` rows of the validation
-    block, so overlapping time-series windows do not leak the validation targets into training."""
-    if config.shuffle or config.purge <= 0 or len(valid_index) == 0:
+    """A fold's training rows. Forward-chaining folds (``shuffle: false``) keep only the rows before the
+    validation block, less the ``purge`` rows just before it, so a fold never trains on its future and
+    overlapping time-series windows do not leak the validation targets into training; other folds are kept."""
+    if config.shuffle or len(valid_index) == 0:
         return train_index
-    low, high = valid_index.min() - config.purge, valid_index.max() + config.purge
-    return train_index[(train_index < low) | (train_index > high)]
+    start = int(valid_index.min())
+    kept = train_index[train_index < start - max(config.purge, 0)]
+    if len(kept) == 0:
+        raise KbertError(f"folds.purge {config.purge} leaves no training rows before the validation block at row "
+                         f"{start}; lower folds.purge or folds.k")
+    return kept
 
 
 def load_or_make_folds(path: Path, ids: pd.Series, targets: pd.Series | None, config: FoldConfig,
@@ -98,9 +132,15 @@ def load_or_make_folds(path: Path, ids: pd.Series, targets: pd.Series | None, co
             raise KbertError(f"{path}: expected columns [{ids.name!r}, 'fold'], found {list(folds.columns)}")
         if set(folds[ids.name]) != set(ids) or len(folds) != len(ids):
             raise KbertError(f"{path}: its ids do not match the training data; delete it to re-split")
-        if sorted(folds["fold"].unique()) != list(range(config.k)):
-            raise KbertError(f"{path}: expected folds 0..{config.k - 1}, found {sorted(folds['fold'].unique())}")
-        return folds.set_index(ids.name).loc[ids.to_numpy()].reset_index()
+        expected = expected_folds(config)
+        if sorted(folds["fold"].unique()) != expected:
+            raise KbertError(f"{path}: expected folds {expected[0]}..{expected[-1]}, "
+                             f"found {sorted(folds['fold'].unique())}")
+        folds = folds.set_index(ids.name).loc[ids.to_numpy()].reset_index()
+        if not config.shuffle and (np.diff(folds["fold"].to_numpy()) < 0).any():
+            raise KbertError(f"{path}: its time-series blocks are out of the training file's row order; "
+                             "delete it to re-split")
+        return folds
     folds = make_folds(ids, targets, config, groups)
     write_csv(path, folds)
     return folds

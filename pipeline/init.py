@@ -17,8 +17,9 @@ import yaml
 
 from kbert.errors import KbertError
 from kbert.io import write_text
+from kbert.names import check_name
 from kbert.pipeline.config import USER_DIR
-from kbert.pipeline.data import read_csv
+from kbert.pipeline.data import near_header, read_csv
 from kbert.tasks import Task
 
 
@@ -80,8 +81,7 @@ def init_competition(name: str, train_path: Path, test_path: Path, sample_path: 
                      out: Path | None = None, id_column: str | None = None, target: str | None = None,
                      force: bool = False) -> Path:
     """Infer and write ``out`` (default: ``competitions/<name>.yaml`` under the working folder); returns its path."""
-    if not name or name in (".", "..") or Path(name).name != name or "\\" in name:
-        raise KbertError(f"competition name '{name}' must be a plain file name (no folders)")
+    check_name(name, "kbert init NAME")
     train_path, test_path = Path(train_path).resolve(), Path(test_path).resolve()
     if train_path.parent != test_path.parent or (sample_path and Path(sample_path).resolve().parent != train_path.parent):
         raise KbertError(f"{train_path.name}, {test_path.name} (and the sample submission) must be in one folder")
@@ -91,7 +91,8 @@ def init_competition(name: str, train_path: Path, test_path: Path, sample_path: 
     targets = [target] if target else infer_targets(train, test, sample)
     for column in [id_column, *targets]:
         if column not in train.columns:
-            raise KbertError(f"{train_path}: no column '{column}'")
+            hint = near_header(column, train.columns)
+            raise KbertError(f"{train_path}: no column '{column}'" + (f"; {hint}" if hint else ""))
     task = infer_task(train[targets])
     features = [c for c in train.columns if c in test.columns and c not in targets]
     if task.probabilities:

@@ -2,7 +2,9 @@
 
 Each fold's serializer is refitted on that fold's training rows (the run's folds.csv and its training data)
 and must reproduce the fold's saved serializer.json exactly, so the text the models read is the text they
-were trained on; the tokenizer, weights and target transform come from ``folds/<k>/``.
+were trained on; the tokenizer, weights and target transform come from ``folds/<k>/``. Every fold the run's
+config lists must be there and complete, and every file is read through a checked reader: a missing fold or a
+damaged file is refused, naming it, before anything is written.
 """
 
 from __future__ import annotations
@@ -13,18 +15,19 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pandas as pd
-from tokenizers import Tokenizer
 
 from kbert.errors import KbertError
 from kbert.features import add_features
-from kbert.io import read_json, write_csv
-from kbert.models.checkpoints import TOKENIZER_FILE, load_checkpoint
+from kbert.io import check_writable_folder, read_json, read_table, write_csv
+from kbert.models.checkpoints import CONFIG_FILE, TOKENIZER_FILE, load_checkpoint
 from kbert.models.heads import HeadConfig
+from kbert.models.tokenizer import read_tokenizer
+from kbert.pipeline.artifacts import fold_name, missing_fold_part
 from kbert.pipeline.calibration import apply_temperature
-from kbert.pipeline.config import run_config_from_file
+from kbert.pipeline.config import RunConfig, run_config_from_file
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
 from kbert.pipeline.fold import make_serializer, to_predictions, tokenize
-from kbert.pipeline.folds import purge_training_rows
+from kbert.pipeline.folds import fold_rows
 from kbert.pipeline.predictions import average_folds, predictions_frame
 from kbert.pipeline.targets import TargetTransform, encode_targets
 from kbert.pipeline.train import predict_outputs
@@ -52,34 +55,32 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     rows = read_csv(Path(data_path))  # the user's file first: its mistakes are the likeliest
     check_feature_rows(rows, comp, Path(data_path))
     metrics = read_json(run_dir / "metrics.json", required=("cv",))
-    fold_dirs = sorted(p for p in (run_dir / "folds").glob("*") if (p / "config.json").is_file())
-    if not fold_dirs:
-        raise KbertError(f"{run_dir}: no fold models in folds/ (a tuning trial outside the top-N keeps none)")
+    fold_models = check_fold_models(run_dir, config)
+    out = Path(out) if out else run_dir / "predictions" / f"{Path(data_path).stem}.csv"
+    check_output_file(out)
     data = load_competition_data(comp, config.data_dir or None)
     train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows].reset_index(drop=True)
     features, new_features = add_features(comp.features, train.drop(columns=comp.target_columns),
                                           rows[list(comp.columns)])
-    folds = pd.read_csv(run_dir / "folds.csv").set_index(comp.id_column).loc[train[comp.id_column].to_numpy()]
+    folds = read_fold_table(run_dir / "folds.csv", comp.id_column, comp.folds.repeats, train[comp.id_column])
     targets = encode_targets(train, comp)
 
     outputs, predictions = [], []
-    for fold_dir in fold_dirs:
-        repeat, k = (0, int(fold_dir.name)) if fold_dir.name.isdigit() else map(int, fold_dir.name[1:].split("-"))
+    for fold_dir, repeat, k in fold_models:
         fold_of_row = folds["fold" if repeat == 0 else f"fold_repeat{repeat}"].to_numpy()
-        train_index, valid_index = np.flatnonzero(fold_of_row != k), np.flatnonzero(fold_of_row == k)
-        train_index = purge_training_rows(train_index, valid_index, comp.folds)
+        train_index, valid_index = fold_rows(fold_of_row, k, comp.folds)
         serializer = make_serializer(config).fit(features.iloc[train_index])
-        saved = json.loads((fold_dir / "serializer.json").read_text(encoding="utf-8"))
+        saved = read_json(fold_dir / "serializer.json")
         if json.loads(json.dumps(serializer.fitted_statistics())) != saved:
             raise KbertError(f"{fold_dir}: the serializer refitted on this fold's training rows differs from the "
                              "saved one; the training data changed since the run")
         model, checkpoint = load_checkpoint(fold_dir)
-        tokenizer = Tokenizer.from_file(str(fold_dir / TOKENIZER_FILE))
+        tokenizer = read_tokenizer(fold_dir / TOKENIZER_FILE)
         variants = [predict_outputs(model, tokenize(config, tokenizer, serializer, new_features, repeat, k, variant),
                                     config.train) for variant in range(max(1, tta))]
         fold_outputs = np.mean(variants, axis=0)
         head = HeadConfig.from_dict(checkpoint["head"])
-        transform = TargetTransform(**checkpoint["target_transform"]) if checkpoint.get("target_transform") else None
+        transform = saved_target_transform(fold_dir / CONFIG_FILE, checkpoint)
         outputs.append(fold_outputs)
         predictions.append(to_predictions(head, fold_outputs, transform))
         del model
@@ -89,5 +90,50 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     if "calibration" in metrics:  # a calibrated run: temperature-scale the fold-averaged logits, as the run did
         mean = to_predictions(head, apply_temperature(average_folds(outputs), metrics["calibration"]["temperature"]),
                               None)
-    out = Path(out) if out else run_dir / "predictions" / f"{Path(data_path).stem}.csv"
     return write_csv(out, predictions_frame(comp, targets.classes, rows[comp.id_column], mean))
+
+
+def check_fold_models(run_dir: Path, config: RunConfig) -> list[tuple[Path, int, int]]:
+    """(folder, repeat, fold) of every fold the run's config lists, each complete (``missing_fold_part``); a
+    run whose folds keep no weights at all (a tuning trial outside the top-N) is refused as such."""
+    folds = config.competition.folds
+    listed = [(run_dir / "folds" / fold_name(r, k, folds.repeats), r, k)
+              for r in range(folds.repeats) for k in range(folds.k)]
+    if not any(any(fold_dir.glob("*.safetensors")) for fold_dir, _, _ in listed):
+        raise KbertError(f"{run_dir}: no fold models in folds/ (a tuning trial outside the top-N keeps none)")
+    for fold_dir, _, _ in listed:
+        missing = missing_fold_part(fold_dir)
+        if missing is not None:
+            state = "fold missing" if missing == "the folder" else f"fold incomplete (no {missing})"
+            raise KbertError(f"{fold_dir}: {state}; the run's config lists {len(listed)} folds and kbert predict "
+                             "uses every one")
+    return listed
+
+
+def check_output_file(path: Path) -> None:
+    """The predictions file can be written (checked before any fold model is loaded)."""
+    check_writable_folder(path.parent, f"--output {path}")
+    if path.is_dir():
+        raise KbertError(f"--output {path}: '{path}' is a folder, not a file")
+
+
+def read_fold_table(path: Path, id_column: str, repeats: int, train_ids: pd.Series) -> pd.DataFrame:
+    """The run's folds.csv (id, fold, fold_repeat<r>), in the order of ``train_ids``."""
+    columns = ("fold", *(f"fold_repeat{r}" for r in range(1, repeats)))
+    folds = read_table(path, required=(id_column, *columns))
+    if folds[id_column].duplicated().any() or not train_ids.isin(folds[id_column]).all():
+        raise KbertError(f"{path}: its ids are not the training data's; the training data changed since the run")
+    if not all(pd.api.types.is_integer_dtype(folds[c]) for c in columns):
+        raise KbertError(f"{path}: fold columns must hold whole numbers")
+    return folds.set_index(id_column).loc[train_ids.to_numpy()]
+
+
+def saved_target_transform(path: Path, checkpoint: dict) -> TargetTransform | None:
+    """The fold's target transform as its config.json (``path``) saved it; None for none."""
+    values = checkpoint.get("target_transform")
+    if not values:
+        return None
+    try:
+        return TargetTransform(**values)
+    except TypeError as exc:
+        raise KbertError(f"{path}: 'target_transform' is not a target transform: {exc}") from None

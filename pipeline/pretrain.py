@@ -15,6 +15,7 @@ config.json, model.safetensors (encoder + MLM head, Hugging Face names), tokeniz
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from dataclasses import asdict, dataclass, replace
@@ -29,7 +30,7 @@ from tqdm import tqdm
 
 from kbert.errors import KbertError
 from kbert.features import add_features
-from kbert.io import write_json
+from kbert.io import check_writable_folder, removed_on_refusal, write_json
 from kbert.models.encoders import trains_from_scratch
 from kbert.models.masked_lm import build_masked_lm, load_masked_lm, save_masked_lm
 from kbert.models.tokenizer import load_or_train_tokenizer
@@ -192,13 +193,32 @@ class Masking:
 
 def pretrain(config: RunConfig, settings: PretrainConfig, run_id: str | None = None, progress: bool = True,
              log=print) -> Path:
-    """Pretrain, then write the encoder + MLM head folder; returns its path."""
+    """Pretrain, then write the encoder + MLM head folder; returns its path. The output folder is checked first,
+    and a refusal at any stage removes what the command created (a cached vocabulary, a half-written folder)."""
     started = time.perf_counter()
     if not 0 < settings.mask_prob < 1:
         raise KbertError(f"--mask-prob must be in (0, 1), got {settings.mask_prob}")
     if settings.steps < 1 or settings.batch_size < 1:
         raise KbertError("--steps and --batch-size must be at least 1")
+    folder = pretrain_folder(config, run_id or new_run_id(settings.seed))
     corpus = build_corpus(config, settings)
+    with removed_on_refusal():
+        return pretrain_corpus(config, settings, corpus, folder, started, progress, log)
+
+
+def pretrain_folder(config: RunConfig, run_id: str) -> Path:
+    """``runs/<competition>/pretrain/<id>``, refused when it exists or cannot be written (nothing is created)."""
+    folder = Path(config.out_dir) / config.competition.name / "pretrain" / run_id
+    if folder.exists():
+        raise KbertError(f"pretrain folder already exists: {folder}; pick another --run-id")
+    check_writable_folder(folder, f"--out {config.out_dir}")
+    check_writable_folder(Path(config.out_dir) / config.competition.name / "cache", f"--out {config.out_dir}")
+    return folder
+
+
+def pretrain_corpus(config: RunConfig, settings: PretrainConfig, corpus: Corpus, folder: Path, started: float,
+                    progress: bool, log) -> Path:
+    """Train the masked LM on ``corpus``, then write it to ``folder``."""
     seed_everything(settings.seed)
     model, model_config, tokenizer = masked_lm_to_train(config, settings, corpus)
     masking = Masking.of(tokenizer, settings.encoder)
@@ -212,8 +232,7 @@ def pretrain(config: RunConfig, settings: PretrainConfig, run_id: str | None = N
         f"{tokenizer.get_vocab_size()}, step 0 masked accuracy {history[0]['masked_accuracy']:.3f}")
     history += train_masked_lm(model, train_data, eval_batches, masking, settings,
                                replace(config.train, learning_rate=learning_rate), progress, log)
-    folder = write_pretrained(model, model_config, tokenizer, config, settings, corpus, history, learning_rate,
-                              run_id or new_run_id(settings.seed), started)
+    write_pretrained(model, model_config, tokenizer, config, settings, corpus, history, learning_rate, folder, started)
     final = history[-1]
     log(f"held-out masked accuracy {final['masked_accuracy']:.3f} (start {history[0]['masked_accuracy']:.3f}), "
         f"perplexity {final['perplexity']:.2f}; {time.perf_counter() - started:.0f}s")
@@ -266,6 +285,8 @@ def train_masked_lm(model: nn.Module, data: Encoded, eval_batches: list, masking
         loss = step(mx.array(inputs), mx.array(attention), mx.array(labels))
         mx.eval(loss, model.parameters(), optimizer.state)
         running.append(loss.item())
+        if not math.isfinite(running[-1]):
+            raise KbertError(f"pretraining: the training loss became {running[-1]} at step {number}; lower --lr")
         if number % settings.eval_every == 0 or number == settings.steps:
             record = {"step": number, "train_loss": float(np.mean(running)), **evaluate_masked_lm(model, eval_batches)}
             history.append(record)
@@ -280,13 +301,12 @@ def train_masked_lm(model: nn.Module, data: Encoded, eval_batches: list, masking
 
 def write_pretrained(model: nn.Module, model_config: dict, tokenizer: Tokenizer, config: RunConfig,
                      settings: PretrainConfig, corpus: Corpus, history: list[dict], learning_rate: float,
-                     run_id: str, started: float) -> Path:
+                     folder: Path, started: float) -> Path:
     """The encoder + MLM head folder, written to a temp folder and renamed when complete."""
     comp = config.competition
-    folder = Path(config.out_dir) / comp.name / "pretrain" / run_id
-    if folder.exists():
+    if folder.exists():  # made by another process since ``pretrain_folder`` checked
         raise KbertError(f"pretrain folder already exists: {folder}; pick another --run-id")
-    tmp = folder.with_name(f".{run_id}.tmp")
+    tmp = folder.with_name(f".{folder.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tokenizer.no_truncation()  # saved as trained: kbert run sets its own truncation
     save_masked_lm(model, model_config, tokenizer, tmp)

@@ -1,32 +1,36 @@
 """A whole run: data -> folds -> one model per fold (pipeline/fold.py) -> OOF and test predictions -> submission.
 
 ``run_competition`` reads top to bottom as its stages: prepare the inputs every fold shares, load the encoder
-source, open the run folder (or resume it), split the folds, train or read back each fold, collect the OOF and
-fold-averaged test predictions, post-process them (calibration, tuned thresholds), and write the artifacts.
-The artifact and resume contract is in pipeline/artifacts.py.
+source, check the output folders, split the folds, open the run folder (or resume it; locked while the run
+writes it), train or read back each fold, collect the OOF and fold-averaged test predictions, post-process them
+(calibration, tuned thresholds), and write the artifacts. Every check that can refuse the run comes before the
+run folder is made; a refusal after it (a training loss that became NaN) and before a fold finished removes
+what the run created. The artifact and resume contract is in pipeline/artifacts.py.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from kbert.errors import KbertError
 from kbert.features import add_features
-from kbert.io import write_json, write_npz, write_text, write_yaml
+from kbert.io import make_folder, removed_on_refusal, write_json, write_npz, write_text
 from kbert.models import runtime
 from kbert.models.heads import predict
-from kbert.pipeline.artifacts import (RunResult, check_resumable, new_run_id, read_finished_fold, score_summary,
-                                      write_folds_table, write_predictions)
+from kbert.pipeline.artifacts import (RunResult, check_resumable, check_run_outputs, config_fingerprint, fold_name,
+                                      input_fingerprint, lock_message, lock_run_folder, new_run_id, read_finished_fold,
+                                      score_summary, write_folds_table, write_predictions, write_run_config)
 from kbert.pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature
 from kbert.pipeline.config import RunConfig
-from kbert.pipeline.data import load_competition_data
-from kbert.pipeline.fold import (EncoderSource, FoldPredictions, FoldSplit, RunInputs, load_encoder_source,
-                                 make_head_config, make_serializer, train_one_fold)
-from kbert.pipeline.folds import make_fold_sets, purge_training_rows
+from kbert.pipeline.data import data_warnings, load_competition_data
+from kbert.pipeline.fold import (EncoderSource, FoldPredictions, FoldSplit, RunInputs, fold_warnings,
+                                 load_encoder_source, make_head_config, make_serializer, split_folds, train_one_fold)
+from kbert.pipeline.folds import fold_rows
 from kbert.pipeline.metrics import get_metric
 from kbert.pipeline.predictions import (average_folds, check_metric_fits_task, metric_targets, score,
                                         tune_label_thresholds, tune_threshold)
@@ -48,29 +52,45 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     make_serializer(config).fit(inputs.features).transform(inputs.features.iloc[:2])  # bad text settings fail early
     run_id = run_id or new_run_id(config.seed)
     comp_dir = Path(config.out_dir) / config.competition.name
-    run_dir = open_run_folder(config, comp_dir / run_id, log)
-    tokenizer_path = None if source.from_scratch else write_text(run_dir / "tokenizer.json", source.tokenizer.to_str())
-    fold_sets = make_fold_sets(config, inputs.train, inputs.targets, comp_dir)  # one fold-per-row array per repeat
-    write_folds_table(run_dir, config.competition, inputs.train[config.competition.id_column], fold_sets)
-    log_run_header(inputs, source, run_id, run_dir, log)
+    run_dir = comp_dir / run_id
+    submission_path = submission_path or Path(config.submissions_dir) / config.competition.name / f"{run_id}.csv"
+    check_run_outputs(config, run_dir, submission_path)
+    with removed_on_refusal() as created:  # refused before a fold finished: nothing is left behind
+        fold_sets = split_folds(config, inputs.train, inputs.targets, comp_dir)  # one fold-per-row array per repeat
+        splits = fold_splits(config, fold_sets)
+        inputs.warnings += fold_warnings(config.competition, inputs.targets,
+                                         [(split.description, split.train_index) for split in splits])
+        with open_run_folder(config, run_dir, inputs.inputs, log):
+            finished = {split.name: read_back_fold(run_dir / "folds" / split.name, split, inputs) for split in splits}
+            tokenizer_path = (None if source.from_scratch
+                              else write_text(run_dir / "tokenizer.json", source.tokenizer.to_str()))
+            write_folds_table(run_dir, config.competition, inputs.train[config.competition.id_column], fold_sets)
+            log_run_header(inputs, source, run_id, run_dir, log)
 
-    folds = []
-    for split in fold_splits(config, fold_sets):
-        fold_dir = run_dir / "folds" / split.name
-        fold = (read_back_fold(fold_dir, split, config.competition.metric, log)
-                or train_one_fold(inputs, source, split, fold_dir, comp_dir / "cache", tokenizer_path, progress, log))
-        folds.append(fold)
-        if on_fold is not None:
-            on_fold(split.repeat * config.competition.folds.k + split.k, fold.record["score"])
+            folds = []
+            for split in splits:
+                fold = finished[split.name]
+                if fold is not None:
+                    log(f"{split.description}: {config.competition.metric} {fold.record['score']:.4f} "
+                        "(finished before; kept)")
+                else:
+                    fold = train_one_fold(inputs, source, split, run_dir / "folds" / split.name, comp_dir / "cache",
+                                          tokenizer_path, progress, log)
+                folds.append(fold)
+                created.forget()  # a finished fold is kept: the run can be resumed
+                if on_fold is not None:
+                    on_fold(split.repeat * config.competition.folds.k + split.k, fold.record["score"])
 
-    oof_outputs, oof_predictions, test_outputs, test_predictions = collect_predictions(len(inputs.train), folds)
-    final = post_process(inputs, oof_outputs, oof_predictions, test_outputs, test_predictions, fold_sets[0])
-    return write_run_artifacts(inputs, run_id, run_dir, folds, oof_outputs, test_outputs, final, started,
-                               submission_path)
+            oof_outputs, oof_predictions, test_outputs, test_predictions = collect_predictions(len(inputs.train), folds,
+                                                                                               fold_sets[0])
+            final = post_process(inputs, oof_outputs, oof_predictions, test_outputs, test_predictions, fold_sets[0])
+            return write_run_artifacts(inputs, run_id, run_dir, folds, oof_outputs, test_outputs, final, started,
+                                       submission_path)
 
 
 def prepare_inputs(config: RunConfig) -> RunInputs:
-    """Load and check the data, add the competition's features, encode the targets and build the head."""
+    """Load and check the data, add the competition's features, encode the targets and build the head; hash the
+    data files (resuming checks them) and note what in the data deserves a warning."""
     comp = config.competition
     metric = get_metric(comp.metric)
     check_metric_fits_task(metric, comp.task)
@@ -88,58 +108,79 @@ def prepare_inputs(config: RunConfig) -> RunInputs:
                      targets=targets, raw_targets=raw,
                      truth=metric_targets(comp.task, targets.values, raw, metric.kind, targets.classes),
                      head=make_head_config(config, num_outputs(comp.task, targets)), metric=metric,
-                     threshold=0.5 if config.head.threshold == "tune" else float(config.head.threshold))
+                     threshold=0.5 if config.head.threshold == "tune" else float(config.head.threshold),
+                     inputs=input_fingerprint(comp, data.data_dir), warnings=data_warnings(train, data.test, comp))
 
 
-def open_run_folder(config: RunConfig, run_dir: Path, log) -> Path:
-    """A new run folder with its config.yaml, or an existing one resumed with the same config."""
+@contextmanager
+def open_run_folder(config: RunConfig, run_dir: Path, inputs: dict[str, str], log) -> Iterator[Path]:
+    """A new run folder with its inputs.json and config.yaml, or an existing one resumed with the same config and
+    data files; locked while the block runs, so that a second process on the same run id is refused."""
     if run_dir.exists():
-        check_resumable(run_dir, config)
-        log(f"resuming run {run_dir.name}: finished folds are kept, the others are trained")
-    else:
-        run_dir.mkdir(parents=True)
-        write_yaml(run_dir / "config.yaml", {"run_id": run_dir.name, **config.to_dict()})
-    return run_dir
+        check_resumable(run_dir, config, inputs)
+        with lock_run_folder(run_dir):
+            log(f"resuming run {run_dir.name}: finished folds are kept, the others are trained")
+            yield run_dir
+        return
+    try:
+        make_folder(run_dir)
+    except FileExistsError:  # another process made it after the check above
+        raise KbertError(lock_message(run_dir)) from None
+    with lock_run_folder(run_dir):
+        write_run_config(run_dir, {"run_id": run_dir.name, **config.to_dict()}, inputs)
+        yield run_dir
 
 
 def log_run_header(inputs: RunInputs, source: EncoderSource, run_id: str, run_dir: Path, log) -> None:
+    """The run folder, the data and the encoder; then each warning, one line."""
     config, comp = inputs.config, inputs.config.competition
     log(f"run {run_id}: {run_dir}")
     log(f"{comp.name}: {len(inputs.train)} train rows, {len(inputs.test_features)} test rows, {comp.folds.k} folds, "
         f"encoder {config.model.encoder}" + (f" + {config.model.adapter} adapters" if source.adapter else "") +
         f", BLAS {runtime.status().blas.name}")
+    for warning in inputs.warnings:
+        log(f"warning: {warning}")
 
 
 def fold_splits(config: RunConfig, fold_sets: list[np.ndarray]) -> list[FoldSplit]:
-    """Every (repeat, fold) in training order, with its rows (purged around the validation block if asked)."""
+    """Every (repeat, fold) in training order, with its rows (time series: only rows before the validation
+    block, less ``purge``)."""
     folds, repeats = config.competition.folds, len(fold_sets)
     splits = []
     for r, fold_of_row in enumerate(fold_sets):
         for k in range(folds.k):
-            valid_index = np.flatnonzero(fold_of_row == k)
-            train_index = purge_training_rows(np.flatnonzero(fold_of_row != k), valid_index, folds)
+            train_index, valid_index = fold_rows(fold_of_row, k, folds)
             splits.append(FoldSplit(
                 repeat=r, k=k, train_index=train_index, valid_index=valid_index,
-                name=str(k) if repeats == 1 else f"r{r}-{k}",
+                name=fold_name(r, k, repeats),
                 description=f"fold {k + 1}/{folds.k}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else "")))
     return splits
 
 
-def read_back_fold(fold_dir: Path, split: FoldSplit, metric_name: str, log) -> FoldPredictions | None:
-    """A fold finished before an interruption (resume), or None when it must be trained."""
+def read_back_fold(fold_dir: Path, split: FoldSplit, inputs: RunInputs) -> FoldPredictions | None:
+    """A fold finished before an interruption (resume), or None when it must be trained; its saved predictions
+    must have the fold's validation rows and the test rows. Every finished fold is read before anything is
+    written, so that a damaged one refuses the resume with the folder as it was."""
     finished = read_finished_fold(fold_dir)
     if finished is None:
         return None
-    log(f"{split.description}: {metric_name} {finished['record']['score']:.4f} (finished before; kept)")
+    rows = {"valid_outputs": len(split.valid_index), "valid_predictions": len(split.valid_index),
+            "test_outputs": len(inputs.test_features), "test_predictions": len(inputs.test_features)}
+    for name, expected in rows.items():
+        found = finished[name].shape[0] if finished[name].ndim else 0
+        if found != expected:
+            raise KbertError(f"{fold_dir / 'outputs.npz'}: '{name}' holds {found} rows, the fold has {expected}")
     return FoldPredictions(valid_index=split.valid_index, valid_outputs=finished["valid_outputs"],
                            valid_predictions=finished["valid_predictions"], test_outputs=finished["test_outputs"],
                            test_predictions=finished["test_predictions"], record=finished["record"],
                            tokens=finished.get("tokens"))
 
 
-def collect_predictions(rows: int, folds: list[FoldPredictions]) -> tuple[np.ndarray, ...]:
+def collect_predictions(rows: int, folds: list[FoldPredictions],
+                        fold_of_row: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
     """OOF outputs and predictions (each row's mean over its repeats) and fold-averaged test outputs and
-    predictions (predictions on the target's own scale)."""
+    predictions (predictions on the target's own scale). Rows that ``fold_of_row`` marks -1 (the first block of
+    forward-chaining time-series folds, never validated) get NaN; any other row without a prediction is an error."""
     first = folds[0]
     output_sum = np.zeros((rows,) + first.valid_outputs.shape[1:], dtype=np.float64)
     prediction_sum = np.zeros((rows,) + first.valid_predictions.shape[1:], dtype=np.float64)
@@ -148,11 +189,18 @@ def collect_predictions(rows: int, folds: list[FoldPredictions]) -> tuple[np.nda
         output_sum[fold.valid_index] += fold.valid_outputs
         prediction_sum[fold.valid_index] += fold.valid_predictions
         count[fold.valid_index] += 1
-    if count.min() == 0:
-        raise KbertError(f"{int((count == 0).sum())} training rows were in no validation fold")
-    per_row = count.reshape((-1,) + (1,) * (output_sum.ndim - 1))
-    oof_outputs = (output_sum / per_row).astype(np.float32)
-    oof_predictions = prediction_sum / count.reshape((-1,) + (1,) * (prediction_sum.ndim - 1))
+    covered = count > 0
+    unexpected = ~covered if fold_of_row is None else ~covered & (np.asarray(fold_of_row) >= 0)
+    if unexpected.any():
+        raise KbertError(f"{int(unexpected.sum())} training rows were in no validation fold")
+
+    def mean(total: np.ndarray) -> np.ndarray:  # each covered row's sum over its repeats / their number
+        return total[covered] / count[covered].reshape((-1,) + (1,) * (total.ndim - 1))
+
+    oof_outputs = np.full(output_sum.shape, np.nan, dtype=np.float32)
+    oof_outputs[covered] = mean(output_sum).astype(np.float32)
+    oof_predictions = np.full(prediction_sum.shape, np.nan, dtype=np.float64)
+    oof_predictions[covered] = mean(prediction_sum)
     return (oof_outputs, oof_predictions, average_folds([f.test_outputs for f in folds]),
             average_folds([f.test_predictions for f in folds]))
 
@@ -160,49 +208,58 @@ def collect_predictions(rows: int, folds: list[FoldPredictions]) -> tuple[np.nda
 def post_process(inputs: RunInputs, oof_outputs: np.ndarray, oof_predictions: np.ndarray, test_outputs: np.ndarray,
                  test_predictions: np.ndarray, fold_of_row: np.ndarray) -> dict:
     """Temperature calibration (cross-fitted on OOF logits) and a cut-off tuned on OOF, when asked; the CV.
-    Returns the final OOF and test predictions, the cut-off, the CV and the extra metrics.json entries."""
-    config, task, metric, truth, classes = (inputs.config, inputs.config.competition.task, inputs.metric,
-                                            inputs.truth, inputs.targets.classes)
-    labels = inputs.targets.values
+    Returns the final OOF and test predictions, the cut-off, the CV and the extra metrics.json entries.
+    All of it uses the rows with an OOF prediction: with forward-chaining folds, not the first block (fold -1),
+    whose OOF predictions stay NaN; metrics.json then records their number as ``cv_rows``."""
+    config, task, metric, classes = (inputs.config, inputs.config.competition.task, inputs.metric,
+                                     inputs.targets.classes)
+    rows = np.flatnonzero(np.asarray(fold_of_row) >= 0)
+    truth, labels = inputs.truth[rows], inputs.targets.values[rows]
     threshold, extra = inputs.threshold, {}
+    if len(rows) < len(fold_of_row):
+        extra["cv_rows"] = int(len(rows))
     if config.head.calibrate:
-        calibrated = cross_fitted_temperature(oof_outputs, labels.astype(int), fold_of_row)
-        temperature = fit_temperature(oof_outputs, labels.astype(int))
+        calibrated = cross_fitted_temperature(oof_outputs[rows], labels.astype(int), fold_of_row[rows])
+        temperature = fit_temperature(oof_outputs[rows], labels.astype(int))
         extra["calibration"] = {"temperature": temperature,
-                                "cv_uncalibrated": score(metric, task, truth, oof_predictions, threshold, classes)}
-        oof_predictions = predict(inputs.head, calibrated)
+                                "cv_uncalibrated": score(metric, task, truth, oof_predictions[rows], threshold,
+                                                         classes)}
+        oof_predictions = oof_predictions.copy()
+        oof_predictions[rows] = predict(inputs.head, calibrated)
         test_predictions = predict(inputs.head, apply_temperature(test_outputs, temperature))
-    cv = score(metric, task, truth, oof_predictions, threshold, classes)
+    covered = oof_predictions[rows]
+    cv = score(metric, task, truth, covered, threshold, classes)
     if config.head.threshold == "tune" and Task(task).probabilities:
         if task == Task.BINARY:
             tuning_metric = metric if metric.kind == "label" else get_metric("accuracy")
-            threshold = tune_threshold(tuning_metric, labels.astype(int), oof_predictions)
+            threshold = tune_threshold(tuning_metric, labels.astype(int), covered)
         else:
-            threshold = tune_label_thresholds(labels.astype(int), oof_predictions)
+            threshold = tune_label_thresholds(labels.astype(int), covered)
         extra["threshold"] = {"tuned_on_oof": np.atleast_1d(threshold).tolist(),
-                              "cv_at_tuned_threshold_optimistic": score(metric, task, truth, oof_predictions,
-                                                                        threshold, classes)}
+                              "cv_at_tuned_threshold_optimistic": score(metric, task, truth, covered, threshold,
+                                                                        classes)}
     return {"oof": oof_predictions, "test": test_predictions, "threshold": threshold, "cv": cv, "extra": extra}
 
 
 def write_run_artifacts(inputs: RunInputs, run_id: str, run_dir: Path, folds: list[FoldPredictions],
                         oof_outputs: np.ndarray, test_outputs: np.ndarray, final: dict, started: float,
-                        submission_path: Path | None) -> RunResult:
-    """oof.csv, test.csv, outputs.npz, the validated submission, then metrics.json."""
+                        submission_path: Path) -> RunResult:
+    """oof.csv, test.csv, outputs.npz, the validated submission, then metrics.json (with the inputs' hashes and
+    the warnings)."""
     config, comp, classes = inputs.config, inputs.config.competition, inputs.targets.classes
     write_predictions(run_dir, comp, classes, inputs.train[comp.id_column], final["oof"], inputs.test_ids,
                       final["test"])
     write_npz(run_dir / "outputs.npz", oof=oof_outputs, test=test_outputs)
     submission_path = write_predictions_submission(
-        comp, final["test"], classes, final["threshold"], inputs.test_ids, inputs.sample_submission,
-        submission_path or Path(config.submissions_dir) / comp.name / f"{run_id}.csv")
+        comp, final["test"], classes, final["threshold"], inputs.test_ids, inputs.sample_submission, submission_path)
     seconds = time.perf_counter() - started
     records = [fold.record for fold in folds]
     budget = next((fold.tokens for fold in folds if fold.tokens), {})
     write_json(run_dir / "metrics.json", {
         **score_summary(run_id, comp, inputs.metric, final["cv"], records), **final["extra"], "tokens": budget,
         "head": inputs.head.to_dict(), "wall_time_s": round(seconds, 2), "blas": runtime.status().blas.name,
-        "submission": str(submission_path),
+        "submission": str(submission_path), "inputs": inputs.inputs, "config_sha256": config_fingerprint(config),
+        "warnings": inputs.warnings,
     })
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=[r["score"] for r in records], cv_score=final["cv"],
                      metric=comp.metric, submission_path=submission_path, seconds=seconds)

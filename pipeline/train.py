@@ -1,11 +1,13 @@
 """Train one fold: AdamW with warm-up + cosine decay (optionally layer-wise decayed), gradient clipping, early stopping on the metric.
 
 Knows nothing about runs, folds on disk, tasks or tuning: it takes token arrays and training-space
-targets, scores each epoch with the caller's ``evaluate`` and returns the raw head outputs.
+targets, scores each epoch with the caller's ``evaluate`` and returns the raw head outputs. A training or
+validation loss that becomes NaN or infinite stops the fold with a KbertError naming it and the epoch.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import re
 import time
@@ -19,6 +21,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from tqdm import tqdm
 
+from kbert.errors import KbertError
 from kbert.models.task_model import TaskModel
 from kbert.pipeline.config import TrainConfig
 
@@ -177,12 +180,20 @@ def predict_outputs(model: TaskModel, tokens: list[np.ndarray], config: TrainCon
     return out
 
 
+def check_finite_loss(value: float, which: str, description: str, epoch: int) -> None:
+    """A NaN or infinite loss (a learning rate too high, targets too large) ends the fold: its outputs are garbage."""
+    if not math.isfinite(value):
+        raise KbertError(f"{description}: the {which} loss became {value} in epoch {epoch + 1}; lower --lr or "
+                         "check the targets")
+
+
 def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: Callable[[np.ndarray], float],
                greater_is_better: bool, seed: int, description: str = "fold", progress: bool = True) -> FoldResult:
     """Train ``model`` in place; on return it holds the weights of the best validation epoch.
 
     ``evaluate(valid_outputs)`` returns the competition metric for the validation rows; the best epoch
-    is the best score, ties (common for accuracy) going to the lower validation loss.
+    is the best score, ties (common for accuracy) going to the lower validation loss. A loss that is not finite
+    raises a KbertError (``check_finite_loss``): the losses are checked where they are fetched anyway.
     """
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
@@ -201,32 +212,36 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
     bar = tqdm(total=steps_per_epoch * config.epochs, desc=description, unit="step", disable=not progress,
                leave=False, dynamic_ncols=True, mininterval=0.5)
     train_sets = [data.train_tokens, *data.train_variants]
-    for epoch in range(config.epochs):
-        train_tokens = train_sets[epoch % len(train_sets)]
-        order = rng.permutation(len(train_tokens))
-        losses = []
-        for start in range(0, len(order), config.batch_size):
-            index = order[start : start + config.batch_size]
-            ids, mask = pad_batch([train_tokens[i] for i in index], config.length_bucket, width=width)
-            loss = train_step(ids, mask, mx.array(data.train_targets[index]))
-            mx.eval(loss, model.parameters(), optimizer.state)
-            losses.append(loss.item())
-            bar.update(1)
-        valid_outputs = predict_outputs(model, data.valid_tokens, config, forward)
-        valid_loss = model.head.loss(mx.array(valid_outputs), valid_targets).item()
-        score = float(evaluate(valid_outputs))
-        history.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "valid_loss": valid_loss,
-                        "valid_score": score})
-        bar.set_postfix(loss=f"{np.mean(losses):.3f}", valid=f"{score:.4f}")
-        key = (sign * score, -valid_loss)
-        if best_key is None or key > best_key:
-            best_key, best_params, best_valid, best_epoch = key, model.parameters(), valid_outputs, epoch
-            epochs_without_gain = 0
-        else:
-            epochs_without_gain += 1
-            if epochs_without_gain >= config.patience:
-                break
-    bar.close()
+    try:
+        for epoch in range(config.epochs):
+            train_tokens = train_sets[epoch % len(train_sets)]
+            order = rng.permutation(len(train_tokens))
+            losses = []
+            for start in range(0, len(order), config.batch_size):
+                index = order[start : start + config.batch_size]
+                ids, mask = pad_batch([train_tokens[i] for i in index], config.length_bucket, width=width)
+                loss = train_step(ids, mask, mx.array(data.train_targets[index]))
+                mx.eval(loss, model.parameters(), optimizer.state)
+                losses.append(loss.item())
+                check_finite_loss(losses[-1], "training", description, epoch)
+                bar.update(1)
+            valid_outputs = predict_outputs(model, data.valid_tokens, config, forward)
+            valid_loss = model.head.loss(mx.array(valid_outputs), valid_targets).item()
+            check_finite_loss(valid_loss, "validation", description, epoch)
+            score = float(evaluate(valid_outputs))
+            history.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "valid_loss": valid_loss,
+                            "valid_score": score})
+            bar.set_postfix(loss=f"{np.mean(losses):.3f}", valid=f"{score:.4f}")
+            key = (sign * score, -valid_loss)
+            if best_key is None or key > best_key:
+                best_key, best_params, best_valid, best_epoch = key, model.parameters(), valid_outputs, epoch
+                epochs_without_gain = 0
+            else:
+                epochs_without_gain += 1
+                if epochs_without_gain >= config.patience:
+                    break
+    finally:
+        bar.close()
     model.update(best_params)  # parameters are immutable arrays, so the saved tree is the best epoch's
     mx.eval(model.parameters())
     test_outputs = predict_outputs(model, data.test_tokens, config, forward)

@@ -8,8 +8,16 @@ files laid over it, plus ``case.yaml``:
     exit: 2                              # the exit code (default 2)
     remove: [data/test.csv]              # base files the case deletes (optional)
     giant_cell: {file: data/train.csv, row: 3, column: Name, chars: 1100000}   # generated content (optional)
+    setup:                               # kbert commands run first, each must succeed (optional)
+    - [run, competition.yaml, --run-id, x]
+    edit:                                # then these edits, in order (optional); a path may be a glob
+    - {path: runs/mini-titanic/x/folds/0/fold.json, truncate: 20}   # keep the first 20 bytes
+    - {path: runs/mini-titanic/x/folds/1/config.json, content: "{"}   # replace (or create) the file
+    - {path: runs/mini-titanic/x/folds/1, delete: true}             # delete a file or a folder
+    - {path: data/train.csv, row: 0, column: Age, value: 23}         # change one cell of a CSV
 
-Each case asserts the message, the exit code and that no file appeared or changed in the case's folder.
+Each case asserts the message, the exit code, no traceback, and that no file appeared or changed, in the case's
+folder or its parent, between the end of the setup and edits and the end of the failing command.
 """
 
 from __future__ import annotations
@@ -48,6 +56,41 @@ def prepare_case(name: str, folder: Path) -> dict:
     return spec
 
 
+def run_setup(spec: dict, capsys) -> None:
+    """The case's setup commands (a tiny run to spoil afterwards), each of which must succeed."""
+    for command in spec.get("setup", []):
+        code = main([str(arg) for arg in command])
+        assert code == 0, f"setup {command} failed: {capsys.readouterr().err}"
+    capsys.readouterr()
+
+
+def edit_paths(folder: Path, pattern: str) -> list[Path]:
+    """The paths an edit names: one path, or every match of a glob (at least one)."""
+    if not any(c in pattern for c in "*?["):
+        return [folder / pattern]
+    matches = sorted(folder.glob(pattern))
+    assert matches, f"edit: nothing matches {pattern}"
+    return matches
+
+
+def apply_edit(folder: Path, edit: dict) -> None:
+    for path in edit_paths(folder, edit["path"]):
+        if "truncate" in edit:
+            path.write_bytes(path.read_bytes()[: edit["truncate"]])
+        elif "content" in edit:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(edit["content"], encoding="utf-8")
+        elif edit.get("delete"):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+        elif "row" in edit:
+            frame = pd.read_csv(path)
+            frame[edit["column"]] = frame[edit["column"]].astype(object)  # any value, whatever the column held
+            frame.loc[edit["row"], edit["column"]] = edit["value"]
+            frame.to_csv(path, index=False)
+        else:
+            raise AssertionError(f"unknown edit {edit}")
+
+
 def test_the_corpus_has_at_least_20_cases_and_the_base_itself_is_valid(tmp_path, monkeypatch, capsys):
     assert len(CASES) >= 20
     shutil.copytree(CORPUS / "base", tmp_path / "base")
@@ -61,10 +104,14 @@ def test_bad_input(name, tmp_path, monkeypatch, capsys):
     folder = tmp_path / name
     spec = prepare_case(name, folder)
     monkeypatch.chdir(folder)
-    before = folder_state(folder)
+    run_setup(spec, capsys)
+    for edit in spec.get("edit", []):
+        apply_edit(folder, edit)
+    before = folder_state(folder), folder_state(folder.parent)
     code = main([str(arg) for arg in spec["command"]])
     stderr = capsys.readouterr().err.strip()
     assert code == spec.get("exit", 2)
     assert stderr.splitlines()[-1] == spec["error"].replace("{case}", str(folder))
     assert "Traceback" not in stderr
-    assert folder_state(folder) == before  # no output file, partial or whole, and nothing rewritten
+    # no output file, partial or whole, and nothing rewritten, in the case's folder or beside it
+    assert (folder_state(folder), folder_state(folder.parent)) == before

@@ -1,5 +1,6 @@
 """End-to-end smoke runs of the `kbert` command on a slice of the real Titanic data."""
 
+import argparse
 import subprocess
 import sys
 import time
@@ -90,11 +91,70 @@ def test_validate_command_accepts_the_sample_and_rejects_a_short_file(tmp_path):
 REPO_SUBMISSIONS = sorted((Path(__file__).resolve().parent.parent / "submissions" / "titanic").glob("*.csv"))
 
 
-@pytest.mark.parametrize("path", REPO_SUBMISSIONS, ids=[p.name for p in REPO_SUBMISSIONS])
-def test_submissions_written_by_full_runs_are_valid(path):
-    """Every submission `kbert run titanic` left in submissions/titanic/ matches the sample submission."""
+def test_submissions_written_by_full_runs_are_valid(tmp_path):
+    """A submission a quick `kbert baseline titanic` writes here, and every one `kbert run titanic` left in
+    submissions/titanic/ (none on a clean checkout), match the sample submission."""
+    result = kbert("baseline", "titanic", "--folds", "2", "--run-id", "check", "--out", "runs", "--submissions-dir",
+                   "subs", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    fresh = tmp_path / "subs" / "titanic" / "check.csv"
     sample = pd.read_csv(BUNDLED_DATA_DIR / "titanic" / "gender_submission.csv")
-    validate_submission(pd.read_csv(path), sample, load_competition("titanic"), source=str(path))
+    for path in [fresh, *REPO_SUBMISSIONS]:
+        validate_submission(pd.read_csv(path), sample, load_competition("titanic"), source=str(path))
+    checked = kbert("validate", "titanic", str(fresh), cwd=tmp_path)
+    assert checked.returncode == 0 and "valid titanic submission (418 rows)" in checked.stdout
+
+
+def numeric_options() -> list[tuple[str, argparse.Action, argparse.ArgumentParser]]:
+    """(command, action, its parser) for every int or float option of every kbert command."""
+    from kbert.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return [(name, action, parser) for name, parser in commands.choices.items() for action in parser._actions
+            if action.type in (int, float)]
+
+
+REQUIRED = {"predict": ["run", "--data", "new.csv"], "embed": ["minilm-l6", "--texts", "t.txt", "--out", "v.npy"],
+            "run": ["titanic"]}  # the positionals and required options of each command (anything: nothing runs)
+
+
+@pytest.mark.parametrize("command,action", [(c, a) for c, a, _ in numeric_options()],
+                         ids=[f"{c} {a.option_strings[0]}" for c, a, _ in numeric_options()])
+def test_every_numeric_option_refuses_nan_infinity_and_negatives(command, action, tmp_path, monkeypatch, capsys):
+    """argparse's float() takes nan and inf and int() takes negatives: every numeric option of every command is
+    checked (kbert.cli.common.add_number) before its handler runs, with one line naming the flag."""
+    from kbert.cli import main
+
+    parser = next(p for c, a, p in numeric_options() if c == command and a.dest == action.dest)
+    assert action.dest in (parser.get_default("numbers") or {}), f"{command} {action.option_strings[0]}: use add_number"
+    monkeypatch.chdir(tmp_path)
+    flag = action.option_strings[0]
+    for value in (["nan", "inf", "-inf"] if action.type is float else ["-1"]):
+        code = main([command, *REQUIRED.get(command, ["titanic"]), f"{flag}={value}"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith(f"kbert: error: {flag} must be "), err
+        assert len(err.strip().splitlines()) == 1 and err.strip().endswith(f"got {float(value)!r}"
+                                                                           if action.type is float else "got -1")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_doctor_decides_fast_blas_from_what_is_bound_not_from_a_timing(monkeypatch, capsys):
+    """A busy machine times the sgemm slowly: with a fast BLAS bound doctor still exits 0, and reports the timing."""
+    from kbert.cli import main
+    from kbert.cli.doctor import fast_blas_bound
+    from kbert.models import blas, runtime
+
+    assert fast_blas_bound("openblas", "Linux") and fast_blas_bound("mkl", "Linux")
+    assert not fast_blas_bound("reference", "Linux") and not fast_blas_bound("unbound", "Linux")
+    assert fast_blas_bound("platform", "Darwin")
+    monkeypatch.setattr(blas, "measure_sgemm_gflops", lambda: 1.5)
+    code = main(["doctor"])
+    out, err = capsys.readouterr()
+    fast = fast_blas_bound(runtime.status().blas.name, __import__("platform").system())
+    assert f"sgemm 1024^3 float32 on CPU: 1.5 GFLOP/s (fast BLAS bound: {'yes' if fast else 'no'}, " in out
+    assert code == (0 if fast else 1)
+    if fast and sys.platform == "linux":
+        assert "note: the sgemm timing (1.5 GFLOP/s) is low for a fast BLAS" in err
 
 
 @pytest.mark.parametrize("kind", ["bert", "modernbert"])

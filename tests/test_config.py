@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import yaml
 
@@ -24,9 +26,9 @@ def test_cli_overrides_win_and_the_config_round_trips(titanic):
 def test_bad_settings_are_rejected(titanic, tmp_path):
     with pytest.raises(KbertError, match="unknown setting"):
         resolve_run_config(titanic, {"epocs": 3})
-    with pytest.raises(KbertError, match="folds must be at least 2"):
+    with pytest.raises(KbertError, match="folds must be an integer >= 2, got 1"):
         resolve_run_config(titanic, {"folds": 1})
-    with pytest.raises(KbertError, match="epochs must be at least 1, got 0"):
+    with pytest.raises(KbertError, match="epochs must be an integer >= 1, got 0"):
         resolve_run_config(titanic, {"epochs": 0})
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: broken\ntask: binary\n")
@@ -59,3 +61,165 @@ def test_shipped_pretrained_names_are_not_size_presets():
     from kbert.models.encoders import SHIPPED, is_preset
 
     assert not any(is_preset(name) for name in SHIPPED)
+
+
+NUMERIC_SECTIONS = {"": ("ModelConfig", "TrainConfig", "HeadOptions"), "folds.": ("FoldConfig",),
+                    "text.": ("TextConfig",)}
+
+
+def numeric_fields():
+    """(BOUNDS key, is the annotation int) of every int or float field of the run's dataclasses."""
+    from dataclasses import fields
+
+    from kbert.models.adapters import AdapterConfig
+    from kbert.pipeline import config
+
+    classes = [(prefix, getattr(config, name)) for prefix, names in NUMERIC_SECTIONS.items() for name in names]
+    for prefix, cls in classes + [("adapter_options.", AdapterConfig)]:
+        for f in fields(cls):
+            kinds = {part.strip() for part in str(f.type).replace("list[", "").replace("]", "").split("|")}
+            if kinds & {"int", "float"}:
+                yield prefix + f.name, "int" in kinds and "float" not in kinds
+
+
+def test_every_numeric_run_setting_has_a_bound_and_its_defaults_are_inside_it():
+    from dataclasses import asdict
+
+    from kbert.models.adapters import AdapterConfig
+    from kbert.pipeline.config import (BOUNDS, FoldConfig, HeadOptions, ModelConfig, TextConfig, TrainConfig,
+                                       check_settings)
+
+    for key, integer in numeric_fields():
+        assert key in BOUNDS, f"{key} has no bound in pipeline/config.py BOUNDS"
+        assert BOUNDS[key].integer == integer, key
+    for values, prefix in ((asdict(ModelConfig()), ""), (asdict(TrainConfig()), ""), (asdict(HeadOptions()), ""),
+                           (asdict(FoldConfig()), "folds."), (asdict(TextConfig("list")), "text."),
+                           (asdict(AdapterConfig()), "adapter_options.")):
+        check_settings(values, str, prefix)
+
+
+def competition_yaml(tmp_path, section: str, key: str, value) -> str:
+    """The corpus base competition with ``section: {key: value}`` added; returns its path."""
+    from pathlib import Path
+
+    base = Path(__file__).resolve().parent / "bad_inputs" / "base" / "competition.yaml"
+    spec = yaml.safe_load(base.read_text())
+    spec.setdefault(section, {})[key] = value
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return str(path)
+
+
+def yaml_place(key: str, value) -> tuple[str, str, object]:
+    """Where a BOUNDS key is written in a competition YAML: (section, key in it, value), and its message name."""
+    from dataclasses import fields
+
+    from kbert.pipeline.config import HeadOptions
+
+    section, _, name = key.partition(".")
+    if section in ("folds", "text"):
+        return section, name, value
+    if section == "adapter_options":
+        return "training", "adapter_options", {name: value}
+    return ("head" if key in {f.name for f in fields(HeadOptions)} else "training"), key, value
+
+
+@pytest.mark.parametrize("key", sorted(key for key, _ in numeric_fields()))
+def test_nan_and_infinity_are_refused_for_every_numeric_setting_from_yaml(tmp_path, key):
+    """YAML's .nan, .inf and -.inf reach no training: the message names the file and the key."""
+    for value in (float("nan"), float("inf"), float("-inf")):
+        section, name, written = yaml_place(key, value)
+        shown = f"{section}.{key}" if section in ("training", "head") else key
+        with pytest.raises(KbertError, match=rf"^.*c\.yaml: {re.escape(shown)} must be .*, got {value!r}$"):
+            load_competition(competition_yaml(tmp_path, section, name, written))
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"learning_rate": 0.0}, "learning_rate must be a finite number > 0, or null, got 0.0"),
+    ({"learning_rate": float("nan")}, "learning_rate must be a finite number > 0, or null, got nan"),
+    ({"hidden_dropout_prob": 1.0}, r"hidden_dropout_prob must be a finite number in \[0, 1\), got 1.0"),
+    ({"warmup_ratio": 1.0}, r"warmup_ratio must be a finite number in \[0, 1\), got 1.0"),
+    ({"weight_decay": -0.01}, "weight_decay must be a finite number >= 0, got -0.01"),
+    ({"label_smoothing": 1.0}, r"label_smoothing must be a finite number in \[0, 1\), got 1.0"),
+    ({"focal_gamma": -1.0}, "focal_gamma must be a finite number >= 0, got -1.0"),
+    ({"tta": 0}, "tta must be an integer >= 1, got 0"),
+    ({"max_length": 0}, "max_length must be an integer >= 1, got 0"),
+    ({"length_bucket": 0}, "length_bucket must be an integer >= 1, got 0"),
+    ({"batch_size": 2.5}, "batch_size must be an integer >= 1, got 2.5"),
+    ({"epochs": True}, "epochs must be an integer >= 1, got True"),
+    ({"augment": -1}, "augment must be an integer >= 0, got -1"),
+    ({"layerwise_lr_decay": 0.0}, r"layerwise_lr_decay must be a finite number in \(0, 1\], got 0.0"),
+    ({"pos_weight": [1.0, float("inf")]}, r"pos_weight must be .*, got \[1.0, inf\]"),
+    ({"threshold": 1.0}, r"threshold must be a finite number in \(0, 1\) or 'tune', got 1.0"),
+    ({"seed": -1}, "seed must be an integer >= 0, got -1"),
+    ({"limit_rows": 0}, "limit_rows must be an integer >= 1, or null, got 0"),
+    ({"repeats": 0}, "repeats must be an integer >= 1, got 0"),
+    ({"adapter_options": {"alpha": float("nan")}}, "adapter_options.alpha must be a finite number > 0, got nan"),
+    ({"hidden_size": 100, "num_attention_heads": 3}, "hidden_size 100 is not a multiple of num_attention_heads 3"),
+])
+def test_out_of_range_overrides_are_refused_naming_the_setting(titanic, overrides, message):
+    with pytest.raises(KbertError, match=f"^{message}$"):
+        resolve_run_config(titanic, overrides)
+
+
+def test_an_exponent_yaml_reads_as_text_gets_a_hint(tmp_path):
+    path = competition_yaml(tmp_path, "training", "learning_rate", "1e-3")
+    with pytest.raises(KbertError, match=r"c\.yaml: training\.learning_rate must be a finite number > 0, or null, "
+                                         r"got '1e-3' \(text, not a number: YAML reads 1e-3 as a string; write e.g. "
+                                         r"0\.001\)$"):
+        load_competition(path)
+
+
+def test_a_key_written_twice_is_refused_naming_the_file_line_and_key(tmp_path):
+    from kbert.pipeline.config import read_yaml
+
+    path = tmp_path / "twice.yaml"
+    path.write_text("name: a\ntraining:\n  epochs: 3\n  batch_size: 8\n  epochs: 5\n")
+    with pytest.raises(KbertError, match=r"twice\.yaml: invalid YAML at line 5, column 3: key 'epochs' appears twice "
+                                         r"\(first at line 3\)$"):
+        read_yaml(path)
+    path.write_text("training: {epochs: 3, epochs: 5}\n")
+    with pytest.raises(KbertError, match=r"line 1, column 23: key 'epochs' appears twice \(first at line 1\)$"):
+        read_yaml(path)
+    path.write_text("base: &base {epochs: 3, batch_size: 8}\nrun:\n  <<: *base\n  epochs: 5\nother: {a: 1, b: 2}\n")
+    assert read_yaml(path)["run"] == {"epochs": 5, "batch_size": 8}  # a merge key's values may be overridden
+
+
+@pytest.mark.parametrize("edit,message", [
+    ({"text": {"serializer": "list", "columns": ["Name", "Sex", "Name"]}}, "text.columns lists 'Name' twice"),
+    ({"text": {"serializer": "list", "truncate": "priority", "priority": ["Age", "Age"]}},
+     "text.priority lists 'Age' twice"),
+    ({"task": "multilabel", "target": ["Survived", "Pclass", "Survived"]}, "target lists 'Survived' twice"),
+    ({"task": "multiclass", "target": "Pclass", "classes": [1, 2, 2, 3]}, "classes lists 2 twice"),
+    ({"training": 5}, "'training' must be a mapping, got 5"),
+])
+def test_a_column_or_class_listed_twice_is_refused(tmp_path, edit, message):
+    from pathlib import Path
+
+    base = Path(__file__).resolve().parent / "bad_inputs" / "base" / "competition.yaml"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({**yaml.safe_load(base.read_text()), **edit}, sort_keys=False))
+    with pytest.raises(KbertError, match=rf"c\.yaml: {message}$"):
+        load_competition(str(path))
+
+
+def test_run_config_files_are_checked_like_yaml_and_flags(titanic, tmp_path):
+    """`kbert run --config`: a flat file names its key, a resolved config (config.yaml, best.yaml) its section."""
+    from kbert.pipeline.config import run_config_from_file
+
+    flat = tmp_path / "flat.yaml"
+    flat.write_text("competition: titanic\nepochs: 2\nlearning_rate: .nan\n")
+    with pytest.raises(KbertError, match=r"flat\.yaml: learning_rate must be a finite number > 0, or null, got nan$"):
+        run_config_from_file(flat)
+    resolved = resolve_run_config(titanic).to_dict()
+    resolved["train"]["warmup_ratio"] = float("inf")
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+    with pytest.raises(KbertError, match=r"config\.yaml: train\.warmup_ratio must be a finite number in \[0, 1\), "
+                                         r"got inf$"):
+        run_config_from_file(path)
+    resolved["train"]["warmup_ratio"] = 0.1
+    resolved["competition"]["folds"]["k"] = 1
+    path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+    with pytest.raises(KbertError, match=r"config\.yaml: competition\.folds\.k must be an integer >= 2, got 1$"):
+        run_config_from_file(path)

@@ -76,3 +76,55 @@ def test_kbert_run_reads_the_folder_kbert_download_writes(tmp_path, monkeypatch)
     (tmp_path / DOWNLOAD_DIR / "titanic").mkdir(parents=True)
     assert resolve_data_dir(competition, None) == DOWNLOAD_DIR / "titanic"
     assert resolve_data_dir(competition, tmp_path) == tmp_path  # --data-dir wins
+
+
+def test_a_header_that_differs_by_spaces_or_case_is_named_in_the_error(titanic, data_copy):
+    path = data_copy / "train.csv"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0].replace(",Age,", ", Age ,").replace(",Fare,", ",fare,"), *lines[1:]]))
+    with pytest.raises(KbertError, match=r"train\.csv: missing column\(s\) 'Age', 'Fare'; the file has ' Age ' "
+                                         r"\(spaces around it\); the file has 'fare' \(another case\)$"):
+        load_competition_data(titanic, data_copy)
+
+
+def test_near_header_hints_only_at_spaces_and_case():
+    from kbert.pipeline.data import near_header
+
+    header = ["PassengerId", " Age ", "FARE", "Name"]
+    assert near_header("Age", header) == "the file has ' Age ' (spaces around it)"
+    assert near_header("Fare", header) == "the file has 'FARE' (another case)"
+    assert near_header(" name", header) == "the file has 'Name' (no spaces around it, another case)"
+    assert near_header("Cabin", header) == "" and near_header("Ag", header) == ""
+
+
+def frames(train_rows: dict, test_rows: dict):
+    import pandas as pd
+
+    return pd.DataFrame(train_rows), pd.DataFrame(test_rows)
+
+
+def test_data_warnings_name_ids_in_both_files_and_columns_missing_everywhere(titanic):
+    from kbert.pipeline.data import data_warnings
+
+    clean_train = {"PassengerId": [1, 2, 3], "Age": [22.0, None, 30.0], "Name": ["a", "b", "c"], "Survived": [0, 1, 0]}
+    clean_test = {"PassengerId": [4, 5], "Age": [None, 40.0], "Name": ["d", "e"]}
+    assert data_warnings(*frames(clean_train, clean_test), titanic) == []
+
+    shared = data_warnings(*frames({**clean_train, "PassengerId": [1, 2, 3]}, {**clean_test, "PassengerId": [3, 2]}),
+                           titanic)
+    assert shared == ["2 id(s) in both train and test (PassengerId 2, 3): are the rows the same?"]
+    many = data_warnings(*frames({"PassengerId": list(range(10))}, {"PassengerId": list(range(5, 12))}), titanic)
+    assert many[0].startswith("5 id(s) in both train and test (PassengerId 5, 6, 7, ...)")
+
+    empty = data_warnings(*frames({**clean_train, "Age": [None] * 3}, {**clean_test, "Name": [None, None]}), titanic)
+    assert empty == ["column 'Name' is missing on every row of test; it carries no information there",
+                     "column 'Age' is missing on every row of train; it carries no information there"]  # YAML order
+    both = data_warnings(*frames({**clean_train, "Age": [None] * 3}, {**clean_test, "Age": [None, None]}), titanic)
+    assert both == ["column 'Age' is missing on every row of train and test; it carries no information there"]
+
+
+def test_data_warnings_on_the_bundled_titanic_data_are_none(titanic):
+    from kbert.pipeline.data import data_warnings
+
+    data = load_competition_data(titanic)
+    assert data_warnings(data.train, data.test, titanic) == []

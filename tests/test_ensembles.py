@@ -401,3 +401,86 @@ def test_paired_bootstrap_of_a_blend_against_the_best_member():
     coin = np.where(rng.random(400) < 0.7, y, 1 - y)
     _, low, high = paired_bootstrap(problem, [coin], member, samples=500)
     assert low < 0 < high
+
+
+# --- time-series members: OOF predictions that leave the first block empty ----------------------------------------
+
+def test_forward_chaining_nested_cv_fits_each_blend_on_earlier_rows_only():
+    from kbert.pipeline.config import FoldConfig
+    from kbert.pipeline.folds import make_folds
+
+    rng = np.random.default_rng(9)
+    n, purge = 120, 5
+    y = np.linspace(0, 10, n) + rng.normal(scale=0.3, size=n)  # a trend
+    P = np.stack([y + rng.normal(scale=s, size=n) for s in (0.5, 1.0)])[:, :, None]
+    outer = FoldConfig(k=4, shuffle=False, purge=purge)
+    folds = make_folds(pd.Series(np.arange(n), name="id"), None, outer)["fold"].to_numpy()
+    result = nested_cv("weighted", P, regression_problem(y), folds, outer=outer)
+    first = np.flatnonzero(folds == -1)
+    assert len(result.splits) == 4
+    for fit_rows, score_rows in result.splits:
+        assert fit_rows.max() == score_rows.min() - purge - 1 and fit_rows.min() == 0  # the past, less the purge
+    np.testing.assert_array_equal(result.scored_rows, np.arange(len(first), n))  # the first block is never scored
+    (predictions,) = result.predictions
+    assert len(predictions) == n - len(first)
+    assert result.score == pytest.approx(get_metric("rmse")(y[len(first):], predictions))
+
+
+def write_series_member(folder, ids, test_ids, oof, test, cv):
+    folder.mkdir(parents=True)
+    columns = ["h1", "h2", "h3"]
+    pd.concat([pd.DataFrame({"id": ids}), pd.DataFrame(oof, columns=columns)], axis=1).to_csv(folder / "oof.csv",
+                                                                                             index=False)
+    pd.concat([pd.DataFrame({"id": test_ids}), pd.DataFrame(test, columns=columns)], axis=1).to_csv(
+        folder / "test.csv", index=False)
+    (folder / "metrics.json").write_text(json.dumps({"cv": cv}))
+
+
+def test_kbert_ensemble_blends_time_series_members_on_the_rows_both_cover(tmp_path, capsys):
+    from pathlib import Path
+
+    from kbert.cli import main
+
+    heads = Path(__file__).resolve().parent.parent / "benchmarks" / "heads"
+    train = pd.read_csv(heads / "data" / "elnino" / "train.csv")
+    test_ids = pd.read_csv(heads / "data" / "elnino" / "test.csv")["id"]
+    truth = train[["h1", "h2", "h3"]].to_numpy()
+    rng = np.random.default_rng(10)
+    runs = tmp_path / "runs" / "elnino"
+    for name, empty, noise in (("series-a", 116, 0.4), ("series-b", 140, 0.6)):  # forward-chaining: no OOF at first
+        oof = truth + rng.normal(scale=noise, size=truth.shape)
+        oof[:empty] = np.nan
+        write_series_member(runs / name, train["id"], test_ids, oof, rng.normal(25, 1, (len(test_ids), 3)), noise)
+    lines = (runs / "series-a" / "oof.csv").read_text().splitlines()
+    assert lines[1] == "0,,," and lines[117].count(",,") == 0  # empty cells, then predictions
+
+    code = main(["ensemble", str(heads / "elnino.yaml"), "--out", str(tmp_path / "runs"), "--submissions-dir",
+                 str(tmp_path / "subs"), "--method", "mean,weighted,stack"])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert f"blending on the {len(train) - 140} of {len(train)} training rows" in printed
+    (path,) = (tmp_path / "subs" / "elnino").glob("ensemble-*.csv")
+    sidecar = json.loads(path.with_suffix(".json").read_text())
+    assert sidecar["rows_blended"] == len(train) - 140 and sidecar["outer_repeats"] == 1
+    assert np.isfinite(sidecar["honest_cv"]) and set(sidecar["methods"]) == {"mean", "weighted", "stack"}
+    assert sidecar["weights"]["series-a"] > sidecar["weights"]["series-b"]  # the less noisy member
+    submission = pd.read_csv(path)
+    assert list(submission.columns) == ["id", "h1", "h2", "h3"] and submission.notna().all().all()
+
+
+def test_a_member_row_with_some_empty_cells_is_refused(tmp_path):
+    from kbert.ensembles.members import load_member
+
+    ids, test_ids = pd.Series(np.arange(6)), pd.Series(np.arange(2))
+    oof = np.ones((6, 3))
+    oof[:2] = np.nan  # no OOF prediction for rows 0 and 1: fine
+    write_series_member(tmp_path / "m", ids, test_ids, oof, np.ones((2, 3)), 0.5)
+    member = load_member(tmp_path / "m", tmp_path, "id", ids, test_ids)
+    assert member.covered.tolist() == [False, False, True, True, True, True]
+    oof[3, 1] = np.nan  # one cell of a predicted row missing: corrupt
+    write_series_member(tmp_path / "n", ids, test_ids, oof, np.ones((2, 3)), 0.5)
+    with pytest.raises(KbertError, match=r"oof.csv: predictions contain NaN or infinite values$"):
+        load_member(tmp_path / "n", tmp_path, "id", ids, test_ids)
+    write_series_member(tmp_path / "t", ids, test_ids, np.ones((6, 3)), np.full((2, 3), np.nan), 0.5)
+    with pytest.raises(KbertError, match=r"test.csv: predictions contain NaN or infinite values$"):
+        load_member(tmp_path / "t", tmp_path, "id", ids, test_ids)

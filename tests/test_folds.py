@@ -1,9 +1,15 @@
+from pathlib import Path
+
+import numpy as np
 import pandas as pd
 import pytest
+from sklearn.model_selection import TimeSeriesSplit
 
 from kbert.errors import KbertError
 from kbert.pipeline.config import FoldConfig
-from kbert.pipeline.folds import folds_path, load_or_make_folds, make_folds
+from kbert.pipeline.folds import folds_path, load_or_make_folds, make_folds, purge_training_rows
+
+HEADS = Path(__file__).resolve().parent.parent / "benchmarks" / "heads"
 
 
 def test_stratified_folds_are_balanced_and_seeded(titanic_train):
@@ -68,3 +74,122 @@ def test_group_folds_keep_each_group_in_one_fold():
         fold_groups(rows, bad)
     with pytest.raises(KbertError, match="not a column"):
         fold_groups(rows, FoldConfig(group_column="Group"))
+
+
+# --- time series: forward-chaining folds ---------------------------------------------------------------------------
+
+def forward_splits(rows: int, k: int, purge: int) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """The fold table, then each fold's (training, validation) rows exactly as run.py's fold_splits builds them."""
+    config = FoldConfig(k=k, shuffle=False, purge=purge)
+    fold = make_folds(pd.Series(np.arange(rows), name="id"), None, config)["fold"].to_numpy()
+    splits = []
+    for j in range(k):
+        valid = np.flatnonzero(fold == j)
+        splits.append((purge_training_rows(np.flatnonzero(fold != j), valid, config), valid))
+    return fold, splits
+
+
+@pytest.mark.parametrize("rows, k, purge", [(103, 4, 3), (60, 5, 0), (80, 2, 14)])
+def test_time_series_folds_never_train_on_the_future(rows, k, purge):
+    trend = np.arange(rows, dtype=float) * 0.5 + 10  # a target that grows with time: the future is always larger
+    fold, splits = forward_splits(rows, k, purge)
+    block = rows // (k + 1)
+    first = rows - k * block  # the first block takes the remainder, as in TimeSeriesSplit
+    assert (fold[:first] == -1).all()  # the first block is never a validation block
+    np.testing.assert_array_equal(fold[first:], np.repeat(np.arange(k), block))  # then k contiguous blocks, in order
+    for (train, valid), expected in zip(splits, TimeSeriesSplit(n_splits=k, gap=purge).split(np.zeros(rows))):
+        assert trend[train].max() < trend[valid].min()  # no training row is later than a validation row
+        assert valid.min() - train.max() - 1 == purge  # exactly `purge` rows dropped before the validation block
+        np.testing.assert_array_equal(train, np.arange(valid.min() - purge))  # every earlier row trains
+        np.testing.assert_array_equal(train, expected[0])  # scikit-learn's TimeSeriesSplit(k, gap=purge)
+        np.testing.assert_array_equal(valid, expected[1])
+    validated = np.concatenate([valid for _, valid in splits])
+    assert sorted(validated.tolist()) == list(range(first, rows))  # every later row is validated exactly once
+
+
+def test_shuffled_folds_are_not_purged():
+    config = FoldConfig(k=5, seed=0, purge=10)  # purge applies to time-series folds only
+    train, valid = np.array([0, 1, 5, 6]), np.array([2, 3, 4])
+    np.testing.assert_array_equal(purge_training_rows(train, valid, config), train)
+
+
+def test_a_purge_that_leaves_a_fold_no_training_rows_is_refused():
+    with pytest.raises(KbertError, match=r"^folds.purge 4 leaves no training rows before the validation block at "
+                                         r"row 4; lower folds.purge or folds.k$"):
+        forward_splits(12, 2, 4)  # blocks of 4 rows: the first fold has 4 earlier rows, all purged
+
+
+def test_time_series_folds_refuse_groups_and_keep_their_own_fold_file(tmp_path):
+    ids = pd.Series(np.arange(30), name="id")
+    with pytest.raises(KbertError, match=r"^folds.group_column needs folds.shuffle: true"):
+        make_folds(ids, None, FoldConfig(k=3, shuffle=False, group_column="store"), np.zeros(30))
+    config = FoldConfig(k=3, shuffle=False)
+    path = folds_path(tmp_path / "series", config)
+    assert path.name == "forward-k3.csv"  # not the contiguous-k3.csv of the old KFold blocks
+    made = load_or_make_folds(path, ids, None, config)
+    assert sorted(made["fold"].unique()) == [-1, 0, 1, 2]
+    assert load_or_make_folds(path, ids, None, config).equals(made)  # read back, -1 included
+    with pytest.raises(KbertError, match="out of the training file's row order"):
+        load_or_make_folds(path, ids[::-1].reset_index(drop=True), None, config)
+
+
+def fold_predictions(valid_index: np.ndarray, value: float):
+    from kbert.pipeline.fold import FoldPredictions
+
+    n = len(valid_index)
+    return FoldPredictions(valid_index=valid_index, valid_outputs=np.full((n, 2), value, dtype=np.float32),
+                           valid_predictions=np.full((n, 2), value), test_outputs=np.full((3, 2), value),
+                           test_predictions=np.full((3, 2), value), record={}, tokens=None)
+
+
+def test_oof_of_time_series_folds_is_nan_for_the_first_block_only():
+    from kbert.pipeline.run import collect_predictions
+
+    fold = np.array([-1, -1, 0, 0, 1, 1])
+    folds = [fold_predictions(np.array([2, 3]), 1.0), fold_predictions(np.array([4, 5]), 3.0)]
+    outputs, predictions, test_outputs, _ = collect_predictions(6, folds, fold)
+    assert np.isnan(outputs[:2]).all() and np.isnan(predictions[:2]).all() and outputs.dtype == np.float32
+    np.testing.assert_array_equal(predictions[2:, 0], [1.0, 1.0, 3.0, 3.0])
+    np.testing.assert_array_equal(test_outputs, np.full((3, 2), 2.0))
+    # Any other fold kind must still cover every row.
+    with pytest.raises(KbertError, match="^2 training rows were in no validation fold$"):
+        collect_predictions(6, folds)
+    with pytest.raises(KbertError, match="^2 training rows were in no validation fold$"):
+        collect_predictions(6, folds, np.array([0, 0, 0, 0, 1, 1]))
+
+
+def test_time_series_run_writes_empty_oof_cells_for_the_first_block_and_scores_the_rest(tmp_path):
+    import json
+
+    from kbert.pipeline.config import load_competition, resolve_run_config
+    from kbert.pipeline.data import load_competition_data
+    from kbert.pipeline.metrics import get_metric
+    from kbert.pipeline.run import run_competition
+
+    competition = str(HEADS / "elnino.yaml")  # folds: {shuffle: false, purge: 14}
+    comp = load_competition(competition)
+    rows, purge = 90, comp.folds.purge
+    config = resolve_run_config(comp, {"folds": 2, "epochs": 1, "hidden_size": 32, "num_hidden_layers": 1,
+                                       "num_attention_heads": 2, "intermediate_size": 64, "vocab_size": 300,
+                                       "max_length": 64, "limit_rows": rows, "out_dir": str(tmp_path / "runs"),
+                                       "submissions_dir": str(tmp_path / "subs")})
+    result = run_competition(config, run_id="t", progress=False, log=lambda _: None)
+    first = rows - 2 * (rows // 3)  # 30 rows: never validated
+    oof = pd.read_csv(result.run_dir / "oof.csv")
+    assert len(oof) == rows and oof["id"].tolist() == list(range(rows))  # every id is still there
+    lines = (result.run_dir / "oof.csv").read_text().splitlines()
+    assert lines[1:first + 1] == [f"{i},,," for i in range(first)]  # empty cells, exactly for the first block
+    assert oof[["h1", "h2", "h3"]].iloc[first:].notna().all().all()
+    assert np.isnan(np.load(result.run_dir / "outputs.npz")["oof"][:first]).all()
+    assert (pd.read_csv(result.run_dir / "folds.csv")["fold"].to_numpy()[:first] == -1).all()
+
+    metrics = json.loads((result.run_dir / "metrics.json").read_text())
+    truth = load_competition_data(comp).train[["h1", "h2", "h3"]].to_numpy()[:rows]
+    cv = get_metric("rmse")(truth[first:], oof[["h1", "h2", "h3"]].to_numpy()[first:])
+    assert metrics["cv"] == pytest.approx(cv, rel=1e-6) and metrics["cv_rows"] == rows - first
+    for k, record in enumerate(metrics["folds"]):
+        start = first + k * (rows // 3)
+        assert record["n_train"] == start - purge and record["n_valid"] == rows // 3
+        # The target statistics were fitted on the rows before the purge gap only: no fold saw its future.
+        saved = json.loads((result.run_dir / "folds" / str(k) / "config.json").read_text())["target_transform"]
+        np.testing.assert_allclose(saved["center"], truth[:start - purge].mean(axis=0), rtol=1e-5)

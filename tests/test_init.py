@@ -109,5 +109,5 @@ def test_default_location_is_the_working_folder(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the YAML by path from elsewhere: data_dir is relative to the YAML
     assert Path(load_competition(str(project / path)).data_dir) == train.parent.resolve()
     for bad in ("a/b", "..", ""):
-        with pytest.raises(KbertError, match="plain file name"):
+        with pytest.raises(KbertError, match="kbert init NAME .* is not a plain name"):
             init_competition(bad, train, test)

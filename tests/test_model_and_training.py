@@ -125,3 +125,29 @@ def test_checkpoint_with_a_renamed_key_fails_loudly(tmp_path):
         load_weights_strict(tiny_model(), tmp_path / "bad.safetensors")
     assert "missing keys: encoder.embeddings.word_embeddings.weight;" in str(error.value)
     assert "unexpected keys: encoder.embeddings.word_embedding.weight" in str(error.value)
+
+
+@pytest.mark.parametrize("spoiled", ["training", "validation"])
+def test_a_loss_that_becomes_nan_stops_the_fold_naming_it_and_the_epoch(spoiled):
+    tokens, labels = toy_tokens(16)
+    labels = labels.astype(np.float32)
+    bad = np.where(np.arange(len(labels)) == 3, np.nan, labels).astype(np.float32)  # one NaN target
+    train_targets, valid_targets = (bad, labels) if spoiled == "training" else (labels, bad)
+    data = FoldData(tokens, train_targets, tokens, valid_targets, tokens[:2])
+    config = TrainConfig(epochs=3, batch_size=16, learning_rate=1e-3)
+    with pytest.raises(KbertError, match=rf"^fold 2/5: the {spoiled} loss became nan in epoch 1; lower --lr or "
+                                         "check the targets$"):
+        train_fold(tiny_model(), data, config, accuracy_of(labels), True, seed=0, description="fold 2/5",
+                   progress=False)
+
+
+def test_a_damaged_checkpoint_config_is_one_error_naming_it(tmp_path):
+    save_checkpoint(tiny_model(), tmp_path / "fold0", CHECKPOINT_CONFIG)
+    config_path = tmp_path / "fold0" / "config.json"
+    config_path.write_text('{"encoder_config": {"model_type": "bert", "hidden_size": "wide"}, "head": {}, '
+                           '"pooling": "cls"}')
+    with pytest.raises(KbertError, match=f"^{config_path}: does not describe a model: "):
+        load_checkpoint(tmp_path / "fold0")
+    config_path.write_text('{"encoder_config": [], "head": {}, "pooling": "cls"}')
+    with pytest.raises(KbertError, match=f"^{config_path}: 'encoder_config' and 'head' must be mappings$"):
+        load_checkpoint(tmp_path / "fold0")

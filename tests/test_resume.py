@@ -1,5 +1,6 @@
 """`kbert run` resumes: a run killed during fold 3 keeps folds 1-2 on rerun and ends with the OOF of an
-uninterrupted run; Ctrl-C stops with a message; a rerun with other settings is refused."""
+uninterrupted run; Ctrl-C stops with a message; a rerun with other settings is refused, and so is a second
+process on a run id that another one is writing."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+
+from kbert.pipeline.artifacts import lock_run_folder
 
 REPO = Path(__file__).resolve().parent.parent
 RUN_ARGS = ["run", "titanic", "--limit-rows", "160", "--folds", "4", "--epochs", "2", "--no-progress"]
@@ -111,3 +114,23 @@ def test_a_folder_without_config_is_refused_and_a_half_written_fold_is_redone(tm
     assert again.stdout.count("(finished before; kept)") == 3
     assert (fold / "fold.json").is_file() and not (fold / "stale.txt").exists()
     assert (fold / "model.safetensors").stat().st_mtime_ns > 0  # retrained
+
+
+def test_a_second_process_on_the_same_run_id_is_refused_while_the_first_writes_it(tmp_path):
+    first = subprocess.Popen(kbert_command(tmp_path, "locked"), cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        for line in first.stdout:  # the header is logged once the run holds the folder's lock
+            if line.startswith("run locked:"):
+                break
+        second = run_kbert(tmp_path, "locked")
+        assert first.poll() is None, "the first run ended before the second one tried"
+    finally:
+        first.kill()  # a crash: the lock goes with the process
+        first.communicate(timeout=60)
+    run_dir = tmp_path / "runs" / "titanic" / "locked"
+    assert second.returncode == 2
+    assert second.stderr.strip() == (f"kbert: error: {run_dir}: run 'locked' is being written by another kbert "
+                                     "process; wait for it to end or pick another --run-id")
+    with lock_run_folder(run_dir):  # free again
+        pass

@@ -36,7 +36,9 @@ def test_each_task_writes_predictions_and_a_submission(competition, prediction_c
     assert np.isfinite(metrics["cv"]) and metrics["task"] == comp.task
     oof = pd.read_csv(result.run_dir / "oof.csv")
     assert list(oof.columns) == [comp.id_column, *prediction_columns] and len(oof) == 80
-    assert oof[prediction_columns].notna().all().all()
+    covered = pd.read_csv(result.run_dir / "folds.csv")["fold"].to_numpy() >= 0  # time series: not the first block
+    assert oof.loc[covered, prediction_columns].notna().all().all()
+    assert oof.loc[~covered, prediction_columns].isna().all().all()
     if comp.task in ("multiclass", "ordinal"):
         np.testing.assert_allclose(oof[prediction_columns].sum(axis=1), 1.0, atol=1e-6)
     test = load_competition_data(comp).test

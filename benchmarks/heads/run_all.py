@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from kbert.pipeline.config import load_competition  # noqa: E402
 from kbert.pipeline.data import load_competition_data  # noqa: E402
+from kbert.pipeline.folds import fold_rows  # noqa: E402
 from kbert.pipeline.metrics import get_metric  # noqa: E402
 
 RUNS = {  # name -> competition (a bundled name or a YAML path)
@@ -61,9 +62,9 @@ def baseline_cv(competition: str, run_dir: Path) -> float:
     folds = pd.read_csv(run_dir / "folds.csv")["fold"].to_numpy()
     metric = get_metric(comp.metric)
     truth, predicted = [], []
-    for k in np.unique(folds):
-        t, p = baseline_predictions(comp.task, train, comp.target_columns, np.flatnonzero(folds != k),
-                                    np.flatnonzero(folds == k), comp.metric)
+    for k in np.unique(folds[folds >= 0]):  # time series: the first block (-1) is never validated
+        t, p = baseline_predictions(comp.task, train, comp.target_columns, *fold_rows(folds, k, comp.folds),
+                                    comp.metric)
         truth.append(t)
         predicted.append(p)
     truth, predicted = np.concatenate(truth), np.concatenate(predicted)

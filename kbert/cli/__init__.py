@@ -25,6 +25,7 @@ import argparse
 import sys
 
 from kbert.cli import baseline, competition, doctor, ensemble, kaggle, predict, pretrain, report, run, show_text, tune
+from kbert.cli.common import check_numbers
 from kbert.errors import KbertError
 
 DESCRIPTION = """kbert: fine-tune BERT-family encoders in MLX on Kaggle competitions.
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runtime.setup()  # before any command imports mlx.core
     try:
+        check_numbers(args)
         return args.handler(args)
     except KbertError as exc:
         print(f"kbert: error: {exc}", file=sys.stderr)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from kbert.cli.common import add_command, add_competition, add_data_dir, add_out, add_submissions_dir, print_run_result
+from kbert.cli.common import (add_command, add_competition, add_data_dir, add_number, add_out, add_submissions_dir,
+                              print_run_result)
 
 EPILOG = """examples:
   kbert baseline titanic                     HistGradientBoosting on the 5 folds of kbert run
@@ -27,10 +28,10 @@ def add_parser(commands) -> None:
                           help="hgb: scikit-learn HistGradientBoosting (default); logreg: logistic regression on "
                                "one-hot and TF-IDF features (an outlier-trimmed lasso for regression); lgbm, catboost: "
                                "if installed")
-    baseline.add_argument("--seed", type=int, help="model seed (default: the run default, 42)")
-    baseline.add_argument("--folds", type=int, help="number of CV folds (default: the competition's)")
+    add_number(baseline, "--seed", int, "seed", help="model seed (default: the run default, 42)")
+    add_number(baseline, "--folds", int, "folds", help="number of CV folds (default: the competition's)")
     baseline.add_argument("--run-id", help="run folder name (default baseline-<model>-seed<S>)")
-    baseline.add_argument("--limit-rows", type=int, help="use only the first N training rows")
+    add_number(baseline, "--limit-rows", int, "limit_rows", help="use only the first N training rows")
     add_data_dir(baseline)
     add_out(baseline)
     add_submissions_dir(baseline)
@@ -39,8 +40,11 @@ def add_parser(commands) -> None:
 
 def cmd_baseline(args: argparse.Namespace) -> int:
     from kbert.ensembles.baseline import run_baseline
+    from kbert.names import check_name
     from kbert.pipeline.config import load_competition, resolve_run_config
 
+    if args.run_id is not None:
+        check_name(args.run_id, "--run-id")
     overrides = {name: getattr(args, name) for name in ("seed", "folds", "limit_rows", "data_dir", "out_dir",
                                                          "submissions_dir")}
     config = resolve_run_config(load_competition(args.competition), overrides)

@@ -45,6 +45,44 @@ def add_submissions_dir(parser: argparse.ArgumentParser, default: str | None = N
     parser.add_argument("--submissions-dir", default=default, help=help)
 
 
+def add_number(parser: argparse.ArgumentParser, flag: str, type: type, bound: str | dict[str, float],
+               **kwargs) -> None:
+    """A numeric option that ``main`` checks before the handler runs: a finite number (an integer for
+    ``type=int``) within ``bound``, the run setting's limits (a name in kbert.pipeline.config.BOUNDS) or
+    ``at_least``/``above``/``at_most``/``below``; a refusal is one line naming ``flag``."""
+    action = parser.add_argument(flag, type=type, **kwargs)
+    numbers = {**(parser.get_default("numbers") or {}), action.dest: (flag, type is int, bound)}
+    parser.set_defaults(numbers=numbers)
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """The numeric options of ``args`` that were given (see ``add_number``); KbertError on the first bad one.
+    argparse's ``type=float`` takes nan and inf, and ``type=int`` takes 0 and negatives: they stop here."""
+    from dataclasses import replace
+
+    from kbert.pipeline.config import BOUNDS, Bound, check_number
+
+    for dest, (flag, integer, bound) in (getattr(args, "numbers", None) or {}).items():
+        value = getattr(args, dest)
+        if value is not None:  # not given, and no default
+            limits = replace(BOUNDS[bound], optional=False) if isinstance(bound, str) else Bound(integer, **bound)
+            check_number(value, flag, limits)
+
+
+def check_run_id(value: str, what: str) -> str:
+    """A RUN argument that is not a run folder is a run id, looked up under <out>/<competition>/: a plain
+    name, never a path that would lead out of --out."""
+    from pathlib import Path
+
+    from kbert.errors import KbertError
+    from kbert.names import check_name
+
+    path = Path(value)
+    if path.is_absolute() or len(path.parts) > 1:
+        raise KbertError(f"{what}: no run folder {value} (no config.yaml there)")
+    return check_name(value, f"{what} (a run id)")
+
+
 def print_run_result(result) -> None:
     """The closing lines of `kbert run` and `kbert baseline` (a kbert.pipeline.artifacts.RunResult)."""
     print(f"CV {result.metric}: {result.cv_score:.4f}  (folds: {', '.join(f'{s:.4f}' for s in result.fold_scores)})")

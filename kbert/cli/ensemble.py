@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from kbert.cli.common import add_command, add_competition, add_data_dir, add_out, add_submissions_dir
+from kbert.cli.common import add_command, add_competition, add_data_dir, add_number, add_out, add_submissions_dir
 
 EPILOG = """examples:
   kbert ensemble titanic                               every member, every method; the best honest CV is submitted
@@ -30,15 +30,16 @@ def add_parser(commands) -> None:
     ensemble.add_argument("--method", default="best",
                           help="best (default: every method, the best honest CV is submitted), or one or more of "
                                "mean, top-k, weighted, rank, hill, stack (comma-separated)")
-    ensemble.add_argument("--top-k", type=int, default=3, help="members in the top-k mean (default 3)")
+    add_number(ensemble, "--top-k", int, {"at_least": 1}, default=3, help="members in the top-k mean (default 3)")
     ensemble.add_argument("--threshold", choices=("auto", "tune", "fixed"), default="auto",
                           help="label metrics: tune the cut-off (binary), per-label cut-offs or per-class weights "
                                "on OOF (tune), keep 0.5 / argmax (fixed), or tune for every label metric but "
                                "accuracy (auto, default)")
-    ensemble.add_argument("--outer-folds", type=int, default=5, help="outer folds of the nested CV (default 5)")
-    ensemble.add_argument("--outer-repeats", type=int, default=3,
-                          help="outer splits (seeds S, S+1, ...) whose nested-CV scores are averaged (default 3)")
-    ensemble.add_argument("--seed", type=int, default=0, help="seed of the outer split and of hill-climbing bags")
+    add_number(ensemble, "--outer-folds", int, {"at_least": 2}, default=5,
+               help="outer folds of the nested CV (default 5)")
+    add_number(ensemble, "--outer-repeats", int, {"at_least": 1}, default=3,
+               help="outer splits (seeds S, S+1, ...) whose nested-CV scores are averaged (default 3)")
+    add_number(ensemble, "--seed", int, "seed", default=0, help="seed of the outer split and of hill-climbing bags")
     add_data_dir(ensemble)
     add_out(ensemble, default="runs", help="runs folder to read members from")
     add_submissions_dir(ensemble, default="submissions", help="where the submission goes")
@@ -50,6 +51,7 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
     from kbert.ensembles.ensemble import build_ensemble, ensemble_table
     from kbert.pipeline.config import load_competition
 
+    check_member_ids(args.members)
     competition = load_competition(args.competition)
     options = BlendOptions(top_k=args.top_k, seed=args.seed, decision=args.threshold)
     result = build_ensemble(competition, args.members, args.method, args.out_dir, args.submissions_dir, args.data_dir,
@@ -58,3 +60,16 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
     print(f"submission: {result.submission_path}")
     print(f"members, weights and honest CV: {result.sidecar_path}")
     return 0
+
+
+def check_member_ids(spec: str) -> None:
+    """``--members``: all, top:K, or run ids and <study>/trial-NNNN under runs/<competition>/, each part of
+    which is a plain name (no '..', no absolute path: a member is never read from outside --out)."""
+    spec = spec.strip()
+    if spec == "all" or spec.startswith("top:"):
+        return
+    from kbert.names import check_name
+
+    for name in (n.strip() for n in spec.split(",") if n.strip()):
+        for part in name.split("/"):
+            check_name(part, f"--members entry {name!r}: part")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from kbert.cli.common import add_command, add_competition, add_data_dir
+from kbert.cli.common import add_command, add_competition, add_data_dir, add_number
 from kbert.cli.competition import cmd_validate
 
 SLUG_HELP = "a competition name, YAML path or Kaggle slug"
@@ -38,7 +38,7 @@ def add_parser(commands) -> None:
 
     leaderboard = add_command(commands, "leaderboard", help="show the top of a competition's public leaderboard")
     add_competition(leaderboard, help=SLUG_HELP)
-    leaderboard.add_argument("--top", type=int, default=20, help="rows to show (default 20)")
+    add_number(leaderboard, "--top", int, {"at_least": 1}, default=20, help="rows to show (default 20)")
     leaderboard.set_defaults(handler=cmd_leaderboard)
 
 
@@ -54,9 +54,11 @@ def kaggle_slug(competition: str) -> str:
 def cmd_download(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from kbert.names import check_name
     from kbert.pipeline.config import DOWNLOAD_DIR, find_competition
     from kbert.pipeline.kaggle import download_competition
 
+    check_name(args.slug, "kbert download SLUG")  # data/<slug>/ by default; a Kaggle slug is a plain name anyway
     folder = Path(args.data_dir) if args.data_dir else DOWNLOAD_DIR / args.slug
     files = download_competition(args.slug, folder, force=args.force)
     names = [str(p.relative_to(folder)) for p in files]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from kbert.cli.common import add_command, add_out
+from kbert.cli.common import add_command, add_number, add_out, check_run_id
 
 
 def add_parser(commands) -> None:
@@ -14,7 +14,7 @@ def add_parser(commands) -> None:
                                       "them; the text is serialized as the run did, fold by fold.")
     predict.add_argument("run", help="a run folder, or a run id under <out>/<competition>/")
     predict.add_argument("--data", required=True, help="CSV with the competition's input columns (and ids)")
-    predict.add_argument("--tta", type=int, default=1, help="average over this many serializations (default 1: off)")
+    add_number(predict, "--tta", int, "tta", default=1, help="average over this many serializations (default 1: off)")
     predict.add_argument("--output", help="where to write id + predictions (default <run>/predictions/<name>.csv)")
     add_out(predict, default="runs", help="runs folder to look run ids up in")
     predict.set_defaults(handler=cmd_predict)
@@ -28,14 +28,18 @@ def add_parser(commands) -> None:
     embed.add_argument("--pooling", choices=("cls", "mean", "max"), default="mean",
                        help="how to pool tokens (default mean)")
     embed.add_argument("--normalize", action="store_true", help="L2-normalise each embedding")
-    embed.add_argument("--max-length", type=int, default=256, help="maximum tokens per text (default 256)")
-    embed.add_argument("--batch-size", type=int, default=64)
+    add_number(embed, "--max-length", int, "max_length", default=256, help="maximum tokens per text (default 256)")
+    add_number(embed, "--batch-size", int, "batch_size", default=64)
     embed.set_defaults(handler=cmd_embed)
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from kbert.pipeline.predict import predict_run, resolve_run_dir
 
+    if not (Path(args.run) / "config.yaml").is_file():
+        check_run_id(args.run, "kbert predict RUN")
     path = predict_run(resolve_run_dir(args.run, args.out_dir), args.data, args.tta, args.output)
     print(f"predictions: {path}")
     return 0

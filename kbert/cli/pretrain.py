@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from kbert.cli.common import add_command, add_competition, add_data_dir, add_out
+from kbert.cli.common import add_command, add_competition, add_data_dir, add_number, add_out
 
 EPILOG = """examples:
   kbert pretrain titanic --steps 3000 --run-id mlm          from scratch, the size kbert run trains
@@ -25,10 +25,10 @@ def add_parser(commands) -> None:
     add_competition(pretrain)
     _add_encoder_source(pretrain)
     _add_masking_options(pretrain)
-    pretrain.add_argument("--vocab-size", type=int, help="from scratch: WordPiece vocabulary size (default: the "
-                          "run's, 1000)")
-    pretrain.add_argument("--max-length", type=int, help="maximum tokens per row (default: the run's)")
-    pretrain.add_argument("--seed", type=int, default=42)
+    add_number(pretrain, "--vocab-size", int, "vocab_size",
+               help="from scratch: WordPiece vocabulary size (default: the run's, 1000)")
+    add_number(pretrain, "--max-length", int, "max_length", help="maximum tokens per row (default: the run's)")
+    add_number(pretrain, "--seed", int, "seed", default=42)
     pretrain.add_argument("--run-id", help="folder name under runs/<competition>/pretrain/ (default: timestamp)")
     add_data_dir(pretrain, help="folder with the competition's CSV files (default: as kbert run)")
     add_out(pretrain)
@@ -46,23 +46,28 @@ def _add_encoder_source(pretrain: argparse.ArgumentParser) -> None:
 
 
 def _add_masking_options(pretrain: argparse.ArgumentParser) -> None:
-    pretrain.add_argument("--steps", type=int, default=2000, help="optimizer steps (default 2000)")
-    pretrain.add_argument("--batch-size", type=int, default=64, help="texts per step (default 64)")
-    pretrain.add_argument("--lr", type=float, dest="learning_rate",
-                          help="peak learning rate (default 5e-4 from scratch, 5e-5 for a pretrained encoder)")
-    pretrain.add_argument("--mask-prob", type=float, default=0.15, help="share of tokens predicted (default 0.15)")
+    add_number(pretrain, "--steps", int, {"at_least": 1}, default=2000, help="optimizer steps (default 2000)")
+    add_number(pretrain, "--batch-size", int, "batch_size", default=64, help="texts per step (default 64)")
+    add_number(pretrain, "--lr", float, "learning_rate", dest="learning_rate",
+               help="peak learning rate (default 5e-4 from scratch, 5e-5 for a pretrained encoder)")
+    add_number(pretrain, "--mask-prob", float, {"above": 0, "below": 1}, default=0.15,
+               help="share of tokens predicted (default 0.15)")
     pretrain.add_argument("--whole-word", action="store_true", help="mask whole words, not single word pieces")
-    pretrain.add_argument("--augment", type=int, default=4,
-                          help="augmented serializations of every row next to the plain one (default 4)")
-    pretrain.add_argument("--holdout", type=float, default=0.05, help="share of rows held out for masked "
-                          "accuracy and perplexity (default 0.05)")
-    pretrain.add_argument("--eval-every", type=int, default=200, help="steps between held-out evaluations")
+    add_number(pretrain, "--augment", int, "augment", default=4,
+               help="augmented serializations of every row next to the plain one (default 4)")
+    add_number(pretrain, "--holdout", float, {"above": 0, "below": 1}, default=0.05,
+               help="share of rows held out for masked accuracy and perplexity (default 0.05)")
+    add_number(pretrain, "--eval-every", int, {"at_least": 1}, default=200,
+               help="steps between held-out evaluations")
 
 
 def cmd_pretrain(args: argparse.Namespace) -> int:
+    from kbert.names import check_name
     from kbert.pipeline.config import load_competition, resolve_run_config
     from kbert.pipeline.pretrain import PretrainConfig, pretrain
 
+    if args.run_id is not None:
+        check_name(args.run_id, "--run-id")
     overrides = {name: getattr(args, name) for name in ("vocab_size", "max_length", "data_dir", "out_dir")}
     config = resolve_run_config(load_competition(args.competition), overrides)
     settings = PretrainConfig(encoder=args.encoder or args.scratch or "bert", steps=args.steps,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kbert.cli.common import add_command, add_out
+from kbert.cli.common import add_command, add_out, check_run_id
 
 
 def add_parser(commands) -> None:
@@ -22,8 +22,12 @@ def add_parser(commands) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     from kbert.report import write_report
 
+    if not Path(args.target).exists():
+        check_run_id(args.target, "kbert report TARGET")
     page = write_report(args.target, args.out_dir, args.output)
     print(f"report: {page}")
     return 0

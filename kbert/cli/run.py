@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kbert.cli.common import add_command, add_competition, add_data_dir, add_out, add_submissions_dir, print_run_result
+from kbert.cli.common import (add_command, add_competition, add_data_dir, add_number, add_out, add_submissions_dir,
+                              print_run_result)
 from kbert.errors import KbertError
 
 EPILOG = """examples:
@@ -46,13 +47,13 @@ def add_parser(commands) -> None:
 def _add_data_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--config", help="a run config YAML: a run's config.yaml, `kbert tune --report`'s best.yaml, "
                      "or `competition: <name>` with settings (flags override them)")
-    run.add_argument("--folds", type=int, help="number of CV folds (default: the competition's, 5 for titanic)")
-    run.add_argument("--repeats", type=int, help="repeated k-fold: this many different splits, OOF averaged")
-    run.add_argument("--augment", type=int, help="augmented serializations of the training rows (column shuffle, "
-                     "paraphrase, numeric jitter); epochs cycle through them (default 0: off)")
-    run.add_argument("--tta", type=int, help="test-time augmentation: average over this many serializations "
-                     "(default 1: off)")
-    run.add_argument("--seed", type=int, help="training seed: initialisation, dropout, batch order (default 42)")
+    add_number(run, "--folds", int, "folds", help="number of CV folds (default: the competition's, 5 for titanic)")
+    add_number(run, "--repeats", int, "repeats", help="repeated k-fold: this many different splits, OOF averaged")
+    add_number(run, "--augment", int, "augment", help="augmented serializations of the training rows (column shuffle, "
+               "paraphrase, numeric jitter); epochs cycle through them (default 0: off)")
+    add_number(run, "--tta", int, "tta", help="test-time augmentation: average over this many serializations "
+               "(default 1: off)")
+    add_number(run, "--seed", int, "seed", help="training seed: initialisation, dropout, batch order (default 42)")
 
 
 def _add_encoder_options(run: argparse.ArgumentParser) -> None:
@@ -62,9 +63,10 @@ def _add_encoder_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--adapter", help="train adapters on a pretrained encoder instead of all its weights: a preset "
                      "(efficient r=4, balanced r=8, expressive r=16, qlora_memory: 4-bit base r=8) or a kind "
                      "(lora, rslora, dora, qlora)")
-    run.add_argument("--lora-rank", type=int, help="adapter rank (overrides the preset's)")
-    run.add_argument("--lora-alpha", type=float, help="adapter alpha: the update is scaled by alpha / rank")
-    run.add_argument("--lora-dropout", type=float, help="dropout on the adapters' input")
+    add_number(run, "--lora-rank", int, "adapter_options.rank", help="adapter rank (overrides the preset's)")
+    add_number(run, "--lora-alpha", float, "adapter_options.alpha",
+               help="adapter alpha: the update is scaled by alpha / rank")
+    add_number(run, "--lora-dropout", float, "adapter_options.dropout", help="dropout on the adapters' input")
     run.add_argument("--lora-targets", help="comma-separated encoder layers to adapt, as name patterns "
                      "(e.g. query,value or attention.* or Wqkv,Wo,Wi; default: every linear layer of the blocks)")
     run.add_argument("--adapter-checkpoint", choices=("adapter", "merged"),
@@ -72,10 +74,10 @@ def _add_encoder_options(run: argparse.ArgumentParser) -> None:
 
 
 def _add_training_options(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--epochs", type=int, help="maximum epochs per fold (early stopping may end sooner)")
-    run.add_argument("--batch-size", type=int, help="training batch size")
-    run.add_argument("--lr", type=float, dest="learning_rate", help="peak learning rate")
-    run.add_argument("--max-length", type=int, help="maximum tokens per row")
+    add_number(run, "--epochs", int, "epochs", help="maximum epochs per fold (early stopping may end sooner)")
+    add_number(run, "--batch-size", int, "batch_size", help="training batch size")
+    add_number(run, "--lr", float, "learning_rate", dest="learning_rate", help="peak learning rate")
+    add_number(run, "--max-length", int, "max_length", help="maximum tokens per row")
 
 
 def _add_output_options(run: argparse.ArgumentParser) -> None:
@@ -83,16 +85,16 @@ def _add_output_options(run: argparse.ArgumentParser) -> None:
     add_out(run)
     add_submissions_dir(run)
     run.add_argument("--run-id", help="name of the run folder (default: <timestamp>-seed<S>)")
-    run.add_argument("--limit-rows", type=int, help="use only the first N training rows (quick smoke runs)")
+    add_number(run, "--limit-rows", int, "limit_rows", help="use only the first N training rows (quick smoke runs)")
     run.add_argument("--no-progress", action="store_true", help="hide the per-fold progress bars")
 
 
 def _add_head_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--pooling", choices=("cls", "mean", "max", "attention"), help="how token states are pooled")
     run.add_argument("--loss", help="the head's loss (e.g. focal, huber, gaussian_nll; see models/heads.py)")
-    run.add_argument("--label-smoothing", type=float, help="multiclass cross-entropy label smoothing")
-    run.add_argument("--focal-gamma", type=float, help="focal loss gamma")
-    run.add_argument("--head-dropout", type=float, help="dropout before the head")
+    add_number(run, "--label-smoothing", float, "label_smoothing", help="multiclass cross-entropy label smoothing")
+    add_number(run, "--focal-gamma", float, "focal_gamma", help="focal loss gamma")
+    add_number(run, "--head-dropout", float, "head_dropout", help="dropout before the head")
     run.add_argument("--target-transform", choices=("none", "log1p", "standardize", "log1p_standardize"),
                      help="regression/timeseries target transform, fitted per fold")
     run.add_argument("--threshold", help="binary/multilabel cut-off for label submissions: a probability or 'tune'")
@@ -114,8 +116,11 @@ def _add_speed_options(run: argparse.ArgumentParser) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from kbert.names import check_name
     from kbert.pipeline.run import new_run_id, run_competition
 
+    if args.run_id is not None:
+        check_name(args.run_id, "--run-id")
     config = _run_config(args, _overrides(args))
     run_id = args.run_id or new_run_id(config.seed)
     try:
@@ -137,7 +142,10 @@ def _overrides(args: argparse.Namespace) -> dict:
     if adapter_options:
         overrides["adapter_options"] = adapter_options
     if args.threshold is not None:
-        overrides["threshold"] = args.threshold if args.threshold == "tune" else _probability(args.threshold)
+        from kbert.pipeline.config import BOUNDS, check_number
+
+        threshold = args.threshold if args.threshold == "tune" else _probability(args.threshold)
+        overrides["threshold"] = check_number(threshold, "--threshold", BOUNDS["threshold"])
     return overrides
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kbert.cli.common import add_command, add_competition, add_data_dir
+from kbert.cli.common import add_command, add_competition, add_data_dir, add_number
 
 
 def add_parser(commands) -> None:
@@ -12,7 +12,7 @@ def add_parser(commands) -> None:
                        description="Serialize the first N training rows with the competition's text "
                                    "settings (fitted on all training rows) and print them with their targets.")
     add_competition(show)
-    show.add_argument("--n", type=int, default=5, help="how many rows (default 5)")
+    add_number(show, "--n", int, {"at_least": 1}, default=5, help="how many rows (default 5)")
     add_data_dir(show)
     show.set_defaults(handler=cmd_show_text)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kbert.cli.common import add_command, add_competition, add_data_dir, add_out
+from kbert.cli.common import add_command, add_competition, add_data_dir, add_number, add_out
 
 EPILOG = """examples:
   kbert tune titanic --timeout 8h --workers 2      overnight, two processes
@@ -24,25 +24,28 @@ def add_parser(commands) -> None:
                                    "same command to resume after Ctrl-C, a crash or a kill.",
                        epilog=EPILOG)
     add_competition(tune)
-    tune.add_argument("--trials", type=int, help="finished (complete or pruned) trials the study should reach "
-                      "(default 100; with --timeout alone: no limit)")
+    add_number(tune, "--trials", int, {"at_least": 1},
+               help="finished (complete or pruned) trials the study should reach (default 100; with --timeout "
+                    "alone: no limit)")
     tune.add_argument("--timeout", help="a deadline, e.g. 8h, 90m, 1h30m: a trial running then stops after its current "
                       "fold and is queued again for the next run (default: none)")
     tune.add_argument("--study", default="tune", help="study name: runs/<competition>/<study>/ (default tune)")
     tune.add_argument("--storage", help="journal file (default runs/<competition>/<study>/journal.log) or an RDB "
                       "URL such as postgresql://user@host/db for several machines")
-    tune.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    add_number(tune, "--workers", int, {"at_least": 1}, default=1, help="worker processes (default 1)")
     tune.add_argument("--space", help="search space YAML replacing kbert/tune/search_space.yaml")
     tune.add_argument("--pruner", choices=("wilcoxon", "median", "none"), default="wilcoxon",
                       help="fold-wise pruning (default wilcoxon)")
-    tune.add_argument("--prune-p", type=float, default=0.2,
-                      help="Wilcoxon p-value threshold; larger prunes more (default 0.2: after 3 of 5 folds)")
-    tune.add_argument("--keep-top", type=int, default=3, help="keep fold weights of the best N trials (default 3)")
-    tune.add_argument("--heartbeat", type=float, default=30.0,
-                      help="seconds between heartbeats; a trial silent for 4 is stale and retried (default 30)")
-    tune.add_argument("--seed", type=int, dest="sampler_seed", help="the TPE sampler's seed (default: random)")
-    tune.add_argument("--folds", type=int, help="number of CV folds for every trial")
-    tune.add_argument("--limit-rows", type=int, help="every trial uses the first N training rows (quick studies)")
+    add_number(tune, "--prune-p", float, {"at_least": 0, "at_most": 1}, default=0.2,
+               help="Wilcoxon p-value threshold; larger prunes more (default 0.2: after 3 of 5 folds)")
+    add_number(tune, "--keep-top", int, {"at_least": 0}, default=3,
+               help="keep fold weights of the best N trials (default 3)")
+    add_number(tune, "--heartbeat", float, {"above": 0}, default=30.0,
+               help="seconds between heartbeats; a trial silent for 4 is stale and retried (default 30)")
+    add_number(tune, "--seed", int, "seed", dest="sampler_seed", help="the TPE sampler's seed (default: random)")
+    add_number(tune, "--folds", int, "folds", help="number of CV folds for every trial")
+    add_number(tune, "--limit-rows", int, "limit_rows",
+               help="every trial uses the first N training rows (quick studies)")
     add_data_dir(tune)
     add_out(tune, default="runs", help="runs folder (default runs)")
     tune.add_argument("--report", action="store_true",
@@ -51,9 +54,14 @@ def add_parser(commands) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from kbert.names import check_name
+    from kbert.pipeline.config import POSITIVE, check_number
     from kbert.tune import TuneOptions, parse_duration, tune, write_report
 
+    check_name(args.study, "--study")
     timeout = parse_duration(args.timeout)
+    if timeout is not None:
+        check_number(timeout, "--timeout", POSITIVE)
     trials = args.trials if args.trials is not None else (None if timeout else 100)
     overrides = {name: getattr(args, name) for name in ("folds", "limit_rows", "data_dir")
                  if getattr(args, name) is not None}

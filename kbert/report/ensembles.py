@@ -145,8 +145,10 @@ def plot_correlations(frames: dict[str, np.ndarray], path: Path) -> Path:
     """Heatmap of the Pearson correlations between the members' OOF predictions, annotated."""
     plt = pyplot()
     names = list(frames)
+    stacked = np.stack([frames[n] for n in names])
+    stacked = stacked[:, np.isfinite(stacked).all(axis=0)]  # rows every member covers (time series: not the first)
     with np.errstate(invalid="ignore", divide="ignore"):
-        matrix = np.corrcoef(np.stack([frames[n] for n in names]))
+        matrix = np.corrcoef(stacked)
     n = len(names)
     size = min(16.0, 3.5 + 0.55 * n)
     figure, axes = plt.subplots(figsize=(size + 1.5, size))

@@ -51,7 +51,8 @@ def run_report(run_dir: Path, out: Path) -> Page:
     except KbertError as exc:
         page.notes.append(f"truth-based plots skipped: {exc}")
         return page
-    page.figures += oof_plots(task, metric, metrics, truth, classes, predictions, columns, out)
+    covered = ~np.isnan(predictions).all(axis=1)  # time-series folds: the first block has no OOF prediction
+    page.figures += oof_plots(task, metric, metrics, truth[covered], classes, predictions[covered], columns, out)
     return page
 
 
@@ -88,14 +89,14 @@ def run_facts(run_dir: Path, metrics: dict) -> list[tuple[str, str]]:
 
 def model_description(run_dir: Path, metrics: dict) -> str:
     """``baseline hgb``, or the encoder (with its size when trained from scratch) and adapter."""
-    import yaml
+    from kbert.pipeline.config import read_yaml
 
     if metrics.get("baseline"):
         return f"baseline {metrics['baseline']}"
     path = run_dir / "config.yaml"
     try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
+        config = read_yaml(path) or {}
+    except (OSError, KbertError):
         return "-"
     model = config.get("model") or {}
     text = str(model.get("encoder", "-"))

@@ -4,6 +4,7 @@ settings that ``resolve_run_config`` takes. See search_space.yaml (beside this f
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import optuna
 
 from kbert.errors import KbertError
 from kbert.io import write_yaml
-from kbert.pipeline.config import CompetitionConfig, RunConfig, read_yaml
+from kbert.pipeline.config import BOUNDS, Bound, CompetitionConfig, RunConfig, check_number, read_yaml
 
 DEFAULT_SPACE = Path(__file__).resolve().parent / "search_space.yaml"
 SET_PREFIXES = ("adapter_options.", "text.")
@@ -84,8 +85,9 @@ def parse_space(entries: dict[str, Any], source: str = "search space") -> list[P
             if missing:
                 raise KbertError(f"{where}: 'when' names {missing}, which are not other entries of the space")
             when = {key: value if isinstance(value, list) else [value] for key, value in when.items()}
-        params[name] = Param(name, str(entry.get("set", name)), make_distribution(entry, where), entry.get("value"),
-                             when)
+        target = str(entry.get("set", name))
+        check_entry_values(entry, target, where + (f" (sets {target})" if target != name else ""))
+        params[name] = Param(name, target, make_distribution(entry, where), entry.get("value"), when)
     ordered: list[Param] = []
     placing: list[str] = []
 
@@ -116,8 +118,13 @@ def make_distribution(entry: dict, where: str) -> optuna.distributions.BaseDistr
     if "low" not in entry or "high" not in entry:
         raise KbertError(f"{where}: give 'choices', 'low' and 'high', or 'value'")
     low, high, log, step = entry["low"], entry["high"], bool(entry.get("log", False)), entry.get("step")
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high)) or low > high:
-        raise KbertError(f"{where}: 'low' and 'high' must be numbers with low <= high, got {low!r}, {high!r}")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high)) \
+            or low > high:
+        raise KbertError(f"{where}: 'low' and 'high' must be finite numbers with low <= high, got {low!r}, {high!r}")
+    if log and low <= 0:
+        raise KbertError(f"{where}: a log range needs low > 0, got {low!r}")
+    if step is not None:
+        check_number(step, f"{where}: 'step'", Bound(above=0))
     try:
         if isinstance(low, int) and isinstance(high, int) and (step is None or isinstance(step, int)):
             return optuna.distributions.IntDistribution(low, high, log=log, step=step or 1)
@@ -125,6 +132,19 @@ def make_distribution(entry: dict, where: str) -> optuna.distributions.BaseDistr
                                                       step=None if step is None else float(step))
     except ValueError as exc:
         raise KbertError(f"{where}: {exc}") from None
+
+
+def check_entry_values(entry: dict, target: str, where: str) -> None:
+    """The numbers an entry can give its run setting (``low``, ``high``, each choice, the fixed ``value``) are
+    ones the setting accepts (kbert.pipeline.config.BOUNDS): a space never samples a NaN or a zero batch size."""
+    bound = BOUNDS.get(target)
+    if bound is None:
+        return
+    given = [(key, entry[key]) for key in ("low", "high", "value") if key in entry]
+    given += [(f"choice {i + 1}", choice) for i, choice in enumerate(entry.get("choices") or [])
+              if not isinstance(choice, str)]
+    for key, value in given:
+        check_number(value, f"{where}: {key}", bound)
 
 
 def is_active(param: Param, chosen: dict[str, Any]) -> bool:

@@ -17,6 +17,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from kbert.errors import KbertError
+from kbert.names import check_name
 from kbert.pipeline.config import CompetitionConfig, RunConfig, load_competition, resolve_run_config
 from kbert.tune.options import PRUNERS, TuneOptions
 from kbert.tune.space import Param, default_params, parse_space, space_entries, to_overrides
@@ -61,9 +62,12 @@ def make_pruner(kind: str, p_threshold: float) -> optuna.pruners.BasePruner:
 def load_study(options: TuneOptions, create: bool) -> tuple[optuna.Study, CompetitionConfig, list[Param], Path]:
     """Open (or create) the study; on creation, queue the competition's default configuration first.
     Returns the study, the competition, the parsed search space and the study folder."""
+    check_name(options.study, "--study")
     competition = load_competition(options.competition)
     params = parse_space(space_entries(competition, Path(options.space) if options.space else None),
                          options.space or f"{competition.name} search space")
+    if create:  # the study's fixed settings (--folds, --limit-rows) are refused before its folder is made
+        resolve_trial_config(competition, options, {})
     directory = study_dir(options, competition)
     storage = open_storage(options, directory)
     names = optuna.study.get_all_study_names(storage)

@@ -1,0 +1,141 @@
+"""The run folder's contract (pipeline/artifacts.py): fold names, complete folds, the inputs' fingerprint that a
+resume checks, warnings kept in metrics.json, and what a refused run leaves behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kbert.errors import KbertError
+from kbert.pipeline import fold as fold_module
+from kbert.pipeline.artifacts import check_resumable, fold_names, input_fingerprint, missing_fold_part, write_run_config
+from kbert.pipeline.config import load_competition, resolve_run_config
+from kbert.pipeline.fold import fold_warnings
+from kbert.pipeline.run import run_competition
+from kbert.pipeline.targets import Targets
+from kbert.pipeline.train import check_finite_loss
+
+BASE = Path(__file__).resolve().parent / "bad_inputs" / "base"  # twelve Titanic rows, two folds, one epoch
+
+
+@pytest.fixture
+def mini(tmp_path, monkeypatch):
+    """The bad-input corpus's base case in a working folder of its own; returns a function making its config."""
+    shutil.copytree(BASE, tmp_path / "case")
+    monkeypatch.chdir(tmp_path / "case")
+
+    def config(**overrides):
+        return resolve_run_config(load_competition("competition.yaml"), {"out_dir": "runs", "submissions_dir": "subs",
+                                                                         **overrides})
+
+    return config
+
+
+def test_fold_names_follow_the_repeats(mini):
+    assert fold_names(mini()) == ["0", "1"]
+    assert fold_names(mini(repeats=2, folds=3)) == ["r0-0", "r0-1", "r0-2", "r1-0", "r1-1", "r1-2"]
+
+
+def test_a_fold_is_complete_with_its_record_and_every_checkpoint_file(tmp_path):
+    fold = tmp_path / "0"
+    assert missing_fold_part(fold) == "the folder"
+    fold.mkdir()
+    names = ["fold.json", "config.json", "model.safetensors", "tokenizer.json", "serializer.json"]
+    for name in names:
+        assert missing_fold_part(fold) == name
+        (fold / name).write_text("{}")
+    assert missing_fold_part(fold) is None
+    (fold / "adapter_config.json").write_text("{}")  # an adapter checkpoint holds its adapter weights instead
+    assert missing_fold_part(fold) == "adapter.safetensors"
+
+
+def test_a_resume_checks_the_data_files_and_accepts_a_folder_from_before_they_were_recorded(mini, tmp_path):
+    config = mini()
+    inputs = input_fingerprint(config.competition, Path("data"))
+    assert sorted(inputs) == ["sample_submission.csv", "test.csv", "train.csv"]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    write_run_config(run_dir, {"run_id": "run", **config.to_dict()}, inputs)
+    check_resumable(run_dir, config, inputs)
+    changed = {**inputs, "train.csv": "0" * 64, "test.csv": "1" * 64}
+    with pytest.raises(KbertError, match=f"^{run_dir / 'inputs.json'}: run 'run' was started on other data: "
+                                         "train.csv, test.csv changed; pick another --run-id$"):
+        check_resumable(run_dir, config, changed)
+    (run_dir / "inputs.json").unlink()  # a run folder written before inputs were recorded
+    check_resumable(run_dir, config, changed)
+
+
+def targets(values, classes=None) -> Targets:
+    return Targets(values=np.asarray(values, dtype=np.float32), classes=classes, stratify=None)
+
+
+def test_fold_warnings_name_each_fold_that_cannot_see_a_class(mini):
+    comp = mini().competition
+    binary = targets([0, 0, 0, 1, 0, 0])
+    assert fold_warnings(comp, binary, [("fold 1/2", np.array([0, 1, 2])), ("fold 2/2", np.array([2, 3, 4]))]) == [
+        "fold 1/2: its training rows hold a single class of 'Survived' (0); its model can only predict that class"]
+    multiclass = targets([0, 1, 2, 0, 1], classes=["a", "b", "c"])
+    comp_multiclass = replace(comp, task="multiclass")
+    assert fold_warnings(comp_multiclass, multiclass, [("fold 1/3", np.array([0, 1, 3, 4]))]) == [
+        "fold 1/3: its training rows lack class(es) c of 'Survived'; its model cannot predict them"]
+    comp_regression = replace(comp, task="regression")
+    assert fold_warnings(comp_regression, targets([1.0, 1.0]), [("fold 1/2", np.array([0, 1]))]) == []
+
+
+def test_warnings_are_logged_and_kept_and_scikit_learns_raw_warning_is_not_printed(mini, capsys):
+    train = pd.read_csv("data/train.csv")
+    train["Survived"] = (train["PassengerId"] == 2).astype(int)  # one survivor: one fold trains on a single class
+    train.to_csv("data/train.csv", index=False)
+    test = pd.read_csv("data/test.csv")
+    test["Embarked"] = np.nan
+    test.to_csv("data/test.csv", index=False)
+    lines = []
+    result = run_competition(mini(), run_id="w", progress=False, log=lines.append)
+    warnings = json.loads((result.run_dir / "metrics.json").read_text())["warnings"]
+    assert "column 'Embarked' is missing on every row of test; it carries no information there" in warnings
+    single = [w for w in warnings if "its training rows hold a single class of 'Survived' (0)" in w]
+    assert len(single) == 1 and single[0].startswith("fold ")
+    assert [line for line in lines if line.startswith("warning: ")] == [f"warning: {w}" for w in warnings]
+    assert "least populated" not in capsys.readouterr().err
+
+
+def test_a_loss_that_becomes_nan_in_a_later_fold_writes_no_predictions_and_keeps_the_finished_fold(
+        mini, monkeypatch):
+    real_train_fold = fold_module.train_fold
+
+    def diverging(model, data, config, evaluate, greater_is_better, seed, description="fold", progress=True):
+        if description == "fold 2/2":
+            check_finite_loss(float("nan"), "training", description, 2)
+        return real_train_fold(model, data, config, evaluate, greater_is_better, seed, description, progress)
+
+    monkeypatch.setattr(fold_module, "train_fold", diverging)
+    with pytest.raises(KbertError, match="^fold 2/2: the training loss became nan in epoch 3; lower --lr or check "
+                                         "the targets$"):
+        run_competition(mini(), run_id="nan", progress=False, log=lambda _: None)
+    run_dir = Path("runs/mini-titanic/nan")
+    assert (run_dir / "folds" / "0" / "fold.json").is_file()  # finished before the refusal: kept, resumable
+    assert not (run_dir / "folds" / "1").exists()
+    assert not any((run_dir / name).exists() for name in ("oof.csv", "test.csv", "outputs.npz", "metrics.json"))
+    assert not Path("subs").exists()
+
+    monkeypatch.setattr(fold_module, "train_fold", real_train_fold)
+    lines = []
+    run_competition(mini(), run_id="nan", progress=False, log=lines.append)
+    assert sum("(finished before; kept)" in line for line in lines) == 1
+    assert (run_dir / "oof.csv").is_file() and Path("subs/mini-titanic/nan.csv").is_file()
+
+
+def test_a_refusal_in_the_first_fold_leaves_no_run_folder_beside_other_runs(mini, monkeypatch):
+    run_competition(mini(), run_id="first", progress=False, log=lambda _: None)
+    before = sorted(str(p) for p in Path(".").rglob("*"))
+    monkeypatch.setattr(fold_module, "train_fold", lambda *args, **kwargs: check_finite_loss(
+        float("inf"), "validation", "fold 1/2", 0))
+    with pytest.raises(KbertError, match="^fold 1/2: the validation loss became inf in epoch 1"):
+        run_competition(mini(seed=7), run_id="second", progress=False, log=lambda _: None)
+    assert sorted(str(p) for p in Path(".").rglob("*")) == before
