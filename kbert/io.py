@@ -245,18 +245,23 @@ def read_npz(path: Path, required: tuple[str, ...] = ()) -> dict[str, np.ndarray
     return values
 
 
-def read_table(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame:
-    """A CSV file that kbert wrote (folds.csv, oof.csv, test.csv): missing, empty, unparsable or lacking a
-    ``required`` column is an error naming the file."""
-    path = _existing_file(path)
+def parse_csv(path: Path, utf8_remedy: str, **options: Any) -> pd.DataFrame:
+    """``pd.read_csv(path, **options)``, an empty, non-UTF-8 or unparsable file being one line naming it
+    (``utf8_remedy`` says what to do about bad bytes). Used for the user's data and kbert's own tables."""
     try:
-        frame = pd.read_csv(path)
+        return pd.read_csv(path, **options)
     except pd.errors.EmptyDataError:
         raise KbertError(f"{path}: file is empty") from None
     except UnicodeDecodeError as exc:
-        raise KbertError(f"{path}: not valid UTF-8 (byte {exc.start}); the file is damaged") from None
+        raise KbertError(f"{path}: not valid UTF-8 (byte {exc.start}); {utf8_remedy}") from None
     except pd.errors.ParserError as exc:
         raise KbertError(f"{path}: could not parse CSV: {' '.join(str(exc).split())}") from None
+
+
+def read_table(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A CSV file that kbert wrote (folds.csv, oof.csv, test.csv): missing, empty, unparsable or lacking a
+    ``required`` column is an error naming the file."""
+    frame = parse_csv(_existing_file(path), "the file is damaged")
     missing = [c for c in required if c not in frame.columns]
     if missing:
         raise KbertError(f"{path}: missing column(s) {', '.join(map(repr, missing))}")

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kbert.errors import KbertError
+from kbert.io import parse_csv
 from kbert.pipeline.config import BUNDLED_DATA_DIR, DOWNLOAD_DIR, CompetitionConfig
 from kbert.tasks import Task
 
@@ -45,14 +46,7 @@ def read_csv(path: Path) -> pd.DataFrame:
         start = handle.read(4)
     if start.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         raise KbertError(f"{path}: is UTF-16 text (it starts with a UTF-16 byte-order mark); re-save it as UTF-8")
-    try:
-        frame = pd.read_csv(path, encoding="utf-8-sig", keep_default_na=True)
-    except pd.errors.EmptyDataError:
-        raise KbertError(f"{path}: file is empty") from None
-    except UnicodeDecodeError as exc:
-        raise KbertError(f"{path}: not valid UTF-8 (byte {exc.start}); re-save the file as UTF-8") from None
-    except pd.errors.ParserError as exc:
-        raise KbertError(f"{path}: could not parse CSV: {' '.join(str(exc).split())}") from None
+    frame = parse_csv(path, "re-save the file as UTF-8", encoding="utf-8-sig", keep_default_na=True)
     _check_header(path, frame)
     if frame.empty:
         raise KbertError(f"{path}: has a header but no rows")
