@@ -22,12 +22,18 @@ def doctor(env_extra=None):
 
 @pytest.mark.skipif(not FAST_AVAILABLE, reason="no fast BLAS installed (Linux with mkl or OpenBLAS only)")
 def test_a_fast_blas_is_bound_when_available():
+    """Bound, and several times faster than the reference BLAS timed the same way right after it: a ratio holds
+    on a busy machine, where an absolute GFLOP/s threshold fails by luck."""
+    def gflops(result) -> float:
+        return float(re.search(r"sgemm 1024\^3 float32 on CPU: ([\d.]+) GFLOP/s", result.stdout).group(1))
+
     result = doctor()
     assert result.returncode == 0, result.stderr
     name = re.search(r"BLAS: (\w+)", result.stdout).group(1)
     assert name in ("mkl", "openblas")
-    gflops = float(re.search(r"sgemm 1024\^3 float32 on CPU: ([\d.]+) GFLOP/s", result.stdout).group(1))
-    assert gflops > 50
+    assert "fast BLAS bound: yes" in result.stdout
+    reference = doctor({"KBERT_BLAS": "reference"})
+    assert gflops(result) > 4 * gflops(reference), (result.stdout, reference.stdout)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the reference BLAS is a Linux mlx[cpu] matter")
