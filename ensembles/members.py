@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from kbert.errors import KbertError
 from kbert.io import read_json
@@ -28,7 +27,6 @@ class Member:
     oof: np.ndarray  # (n_train, columns) in the competition's training row order; NaN rows: no OOF prediction
     test: np.ndarray  # (n_test, columns) in the test file's row order
     columns: list[str]
-    config: dict
 
     @property
     def covered(self) -> np.ndarray:
@@ -85,10 +83,8 @@ def load_member(folder: Path, competition_dir: Path, id_column: str, train_ids: 
         return None
     if oof[1] != test[1]:
         raise KbertError(f"{folder}: oof.csv columns {oof[1]} differ from test.csv columns {test[1]}")
-    config_path = folder / "config.yaml"
-    config = yaml.safe_load(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     return Member(name=folder.relative_to(competition_dir).as_posix(), path=folder, cv=float(metrics["cv"]),
-                  oof=oof[0], test=test[0], columns=oof[1], config=config or {})
+                  oof=oof[0], test=test[0], columns=oof[1])
 
 
 def select_members(competition_dir: Path, spec: str, id_column: str, train_ids: pd.Series, test_ids: pd.Series,

@@ -112,6 +112,16 @@ def lock_message(run_dir: Path) -> str:
             "pick another --run-id")
 
 
+def read_run_config(path: Path, remedy: str = "") -> dict:
+    """A run's config.yaml as a mapping without its run id, read through the checked YAML reader; anything
+    else is one line naming the file (``remedy`` is appended)."""
+    config = read_yaml(path)
+    if not isinstance(config, dict):
+        raise KbertError(f"{path}: not a run config (expected a mapping){remedy}")
+    config.pop("run_id", None)
+    return config
+
+
 @contextmanager
 def lock_run_folder(run_dir: Path) -> Iterator[None]:
     """Hold the run folder's lock for the block; another process holding it is refused (``lock_message``)."""
@@ -125,10 +135,7 @@ def check_resumable(run_dir: Path, config: RunConfig, inputs: dict[str, str] | N
     config_path = run_dir / CONFIG_FILE
     if not config_path.is_file():
         raise KbertError(f"run folder already exists and has no config.yaml: {run_dir}; pick another --run-id")
-    saved = read_yaml(config_path)
-    if not isinstance(saved, dict):
-        raise KbertError(f"{config_path}: not a run config (expected a mapping); pick another --run-id")
-    saved.pop("run_id", None)
+    saved = read_run_config(config_path, "; pick another --run-id")
     current = yaml.safe_load(yaml.safe_dump(config.to_dict(), sort_keys=False))
     changed = config_differences(saved, current)
     if changed:

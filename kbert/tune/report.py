@@ -42,16 +42,12 @@ def short(value: Any) -> str:
 
 def best_config(study: optuna.Study, directory: Path) -> dict:
     """The best trial's resolved run config (its config.yaml), ready for ``kbert run --config``."""
-    from kbert.pipeline.config import read_yaml
+    from kbert.pipeline.artifacts import read_run_config
 
     path = trial_dir(directory, study.best_trial.number) / "config.yaml"
     if not path.is_file():
         raise KbertError(f"{path}: the best trial's config is missing")
-    config = read_yaml(path)
-    if not isinstance(config, dict):
-        raise KbertError(f"{path}: expected a mapping (a run's resolved config)")
-    config.pop("run_id", None)
-    return config
+    return read_run_config(path)
 
 
 def write_report(options: TuneOptions) -> Path:
