@@ -3,8 +3,8 @@
 One import name, in layers that point one way (tests/test_layers.py checks it):
 
 - the bottom, here: ``kbert.errors`` (the one user-facing error), ``kbert.io`` (atomic file writes and
-  checked reads) and ``kbert.tasks`` (each task's metric, loss and prediction columns); they import nothing
-  of kbert;
+  checked reads), ``kbert.names`` (names that become paths) and ``kbert.tasks`` (each task's metric, loss
+  and prediction columns); they import only each other;
 - ``kbert.models`` (repository folder ``models/``: encoders, heads, adapters, checkpoints in MLX) and
   ``kbert.features`` (``features/``: table -> text serializers, feature functions), on the bottom only;
   ``kbert.competitions`` (``competitions/``) holds the bundled YAMLs and data, no code;
