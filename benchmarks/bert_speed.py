@@ -1,4 +1,4 @@
-"""Side-by-side speed of a kbert (MLX) BERT and PyTorch + transformers, in one run.
+"""Side-by-side speed of a kbert (MLX) encoder and PyTorch + transformers, in one run.
 
 Times one training step (forward, backward, clipping, AdamW) and one inference batch for the same
 configuration, alternating MLX and PyTorch repetitions, and prints sequences/s, the MLX/PyTorch
@@ -11,6 +11,7 @@ other's. ``--same-process`` runs both in this process instead (kbert's settings 
 
     python benchmarks/bert_speed.py --size minilm --seq 128 --reps 5
     python benchmarks/bert_speed.py --size scratch --seq 32 64 128
+    python benchmarks/bert_speed.py --size deberta-v3-xsmall roberta-base --seq 128 --reps 3 --steps 2
     python benchmarks/bert_speed.py --end-to-end          # also time `kbert run titanic`
 
 Needs the test extras (torch==2.13.0, transformers).
@@ -31,16 +32,27 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+# config.json-style values by size name; model_type picks the architecture on both sides (kbert's
+# build_task_model, transformers' AutoModelForSequenceClassification).
+DEBERTA_V3 = dict(model_type="deberta-v2", relative_attention=True, position_buckets=256, norm_rel_ebd="layer_norm",
+                  share_att_key=True, pos_att_type=["p2c", "c2p"], position_biased_input=False, type_vocab_size=0,
+                  max_relative_positions=-1, layer_norm_eps=1e-7, vocab_size=128100)
 SIZES = {
-    "minilm": dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+    "minilm": dict(model_type="bert", vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
                    intermediate_size=1536),
-    "scratch": dict(vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+    "scratch": dict(model_type="bert", vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                     intermediate_size=512),
+    "deberta-v3-xsmall": dict(**DEBERTA_V3, hidden_size=384, num_hidden_layers=12, num_attention_heads=6,
+                              intermediate_size=1536),
+    "roberta-base": dict(model_type="roberta", vocab_size=50265, hidden_size=768, num_hidden_layers=12,
+                         num_attention_heads=12, intermediate_size=3072, pad_token_id=1, type_vocab_size=1,
+                         layer_norm_eps=1e-5),
 }
 
 
 def train_flops(size: dict, batch: int, seq: int) -> float:
-    """Matmul FLOPs of one training step (forward x 3), as in the usual 6 * params * tokens estimate."""
+    """Matmul FLOPs of one training step (forward x 3), as in the usual 6 * params * tokens estimate (DeBERTa's
+    relative-position terms are left out, so its MFU is a lower bound)."""
     h, i, layers = size["hidden_size"], size["intermediate_size"], size["num_hidden_layers"]
     per_token = layers * (2 * (4 * h * h + 2 * h * i) + 2 * 2 * seq * h)
     return 3 * per_token * batch * seq
@@ -57,7 +69,7 @@ def mlx_setup(size: dict, seq: int, compiled: bool):
     from kbert.models.task_model import build_task_model
     from kbert.pipeline.train import make_forward, make_train_step
 
-    values = {**size, "model_type": "bert", "max_position_embeddings": max(512, seq), "add_pooling_layer": False}
+    values = {**size, "max_position_embeddings": max(512, seq) + 2, "add_pooling_layer": False}
     model = build_task_model(values, "binary", "cls", 0.1)
     optimizer = optim.AdamW(learning_rate=5e-5, weight_decay=0.01)
     step = make_train_step(model, optimizer, max_grad_norm=1.0, compiled=compiled)
@@ -77,8 +89,10 @@ def torch_setup(size: dict, seq: int):
     import torch
     import transformers
 
-    config = transformers.BertConfig(**size, max_position_embeddings=max(512, seq), num_labels=1)
-    model = transformers.BertForSequenceClassification(config)
+    values = {k: v for k, v in size.items() if k != "model_type"}
+    config = transformers.AutoConfig.for_model(size["model_type"], **values, max_position_embeddings=max(512, seq) + 2,
+                                               num_labels=1)
+    model = transformers.AutoModelForSequenceClassification.from_config(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.01)
     bce = torch.nn.BCEWithLogitsLoss()
 
@@ -270,17 +284,17 @@ def main() -> None:
     peak = float(mlx_line.split()[0].removeprefix("peak="))
     print(mlx_line.split(" ", 1)[1] + "; " + workers["torch"].ask("describe")
           + ("; one process" if args.same_process else "; one worker process each"))
-    header = f"{'size':8} {'seq':>4} | {'MLX train':>9} {'torch train':>11} {'ratio':>5} | " \
+    header = f"{'size':17} {'seq':>4} | {'MLX train':>9} {'torch train':>11} {'ratio':>5} | " \
              f"{'MLX infer':>9} {'torch infer':>11} {'ratio':>5} | {'MFU':>5}"
     print(header + "\n" + "-" * len(header))
     for size in args.size:
         for seq in args.seq:
             r = bench(workers, size, seq, args.batch, args.infer_batch, args.reps, args.steps, peak,
                       not args.no_compile)
-            print(f"{size:8} {seq:>4} | {r['mlx_train']:9.1f} {r['torch_train']:11.1f} {r['train_ratio']:5.2f} | "
+            print(f"{size:17} {seq:>4} | {r['mlx_train']:9.1f} {r['torch_train']:11.1f} {r['train_ratio']:5.2f} | "
                   f"{r['mlx_infer']:9.1f} {r['torch_infer']:11.1f} {r['infer_ratio']:5.2f} | "
                   f"{r['mlx_train_mfu']:5.1%}", flush=True)
-            print(f"{'':13} per repetition: train " + " ".join(f"{x:.2f}" for x in r["train_ratios"])
+            print(f"{'':22} per repetition: train " + " ".join(f"{x:.2f}" for x in r["train_ratios"])
                   + " | infer " + " ".join(f"{x:.2f}" for x in r["infer_ratios"]), flush=True)
     for w in workers.values():
         w.close()

@@ -35,13 +35,23 @@ from kbert.models.weights import load_state_strict, read_safetensors, save_safet
 ADAPTER_WEIGHTS_FILE = "adapter.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 
-# Every linear layer inside the transformer blocks, per encoder class (the embeddings, BERT's pooler and
-# the task head are not adapted; the head trains fully through modules_to_save).
-DEFAULT_TARGETS = {
-    "BertModel": "query,key,value,attention.output.dense,intermediate.dense,output.dense",
-    "ModernBertModel": "Wqkv,Wo,Wi",
-    "NeoBertModel": "qkv,wo,w12,w3",
+# Named target sets per encoder class, in each architecture's own projection names: "default" is every
+# linear layer inside the transformer blocks (the embeddings, BERT's pooler and the task head are not adapted;
+# the head trains fully through modules_to_save), "attention" the attention's input projections, and
+# "query-value" the query and value projections (the original LoRA paper's choice; fused qkv layers where
+# the architecture has no separate ones). A name in ``targets`` that is not a set is a name pattern.
+BERT_TARGETS = {"default": "query,key,value,attention.output.dense,intermediate.dense,output.dense",
+                "attention": "query,key,value", "query-value": "query,value"}
+TARGET_SETS = {
+    "BertModel": BERT_TARGETS,
+    "RobertaModel": BERT_TARGETS,
+    "ElectraModel": BERT_TARGETS,
+    "DebertaV2Model": {"default": "query_proj,key_proj,value_proj,attention.output.dense,intermediate.dense,output.dense",
+                       "attention": "query_proj,key_proj,value_proj", "query-value": "query_proj,value_proj"},
+    "ModernBertModel": {"default": "Wqkv,Wo,Wi", "attention": "Wqkv", "query-value": "Wqkv"},
+    "NeoBertModel": {"default": "qkv,wo,w12,w3", "attention": "qkv", "query-value": "qkv"},
 }
+TARGET_SET_NAMES = ("default", "attention", "query-value")
 
 
 @dataclass
@@ -49,7 +59,7 @@ class AdapterConfig:
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
-    targets: str = "default"  # comma-separated name patterns (globs) of encoder linear layers, or "default"
+    targets: str = "default"  # a named set (default, attention, query-value: TARGET_SETS) or comma-separated globs
     rslora: bool = False  # scale by alpha / sqrt(rank) instead of alpha / rank
     dora: bool = False  # weight-decomposed LoRA: a trained magnitude per output row
     bits: int = 0  # QLoRA: quantize the adapted layers' base weights to 4 or 8 bits (0: keep float32)
@@ -261,10 +271,10 @@ def apply_adapters(model: nn.Module, config: AdapterConfig) -> AdapterReport:
     check_adapter_config(config)
     root, prefix = _adapted_root(model)
     targets = config.targets
-    if targets == "default":
-        if type(root).__name__ not in DEFAULT_TARGETS:
-            raise KbertError(f"no default adapter targets for {type(root).__name__}; set targets explicitly")
-        targets = DEFAULT_TARGETS[type(root).__name__]
+    if targets in TARGET_SET_NAMES:
+        if type(root).__name__ not in TARGET_SETS:
+            raise KbertError(f"no '{targets}' adapter targets for {type(root).__name__}; set targets explicitly")
+        targets = TARGET_SETS[type(root).__name__][targets]
     linears = [name for name, module in root.named_modules() if isinstance(module, (nn.Linear, nn.QuantizedLinear))]
     chosen: set[str] = set()
     for pattern in _patterns(targets):

@@ -17,7 +17,8 @@ import mlx.nn as nn
 
 from kbert.models.activations import ACTIVATIONS
 from kbert.models.cpu_kernels import attention
-from kbert.models.recompute import Dropout, call_layer
+from kbert.models.outputs import attention_probs, encoder_outputs, run_layers
+from kbert.models.recompute import Dropout
 
 
 @dataclass
@@ -85,16 +86,23 @@ class BertSelfAttention(nn.Module):
         self.dropout = Dropout(config.attention_probs_dropout_prob)
         self.attention_dropout = config.attention_probs_dropout_prob
 
-    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
+    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False):
+        """The attended values, and with ``output_attentions`` also the probabilities (batch, heads, seq, seq)."""
         batch, seq_len, hidden = x.shape
 
         def split_heads(t: mx.array) -> mx.array:
             return t.reshape(batch, seq_len, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
 
         q, k, v = split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x))
+        scale = 1.0 / math.sqrt(self.head_dim)
         dropout = self.dropout if self.training and self.attention_dropout > 0 else None
-        out = attention(q, k, v, 1.0 / math.sqrt(self.head_dim), mask, dropout)
-        return out.transpose(0, 2, 1, 3).reshape(batch, seq_len, hidden)
+        if output_attentions:
+            probs = attention_probs(q, k, scale, mask)
+            out = (probs if dropout is None else dropout(probs)) @ v
+        else:
+            out = attention(q, k, v, scale, mask, dropout)
+        out = out.transpose(0, 2, 1, 3).reshape(batch, seq_len, hidden)
+        return (out, probs) if output_attentions else out
 
 
 class BertSelfOutput(nn.Module):
@@ -114,7 +122,10 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
+    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False):
+        if output_attentions:
+            attended, probs = self.self(x, mask, output_attentions=True)
+            return self.output(attended, x), probs
         return self.output(self.self(x, mask), x)
 
 
@@ -152,7 +163,11 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
+    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False):
+        """The layer's output, and with ``output_attentions`` also its attention probabilities."""
+        if output_attentions:
+            attended, probs = self.attention(x, mask, output_attentions=True)
+            return self.output(self.intermediate(attended), attended), probs
         attended = self.attention(x, mask)
         return self.output(self.intermediate(attended), attended)
 
@@ -163,10 +178,10 @@ class BertEncoder(nn.Module):
         self.layer = [BertLayer(config) for _ in range(config.num_hidden_layers)]
         self.recompute_layers = False  # gradient checkpointing (models/recompute.py)
 
-    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
-        for layer in self.layer:
-            x = call_layer(layer, x, mask, self.recompute_layers)
-        return x
+    def __call__(self, x: mx.array, mask: mx.array | None, output_hidden_states: bool = False,
+                 output_attentions: bool = False) -> tuple[mx.array, tuple | None, tuple | None]:
+        return run_layers(self.layer, x, [mask] * len(self.layer), self.recompute_layers, output_hidden_states,
+                          output_attentions)
 
 
 class BertPooler(nn.Module):
@@ -185,7 +200,8 @@ def additive_padding_mask(attention_mask: mx.array, dtype: mx.Dtype) -> mx.array
 
 
 class BertModel(nn.Module):
-    """BERT encoder: returns ``(last_hidden_state, pooler_output)``; pooler output is None without a pooler."""
+    """BERT encoder: returns ``(last_hidden_state, pooler_output)`` (pooler output is None without a pooler),
+    plus every hidden state and attention probability on request (see ``encoder_outputs``)."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -205,12 +221,14 @@ class BertModel(nn.Module):
         attention_mask: mx.array | None = None,
         token_type_ids: mx.array | None = None,
         inputs_embeds: mx.array | None = None,
-    ) -> tuple[mx.array, mx.array | None]:
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> tuple:
         x = self.embeddings(input_ids, token_type_ids, inputs_embeds)
         mask = None if attention_mask is None else additive_padding_mask(attention_mask, x.dtype)
-        hidden = self.encoder(x, mask)
+        hidden, hidden_states, attentions = self.encoder(x, mask, output_hidden_states, output_attentions)
         pooled = self.pooler(hidden) if self.config.add_pooling_layer else None
-        return hidden, pooled
+        return encoder_outputs(hidden, pooled, hidden_states, attentions)
 
 
 class BertPredictionHeadTransform(nn.Module):

@@ -1,8 +1,10 @@
-"""Encoders by architecture, and loading them from local Hugging Face model folders.
+"""Encoders by architecture, and loading them from Hugging Face model folders or Hub ids.
 
-``load_encoder(path)`` reads ``config.json``, the weights (``model.safetensors``, sharded safetensors,
-or ``pytorch_model.bin``) and the tokenizer (``tokenizer.json`` or ``vocab.txt``). Weight names go
-through the architecture's ``sanitize`` and then a strict load: a missing or unexpected key is an error.
+``load_encoder(name)`` takes a shipped name, a local folder or a Hub id (``org/name[@revision]``, fetched
+into the Hugging Face cache by models/hub.py) and reads ``config.json``, the weights (``model.safetensors``,
+sharded safetensors, or ``pytorch_model.bin``) and the tokenizer (``tokenizer.json``, DeBERTa's
+``spm.model`` or ``vocab.txt``). Weight names go through the architecture's ``sanitize`` and then a strict
+load: a missing or unexpected key is an error.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from tokenizers.models import WordPiece
 
 from kbert.errors import KbertError
 from kbert.io import read_json, write_json, write_text
-from kbert.models import bert, modernbert, neobert
+from kbert.models import bert, deberta_v2, electra, modernbert, neobert, roberta
 from kbert.models.tokenizer import read_tokenizer
 from kbert.models.weights import load_state_strict, read_safetensors, write_safetensors
 
@@ -33,10 +35,14 @@ class Architecture:
     presets: dict[str, dict[str, Any]]
 
 
-# model_type in config.json -> implementation. RoBERTa-style checkpoints are not BERT-compatible
-# (position offset by padding_idx + 1), so they are not listed under "bert".
+# model_type in config.json -> implementation. XLM-RoBERTa is RoBERTa's network (its presets are listed once).
 ARCHITECTURES: dict[str, Architecture] = {
     "bert": Architecture(bert.BertConfig, bert.BertModel, bert.sanitize, bert.PRESETS),
+    "roberta": Architecture(roberta.RobertaConfig, roberta.RobertaModel, roberta.sanitize, roberta.PRESETS),
+    "xlm-roberta": Architecture(roberta.RobertaConfig, roberta.RobertaModel, roberta.sanitize, {}),
+    "electra": Architecture(electra.ElectraConfig, electra.ElectraModel, electra.sanitize, electra.PRESETS),
+    "deberta-v2": Architecture(deberta_v2.DebertaV2Config, deberta_v2.DebertaV2Model, deberta_v2.sanitize,
+                               deberta_v2.PRESETS),
     "modernbert": Architecture(modernbert.ModernBertConfig, modernbert.ModernBertModel, modernbert.sanitize,
                                modernbert.PRESETS),
     "neobert": Architecture(neobert.NeoBertConfig, neobert.NeoBertModel, neobert.sanitize, neobert.PRESETS),
@@ -70,6 +76,11 @@ def preset_config(name: str) -> dict[str, Any]:
     raise KbertError(f"unknown encoder preset '{name}'; known: {', '.join(known)}")
 
 
+def shipped_available(name: str) -> bool:
+    """Whether the package that ships the pretrained encoder ``name`` is installed."""
+    return importlib.util.find_spec(SHIPPED[name][0]) is not None
+
+
 def shipped_path(name: str) -> Path:
     package, folder = SHIPPED[name]
     spec = importlib.util.find_spec(package)  # locate without importing: its __init__ pulls in torch
@@ -80,14 +91,20 @@ def shipped_path(name: str) -> Path:
 
 
 def resolve_encoder_path(name_or_path: str | Path) -> Path:
-    """A shipped name (``minilm-l6``) or a local folder holding a Hugging Face model."""
+    """A shipped name (``minilm-l6``), a local folder holding a Hugging Face model, or a Hugging Face Hub model id
+    (``org/name[@revision]``, fetched into the Hugging Face cache by models/hub.py); a local path always wins."""
     if str(name_or_path) in SHIPPED:
         return shipped_path(str(name_or_path))
     path = Path(name_or_path)
     if not path.is_dir():
+        from kbert.models import hub
+
+        if hub.is_hub_name(name_or_path):
+            return hub.fetch(str(name_or_path)).folder
         presets = sorted(p for arch in ARCHITECTURES.values() for p in arch.presets)
         raise KbertError(f"encoder '{name_or_path}' is neither a shipped name ({', '.join(SHIPPED)}), "
-                         f"a from-scratch size ({', '.join(presets)}), nor a model folder")
+                         f"a from-scratch size ({', '.join(presets)}), a Hugging Face Hub model "
+                         "(org/name[@revision]), nor a model folder")
     return path
 
 
@@ -122,7 +139,8 @@ def read_weights(folder: Path) -> dict[str, mx.array]:
 
 
 def load_tokenizer(folder: Path) -> Tokenizer:
-    """``tokenizer.json`` if present, else a BERT WordPiece tokenizer built from ``vocab.txt``.
+    """``tokenizer.json`` if present, else DeBERTa-v2/v3's ``spm.model`` converted (models/spm.py, cached beside
+    it), else a BERT WordPiece tokenizer built from ``vocab.txt``.
 
     Padding and truncation saved in the file are switched off: kbert pads per batch and truncates itself.
     """
@@ -131,9 +149,13 @@ def load_tokenizer(folder: Path) -> Tokenizer:
         tokenizer.no_padding()
         tokenizer.no_truncation()
         return tokenizer
+    if (folder / "spm.model").is_file():
+        from kbert.models.spm import load_spm_tokenizer
+
+        return load_spm_tokenizer(folder)
     vocab = folder / "vocab.txt"
     if not vocab.is_file():
-        raise KbertError(f"{folder}: no tokenizer.json or vocab.txt")
+        raise KbertError(f"{folder}: no tokenizer.json, spm.model or vocab.txt")
     settings_path = folder / "tokenizer_config.json"
     settings = read_json(settings_path) if settings_path.is_file() else {}
     tokenizer = Tokenizer(WordPiece.from_file(str(vocab), unk_token="[UNK]"))
@@ -155,11 +177,15 @@ def build_encoder(values: dict[str, Any]) -> tuple[nn.Module, Any]:
 
 
 def load_encoder(name_or_path: str | Path) -> tuple[nn.Module, Any, Tokenizer]:
-    """Encoder with its pretrained weights (strictly checked), its config and its tokenizer."""
+    """Encoder with its pretrained weights (strictly checked), its config and its tokenizer. A checkpoint without
+    pooler weights gets an encoder without a pooler (``add_pooling_layer`` false in the returned config); pass
+    ``config.to_dict()`` to ``build_encoder`` to build the same encoder again."""
     folder = resolve_encoder_path(name_or_path)
     values = read_config(folder)
-    encoder, config = build_encoder(values)
     weights = architecture(values["model_type"]).sanitize(read_weights(folder))
+    if "pooler.dense.weight" not in weights:  # RoBERTa/XLM-R and MLM checkpoints ship no pooler: build none
+        values = {**values, "add_pooling_layer": False}
+    encoder, config = build_encoder(values)
     load_state_strict(encoder, weights, f"{folder} (a {values['model_type']} model per its config.json)")
     encoder.eval()
     return encoder, config, load_tokenizer(folder)

@@ -23,13 +23,20 @@ from tokenizers import Tokenizer
 from kbert.errors import KbertError
 from kbert.io import read_json, write_json, write_text
 from kbert.models.bert import BertForMaskedLM
+from kbert.models.deberta_v2 import DebertaV2ForMaskedLM
+from kbert.models.electra import ElectraForMaskedLM
 from kbert.models.encoders import architecture, load_tokenizer, read_weights, resolve_encoder_path
 from kbert.models.modernbert import ModernBertForMaskedLM
 from kbert.models.neobert import NeoBertForMaskedLM
+from kbert.models.roberta import RobertaForMaskedLM
 from kbert.models.weights import load_state_strict, save_safetensors
 
 MASKED_LM: dict[str, type[nn.Module]] = {
     "bert": BertForMaskedLM,
+    "roberta": RobertaForMaskedLM,
+    "xlm-roberta": RobertaForMaskedLM,
+    "electra": ElectraForMaskedLM,
+    "deberta-v2": DebertaV2ForMaskedLM,
     "modernbert": ModernBertForMaskedLM,
     "neobert": NeoBertForMaskedLM,
 }
@@ -46,17 +53,31 @@ class Layout:
     hf_class: str  # written to config.json "architectures"
     # Pretraining-only names that Hugging Face's MLM class also leaves out: BERT's pooler and next-sentence head.
     ignored: tuple[str, ...] = ()
+    # transformers 5 keeps a separate decoder bias (``decoder_bias``) that untied models compute with; tied ones
+    # share ``bias``. Empty where the head has no such pair.
+    decoder_bias: str = ""
+    bias: str = ""
 
 
+ROBERTA = dict(head=("lm_head.",), decoder_weight="lm_head.decoder.weight", embeddings="embeddings.word_embeddings.weight",
+               ignored=("roberta.pooler.", "pooler."), decoder_bias="lm_head.decoder.bias", bias="lm_head.bias")
 LAYOUTS: dict[str, Layout] = {
     "bert": Layout("bert", ("cls.",), "cls.predictions.decoder.weight", "embeddings.word_embeddings.weight",
-                   "BertForMaskedLM", ignored=("bert.pooler.", "pooler.", "cls.seq_relationship.")),
+                   "BertForMaskedLM", ignored=("bert.pooler.", "pooler.", "cls.seq_relationship."),
+                   decoder_bias="cls.predictions.decoder.bias", bias="cls.predictions.bias"),
+    "roberta": Layout("roberta", hf_class="RobertaForMaskedLM", **ROBERTA),
+    "xlm-roberta": Layout("roberta", hf_class="XLMRobertaForMaskedLM", **ROBERTA),
+    "electra": Layout("electra", ("generator_predictions.", "generator_lm_head."), "generator_lm_head.weight",
+                      "embeddings.word_embeddings.weight", "ElectraForMaskedLM"),
+    # transformers' default (legacy) head; the released checkpoints' lm_predictions.* / mask_predictions.* (the
+    # pretraining heads) are dropped, so they load encoder-only with a fresh head, as in transformers.
+    "deberta-v2": Layout("deberta", ("cls.",), "cls.predictions.decoder.weight", "embeddings.word_embeddings.weight",
+                         "DebertaV2ForMaskedLM", ignored=("lm_predictions.", "mask_predictions."),
+                         decoder_bias="cls.predictions.decoder.bias", bias="cls.predictions.bias"),
     "modernbert": Layout("model", ("head.", "decoder."), "decoder.weight", "embeddings.tok_embeddings.weight",
                          "ModernBertForMaskedLM"),
     "neobert": Layout("model", ("decoder.",), "decoder.weight", "encoder.weight", "NeoBERTLMHead"),
 }
-# BERT only: transformers 5's separate decoder bias (untied models compute with it; tied ones share cls.predictions.bias).
-BERT_DECODER_BIAS, BERT_BIAS = "cls.predictions.decoder.bias", "cls.predictions.bias"
 
 
 def build_masked_lm(values: dict[str, Any]) -> tuple[nn.Module, Any]:
@@ -73,10 +94,10 @@ def build_masked_lm(values: dict[str, Any]) -> tuple[nn.Module, Any]:
 
 
 def layout_of(model: nn.Module) -> Layout:
-    for model_type, cls in MASKED_LM.items():
-        if isinstance(model, cls):
-            return LAYOUTS[model_type]
-    raise TypeError(f"{type(model).__name__} is not a masked-LM model ({', '.join(c.__name__ for c in MASKED_LM.values())})")
+    if not isinstance(model, tuple(MASKED_LM.values())):
+        raise TypeError(f"{type(model).__name__} is not a masked-LM model "
+                        f"({', '.join(sorted({c.__name__ for c in MASKED_LM.values()}))})")
+    return LAYOUTS[model.config.model_type]
 
 
 def encoder_of(model: nn.Module) -> nn.Module:
@@ -87,13 +108,15 @@ def encoder_of(model: nn.Module) -> nn.Module:
 def hf_weights(model: nn.Module) -> dict[str, mx.array]:
     """The model's parameters under the names Hugging Face's ``from_pretrained`` reads.
 
-    These are the flattened parameter names, plus for untied BERT ``cls.predictions.decoder.bias`` (a copy of
-    ``cls.predictions.bias``), which transformers 5 keeps as a separate parameter there. A tied decoder weight is
-    not written: transformers re-ties it to the embeddings on load, as for the checkpoints it saves itself.
+    These are the flattened parameter names, plus for untied BERT and RoBERTa the decoder bias
+    (``cls.predictions.decoder.bias``, ``lm_head.decoder.bias``: a copy of the head's bias), which transformers 5
+    keeps as a separate parameter there. A tied decoder weight is not written: transformers re-ties it to the
+    embeddings on load, as for the checkpoints it saves itself.
     """
     weights = dict(tree_flatten(model.parameters()))
-    if isinstance(model, BertForMaskedLM) and not model.config.tie_word_embeddings:
-        weights[BERT_DECODER_BIAS] = weights[BERT_BIAS]
+    layout = layout_of(model)
+    if layout.decoder_bias and not model.config.tie_word_embeddings:
+        weights[layout.decoder_bias] = weights[layout.bias]
     return weights
 
 
@@ -123,11 +146,11 @@ def split_checkpoint(model_type: str, weights: dict[str, mx.array], config: Any
             raise KbertError(f"{layout.decoder_weight} differs from the token embeddings ({layout.encoder}."
                              f"{layout.embeddings}) although tie_word_embeddings is true; set "
                              "\"tie_word_embeddings\": false in config.json to keep a separate decoder")
-    if model_type == "bert" and BERT_DECODER_BIAS in head:
-        decoder_bias = head.pop(BERT_DECODER_BIAS)
-        if tied and BERT_BIAS in head and not _equal(decoder_bias, head[BERT_BIAS]):
-            raise KbertError(f"{BERT_DECODER_BIAS} differs from {BERT_BIAS} although tie_word_embeddings is true")
-        head[BERT_BIAS] = decoder_bias
+    if layout.decoder_bias and layout.decoder_bias in head:
+        decoder_bias = head.pop(layout.decoder_bias)
+        if tied and layout.bias in head and not _equal(decoder_bias, head[layout.bias]):
+            raise KbertError(f"{layout.decoder_bias} differs from {layout.bias} although tie_word_embeddings is true")
+        head[layout.bias] = decoder_bias
     return encoder, head
 
 

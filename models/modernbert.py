@@ -19,7 +19,8 @@ import mlx.nn as nn
 
 from kbert.models.activations import ACTIVATIONS
 from kbert.models.cpu_kernels import attention
-from kbert.models.recompute import Dropout, call_layer
+from kbert.models.outputs import attention_probs, encoder_outputs, run_layers
+from kbert.models.recompute import Dropout
 
 GLOBAL = "full_attention"
 LOCAL = "sliding_attention"
@@ -143,7 +144,8 @@ class ModernBertAttention(nn.Module):
         self.dropout = Dropout(config.attention_dropout)
         self.out_drop = Dropout(config.attention_dropout)
 
-    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
+    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False):
+        """The attention block's output, and with ``output_attentions`` also its probabilities."""
         batch, seq_len, hidden = x.shape
         # (batch, seq, 3, heads, head_dim) -> 3 x (batch, heads, seq, head_dim), as HF's view + unbind.
         qkv = self.Wqkv(x).reshape(batch, seq_len, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
@@ -151,10 +153,15 @@ class ModernBertAttention(nn.Module):
         # traditional=False rotates the two halves of head_dim: HF's rotate_half convention.
         q = mx.fast.rope(q, self.head_dim, traditional=False, base=self.rope_theta, scale=1.0, offset=0)
         k = mx.fast.rope(k, self.head_dim, traditional=False, base=self.rope_theta, scale=1.0, offset=0)
+        scale = 1.0 / math.sqrt(self.head_dim)
         dropout = self.dropout if self.training and self.attention_dropout > 0 else None
-        out = attention(q, k, v, 1.0 / math.sqrt(self.head_dim), mask, dropout)
-        out = out.transpose(0, 2, 1, 3).reshape(batch, seq_len, hidden)
-        return self.out_drop(self.Wo(out))
+        if output_attentions:
+            probs = attention_probs(q, k, scale, mask)
+            out = (probs if dropout is None else dropout(probs)) @ v
+        else:
+            out = attention(q, k, v, scale, mask, dropout)
+        out = self.out_drop(self.Wo(out.transpose(0, 2, 1, 3).reshape(batch, seq_len, hidden)))
+        return (out, probs) if output_attentions else out
 
 
 class ModernBertMLP(nn.Module):
@@ -192,7 +199,11 @@ class ModernBertEncoderLayer(nn.Module):
     def is_local(self) -> bool:
         return self.attn.is_local
 
-    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
+    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False):
+        if output_attentions:
+            attended, probs = self.attn(self.attn_norm(x), mask, output_attentions=True)
+            x = x + attended
+            return x + self.mlp(self.mlp_norm(x)), probs
         x = x + self.attn(self.attn_norm(x), mask)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -233,15 +244,22 @@ class ModernBertModel(nn.Module):
         attention_mask: mx.array | None = None,
         token_type_ids: mx.array | None = None,
         inputs_embeds: mx.array | None = None,
-    ) -> tuple[mx.array, None]:
-        """``token_type_ids`` is accepted for a common encoder interface and ignored (ModernBERT has none)."""
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> tuple:
+        """``token_type_ids`` is accepted for a common encoder interface and ignored (ModernBERT has none).
+        As in transformers, the last of the hidden states is after ``final_norm``."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         x = self.embeddings(input_ids, inputs_embeds)
         global_mask, local_mask = attention_masks(attention_mask, x.shape[1], self.config.sliding_window, x.dtype)
-        for layer in self.layers:
-            x = call_layer(layer, x, local_mask if layer.is_local else global_mask, self.recompute_layers)
-        return self.final_norm(x), None
+        masks = [local_mask if layer.is_local else global_mask for layer in self.layers]
+        x, hidden_states, attentions = run_layers(self.layers, x, masks, self.recompute_layers, output_hidden_states,
+                                                  output_attentions)
+        x = self.final_norm(x)
+        if hidden_states is not None:
+            hidden_states = hidden_states[:-1] + (x,)
+        return encoder_outputs(x, None, hidden_states, attentions)
 
 
 class ModernBertPredictionHead(nn.Module):

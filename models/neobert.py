@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from kbert.models.cpu_kernels import attention
-from kbert.models.recompute import call_layer
+from kbert.models.outputs import attention_probs, encoder_outputs, run_layers
 
 ROPE_BASE = 10000.0  # hard-coded in the reference (precompute_freqs_cis theta)
 
@@ -139,16 +139,23 @@ class EncoderBlock(nn.Module):
         self.attention_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.ffn_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
 
-    def attention(self, x: mx.array, mask: mx.array | None) -> mx.array:
+    def attention(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False):
         batch, seq_len, hidden = x.shape
         # qkv outputs are grouped by head: head h holds [q | k | v] of head_dim each.
         qkv = self.qkv(x).reshape(batch, seq_len, self.num_heads, 3 * self.head_dim).transpose(0, 2, 1, 3)
         q, k, v = mx.split(qkv, 3, axis=-1)
         q, k = apply_rope(q), apply_rope(k)
-        out = attention(q, k, v, 1.0 / math.sqrt(self.head_dim), mask)
-        return self.wo(out.transpose(0, 2, 1, 3).reshape(batch, seq_len, hidden))
+        scale = 1.0 / math.sqrt(self.head_dim)
+        probs = attention_probs(q, k, scale, mask) if output_attentions else None
+        out = probs @ v if output_attentions else attention(q, k, v, scale, mask)
+        out = self.wo(out.transpose(0, 2, 1, 3).reshape(batch, seq_len, hidden))
+        return (out, probs) if output_attentions else out
 
-    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
+    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False):
+        if output_attentions:
+            attended, probs = self.attention(self.attention_norm(x), mask, output_attentions=True)
+            x = x + attended
+            return x + self.ffn(self.ffn_norm(x)), probs
         x = x + self.attention(self.attention_norm(x), mask)
         return x + self.ffn(self.ffn_norm(x))
 
@@ -192,8 +199,12 @@ class NeoBertModel(nn.Module):
         attention_mask: mx.array | None = None,
         token_type_ids: mx.array | None = None,
         inputs_embeds: mx.array | None = None,
-    ) -> tuple[mx.array, None]:
-        """``inputs_embeds`` (batch, seq, hidden) replaces the embedding lookup; ``token_type_ids`` is ignored."""
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> tuple:
+        """``inputs_embeds`` (batch, seq, hidden) replaces the embedding lookup; ``token_type_ids`` is ignored.
+        The hidden states are the embeddings and each block's output (before the final norm, as the reference's
+        ``hidden_states``); the last is then replaced by the normalized ``last_hidden_state``."""
         del token_type_ids  # NeoBERT has no segment embeddings
         if inputs_embeds is None:
             if input_ids is None:
@@ -205,9 +216,12 @@ class NeoBertModel(nn.Module):
             raise ValueError(f"sequence length {x.shape[1]} exceeds max_length {self.config.max_length} "
                              "(the reference's RoPE table covers positions 0..max_length-1 only)")
         mask = None if attention_mask is None else key_padding_mask(attention_mask, x.dtype)
-        for block in self.transformer_encoder:
-            x = call_layer(block, x, mask, self.recompute_layers)
-        return self.layer_norm(x), None
+        x, hidden_states, attentions = run_layers(self.transformer_encoder, x, [mask] * len(self.transformer_encoder),
+                                                  self.recompute_layers, output_hidden_states, output_attentions)
+        x = self.layer_norm(x)
+        if hidden_states is not None:
+            hidden_states = hidden_states[:-1] + (x,)
+        return encoder_outputs(x, None, hidden_states, attentions)
 
 
 class TiedDecoder(nn.Module):

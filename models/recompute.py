@@ -41,24 +41,34 @@ class Dropout(nn.Module):
         return (mask * x) * (1 / keep)
 
 
-def call_layer(layer: nn.Module, x: mx.array, mask: mx.array | None, recompute: bool) -> mx.array:
-    """``layer(x, mask)``, with its activations recomputed in the backward pass when ``recompute``."""
+def call_layer(layer: nn.Module, x: mx.array, mask: mx.array | None, recompute: bool, *extra: mx.array) -> mx.array:
+    """``layer(x, mask, *extra)``, with its activations recomputed in the backward pass when ``recompute``.
+
+    ``extra``: further arrays the layer takes (DeBERTa: its relative position embeddings and gather indices).
+    Recomputed, the floating ones are inputs of the checkpointed function, so gradients reach them; integer
+    ones (indices, which have no gradient) are captured by closure.
+    """
     if not recompute:
-        return layer(x, mask)
+        return layer(x, mask, *extra)
 
     # The key is captured by the closure, not passed as an input: the recomputation re-runs this code
     # with the same key array (and no gradient is asked of the random-bits generator).
     key = mx.random.randint(0, 2**31 - 1, (2,)).astype(mx.uint32)  # advances the global generator
+    floating = [i for i, e in enumerate(extra) if mx.issubdtype(e.dtype, mx.floating)]
+    has_mask = mask is not None
 
-    def run(params: dict, x: mx.array, *mask: mx.array) -> mx.array:
+    def run(params: dict, x: mx.array, *inputs: mx.array) -> mx.array:
         layer.update(params)  # the trainable weights are inputs, so their gradients flow through
+        layer_mask = inputs[0] if has_mask else None
+        given = iter(inputs[1:] if has_mask else inputs)
+        layer_extra = [next(given) if i in floating else e for i, e in enumerate(extra)]
         _LAYER_KEYS.append(key)
         try:
-            return layer(x, mask[0] if mask else None)
+            return layer(x, layer_mask, *layer_extra)
         finally:
             _LAYER_KEYS.pop()
 
-    args = (x,) if mask is None else (x, mask)
+    args = (x,) + ((mask,) if has_mask else ()) + tuple(extra[i] for i in floating)
     return mx.checkpoint(run)(layer.trainable_parameters(), *args)
 
 

@@ -20,6 +20,9 @@ class TaskModel(nn.Module):
         self.head = head
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
+        if self.pooler.uses_layers:
+            hidden, _, hidden_states = self.encoder(input_ids, attention_mask, output_hidden_states=True)
+            return self.head(self.pooler(hidden, attention_mask, hidden_states))
         hidden, _ = self.encoder(input_ids, attention_mask)
         return self.head(self.pooler(hidden, attention_mask))
 
@@ -35,5 +38,6 @@ def build_task_model(encoder_config: dict[str, Any], head: HeadConfig | dict[str
         head = HeadConfig.from_dict(head)
     if head_dropout is not None:
         head = HeadConfig.from_dict({**head.to_dict(), "dropout": head_dropout})
-    encoder, _ = build_encoder(encoder_config)
-    return TaskModel(encoder, Pooler(pooling, encoder.hidden_size), build_head(encoder.hidden_size, head))
+    encoder, config = build_encoder(encoder_config)
+    pooler = Pooler(pooling, encoder.hidden_size, config.num_hidden_layers)
+    return TaskModel(encoder, pooler, build_head(pooler.output_size, head))

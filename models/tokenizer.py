@@ -16,6 +16,20 @@ from kbert.errors import KbertError
 from kbert.io import read_text, write_text
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+# How pretrained tokenizers spell them: BERT, ELECTRA and DeBERTa in brackets, RoBERTa and XLM-R in angles.
+SPELLINGS = {"pad": ("[PAD]", "<pad>"), "unk": ("[UNK]", "<unk>"), "cls": ("[CLS]", "<s>"), "sep": ("[SEP]", "</s>"),
+             "mask": ("[MASK]", "<mask>")}
+
+
+def special_token_id(tokenizer: Tokenizer, kind: str) -> int | None:
+    """The id of the tokenizer's ``kind`` token (pad, unk, cls, sep, mask) in either spelling; None if it has none."""
+    return next((i for i in map(tokenizer.token_to_id, SPELLINGS[kind]) if i is not None), None)
+
+
+def special_ids(tokenizer: Tokenizer) -> set[int]:
+    """Every special token's id: the five kinds in either spelling, and any other token added as special."""
+    spelled = {special_token_id(tokenizer, kind) for kind in SPELLINGS} - {None}
+    return spelled | {i for i, token in tokenizer.get_added_tokens_decoder().items() if token.special}
 TOKENIZER_VERSION = "wordpiece-v2"  # bump when training settings change, to invalidate caches
 
 

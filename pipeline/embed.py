@@ -8,7 +8,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from kbert.models.pooling import cls_pool, max_pool, mean_pool
-from kbert.models.tokenizer import encode
+from kbert.models.tokenizer import encode, special_token_id
 from kbert.pipeline.train import pad_batch
 
 
@@ -19,7 +19,7 @@ def embed_texts(encoder: nn.Module, tokenizer: Tokenizer, texts: list[str], pool
     if pooling not in pools:
         raise ValueError(f"unknown pooling '{pooling}'; known: {', '.join(pools)}")
     encoder.eval()
-    pad_id = tokenizer.token_to_id("[PAD]") or 0
+    pad_id = special_token_id(tokenizer, "pad") or 0
     tokens = encode(tokenizer, texts, max_length)
     order = np.argsort([len(t) for t in tokens], kind="stable")
     out = np.zeros((len(texts), encoder.hidden_size), dtype=np.float32)

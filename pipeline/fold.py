@@ -36,6 +36,7 @@ from kbert.models.checkpoints import save_checkpoint
 from kbert.models.encoders import (SHIPPED, is_preset, load_encoder, preset_config, read_config, resolve_encoder_path,
                                    trains_from_scratch)
 from kbert.models.heads import HeadConfig, check_head_config, predict
+from kbert.models.hub import fetch, is_hub_name
 from kbert.models.recompute import set_recompute
 from kbert.models.task_model import build_task_model
 from kbert.models.tokenizer import encode, fits_in, load_or_train_tokenizer, token_lengths
@@ -74,7 +75,7 @@ class RunInputs:
 class EncoderSource:
     """Where each fold's encoder starts: from scratch (sized per fold's vocabulary) or the pretrained weights."""
 
-    name: str  # config.model.encoder
+    name: str  # config.model.encoder; a Hugging Face Hub id pinned to its commit: org/name@<commit>
     from_scratch: bool
     folder: Path | None = None  # the pretrained model folder
     config: dict | None = None  # its config.json
@@ -82,6 +83,7 @@ class EncoderSource:
     weights: dict | None = None  # its parameters, flat (immutable MLX arrays: safe to share between folds)
     adapter: AdapterConfig | None = None
     base_fingerprint: str = ""  # adapter checkpoints name the base weights they were trained on
+    commit: str = ""  # a Hugging Face Hub encoder (models/hub.py): the commit its revision resolved to
 
 
 @dataclass
@@ -219,16 +221,22 @@ def load_encoder_source(config: RunConfig) -> EncoderSource:
     adapter = adapter_config(config.model)
     if trains_from_scratch(config.model.encoder):
         return EncoderSource(name=config.model.encoder, from_scratch=True, adapter=adapter)
-    folder = resolve_encoder_path(config.model.encoder)
-    pretrained, _, tokenizer = load_encoder(folder)
-    encoder_config = read_config(folder)
+    # A Hub id is fetched here (or found in the Hugging Face cache) and pinned to the commit it resolved to.
+    hub = fetch(config.model.encoder) if is_hub_name(config.model.encoder) else None
+    folder = hub.folder if hub is not None else resolve_encoder_path(config.model.encoder)
+    pretrained, loaded_config, tokenizer = load_encoder(folder)
+    encoder_config = {**read_config(folder), **loaded_config.to_dict()}  # as loaded: without a pooler it has none
     limit = encoder_config.get("max_position_embeddings")
+    if limit is not None and encoder_config["model_type"] in ("roberta", "xlm-roberta"):
+        limit -= encoder_config["pad_token_id"] + 1  # RoBERTa's positions start after its padding id
     if limit is not None and config.train.max_length > limit:
         raise KbertError(f"--max-length {config.train.max_length} exceeds the encoder's "
                          f"max_position_embeddings {limit}")
-    return EncoderSource(name=config.model.encoder, from_scratch=False, folder=folder, config=encoder_config,
-                         tokenizer=tokenizer, weights=dict(tree_flatten(pretrained.parameters())), adapter=adapter,
-                         base_fingerprint=weights_fingerprint(folder) if adapter is not None else "")
+    return EncoderSource(name=hub.pinned if hub is not None else config.model.encoder, from_scratch=False,
+                         folder=folder, config=encoder_config, tokenizer=tokenizer,
+                         weights=dict(tree_flatten(pretrained.parameters())), adapter=adapter,
+                         base_fingerprint=weights_fingerprint(folder) if adapter is not None else "",
+                         commit=hub.commit if hub is not None else "")
 
 
 def fit_fold(config: RunConfig, train_rows: pd.DataFrame, train_targets: np.ndarray | None,
@@ -369,9 +377,11 @@ def save_fold_checkpoint(model, config: RunConfig, source: EncoderSource, head: 
     """The fold's weights (or its adapters only, or merged), config.json and tokenizer.json (its text, or a copy
     of ``tokenizer_path``)."""
     adapter = source.adapter
+    # A Hub encoder's source is org/name@<commit>: loading it again (adapters' base) fetches those exact files.
     checkpoint_config = {"encoder_config": encoder_config, "head": head.to_dict(), "pooling": config.model.pooling,
-                         "source": config.model.encoder, "target_transform": vars(transform) if transform else None}
-    if adapter is not None:  # an adapter checkpoint names its base so that it loads from anywhere
+                         "source": source.name if source.commit else config.model.encoder,
+                         "target_transform": vars(transform) if transform else None}
+    if adapter is not None and not source.commit:  # an adapter checkpoint names its base so that it loads from anywhere
         checkpoint_config["source"] = str(config.model.encoder if config.model.encoder in SHIPPED
                                           else source.folder.resolve())
     if adapter is not None and config.model.adapter_checkpoint == "merged":

@@ -33,7 +33,7 @@ from kbert.features import add_features
 from kbert.io import check_writable_folder, removed_on_refusal, write_json
 from kbert.models.encoders import trains_from_scratch
 from kbert.models.masked_lm import build_masked_lm, load_masked_lm, save_masked_lm
-from kbert.models.tokenizer import load_or_train_tokenizer
+from kbert.models.tokenizer import load_or_train_tokenizer, special_ids, special_token_id
 from kbert.pipeline.artifacts import new_run_id
 from kbert.pipeline.config import RunConfig, TrainConfig
 from kbert.pipeline.data import load_competition_data
@@ -94,11 +94,6 @@ def encode_with_words(tokenizer: Tokenizer, texts: list[str], max_length: int) -
     return Encoded(ids=[np.asarray(e.ids, dtype=np.int32) for e in encodings],
                    words=[np.asarray([-1 if w is None else w for w in e.word_ids], dtype=np.int32)
                           for e in encodings])
-
-
-def special_ids(tokenizer: Tokenizer) -> set[int]:
-    return {i for i in (tokenizer.token_to_id(t) for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"))
-            if i is not None}
 
 
 def mask_tokens(ids: np.ndarray, words: np.ndarray, rng: np.random.Generator, mask_prob: float, mask_id: int,
@@ -179,12 +174,12 @@ class Masking:
 
     @classmethod
     def of(cls, tokenizer: Tokenizer, encoder: str) -> "Masking":
-        mask_id = tokenizer.token_to_id("[MASK]")
+        mask_id = special_token_id(tokenizer, "mask")
         if mask_id is None:
-            raise KbertError(f"encoder '{encoder}': its tokenizer has no [MASK] token")
+            raise KbertError(f"encoder '{encoder}': its tokenizer has no [MASK] (or <mask>) token")
         specials = special_ids(tokenizer)
         replacement = np.asarray([i for i in range(tokenizer.get_vocab_size()) if i not in specials], dtype=np.int32)
-        return cls(mask_id=mask_id, pad_id=tokenizer.token_to_id("[PAD]") or 0, replacement_ids=replacement)
+        return cls(mask_id=mask_id, pad_id=special_token_id(tokenizer, "pad") or 0, replacement_ids=replacement)
 
     def apply(self, ids: np.ndarray, words: np.ndarray, rng: np.random.Generator, settings: PretrainConfig):
         return mask_tokens(ids, words, rng, settings.mask_prob, self.mask_id, self.replacement_ids,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,9 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     started = time.perf_counter()
     inputs = prepare_inputs(config)
     source = load_encoder_source(config)
+    if source.name != config.model.encoder:  # a Hub id, pinned to its commit: config.yaml records org/name@<commit>
+        config = replace(config, model=replace(config.model, encoder=source.name))
+        inputs.config = config
     make_serializer(config).fit(inputs.features).transform(inputs.features.iloc[:2])  # bad text settings fail early
     run_id = run_id or new_run_id(config.seed)
     comp_dir = Path(config.out_dir) / config.competition.name

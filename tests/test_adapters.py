@@ -424,3 +424,20 @@ def test_dora_on_a_quantized_base():
     adapted = np.array(model(ids, mask))
     merge_adapters(model)
     assert np.abs(np.array(model(ids, mask)) - adapted).max() <= 1e-5
+
+
+@pytest.mark.parametrize("encoder, targets, adapted", [
+    ({"model_type": "bert"}, "query-value", {"query", "value"}),
+    ({"model_type": "bert"}, "attention", {"query", "key", "value"}),
+    ({"model_type": "modernbert"}, "query-value", {"Wqkv"}),
+    ({"model_type": "neobert", "max_length": 32}, "attention", {"qkv"}),
+])
+def test_named_target_sets_use_each_architectures_own_projection_names(encoder, targets, adapted):
+    from kbert.models.task_model import build_task_model
+
+    values = {**encoder, "vocab_size": 40, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+              "intermediate_size": 64, "max_position_embeddings": 32}
+    model = build_task_model(values, "binary", "cls")
+    apply_adapters(model, AdapterConfig(rank=2, targets=targets))
+    names = {name.rsplit(".", 1)[-1] for name, module in model.encoder.named_modules() if isinstance(module, LoRALinear)}
+    assert names == adapted

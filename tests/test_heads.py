@@ -53,6 +53,64 @@ def test_attention_pooling_is_a_convex_combination_of_real_tokens():
     assert "attention" in dict(pooler.trainable_parameters())
 
 
+def layer_states(seed=0, layers=6):
+    """Hidden states of an encoder with ``layers`` layers: the embeddings' output, then one per layer."""
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(3, 5, HIDDEN)).astype(np.float32) for _ in range(layers + 1)]
+
+
+def test_weighted_layers_pooling_mixes_the_last_four_layers_then_means_over_real_tokens():
+    states = layer_states()
+    hidden, mask = states[-1], padded_batch()[1]
+    pooler = Pooler("weighted-layers", HIDDEN, num_layers=6)
+    pooler.layer_weights = mx.array([0.5, -1.0, 2.0, 0.0])
+    pooled = np.array(pooler(mx.array(hidden), mx.array(mask), tuple(map(mx.array, states))))
+    weights = np.exp([0.5, -1.0, 2.0, 0.0]) / np.exp([0.5, -1.0, 2.0, 0.0]).sum()
+    mixed = sum(w * layer for w, layer in zip(weights, states[-4:]))
+    np.testing.assert_allclose(pooled[0], mixed[0, :3].mean(axis=0), atol=1e-5)
+    np.testing.assert_allclose(pooled[2], mixed[2, 0], atol=1e-5)
+    # The layer weights are trainable and start equal; the layers before the last four do not matter.
+    assert np.array_equal(np.array(Pooler("weighted-layers", HIDDEN, 6).layer_weights), np.zeros(4))
+    assert "layer_weights" in dict(pooler.trainable_parameters())
+    changed = [s + 100 if i < len(states) - 4 else s for i, s in enumerate(states)]
+    np.testing.assert_allclose(np.array(pooler(mx.array(hidden), mx.array(mask), tuple(map(mx.array, changed)))),
+                               pooled, atol=1e-5)
+    with pytest.raises(ValueError, match="hidden states"):
+        pooler(mx.array(hidden), mx.array(mask))
+
+
+def test_cls_last4_joins_the_cls_vectors_of_the_last_layers():
+    states = layer_states(1)
+    pooler = Pooler("cls-last4", HIDDEN, num_layers=6)
+    pooled = np.array(pooler(mx.array(states[-1]), mx.array(padded_batch()[1]), tuple(map(mx.array, states))))
+    assert pooler.output_size == pooled.shape[1] == 4 * HIDDEN
+    np.testing.assert_array_equal(pooled, np.concatenate([s[:, 0] for s in states[-4:]], axis=-1))
+    # A shallower encoder pools every layer it has.
+    assert Pooler("cls-last4", HIDDEN, num_layers=2).output_size == 2 * HIDDEN
+
+
+@pytest.mark.parametrize("pooling", ["weighted-layers", "cls-last4"])
+def test_task_models_with_layer_poolings_train_their_head_on_every_layer(pooling):
+    from kbert.models.task_model import build_task_model
+    encoder = {"model_type": "bert", "vocab_size": 50, "hidden_size": 16, "num_hidden_layers": 3,
+               "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 16}
+    mx.random.seed(0)
+    model = build_task_model(encoder, "binary", pooling)
+    model.eval()
+    ids, mask = mx.array([[1, 5, 7, 0], [2, 3, 4, 9]]), mx.array([[1, 1, 1, 0], [1, 1, 1, 1]])
+    logits = model(ids, mask)
+    assert logits.shape == (2,)
+    hidden, _, states = model.encoder(ids, mask, output_hidden_states=True)
+    expected = model.head(model.pooler(hidden, mask, states))
+    np.testing.assert_allclose(np.array(logits), np.array(expected), atol=1e-6)
+    # The head reads the pooled width; the layer weights learn (their gradient is not zero).
+    assert model.pooler.output_size == (3 * 16 if pooling == "cls-last4" else 16)  # 3 layers: all pooled
+    if pooling == "weighted-layers":
+        import mlx.nn as nn
+        _, grads = nn.value_and_grad(model, lambda m: m(ids, mask).sum())(model)
+        assert float(mx.abs(grads["pooler"]["layer_weights"]).max()) > 0
+
+
 def test_unknown_pooling_and_bad_head_configs_fail():
     with pytest.raises(ValueError, match="unknown pooling"):
         Pooler("sum", HIDDEN)

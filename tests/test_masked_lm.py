@@ -12,8 +12,8 @@ from mlx.utils import tree_flatten
 
 from kbert.errors import KbertError
 from kbert.models.bert import BertForMaskedLM
-from kbert.models.encoders import build_encoder, load_encoder, resolve_encoder_path, save_encoder
-from kbert.models.masked_lm import (MASKED_LM, build_masked_lm, encoder_of, hf_weights, load_masked_lm,
+from kbert.models.encoders import ARCHITECTURES, build_encoder, load_encoder, resolve_encoder_path, save_encoder
+from kbert.models.masked_lm import (MASKED_LM, build_masked_lm, encoder_of, hf_weights, layout_of, load_masked_lm,
                                     load_masked_lm_weights, save_masked_lm)
 from kbert.models.modernbert import ModernBertForMaskedLM
 from kbert.models.neobert import NeoBertConfig, NeoBertForMaskedLM
@@ -234,7 +234,7 @@ def random_model(values: dict, seed: int = 0) -> nn.Module:
     mx.random.seed(seed)
     model, _ = build_masked_lm(values)
     flat = dict(tree_flatten(model.parameters()))
-    for name in [k for k in flat if k.endswith("bias") and not k.startswith(("bert.", "model."))]:
+    for name in [k for k in flat if k.endswith("bias") and not k.startswith(layout_of(model).encoder + ".")]:
         flat[name] = mx.random.normal(flat[name].shape)
     load_state_strict(model, flat, "randomised")
     model.eval()
@@ -246,17 +246,30 @@ def small_values(model_type: str, vocab_size: int, **extra) -> dict:
         return {"model_type": "bert", **BERT, "vocab_size": vocab_size, **extra}
     if model_type == "modernbert":
         return {"model_type": "modernbert", **MODERNBERT, "vocab_size": vocab_size, **extra}
+    if model_type == "deberta":  # (kind names have no dash in them)
+        return {"model_type": "deberta-v2", **BERT, "vocab_size": vocab_size, "relative_attention": True,
+                "position_buckets": 8, "norm_rel_ebd": "layer_norm", "share_att_key": True,
+                "pos_att_type": ["p2c", "c2p"], "position_biased_input": False, "type_vocab_size": 0, **extra}
+    if model_type in ("roberta", "electra"):  # BERT's sizes; RoBERTa's positions start after its padding id
+        values = {**BERT, "max_position_embeddings": BERT.get("max_position_embeddings", 64) + 2}
+        return {"model_type": model_type, **values, "vocab_size": vocab_size,
+                **({"embedding_size": 16} if model_type == "electra" else {}), **extra}
     return {"model_type": "neobert", "vocab_size": vocab_size, "hidden_size": 32, "num_hidden_layers": 2,
             "num_attention_heads": 4, "intermediate_size": 64, "max_length": 64, **extra}
 
 
-@pytest.mark.parametrize("kind", ["bert", "bert-untied", "modernbert"])
+HF_MASKED_LM = {"bert": "BertForMaskedLM", "modernbert": "ModernBertForMaskedLM", "roberta": "RobertaForMaskedLM",
+                "electra": "ElectraForMaskedLM", "deberta": "DebertaV2ForMaskedLM"}
+
+
+@pytest.mark.parametrize("kind", ["bert", "bert-untied", "modernbert", "roberta", "roberta-untied", "electra",
+                                  "electra-untied", "deberta", "deberta-untied"])
 def test_saved_folder_loads_in_transformers_with_the_same_logits(kind, tokenizer, tmp_path):
     arch = kind.split("-")[0]
     values = small_values(arch, tokenizer.get_vocab_size(), **({"tie_word_embeddings": False} if "untied" in kind else {}))
     model = random_model(values)
     folder = save_masked_lm(model, model.config, tokenizer, tmp_path / kind)
-    hf_class = transformers.BertForMaskedLM if arch == "bert" else transformers.ModernBertForMaskedLM
+    hf_class = getattr(transformers, HF_MASKED_LM[arch])
     reference = hf_class.from_pretrained(folder, attn_implementation="eager").eval()
     assert reference.config.tie_word_embeddings is model.config.tie_word_embeddings
     ids, mask = padded_batch(tokenizer.get_vocab_size(), seed=3)
@@ -272,7 +285,8 @@ def test_saved_folder_loads_in_transformers_with_the_same_logits(kind, tokenizer
     np.testing.assert_array_equal(np.array(again(mx.array(ids), mx.array(mask))), ours)
 
 
-@pytest.mark.parametrize("kind", ["bert", "bert-untied", "modernbert", "neobert", "neobert-tied"])
+@pytest.mark.parametrize("kind", ["bert", "bert-untied", "modernbert", "neobert", "neobert-tied", "roberta", "electra",
+                                  "deberta"])
 def test_saved_folder_loads_as_a_bare_encoder(kind, tokenizer, tmp_path):
     arch = kind.split("-")[0]
     extra = {"tie_word_embeddings": kind.endswith("-tied")} if arch == "neobert" else (
@@ -367,15 +381,15 @@ def test_a_half_head_is_an_error_not_an_encoder_only_checkpoint(tokenizer, tmp_p
 
 
 def test_unknown_model_type_is_a_clear_error():
-    with pytest.raises(KbertError, match="unsupported model_type 'roberta'"):
-        build_masked_lm({"model_type": "roberta"})
-    assert set(MASKED_LM) == {"bert", "modernbert", "neobert"}
+    with pytest.raises(KbertError, match="unsupported model_type 'gpt2'"):
+        build_masked_lm({"model_type": "gpt2"})
+    assert set(MASKED_LM) == set(ARCHITECTURES)  # every encoder can be pretrained further
 
 
 # --- training --------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", ["bert", "modernbert", "neobert"])
+@pytest.mark.parametrize("arch", ["bert", "modernbert", "neobert", "roberta", "electra", "deberta"])
 def test_compiled_masked_lm_step_gives_every_parameter_a_gradient(arch):
     model = random_model(small_values(arch, 50, **({"hidden_dropout_prob": 0.1} if arch == "bert" else {})))
     ids, mask = padded_batch(50, seed=7)
@@ -403,9 +417,8 @@ def test_compiled_masked_lm_step_gives_every_parameter_a_gradient(arch):
     flat = dict(tree_flatten(grads))
     assert set(flat) == set(dict(tree_flatten(model.trainable_parameters())))
     assert all(bool(mx.isfinite(g).all()) for g in flat.values())
-    embedding = "bert.embeddings.word_embeddings.weight" if arch == "bert" else (
-        "model.embeddings.tok_embeddings.weight" if arch == "modernbert" else "model.encoder.weight")
-    assert float(mx.abs(flat[embedding]).max()) > 0
+    layout = layout_of(model)
+    assert float(mx.abs(flat[f"{layout.encoder}.{layout.embeddings}"]).max()) > 0
 
 
 def test_neobert_config_round_trips_the_tie_flag():

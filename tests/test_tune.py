@@ -526,3 +526,19 @@ def test_workers_do_not_outlive_a_killed_tune_process(tmp_path):
     queued = {t.system_attrs.get("failed_trial") for t in trials if t.state == TrialState.WAITING}
     assert queued == {t.number for t in abandoned}
     assert not any(t.state == TrialState.RUNNING for t in trials)
+
+
+def test_when_encoder_pretrained_holds_for_every_pretrained_encoder(tmp_path):
+    space = parse_space({
+        "encoder": {"choices": ["bert", "bert-mini", "minilm-l6", "org/model@v1", str(tmp_path)]},
+        "lr": {"set": "learning_rate", "low": 1e-5, "high": 1e-4, "when": {"encoder": "pretrained"}},
+        "layers": {"set": "num_hidden_layers", "low": 1, "high": 2, "when": {"encoder": "scratch"}},
+        "only_bert": {"set": "hidden_size", "choices": [32], "when": {"encoder": "bert"}},
+    }, "space")
+    from kbert.tune.space import is_active
+
+    by_name = {p.name: p for p in space}
+    active = {encoder: sorted(n for n in ("lr", "layers", "only_bert") if is_active(by_name[n], {"encoder": encoder}))
+              for encoder in ("bert", "bert-mini", "minilm-l6", "org/model@v1", str(tmp_path))}
+    assert active == {"bert": ["layers", "only_bert"], "bert-mini": ["layers"], "minilm-l6": ["lr"],
+                      "org/model@v1": ["lr"], str(tmp_path): ["lr"]}

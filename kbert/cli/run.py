@@ -57,9 +57,11 @@ def _add_data_options(run: argparse.ArgumentParser) -> None:
 
 
 def _add_encoder_options(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--encoder", help="bert (default: a small BERT trained from scratch), a size to train from "
-                                       "scratch (bert-tiny, bert-mini, modernbert-base, neobert, ...), a shipped "
-                                       "pretrained name (minilm-l6), or a local Hugging Face model folder")
+    run.add_argument("--encoder", help="bert (a small BERT trained from scratch; the default, except minilm-l6 "
+                                       "where the text is mostly free text), a size to train from scratch (bert-tiny, "
+                                       "modernbert-base, deberta-v3-xsmall, ...), a shipped pretrained name "
+                                       "(minilm-l6), a local Hugging Face model folder, or a Hugging Face Hub id "
+                                       "(org/name[@revision], downloaded once into the Hugging Face cache)")
     run.add_argument("--adapter", help="train adapters on a pretrained encoder instead of all its weights: a preset "
                      "(efficient r=4, balanced r=8, expressive r=16, qlora_memory: 4-bit base r=8) or a kind "
                      "(lora, rslora, dora, qlora)")
@@ -67,8 +69,9 @@ def _add_encoder_options(run: argparse.ArgumentParser) -> None:
     add_number(run, "--lora-alpha", float, "adapter_options.alpha",
                help="adapter alpha: the update is scaled by alpha / rank")
     add_number(run, "--lora-dropout", float, "adapter_options.dropout", help="dropout on the adapters' input")
-    run.add_argument("--lora-targets", help="comma-separated encoder layers to adapt, as name patterns "
-                     "(e.g. query,value or attention.* or Wqkv,Wo,Wi; default: every linear layer of the blocks)")
+    run.add_argument("--lora-targets", help="encoder layers to adapt: a set named in each architecture's own "
+                     "layer names (default: every linear layer of the blocks; attention: the q/k/v projections; "
+                     "query-value), or comma-separated name patterns (e.g. query,value or attention.* or Wqkv,Wo,Wi)")
     run.add_argument("--adapter-checkpoint", choices=("adapter", "merged"),
                      help="fold checkpoints hold the adapter weights only (default) or the merged full model")
 
@@ -90,7 +93,9 @@ def _add_output_options(run: argparse.ArgumentParser) -> None:
 
 
 def _add_head_options(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--pooling", choices=("cls", "mean", "max", "attention"), help="how token states are pooled")
+    run.add_argument("--pooling", choices=("cls", "mean", "max", "attention", "weighted-layers", "cls-last4"),
+                     help="how token states are pooled: weighted-layers is a learned mix of the last 4 layers, "
+                          "then the mean; cls-last4 joins the CLS vectors of the last 4 layers")
     run.add_argument("--loss", help="the head's loss (e.g. focal, huber, gaussian_nll; see models/heads.py)")
     add_number(run, "--label-smoothing", float, "label_smoothing", help="multiclass cross-entropy label smoothing")
     add_number(run, "--focal-gamma", float, "focal_gamma", help="focal loss gamma")
@@ -159,7 +164,22 @@ def _run_config(args: argparse.Namespace, overrides: dict):
         return run_config_from_file(args.config, overrides)
     if not args.competition:
         raise KbertError("name a competition (e.g. kbert run titanic) or pass --config FILE")
-    return resolve_run_config(load_competition(args.competition), overrides)
+    competition = load_competition(args.competition)
+    if overrides.get("encoder") is None and "encoder" not in competition.training:
+        overrides = {**overrides, "encoder": chosen_encoder(competition, overrides.get("data_dir"))}
+    return resolve_run_config(competition, overrides)
+
+
+def chosen_encoder(competition, data_dir: str | None) -> str:
+    """The default encoder for this competition's data (pipeline/data.py ``default_encoder``), said on stderr."""
+    from kbert.models.encoders import shipped_available
+    from kbert.pipeline.data import default_encoder, load_competition_data
+
+    train = load_competition_data(competition, data_dir).train
+    encoder, reason = default_encoder(train, competition, shipped_available("minilm-l6"))
+    if reason:
+        print(reason, file=sys.stderr)
+    return encoder
 
 
 def _probability(text: str) -> float:

@@ -147,8 +147,24 @@ def check_entry_values(entry: dict, target: str, where: str) -> None:
         check_number(value, f"{where}: {key}", bound)
 
 
+ENCODER_KINDS = ("pretrained", "scratch")  # `when: {encoder: pretrained}` holds for every pretrained encoder
+
+
+def matches(key: str, value: Any, values: list) -> bool:
+    """Whether the sampled ``value`` of entry ``key`` is one of ``values``; for the encoder, "pretrained" and
+    "scratch" stand for every encoder of that kind (a Hub id, a folder, ``minilm-l6``; ``bert``, a size)."""
+    if value in values:
+        return True
+    if key != "encoder" or not isinstance(value, str) or not set(values) & set(ENCODER_KINDS):
+        return False
+    from kbert.models.encoders import trains_from_scratch
+
+    return ("scratch" if trains_from_scratch(value) else "pretrained") in values
+
+
 def is_active(param: Param, chosen: dict[str, Any]) -> bool:
-    return param.when is None or all(key in chosen and chosen[key] in values for key, values in param.when.items())
+    return param.when is None or all(key in chosen and matches(key, chosen[key], values)
+                                     for key, values in param.when.items())
 
 
 def sample(params: list[Param], trial: optuna.Trial) -> dict[str, Any]:
