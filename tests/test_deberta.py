@@ -20,6 +20,7 @@ from kbert.models.deberta_v2 import (PRESETS, DebertaV2Config, DebertaV2ForMaske
 from kbert.models.encoders import read_weights
 from kbert.models.recompute import set_recompute
 from kbert.models.weights import load_state_strict
+from tests.parity import relative_errors, save_reference
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -71,12 +72,7 @@ def saved_pair(values, folder, safe=True, cls="DebertaV2Model", ours_cls=Deberta
     with torch.no_grad():  # weights larger than the 0.02 init, so that attention is peaked and every term matters
         for name, p in reference.named_parameters():
             p.copy_(1 + 0.2 * torch.randn_like(p) if name.endswith("LayerNorm.weight") else 0.2 * torch.randn_like(p))
-    if safe:
-        reference.save_pretrained(folder)
-    else:  # transformers 5 writes safetensors only; the released DeBERTa-v3 checkpoints are .bin files like this
-        folder.mkdir(parents=True, exist_ok=True)
-        reference.config.save_pretrained(folder)
-        torch.save(reference.state_dict(), folder / "pytorch_model.bin")
+    save_reference(reference, folder, "safetensors" if safe else "bin")
     assert (folder / ("model.safetensors" if safe else "pytorch_model.bin")).is_file()
     config = DebertaV2Config.from_dict(json.loads((folder / "config.json").read_text()))
     ours = ours_cls(config)
@@ -149,23 +145,18 @@ def gradients(reference, ours, recompute=False):
     return expected, {k: np.array(v) for k, v in tree_flatten(grads)}
 
 
-def relative_diffs(grads, expected):
-    """Per parameter: max |difference|, divided by the tensor's largest |expected gradient| where that exceeds 1."""
-    return {k: float(np.abs(grads[k] - expected[k]).max() / max(1.0, np.abs(expected[k]).max())) for k in expected}
-
-
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_gradients_of_every_weight_match_transformers_with_and_without_recompute(name, tmp_path):
     reference, ours = saved_pair(CONFIGS[name], tmp_path)
     expected, grads = gradients(reference, ours)
     assert set(grads) == set(expected)
     # Absolute 1e-4, relative to the tensor's largest gradient where that exceeds 1.
-    worst = relative_diffs(grads, expected)
+    worst = relative_errors(grads, expected)
     assert max(worst.values()) <= TOL, sorted(worst.items(), key=lambda kv: -kv[1])[:3]
     assert np.abs(expected["encoder.rel_embeddings.weight"]).max() > 1e-3  # the relative table is trained
 
     _, recomputed = gradients(reference, ours, recompute=True)
-    assert max(relative_diffs(recomputed, grads).values()) <= 1e-5
+    assert max(relative_errors(recomputed, grads).values()) <= 1e-5
     assert np.abs(recomputed["encoder.rel_embeddings.weight"]).max() > 1e-3
 
 
@@ -182,7 +173,7 @@ def test_recompute_that_captured_the_relative_embeddings_would_lose_their_gradie
 
     monkeypatch.setattr(deberta_v2, "call_layer", closure_call_layer)
     _, wrong = gradients(reference, ours, recompute=True)
-    assert relative_diffs(wrong, expected)["encoder.rel_embeddings.weight"] > 1e-3
+    assert relative_errors(wrong, expected)["encoder.rel_embeddings.weight"] > 1e-3
 
 
 def test_recomputation_redraws_the_same_dropout_masks(monkeypatch):

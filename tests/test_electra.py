@@ -21,6 +21,7 @@ from kbert.models.electra import ElectraConfig, ElectraForMaskedLM, ElectraModel
 from kbert.models.encoders import read_weights
 from kbert.models.recompute import set_recompute
 from kbert.models.weights import load_state_strict
+from tests.parity import real_diff, relative_errors, save_reference
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -50,26 +51,11 @@ def inputs(ids, mask, types):
     return dict(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask), token_type_ids=torch.tensor(types))
 
 
-def save_reference(model, folder, fmt):
-    if fmt == "safetensors":
-        model.save_pretrained(folder)
-    else:
-        folder.mkdir(parents=True)
-        torch.save(model.state_dict(), folder / "pytorch_model.bin")
-        model.config.to_json_file(folder / "config.json")
-    return folder
-
-
 def load_ours(folder, cls=ElectraModel):
     model = cls(ElectraConfig.from_dict(json.loads((folder / "config.json").read_text())))
     load_state_strict(model, sanitize(read_weights(folder)), str(folder))
     model.eval()
     return model
-
-
-def real_diff(ours, expected, mask):
-    """Max |ours - expected| over real tokens; arrays are (batch, seq, ...)."""
-    return float(np.abs(np.array(ours) - expected.detach().numpy())[mask.astype(bool)].max())
 
 
 @pytest.fixture(scope="module", params=list(EMBEDDING_SIZES))
@@ -124,8 +110,7 @@ def test_gradients_of_every_weight_match_transformers(reference, saved):
     _, grads = nn.value_and_grad(ours, loss)(ours)
     grads = dict(tree_flatten(grads))
     assert set(grads) == set(expected)
-    diffs = {name: float(np.abs(np.array(g) - expected[name]).max() / max(1.0, np.abs(expected[name]).max()))
-             for name, g in grads.items()}
+    diffs = relative_errors(grads, expected)
     assert max(diffs.values()) <= TOL, sorted(diffs.items(), key=lambda kv: -kv[1])[:3]
     # As torch's padding_idx: the word table's padding row gets no gradient (the position table has no padding row).
     assert not np.array(grads["embeddings.word_embeddings.weight"])[PAD].any()

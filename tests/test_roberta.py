@@ -22,6 +22,7 @@ from kbert.models.encoders import read_weights
 from kbert.models.recompute import set_recompute
 from kbert.models.roberta import RobertaConfig, RobertaForMaskedLM, RobertaModel, sanitize
 from kbert.models.weights import load_state_strict
+from tests.parity import real_diff, relative_errors, save_reference
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -45,17 +46,6 @@ def batch():
     return ids, mask
 
 
-def save_reference(model, folder, fmt):
-    """save_pretrained (safetensors), or the state dict as a legacy pytorch_model.bin next to config.json."""
-    if fmt == "safetensors":
-        model.save_pretrained(folder)
-    else:
-        folder.mkdir(parents=True)
-        torch.save(model.state_dict(), folder / "pytorch_model.bin")
-        model.config.to_json_file(folder / "config.json")
-    return folder
-
-
 def load_ours(folder, cls=RobertaModel):
     values = json.loads((folder / "config.json").read_text())
     model = cls(RobertaConfig.from_dict(values))
@@ -73,11 +63,6 @@ def reference():
 @pytest.fixture(scope="module", params=["safetensors", "bin"])
 def saved(request, reference, tmp_path_factory):
     return save_reference(reference, tmp_path_factory.mktemp("roberta") / request.param, request.param)
-
-
-def real_diff(ours, expected, mask):
-    """Max |ours - expected| over real tokens; arrays are (batch, seq, ...)."""
-    return float(np.abs(np.array(ours) - expected.detach().numpy())[mask.astype(bool)].max())
 
 
 def test_every_hidden_state_attention_and_the_pooler_match_transformers(reference, saved):
@@ -132,8 +117,7 @@ def test_gradients_of_every_weight_match_transformers(reference, saved):
     assert set(grads) == set(expected)
     # Relative to each tensor's largest gradient where that exceeds 1: the embedding tables' rows sum the
     # gradients of up to 160 tokens (magnitudes in the hundreds), and float32 sums in another order differ by ~1e-4.
-    diffs = {name: float(np.abs(np.array(g) - expected[name]).max() / max(1.0, np.abs(expected[name]).max()))
-             for name, g in grads.items()}
+    diffs = relative_errors(grads, expected)
     assert max(diffs.values()) <= TOL, sorted(diffs.items(), key=lambda kv: -kv[1])[:3]
     # The left-padded row's pooled state is a padding token's: as torch's padding_idx, its table rows get no gradient.
     assert np.abs(np.array(grads["embeddings.token_type_embeddings.weight"])).max() > 0
