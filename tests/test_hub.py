@@ -169,6 +169,7 @@ def test_run_downloads_once_records_the_commit_and_works_offline(hub, tmp_path):
                    endpoint=hub.url)
     assert result.returncode == 0, result.stderr
     assert f"encoder org/tiny@{hub.main}" in result.stdout
+    assert "it/s]" not in result.stderr  # --no-progress holds huggingface_hub's download bars back too
     assert recorded_encoder(tmp_path / "runs" / "titanic" / "online") == (f"org/tiny@{hub.main}",) * 2
     # Only what kbert reads: not the README, the ONNX export, nor the .bin beside the safetensors.
     assert snapshot(tmp_path, "org/tiny", hub.main) == {"config.json", "tokenizer.json", "model.safetensors"}

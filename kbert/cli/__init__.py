@@ -22,6 +22,7 @@ closing lines of a run). Handlers import MLX, pandas and the pipeline lazily, so
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from kbert.cli import baseline, competition, doctor, ensemble, kaggle, predict, pretrain, report, run, show_text, tune
@@ -55,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     from kbert.models import runtime
 
     runtime.setup()  # before any command imports mlx.core
+    if getattr(args, "no_progress", False):  # huggingface_hub's download bars too (models/hub.py imports it late)
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     try:
         check_numbers(args)
         return args.handler(args)
