@@ -379,7 +379,7 @@ def save_fold_checkpoint(model, config: RunConfig, source: EncoderSource, head: 
     adapter = source.adapter
     # A Hub encoder's source is org/name@<commit>: loading it again (adapters' base) fetches those exact files.
     checkpoint_config = {"encoder_config": encoder_config, "head": head.to_dict(), "pooling": config.model.pooling,
-                         "source": source.name if source.commit else config.model.encoder,
+                         "source": source.name,
                          "target_transform": vars(transform) if transform else None}
     if adapter is not None and not source.commit:  # an adapter checkpoint names its base so that it loads from anywhere
         checkpoint_config["source"] = str(config.model.encoder if config.model.encoder in SHIPPED
