@@ -111,3 +111,11 @@ def test_gradients_of_every_weight_match_transformers(kind):
     # The check can fail: the same gradients without the padding mask (a seeded mistake) are far off.
     _, unmasked = weight_gradients(kind, masked=False)
     assert max(relative_errors(unmasked, expected).values()) > 1e-2
+
+
+@pytest.mark.parametrize("kind", ["bert", "modernbert"])
+def test_recomputed_layers_give_the_same_weight_gradients(kind):
+    _, plain = weight_gradients(kind)
+    _, recomputed = weight_gradients(kind, recompute=True)
+    for name, value in plain.items():
+        np.testing.assert_allclose(np.array(recomputed[name]), np.array(value), atol=1e-5, err_msg=name)
