@@ -222,29 +222,16 @@ def data_warnings(train: pd.DataFrame, test: pd.DataFrame, competition: Competit
 FREE_TEXT_WORDS = 8  # a text column whose values average this many words or more is free text (tweets: ~15)
 
 
-def free_text_columns(train: pd.DataFrame, competition: CompetitionConfig) -> dict[str, float]:
-    """The competition's text columns that hold free text: string columns whose values average at least
-    ``FREE_TEXT_WORDS`` words, with that average (a name, a code or a category is a few words at most)."""
-    columns = competition.text.columns or [c for c in competition.columns if c != competition.id_column]
-    found = {}
-    for column in columns:
-        if column not in train.columns or pd.api.types.is_numeric_dtype(train[column]):
-            continue
-        words = train[column].dropna().astype(str).str.split().str.len()
-        if len(words) and words.mean() >= FREE_TEXT_WORDS:
-            found[column] = round(float(words.mean()), 1)
-    return found
-
-
 def mostly_free_text(train: pd.DataFrame, competition: CompetitionConfig) -> dict[str, float]:
-    """The free-text columns, when they hold most of a row's words (tweets: yes; a table with one comment
-    column among thirty numbers: no); else an empty dict."""
+    """The competition's free-text columns (string columns whose values average at least ``FREE_TEXT_WORDS``
+    words; a name, a code or a category is a few words at most), with that average, when they hold most of a
+    row's words (tweets: yes; a table with one comment column among thirty numbers: no); else an empty dict."""
     columns = competition.text.columns or [c for c in competition.columns if c != competition.id_column]
-    free = free_text_columns(train, competition)
-    if not free:
-        return {}
-    words = {c: train[c].dropna().astype(str).str.split().str.len().sum() for c in columns if c in train.columns}
-    return free if sum(words[c] for c in free) > 0.5 * sum(words.values()) else {}
+    words = {c: train[c].dropna().astype(str).str.split().str.len() for c in columns if c in train.columns}
+    free = {c: round(float(n.mean()), 1) for c, n in words.items()
+            if len(n) and not pd.api.types.is_numeric_dtype(train[c]) and n.mean() >= FREE_TEXT_WORDS}
+    total = sum(n.sum() for n in words.values())
+    return free if free and sum(words[c].sum() for c in free) > 0.5 * total else {}
 
 
 def default_encoder(train: pd.DataFrame, competition: CompetitionConfig, pretrained_available: bool) -> tuple[str, str]:
