@@ -58,6 +58,15 @@ def architecture(model_type: str) -> Architecture:
     return ARCHITECTURES[model_type]
 
 
+def max_tokens(values: dict[str, Any]) -> int | None:
+    """The longest sequence a checkpoint's config.json values allow, None if unbounded: its position table, less
+    RoBERTa's and XLM-R's offset (their positions start after the padding id)."""
+    limit = values.get("max_position_embeddings")
+    if limit is not None and values.get("model_type") in ("roberta", "xlm-roberta"):
+        limit -= values.get("pad_token_id", 1) + 1
+    return limit
+
+
 def is_preset(name: str) -> bool:
     return any(name in arch.presets for arch in ARCHITECTURES.values())
 

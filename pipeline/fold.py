@@ -33,8 +33,8 @@ from kbert.io import write_csv, write_json
 from kbert.models.adapters import AdapterConfig, apply_adapters, merge_adapters, weights_fingerprint
 from kbert.models.bert import BertConfig
 from kbert.models.checkpoints import save_checkpoint
-from kbert.models.encoders import (SHIPPED, is_preset, load_encoder, preset_config, read_config, resolve_encoder_path,
-                                   trains_from_scratch)
+from kbert.models.encoders import (SHIPPED, is_preset, load_encoder, max_tokens, preset_config, read_config,
+                                   resolve_encoder_path, trains_from_scratch)
 from kbert.models.heads import HeadConfig, check_head_config, predict
 from kbert.models.hub import fetch, is_hub_name
 from kbert.models.recompute import set_recompute
@@ -226,9 +226,7 @@ def load_encoder_source(config: RunConfig) -> EncoderSource:
     folder = hub.folder if hub is not None else resolve_encoder_path(config.model.encoder)
     pretrained, loaded_config, tokenizer = load_encoder(folder)
     encoder_config = {**read_config(folder), **loaded_config.to_dict()}  # as loaded: without a pooler it has none
-    limit = encoder_config.get("max_position_embeddings")
-    if limit is not None and encoder_config["model_type"] in ("roberta", "xlm-roberta"):
-        limit -= encoder_config["pad_token_id"] + 1  # RoBERTa's positions start after its padding id
+    limit = max_tokens(encoder_config)
     if limit is not None and config.train.max_length > limit:
         raise KbertError(f"--max-length {config.train.max_length} exceeds the encoder's "
                          f"max_position_embeddings {limit}")
