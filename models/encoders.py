@@ -147,12 +147,16 @@ def read_weights(folder: Path) -> dict[str, mx.array]:
     return {k: v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()}
 
 
-def load_tokenizer(folder: Path) -> Tokenizer:
-    """``tokenizer.json`` if present, else DeBERTa-v2/v3's ``spm.model`` converted (models/spm.py, cached beside
-    it), else a BERT WordPiece tokenizer built from ``vocab.txt``.
+def load_tokenizer(folder: Path, spm_normalization: str = "sentencepiece") -> Tokenizer:
+    """``tokenizer.json`` if present, else DeBERTa-v2/v3's ``spm.model`` converted with ``spm_normalization``
+    (models/spm.py, cached beside it), else a BERT WordPiece tokenizer built from ``vocab.txt``.
 
     Padding and truncation saved in the file are switched off: kbert pads per batch and truncates itself.
     """
+    if spm_normalization != "sentencepiece" and ((folder / "tokenizer.json").is_file()
+                                                 or not (folder / "spm.model").is_file()):
+        raise KbertError(f"{folder}: spm normalization '{spm_normalization}' applies to checkpoints with spm.model "
+                         f"and no tokenizer.json; this one's tokenizer is used as it is (drop the option)")
     if (folder / "tokenizer.json").is_file():
         tokenizer = read_tokenizer(folder / "tokenizer.json")
         tokenizer.no_padding()
@@ -161,7 +165,7 @@ def load_tokenizer(folder: Path) -> Tokenizer:
     if (folder / "spm.model").is_file():
         from kbert.models.spm import load_spm_tokenizer
 
-        return load_spm_tokenizer(folder)
+        return load_spm_tokenizer(folder, spm_normalization)
     vocab = folder / "vocab.txt"
     if not vocab.is_file():
         raise KbertError(f"{folder}: no tokenizer.json, spm.model or vocab.txt")
@@ -185,10 +189,12 @@ def build_encoder(values: dict[str, Any]) -> tuple[nn.Module, Any]:
     return arch.model(config), config
 
 
-def load_encoder(name_or_path: str | Path) -> tuple[nn.Module, Any, Tokenizer]:
-    """Encoder with its pretrained weights (strictly checked), its config and its tokenizer. A checkpoint without
-    pooler weights gets an encoder without a pooler (``add_pooling_layer`` false in the returned config); pass
-    ``config.to_dict()`` to ``build_encoder`` to build the same encoder again."""
+def load_encoder(name_or_path: str | Path,
+                 spm_normalization: str = "sentencepiece") -> tuple[nn.Module, Any, Tokenizer]:
+    """Encoder with its pretrained weights (strictly checked), its config and its tokenizer (``load_tokenizer``, which
+    ``spm_normalization`` goes to). A checkpoint without pooler weights gets an encoder without a pooler
+    (``add_pooling_layer`` false in the returned config); pass ``config.to_dict()`` to ``build_encoder`` to build the
+    same encoder again."""
     folder = resolve_encoder_path(name_or_path)
     values = read_config(folder)
     weights = architecture(values["model_type"]).sanitize(read_weights(folder))
@@ -197,7 +203,7 @@ def load_encoder(name_or_path: str | Path) -> tuple[nn.Module, Any, Tokenizer]:
     encoder, config = build_encoder(values)
     load_state_strict(encoder, weights, f"{folder} (a {values['model_type']} model per its config.json)")
     encoder.eval()
-    return encoder, config, load_tokenizer(folder)
+    return encoder, config, load_tokenizer(folder, spm_normalization)
 
 
 def save_encoder(encoder: nn.Module, config: Any, tokenizer: Tokenizer, folder: Path) -> Path:

@@ -10,9 +10,12 @@ pre-tokeniser ``[Punctuation(isolated)] Metaspace(prepend always)``, the Metaspa
 tokens. That is the tokenisation DeBERTa was pretrained with (its own code encodes with sentencepiece): the ids equal
 sentencepiece's except where two segmentations score exactly the same, and for special tokens typed in the text.
 
-transformers 5's ``DebertaV2Tokenizer`` built from ``spm.model`` leaves the charsmap out (NFC instead of NFKC), so
-text with compatibility characters (``ª``, ``…``, ``ﬁ``, full-width letters) gets other ids there, often [UNK];
-kbert keeps the converter's and sentencepiece's normalisation (tests/test_spm_tokenizer.py pins both).
+transformers 5's ``DebertaV2Tokenizer`` built from ``spm.model`` leaves the charsmap out (NFC instead of NFKC, and
+tabs and newlines made spaces by a regex), so text with compatibility characters (``ª``, ``…``, ``ﬁ``, full-width
+letters) gets other ids there, often [UNK]. kbert's default, ``normalization="sentencepiece"``, keeps the model's
+own table, as DeBERTa's pretraining, sentencepiece and transformers 4 did; ``normalization="transformers"`` builds
+transformers 5's normaliser instead, for ids equal to a PyTorch notebook's that loads the model with transformers 5
+(``--spm-normalization transformers``). tests/test_spm_tokenizer.py pins both against their references.
 
 The file is read with protobuf against the few fields of sentencepiece's ``ModelProto`` used here (declared below),
 so neither sentencepiece nor transformers is needed at run time. ``load_spm_tokenizer`` caches the conversion beside
@@ -42,6 +45,7 @@ DEFAULT_SPECIAL_TOKENS = {"bos_token": "[CLS]", "eos_token": "[SEP]", "unk_token
                           "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}  # DebertaV2Tokenizer's
 UNIGRAM, CONTROL, USER_DEFINED = 1, 3, 4  # sentencepiece's TrainerSpec.ModelType and SentencePiece.Type values
 SPIECE_UNDERLINE = "▁"
+NORMALIZATIONS = ("sentencepiece", "transformers")  # the model's own table | transformers 5's DebertaV2Tokenizer's
 
 
 @lru_cache(maxsize=1)
@@ -158,8 +162,24 @@ def read_settings(folder: Path) -> dict[str, Any]:
             "added_tokens": [[index, added[index]] for index in sorted(added)]}
 
 
-def convert_spm(model_path: Path, settings: dict[str, Any]) -> Tokenizer:
-    """The fast tokenizer for ``model_path`` (an ``spm.model``) with ``settings`` (``read_settings``)."""
+def normalizer_steps(proto: Any, lowercase: bool, normalization: str) -> list[normalizers.Normalizer]:
+    """The normaliser: ``DebertaV2Converter``'s (the model's own charsmap) or transformers 5's ``DebertaV2Tokenizer``'s
+    (NFC, whitespace runs, tabs and newlines made one space, trailing spaces stripped)."""
+    steps = [normalizers.Lowercase()] if lowercase else []
+    if normalization == "transformers":
+        return [*steps, normalizers.Replace(Regex(r"\s{2,}|[\n\r\t]"), " "), normalizers.NFC(),
+                normalizers.Strip(left=False, right=True)]
+    steps.append(normalizers.Strip())
+    if proto.normalizer_spec.precompiled_charsmap:
+        steps.append(normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
+    return [*steps, normalizers.Replace(Regex(" {2,}"), " ")]
+
+
+def convert_spm(model_path: Path, settings: dict[str, Any], normalization: str = "sentencepiece") -> Tokenizer:
+    """The fast tokenizer for ``model_path`` (an ``spm.model``) with ``settings`` (``read_settings``), normalising
+    as ``normalization`` (one of NORMALIZATIONS) says."""
+    if normalization not in NORMALIZATIONS:
+        raise KbertError(f"spm normalization '{normalization}' is unknown; known: {', '.join(NORMALIZATIONS)}")
     model_path = Path(model_path)
     proto = read_spm_model(model_path)
     try:
@@ -168,12 +188,7 @@ def convert_spm(model_path: Path, settings: dict[str, Any]) -> Tokenizer:
         # Control pieces ([PAD], [CLS], [SEP]) are special added tokens, user-defined pieces plain ones (SpmConverter).
         tokenizer.add_tokens([AddedToken(p.piece, normalized=False, special=p.type == CONTROL)
                               for p in proto.pieces if p.type in (CONTROL, USER_DEFINED)])
-        steps = [normalizers.Lowercase()] if settings["do_lower_case"] else []
-        steps.append(normalizers.Strip())
-        if proto.normalizer_spec.precompiled_charsmap:
-            steps.append(normalizers.Precompiled(proto.normalizer_spec.precompiled_charsmap))
-        steps.append(normalizers.Replace(Regex(" {2,}"), " "))
-        tokenizer.normalizer = normalizers.Sequence(steps)
+        tokenizer.normalizer = normalizers.Sequence(normalizer_steps(proto, settings["do_lower_case"], normalization))
         splits = [pre_tokenizers.Punctuation(behavior="isolated")] if settings["split_by_punct"] else []
         splits.append(pre_tokenizers.Metaspace(replacement=SPIECE_UNDERLINE, prepend_scheme="always"))
         tokenizer.pre_tokenizer = pre_tokenizers.Sequence(splits)
@@ -207,14 +222,14 @@ def cache_key(model_path: Path, settings: dict[str, Any]) -> str:
     return digest.hexdigest()[:16]
 
 
-def load_spm_tokenizer(folder: Path) -> Tokenizer:
+def load_spm_tokenizer(folder: Path, normalization: str = "sentencepiece") -> Tokenizer:
     """The tokenizer of a checkpoint folder with ``spm.model``: the cached conversion beside it when there is one for
-    this model file and these settings, else converted and cached (in memory only where the folder is read-only).
-    Padding and truncation are off: kbert pads per batch and truncates itself."""
+    this model file, these settings and this normalization, else converted and cached (in memory only where the
+    folder is read-only). Padding and truncation are off: kbert pads per batch and truncates itself."""
     folder = Path(folder)
     model_path = folder / "spm.model"
     settings = read_settings(folder)
-    cached = folder / f"{CACHE_PREFIX}{cache_key(model_path, settings)}.json"
+    cached = folder / f"{CACHE_PREFIX}{cache_key(model_path, {**settings, 'normalization': normalization})}.json"
     tokenizer = None
     if cached.is_file():
         try:
@@ -222,7 +237,7 @@ def load_spm_tokenizer(folder: Path) -> Tokenizer:
         except KbertError:  # a damaged cache file is converted again and replaced
             tokenizer = None
     if tokenizer is None:
-        text = convert_spm(model_path, settings).to_str()
+        text = convert_spm(model_path, settings, normalization).to_str()
         # What the cached file gives: its JSON stores the scores to within an ulp of a double, so every load,
         # this one included, segments alike even where two segmentations nearly tie.
         tokenizer = Tokenizer.from_str(text)

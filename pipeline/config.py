@@ -110,6 +110,8 @@ class ModelConfig:
     adapter: str = "none"
     adapter_options: dict = field(default_factory=dict)
     adapter_checkpoint: str = "adapter"  # fold checkpoints: adapter (adapter weights + head only) | merged
+    # How an spm.model-only checkpoint (DeBERTa-v2/v3) normalises text: models/spm.py NORMALIZATIONS.
+    spm_normalization: str = "sentencepiece"
 
 
 @dataclass
@@ -267,16 +269,36 @@ BOUNDS: dict[str, Bound] = {
 NESTED_SETTINGS = ("adapter_options", "text")  # override keys holding a mapping of settings
 
 
+def choice_words(key: str) -> tuple[str, ...] | None:
+    """The words a choice setting accepts, by its key as in BOUNDS; None for a setting that is not a choice."""
+    if key == "pooling":
+        from kbert.models.pooling import POOLING_KINDS  # here, not at the top: importing config loads no MLX
+
+        return POOLING_KINDS
+    if key == "text.numeric":
+        from kbert.features.generic import NUMERIC_MODES
+
+        return NUMERIC_MODES
+    if key == "spm_normalization":
+        from kbert.models.spm import NORMALIZATIONS
+
+        return NORMALIZATIONS
+    return {"target_transform": TARGET_TRANSFORMS, "adapter_checkpoint": ("adapter", "merged"),
+            "text.truncate": ("warn", "priority")}.get(key)
+
+
 def check_settings(values: Mapping[str, Any], label: Callable[[str], str], prefix: str = "") -> None:
-    """Every numeric setting among ``values`` (keyed as in BOUNDS once ``prefix`` is put before them; the
-    mappings under adapter_options and text too) is checked; ``label(key)`` names it in the message. Other
-    keys are left to the checks that know them (unknown settings, choices)."""
+    """Every numeric and choice setting among ``values`` (keyed as in BOUNDS and ``choice_words`` once ``prefix``
+    is put before them; the mappings under adapter_options and text too) is checked; ``label(key)`` names it in
+    the message. Other keys are left to the checks that know them (unknown settings, serializers)."""
     for name, value in values.items():
         key = f"{prefix}{name}"
         if key in NESTED_SETTINGS and isinstance(value, Mapping):
             check_settings(value, label, f"{key}.")
         elif key in BOUNDS:
             check_number(value, label(key), BOUNDS[key])
+        elif (words := choice_words(key)) is not None and value not in words:
+            raise KbertError(f"{label(key)} {value!r} is unknown; known: {', '.join(words)}")
 
 
 def check_competition_settings(competition: CompetitionConfig, where: str = "") -> None:
@@ -505,25 +527,16 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
             text_overrides = {k: v for k, v in text_overrides.items() if k != "serializer"}
         competition = replace(competition, text=_apply(competition.text, text_overrides, "text"))
         from kbert.features import SERIALIZERS
-        from kbert.features.generic import NUMERIC_MODES
 
         if competition.text.serializer not in SERIALIZERS:
             raise KbertError(f"text.serializer '{competition.text.serializer}' is unknown; known: "
                              f"{', '.join(sorted(SERIALIZERS))}")
-        if competition.text.numeric not in NUMERIC_MODES:
-            raise KbertError(f"text.numeric '{competition.text.numeric}' is unknown; known: {', '.join(NUMERIC_MODES)}")
     unknown = set(merged) - model_names - train_names - head_names - run_fields - {"folds", "repeats"}
     if unknown:
         raise KbertError(f"unknown setting(s) {sorted(unknown)}; see `kbert run --help`")
     model = _apply(model, {k: v for k, v in merged.items() if k in model_names}, "model")
     train = _apply(train, {k: v for k, v in merged.items() if k in train_names}, "train")
     head = _apply(head, {k: v for k, v in merged.items() if k in head_names}, "head")
-    from kbert.models.pooling import POOLING_KINDS  # here, not at the top: importing config loads no MLX
-
-    if model.pooling not in POOLING_KINDS:
-        raise KbertError(f"pooling '{model.pooling}' is unknown; known: {', '.join(POOLING_KINDS)}")
-    if head.target_transform not in TARGET_TRANSFORMS:
-        raise KbertError(f"target_transform '{head.target_transform}' is unknown; known: {', '.join(TARGET_TRANSFORMS)}")
     if head.target_transform != "none" and not Task(competition.task).numeric:
         raise KbertError(f"target_transform applies to regression and timeseries tasks, not '{competition.task}'")
     if head.calibrate and not Task(competition.task).calibratable:
@@ -535,8 +548,6 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         folds = replace(folds, repeats=int(merged["repeats"]))
     if folds.repeats > 1 and not folds.shuffle:
         raise KbertError("folds.repeats > 1 needs shuffled folds; contiguous (shuffle: false) folds never change")
-    if competition.text.truncate not in ("warn", "priority"):
-        raise KbertError(f"text.truncate must be warn or priority, got '{competition.text.truncate}'")
     check_model_sizes(model)
     from kbert.models.encoders import trains_from_scratch
 
@@ -547,8 +558,6 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     if adapter is not None and trains_from_scratch(model.encoder):
         raise KbertError(f"--adapter {model.adapter} needs a pretrained encoder: '{model.encoder}' trains from "
                          f"scratch, so every weight trains anyway; drop --adapter or pass a pretrained --encoder")
-    if model.adapter_checkpoint not in ("adapter", "merged"):
-        raise KbertError(f"adapter_checkpoint must be adapter or merged, got '{model.adapter_checkpoint}'")
     if adapter is not None and model.adapter_checkpoint == "merged" and adapter.bits and not adapter.merge_dequantize:
         raise KbertError("adapter_checkpoint: merged with a quantized base needs merge_dequantize: true")
     if train.learning_rate is None:  # adapters train few weights from zero: a LoRA-sized rate

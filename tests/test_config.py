@@ -223,3 +223,49 @@ def test_run_config_files_are_checked_like_yaml_and_flags(titanic, tmp_path):
     path.write_text(yaml.safe_dump(resolved, sort_keys=False))
     with pytest.raises(KbertError, match=r"config\.yaml: competition\.folds\.k must be an integer >= 2, got 1$"):
         run_config_from_file(path)
+
+
+CHOICES = [("model", "pooling"), ("model", "spm_normalization"), ("model", "adapter_checkpoint"),
+           ("head", "target_transform")]
+
+
+@pytest.mark.parametrize("section,key", CHOICES)
+def test_every_choice_setting_refuses_an_unknown_word_wherever_it_is_set(titanic, tmp_path, section, key):
+    """Flags (overrides), a flat --config file and a resolved config.yaml all name the setting and the words it
+    takes; the default of each is one of them."""
+    from kbert.pipeline.config import choice_words, run_config_from_file
+
+    words = choice_words(key)
+    assert getattr(getattr(resolve_run_config(titanic), section), key) in words
+    known = rf"'bogus' is unknown; known: {', '.join(words)}$"
+    with pytest.raises(KbertError, match=rf"^{key} {known}"):
+        resolve_run_config(titanic, {key: "bogus"})
+    flat = tmp_path / "flat.yaml"
+    flat.write_text(f"competition: titanic\n{key}: bogus\n")
+    with pytest.raises(KbertError, match=rf"flat\.yaml: {key} {known}"):
+        run_config_from_file(flat)
+    resolved = resolve_run_config(titanic).to_dict()
+    resolved[section][key] = "bogus"
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+    with pytest.raises(KbertError, match=rf"config\.yaml: {section}\.{key} {known}"):
+        run_config_from_file(path)
+
+
+@pytest.mark.parametrize("key", ["numeric", "truncate"])
+def test_text_choices_are_checked_in_the_competition_file_and_in_a_resolved_config(titanic, tmp_path, key):
+    from kbert.pipeline.config import choice_words, competition_path, run_config_from_file
+
+    known = rf"'bogus' is unknown; known: {', '.join(choice_words(f'text.{key}'))}$"
+    data = yaml.safe_load(competition_path("titanic").read_text())
+    data["text"][key] = "bogus"
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(KbertError, match=rf"c\.yaml: text\.{key} {known}"):
+        load_competition(str(path))
+    resolved = resolve_run_config(titanic).to_dict()
+    resolved["competition"]["text"][key] = "bogus"
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+    with pytest.raises(KbertError, match=rf"config\.yaml: competition\.text\.{key} {known}"):
+        run_config_from_file(path)

@@ -8,8 +8,9 @@ Disaster Tweets and Titanic rows by make_fixture.py beside it, leaving out the r
 References, on the first 500 tweets and 100 serialised Titanic rows, singly and as pairs:
 - transformers' ``DebertaV2Converter`` output inside transformers' DeBERTa tokenizer: the same ids and type ids.
 - transformers 5's own ``AutoTokenizer.from_pretrained`` (``DebertaV2Tokenizer``): it drops the model's
-  normalisation table (NFC where sentencepiece does NFKC), so the ids are equal on every text that NFKC leaves
-  alone, and on the others equal to what it gives for the NFKC form of the text.
+  normalisation table (NFC where sentencepiece does NFKC), so the default's ids are equal on every text that NFKC
+  leaves alone, and on the others equal to what it gives for the NFKC form of the text; with
+  ``spm_normalization="transformers"`` (``--spm-normalization transformers``) they are equal on every text.
 - sentencepiece itself (what DeBERTa was pretrained with): equal except where two segmentations tie.
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers, processors
 
 import kbert.io
@@ -124,6 +126,9 @@ def test_ids_equal_transformers(variant, texts, tmp_path, transformers_tokenizer
     assert mismatches(encoded, reference(own, normalized)) == 0
     assert sum(a != b for a, b in zip(encoded[0], own_singles)) > 0  # the difference is real (tweets have "ª")
 
+    # As transformers 5 normalises, on request: equal on every text, singly and in pairs.
+    assert mismatches(encode(load_tokenizer(folder, "transformers"), texts), reference(own, texts)) == 0
+
 
 def test_ids_equal_sentencepiece_but_for_ties(texts, tmp_path):
     sentencepiece = pytest.importorskip("sentencepiece")
@@ -184,12 +189,22 @@ def conversions(monkeypatch) -> list[Path]:
     calls = []
     convert = spm_module.convert_spm
 
-    def spy(model_path, settings):
+    def spy(model_path, settings, normalization="sentencepiece"):
         calls.append(Path(model_path))
-        return convert(model_path, settings)
+        return convert(model_path, settings, normalization)
 
     monkeypatch.setattr(spm_module, "convert_spm", spy)
     return calls
+
+
+def test_transformers_normalization_is_refused_where_it_cannot_apply(tmp_path):
+    folder = checkpoint(tmp_path / "model")
+    load_tokenizer(folder).save(str(folder / "tokenizer.json"))
+    with pytest.raises(KbertError, match=r"model: spm normalization 'transformers' applies to checkpoints with "
+                                         r"spm\.model and no tokenizer\.json"):
+        load_tokenizer(folder, "transformers")
+    with pytest.raises(KbertError, match="spm normalization 'nfkc' is unknown; known: sentencepiece, transformers"):
+        spm_module.convert_spm(FIXTURE, spm_module.read_settings(folder), "nfkc")
 
 
 def test_conversion_is_cached_beside_the_model(tmp_path, conversions):
@@ -220,11 +235,15 @@ def test_conversion_is_cached_beside_the_model(tmp_path, conversions):
     assert load_tokenizer(folder).encode("THE").ids == changed.encode("the").ids
     assert len(conversions) == 3
 
+    # So is the other normalisation.
+    assert load_tokenizer(folder, "transformers").to_str() != load_tokenizer(folder).to_str()
+    assert len(conversions) == 5 and len(caches(folder)) == 1  # each conversion replaces the one before
+
     # A damaged cache file is converted again and replaced.
     cached = caches(folder)[0]
     cached.write_text(cached.read_text()[:1000])
     load_tokenizer(folder)
-    assert len(conversions) == 4 and Tokenizer.from_file(str(cached)).get_vocab_size() == PIECES + 1
+    assert len(conversions) == 6 and Tokenizer.from_file(str(cached)).get_vocab_size() == PIECES + 1
 
 
 def test_tokenizer_json_comes_first(tmp_path, conversions):
@@ -288,3 +307,44 @@ def test_added_token_ids_must_follow_the_pieces(tmp_path):
     (folder / "added_tokens.json").write_text(json.dumps({"[MASK]": PIECES + 5}))
     with pytest.raises(KbertError, match=r"'\[MASK\]' has id 2005 .* would get 2000"):
         load_tokenizer(folder)
+
+
+def test_a_run_on_an_spm_checkpoint_tokenizes_as_asked_and_predict_follows(tmp_path, transformers_tokenizers, capsys):
+    """`kbert run --spm-normalization transformers` on a DeBERTa-v3 folder with spm.model only: the run keeps the
+    tokenizer it trained with (config.yaml, tokenizer.json) and `kbert predict` reproduces its test predictions."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from kbert.cli import main
+
+    folder = checkpoint(tmp_path / "deberta")
+    torch.manual_seed(0)
+    config = transformers.DebertaV2Config(vocab_size=PIECES + 1, hidden_size=32, num_hidden_layers=2,
+                                          num_attention_heads=4, intermediate_size=64, max_position_embeddings=64,
+                                          relative_attention=True, position_buckets=8, norm_rel_ebd="layer_norm",
+                                          share_att_key=True, pos_att_type=["p2c", "c2p"],
+                                          position_biased_input=False, type_vocab_size=0)
+    transformers.DebertaV2Model(config).save_pretrained(folder)
+    own, _ = transformers_tokenizers(folder)
+    out, run_dir = tmp_path / "runs", tmp_path / "runs" / "titanic" / "r"
+    tiny = ["--limit-rows", "40", "--folds", "2", "--epochs", "1", "--max-length", "64", "--no-progress", "--out",
+            str(out), "--submissions-dir", str(tmp_path / "subs")]
+    assert main(["run", "titanic", "--encoder", str(folder), "--spm-normalization", "transformers", *tiny,
+                 "--run-id", "r"]) == 0
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["spm_normalization"] == "transformers"
+    saved = Tokenizer.from_file(str(run_dir / "tokenizer.json"))
+    mojibake = "You Can\x89Ûªt Believe Your EYES \x89ÛÒ... ﬁre"
+    assert saved.encode(mojibake).ids == own(mojibake)["input_ids"] != load_tokenizer(folder).encode(mojibake).ids
+    assert main(["predict", str(run_dir), "--data", str(BUNDLED_DATA_DIR / "titanic" / "test.csv"),
+                 "--output", str(tmp_path / "p.csv")]) == 0
+    assert pd.read_csv(tmp_path / "p.csv")["Survived"].tolist() == pytest.approx(
+        pd.read_csv(run_dir / "test.csv")["Survived"].tolist(), abs=1e-5)
+
+    # Where the checkpoint has its own tokenizer.json the option has nothing to change: one line, exit 2, no run.
+    load_tokenizer(folder).save(str(folder / "tokenizer.json"))
+    capsys.readouterr()
+    assert main(["run", "titanic", "--encoder", str(folder), "--spm-normalization", "transformers", *tiny,
+                 "--run-id", "refused"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"kbert: error: {folder}: spm normalization 'transformers' applies to checkpoints with spm.model and no "
+        f"tokenizer.json; this one's tokenizer is used as it is (drop the option)"]
+    assert not (out / "titanic" / "refused").exists()

@@ -22,12 +22,15 @@ def add_parser(commands) -> None:
     embed = add_command(commands, "embed", help="write sentence embeddings of a text file with an encoder",
                         description="Embed one text per line of FILE with a pretrained encoder and write "
                                     "a (lines, hidden) float32 .npy array.")
-    embed.add_argument("model", help="a shipped name (minilm-l6) or a local Hugging Face model folder")
+    embed.add_argument("model", help="a shipped name (minilm-l6), a local Hugging Face model folder or a Hub id "
+                                     "(org/name[@revision])")
     embed.add_argument("--texts", required=True, help="UTF-8 text file, one text per line")
     embed.add_argument("--out", required=True, help="output .npy file")
     embed.add_argument("--pooling", choices=("cls", "mean", "max"), default="mean",
                        help="how to pool tokens (default mean)")
     embed.add_argument("--normalize", action="store_true", help="L2-normalise each embedding")
+    embed.add_argument("--spm-normalization", choices=("sentencepiece", "transformers"), default="sentencepiece",
+                       help="text normalisation of an spm.model-only (DeBERTa-v2/v3) checkpoint, as in kbert run")
     add_number(embed, "--max-length", int, "max_length", default=256, help="maximum tokens per text (default 256)")
     add_number(embed, "--batch-size", int, "batch_size", default=64)
     embed.set_defaults(handler=cmd_embed)
@@ -53,7 +56,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from kbert.pipeline.embed import embed_texts
 
     texts = _read_lines(Path(args.texts))
-    encoder, _, tokenizer = load_encoder(args.model)
+    encoder, _, tokenizer = load_encoder(args.model, args.spm_normalization)
     vectors = embed_texts(encoder, tokenizer, texts, args.pooling, args.normalize, args.max_length, args.batch_size)
     out = Path(args.out)
     with_suffix = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")

@@ -25,7 +25,7 @@ are kept, the others are trained"""
 OVERRIDES = ("folds", "seed", "encoder", "epochs", "batch_size", "learning_rate", "max_length", "data_dir", "out_dir",
              "submissions_dir", "limit_rows", "compile", "gradient_checkpointing", "dynamic_padding", "pooling", "loss",
              "label_smoothing", "focal_gamma", "head_dropout", "target_transform", "calibrate", "permute_target",
-             "repeats", "augment", "tta", "adapter", "adapter_checkpoint")
+             "repeats", "augment", "tta", "adapter", "adapter_checkpoint", "spm_normalization")
 
 
 def add_parser(commands) -> None:
@@ -62,6 +62,10 @@ def _add_encoder_options(run: argparse.ArgumentParser) -> None:
                                        "modernbert-base, deberta-v3-xsmall, ...), a shipped pretrained name "
                                        "(minilm-l6), a local Hugging Face model folder, or a Hugging Face Hub id "
                                        "(org/name[@revision], downloaded once into the Hugging Face cache)")
+    run.add_argument("--spm-normalization", choices=("sentencepiece", "transformers"),
+                     help="DeBERTa-v2/v3 checkpoints with spm.model and no tokenizer.json: normalise text with the "
+                          "model's own table as in pretraining (sentencepiece, the default) or as transformers 5's "
+                          "tokenizer does (NFC; ids equal to a transformers 5 notebook's)")
     run.add_argument("--adapter", help="train adapters on a pretrained encoder instead of all its weights: a preset "
                      "(efficient r=4, balanced r=8, expressive r=16, qlora_memory: 4-bit base r=8) or a kind "
                      "(lora, rslora, dora, qlora)")
