@@ -9,6 +9,8 @@ What lives here:
 - ``generic.py``: ``TableSerializer``, the ``list``, ``sentence`` and ``template`` styles, configured from
   a competition's YAML (``text:``) alone.
 - ``titanic.py``: ``TitanicSerializer``, hand-written English sentences for Titanic passengers.
+- ``tabular.py``: ``TabularFeatures``, the raw columns as arrays for a fusion head (``--fusion``): quantile-
+  transformed numbers with missing flags and category indices, on the same fit/transform contract.
 - Per-competition feature functions ``add_features(rows) -> rows`` (``titanic.py``, ``spaceship_titanic.py``,
   ``house_prices.py``, ``tweets.py``): pure and label-free, run over train and test together before any
   fold is cut, named in a competition's YAML as ``features: <name>`` only where YAML alone cannot say it.

@@ -5,8 +5,10 @@
 - ``template``: a user-written ``str.format`` template over the rendered columns, ``"{Name} ({Age})"``
 
 Column handling, shared by all three: which columns and in what order (``columns``), numbers as they are,
-rounded to a few significant digits, or as quantile-bin words whose edges are fitted on the training
-fold only (``numeric: raw | round | bins``), missing values as "unknown" or left out
+rounded to a few significant digits, as quantile-bin words, or rounded with their percentile among the training
+rows ("7.25, 12th percentile"), the bin edges and percentiles fitted on the training fold only
+(``numeric: raw | round | bins | percentile``), or numbers left out where a fusion head reads them instead
+(``omit_numbers``; list and sentence styles), missing values as "unknown" or left out
 (``missing: unknown | drop``), and readable words for codes (``mappings: {column: {code: word}}``).
 ``fit`` sees the training rows only and sets the fitted attributes (``columns_``, ``numeric_columns_``,
 ``integer_columns_``, ``bin_edges_``; see features/base.py for the contract), so validation and test rows
@@ -37,7 +39,8 @@ from kbert.errors import KbertError
 from kbert.features.base import check_fitted
 
 BIN_WORDS = {3: ("low", "medium", "high"), 5: ("very low", "low", "medium", "high", "very high")}
-NUMERIC_MODES = ("raw", "round", "bins")
+NUMERIC_MODES = ("raw", "round", "bins", "percentile")
+PERCENTILE_BINS = 100  # numeric: percentile fits the 99 inner percentiles as its bin edges
 MISSING_MODES = ("unknown", "drop")
 # Paraphrases: (cell format, separator) for list; a sentence format for sentence. The first is the default.
 LIST_PHRASINGS = (("{column}: {value}", "; "), ("{column} is {value}", ", "), ("{column} = {value}", " | "))
@@ -72,10 +75,27 @@ def bin_word(value: float, edges: np.ndarray) -> str:
     return words[index] if words else f"bin {index + 1} of {len(edges) + 1}"
 
 
+def ordinal(n: int) -> str:
+    """1 -> "1st", 12 -> "12th", 22 -> "22nd"."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def percentile_text(value: float, edges: np.ndarray) -> str:
+    """The value rounded to 2 significant digits with its percentile among the training rows (the count of the
+    99 fitted percentile edges at or below it, 0 to 99): "7.25" -> "7.2, 12th percentile"."""
+    return f"{round_value(value)}, {ordinal(int(np.searchsorted(edges, value, side='right')))} percentile"
+
+
 def humanize(column: str) -> str:
     """'GrLivArea' -> 'gr liv area', 'no_of_rooms' -> 'no of rooms'."""
     spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", str(column)).replace("_", " ")
     return re.sub(r"\s+", " ", spaced).strip().lower()
+
+
+def is_number_column(values: pd.Series, mapped: bool) -> bool:
+    """A column rendered as a number: numeric, not bool, without a ``mappings`` entry that turns it into words."""
+    return not mapped and pd.api.types.is_numeric_dtype(values) and not pd.api.types.is_bool_dtype(values)
 
 
 @dataclass
@@ -97,6 +117,7 @@ class TableSerializer:
     shuffle_columns: bool = True  # augmentation: shuffle the column order (list and sentence)
     paraphrase: bool = True  # augmentation: draw a phrasing per row
     jitter: float = 0.05  # augmentation: relative numeric jitter, kept inside the value's quantile bin
+    omit_numbers: bool = False  # leave numeric columns out of the text (a fusion head reads them)
     # Fitted on the training rows by ``fit``, absent before it (not constructor arguments):
     columns_: list[str] = field(init=False, repr=False, compare=False)  # the serialized columns, in order
     numeric_columns_: set[str] = field(init=False, repr=False, compare=False)  # rendered as numbers
@@ -112,6 +133,9 @@ class TableSerializer:
             raise KbertError(f"text.missing must be one of {', '.join(MISSING_MODES)}, got '{self.missing}'")
         if self.style == "template" and not self.template:
             raise KbertError("text.serializer 'template' needs a text.template")
+        if self.style == "template" and self.omit_numbers:
+            raise KbertError("text.numbers omit works with the list and sentence serializers; a template names its "
+                             "columns itself: leave the numeric ones out of text.template instead")
         columns = self.columns if self.columns is not None else [c for c in rows.columns if c not in self.exclude]
         if not columns:
             raise KbertError(f"{self.style} serializer: no columns to serialize (text.columns is empty, or every "
@@ -132,11 +156,16 @@ class TableSerializer:
                 if unknown:
                     raise KbertError(f"text.template names {', '.join(repr(n) for n in unknown)}, not a column of "
                                      f"the data; available: {', '.join(columns)}")
-        numeric_columns = {c for c in columns if c not in self.mappings and pd.api.types.is_numeric_dtype(rows[c])
-                           and not pd.api.types.is_bool_dtype(rows[c])}
+        if self.omit_numbers:
+            columns = [c for c in columns if not is_number_column(rows[c], c in self.mappings)]
+            if not columns:
+                raise KbertError(f"text.numbers omit: every column of the {self.style} serializer is numeric, so no "
+                                 f"text would be left; use text.numbers both")
+        numeric_columns = {c for c in columns if is_number_column(rows[c], c in self.mappings)}
         # Quantile bin edges, from the training rows only: bin words, and the bounds of numeric jitter.
         bin_edges, integer_columns = {}, set()
-        quantiles = np.linspace(0, 1, self.bins + 1)[1:-1]
+        bins = PERCENTILE_BINS if self.numeric == "percentile" else self.bins
+        quantiles = np.linspace(0, 1, bins + 1)[1:-1]
         for c in sorted(numeric_columns):
             values = rows[c].dropna().to_numpy(dtype=float)
             bin_edges[c] = np.quantile(values, quantiles) if values.size else np.array([])
@@ -177,8 +206,11 @@ class TableSerializer:
         if column in self.numeric_columns_:
             if rng is not None and self.jitter > 0 and self.numeric != "bins":
                 value = self.jittered(column, float(value), rng)
-            if self.numeric == "bins" and self.bin_edges_.get(column) is not None and len(self.bin_edges_[column]):
-                return bin_word(float(value), self.bin_edges_[column])
+            edges = self.bin_edges_.get(column)
+            if self.numeric == "bins" and edges is not None and len(edges):
+                return bin_word(float(value), edges)
+            if self.numeric == "percentile" and edges is not None and len(edges):
+                return percentile_text(float(value), edges)
             if self.numeric == "round":
                 return round_value(float(value))
         return format_value(value)

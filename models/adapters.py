@@ -67,7 +67,8 @@ class AdapterConfig:
     init: str = "kaiming"  # lora_a initialisation: kaiming (uniform, PEFT's default) | gaussian (std 1/rank)
     rank_pattern: dict[str, int] = field(default_factory=dict)  # regex searched in the layer name -> rank
     alpha_pattern: dict[str, float] = field(default_factory=dict)  # regex searched in the layer name -> alpha
-    modules_to_save: str = "head,pooler"  # comma-separated task-model module names or patterns that train fully
+    # Comma-separated task-model module names or patterns that train fully.
+    modules_to_save: str = "head,pooler,fusion"
     merge_dequantize: bool = True  # merging a quantized base: dequantize into a plain Linear, or keep it separate
     gradient_checkpointing: bool = False  # recompute each encoder layer in the backward pass (models/recompute.py)
     quantize_embeddings: bool = False  # QLoRA: also quantize the frozen token-embedding table, as nn.quantize does

@@ -30,7 +30,7 @@ def save_checkpoint(model: TaskModel, folder: Path, config: dict[str, Any], toke
                     adapter: AdapterConfig | None = None, base_fingerprint: str = "",
                     tokenizer_json: str | None = None) -> Path:
     """``config`` holds what ``build_task_model`` needs: encoder_config, head (a HeadConfig dict), pooling,
-    and ``source`` (the base encoder). With ``adapter``, only the adapter and head weights are written. The
+    fusion (a FusionConfig dict, or None) and ``source`` (the base encoder). With ``adapter``, only the adapter and head weights are written. The
     tokenizer is copied from ``tokenizer_path`` or written from its ``tokenizer_json`` text."""
     folder = Path(folder)
     if adapter is None:
@@ -51,7 +51,7 @@ def build_checkpoint_model(path: Path, config: dict[str, Any]) -> TaskModel:
     if not isinstance(encoder_config, dict) or not isinstance(head, dict):
         raise KbertError(f"{path}: 'encoder_config' and 'head' must be mappings")
     try:
-        return build_task_model(encoder_config, head, config["pooling"])
+        return build_task_model(encoder_config, head, config["pooling"], fusion=config.get("fusion"))
     except KbertError as exc:
         raise KbertError(f"{path}: {exc}") from None
     except (TypeError, ValueError, KeyError, AttributeError) as exc:

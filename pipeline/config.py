@@ -26,6 +26,7 @@ BUNDLED_DATA_DIR = BUNDLED_DIR / "data"
 USER_DIR = Path("competitions")  # the working folder's own competitions (`kbert init` writes here)
 DOWNLOAD_DIR = Path(os.environ.get("KBERT_DATA", "data"))  # `kbert download <slug>` writes data/<slug>/
 TARGET_TRANSFORMS = ("none", "log1p", "standardize", "log1p_standardize")
+NUMBERS = ("both", "words", "omit")  # text.numbers
 COLUMN_DTYPES = ("int", "float", "str", "bool")
 REQUIRED_KEYS = ("name", "id_column", "target", "task", "files", "columns", "submission", "text")
 OPTIONAL_KEYS = ("metric", "features", "folds", "training", "head", "classes", "data_dir", "search_space")
@@ -37,7 +38,10 @@ class TextConfig:
     template: str = ""  # for the template-based serializers (template, titanic)
     # The generic serializers (list, sentence, template; features/generic.py):
     columns: list[str] | None = None  # which columns, in order (None: all but the id and targets)
-    numeric: str = "raw"  # raw | round | bins (quantile-bin words, edges fitted per fold)
+    numeric: str = "raw"  # raw | round | bins (quantile-bin words) | percentile ("7.25, 12th percentile"); per fold
+    # Where numeric columns reach the model: both (in the text, and in the fusion branch with --fusion concat|gated)
+    # | words (in the text only) | omit (left out of the text: the fusion branch only; list and sentence serializers)
+    numbers: str = "both"
     bins: int = 5
     missing: str = "unknown"  # unknown | drop
     mappings: dict[str, dict] = field(default_factory=dict)  # column -> {code: readable word}
@@ -151,6 +155,7 @@ class HeadOptions:
     target_transform: str = "none"  # regression/timeseries: none|log1p|standardize|log1p_standardize (per fold)
     threshold: float | str = 0.5  # binary/multilabel labels: a probability, or "tune" to pick it on OOF
     calibrate: bool = False  # binary/multiclass: temperature scaling fitted on OOF logits
+    fusion: str = "none"  # none | concat | gated: the pooled text joined with the row's raw columns (models/fusion.py)
 
 
 @dataclass
@@ -279,12 +284,16 @@ def choice_words(key: str) -> tuple[str, ...] | None:
         from kbert.features.generic import NUMERIC_MODES
 
         return NUMERIC_MODES
+    if key == "fusion":
+        from kbert.models.fusion import FUSION_KINDS
+
+        return FUSION_KINDS
     if key == "spm_normalization":
         from kbert.models.spm import NORMALIZATIONS
 
         return NORMALIZATIONS
     return {"target_transform": TARGET_TRANSFORMS, "adapter_checkpoint": ("adapter", "merged"),
-            "text.truncate": ("warn", "priority")}.get(key)
+            "text.truncate": ("warn", "priority"), "text.numbers": NUMBERS}.get(key)
 
 
 def check_settings(values: Mapping[str, Any], label: Callable[[str], str], prefix: str = "") -> None:
@@ -541,6 +550,9 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         raise KbertError(f"target_transform applies to regression and timeseries tasks, not '{competition.task}'")
     if head.calibrate and not Task(competition.task).calibratable:
         raise KbertError(f"calibrate applies to binary and multiclass tasks, not '{competition.task}'")
+    if competition.text.numbers == "omit" and head.fusion == "none":
+        raise KbertError("text.numbers omit leaves the numbers out of the text, and with --fusion none nothing else "
+                         "reads them; choose --fusion concat or gated, or text.numbers both")
     folds = competition.folds
     if "folds" in merged:
         folds = replace(folds, k=int(merged["folds"]))

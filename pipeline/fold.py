@@ -5,9 +5,11 @@ The stages, in the order pipeline/run.py calls them:
     load_encoder_source   once per run: where every fold's encoder starts (from scratch, or pretrained weights)
     split_folds           once per run: each training row's fold (pipeline/folds.py); ``fold_warnings`` names the
                           folds whose training rows miss a class
-    fit_fold              the serializer, the target transform and (from scratch) the vocabulary, fitted on
-                          the fold's training rows only, so validation and test rows move no fitted statistic
-    fold_data             token ids of the fold's training, validation and test rows (augmented and TTA variants)
+    fit_fold              the serializer, the fusion's raw-column features (make_tabular), the target transform
+                          and (from scratch) the vocabulary, fitted on the fold's training rows only, so
+                          validation and test rows move no fitted statistic
+    fold_data             token ids of the fold's training, validation and test rows (augmented and TTA variants),
+                          and with fusion their column features
     train_one_fold        a fresh model trained with early stopping; checkpoint, predictions and fold.json saved
 
 ``kbert predict`` refits the same serializer with ``make_serializer`` and tokenizes with ``tokenize``;
@@ -29,12 +31,14 @@ from tokenizers import Tokenizer
 
 from kbert.errors import KbertError
 from kbert.features import GENERIC_SERIALIZERS, SERIALIZERS, Serializer
+from kbert.features.tabular import TabularFeatures
 from kbert.io import write_csv, write_json
 from kbert.models.adapters import AdapterConfig, apply_adapters, merge_adapters, weights_fingerprint
 from kbert.models.bert import BertConfig
 from kbert.models.checkpoints import save_checkpoint
 from kbert.models.encoders import (SHIPPED, is_preset, load_encoder, max_tokens, preset_config, read_config,
                                    resolve_encoder_path, trains_from_scratch)
+from kbert.models.fusion import FusionConfig
 from kbert.models.heads import HeadConfig, check_head_config, predict
 from kbert.models.hub import fetch, is_hub_name
 from kbert.models.recompute import set_recompute
@@ -113,6 +117,7 @@ class FoldFit:
     tokenizer_path: Path | None = None
     tokenizer_json: str | None = None  # its text, kept for the checkpoint whatever happens to the cached file
     encoder_config: dict | None = None  # from-scratch encoders: sized to that vocabulary
+    tabular: TabularFeatures | None = None  # --fusion: the raw columns' quantile transform and categories
 
 
 @dataclass
@@ -180,8 +185,30 @@ def make_serializer(config: RunConfig) -> Serializer:
         return SERIALIZERS[text.serializer](template=text.template, columns=text.columns, numeric=text.numeric,
                                             bins=text.bins, missing=text.missing, mappings=text.mappings,
                                             exclude=(comp.id_column, *comp.target_columns), priority=text.priority,
-                                            jitter=text.jitter, **augmentation)
+                                            jitter=text.jitter, omit_numbers=text.numbers == "omit", **augmentation)
+    if text.numbers == "omit":
+        raise KbertError(f"text.numbers omit works with the list and sentence serializers; '{text.serializer}' "
+                         f"writes its own sentences (features/{text.serializer}.py)")
     return SERIALIZERS[text.serializer](template=text.template, **augmentation)
+
+
+def make_tabular(config: RunConfig, train: pd.DataFrame, features: pd.DataFrame) -> TabularFeatures | None:
+    """The fusion head's column features, unfitted (None without fusion). Its columns are those new rows have:
+    the competition's declared input columns and those its feature function adds (in ``features``, not in the
+    raw ``train`` file), never the id; a training-only column of the file (another target) stays out."""
+    comp = config.competition
+    if config.head.fusion == "none":
+        return None
+    columns = [c for c in features.columns if c != comp.id_column and (c in comp.columns or c not in train.columns)]
+    return TabularFeatures(columns=columns, numbers=comp.text.numbers != "words")
+
+
+def fusion_config(config: RunConfig, tabular: TabularFeatures | None) -> FusionConfig | None:
+    """The fusion module's sizes, from the fold's fitted column features."""
+    if tabular is None:
+        return None
+    return FusionConfig(kind=config.head.fusion, numeric=len(tabular.numeric_columns_),
+                        cardinalities=tabular.cardinalities, dropout=config.model.head_dropout)
 
 
 def scratch_encoder_config(config: RunConfig, vocab_size: int) -> dict:
@@ -237,17 +264,20 @@ def load_encoder_source(config: RunConfig) -> EncoderSource:
                          commit=hub.commit if hub is not None else "")
 
 
-def fit_fold(config: RunConfig, train_rows: pd.DataFrame, train_targets: np.ndarray | None,
-             cache_dir: Path) -> FoldFit:
-    """Fit the serializer, the target transform and (from scratch) the vocabulary on a fold's training
-    rows. Nothing else goes in, so the validation and test rows cannot move any fitted statistic."""
+def fit_fold(config: RunConfig, train_rows: pd.DataFrame, train_targets: np.ndarray | None, cache_dir: Path,
+             tabular: TabularFeatures | None = None) -> FoldFit:
+    """Fit the serializer, the fusion's column features, the target transform and (from scratch) the vocabulary
+    on a fold's training rows. Nothing else goes in, so the validation and test rows cannot move any fitted
+    statistic."""
     serializer = make_serializer(config).fit(train_rows)
+    if tabular is not None:  # --fusion: make_tabular's, unfitted
+        tabular.fit(train_rows)
     texts = serializer.transform(train_rows)
     transform = None
     if train_targets is not None:  # regression/timeseries
         transform = fit_target_transform(config.head.target_transform, train_targets,
                                          ", ".join(config.competition.target_columns))
-    fit = FoldFit(serializer=serializer, train_texts=texts, target_transform=transform)
+    fit = FoldFit(serializer=serializer, train_texts=texts, target_transform=transform, tabular=tabular)
     if trains_from_scratch(config.model.encoder):
         fit.tokenizer, fit.tokenizer_path = load_or_train_tokenizer(texts, config.model.vocab_size, cache_dir)
         fit.tokenizer_json = fit.tokenizer.to_str()  # as cached: before encoding sets truncation
@@ -274,10 +304,16 @@ def fold_data(inputs: RunInputs, split: FoldSplit, fit: FoldFit, tokenizer: Toke
     def tokens(rows: pd.DataFrame, variant: int = 0) -> list[np.ndarray]:
         return tokenize(config, tokenizer, serializer, rows, split.repeat, split.k, variant)
 
+    def columns(rows: pd.DataFrame) -> tuple[np.ndarray, ...]:
+        return fit.tabular.transform(rows) if fit.tabular is not None else ()
+
     # The training rows' plain text is already serialized, unless it must be truncated column by column.
     plain_train = (tokens(train_rows) if config.competition.text.truncate == "priority"
                    else encode(tokenizer, fit.train_texts, config.train.max_length))
     return FoldData(
+        train_columns=columns(train_rows),
+        valid_columns=columns(valid_rows),
+        test_columns=columns(inputs.test_features),
         train_tokens=plain_train,
         train_targets=targets[split.train_index],
         valid_tokens=tokens(valid_rows),
@@ -318,7 +354,8 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
     if fold_dir.exists():  # a fold interrupted half-way is trained again from scratch
         shutil.rmtree(fold_dir)
     fit = fit_fold(config, inputs.features.iloc[split.train_index],
-                   None if inputs.raw_targets is None else inputs.raw_targets[split.train_index], cache_dir)
+                   None if inputs.raw_targets is None else inputs.raw_targets[split.train_index], cache_dir,
+                   make_tabular(config, inputs.train, inputs.features))
     tokenizer, tokenizer_path = ((fit.tokenizer, fit.tokenizer_path) if source.from_scratch
                                  else (source.tokenizer, run_tokenizer_path))
     encoder_config = fit.encoder_config if source.from_scratch else source.config
@@ -327,7 +364,8 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
 
     fold_seed = config.seed * 1000 + split.repeat * 100 + split.k
     seed_everything(fold_seed)
-    model = build_task_model(encoder_config, head, config.model.pooling)
+    fusion = fusion_config(config, fit.tabular)
+    model = build_task_model(encoder_config, head, config.model.pooling, fusion=fusion)
     if source.weights is not None:  # every fold starts from the pretrained weights
         load_state_strict(model.encoder, source.weights, source.name)
     if config.train.gradient_checkpointing:
@@ -356,12 +394,14 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
         tokens=budget,
     )
     save_fold_checkpoint(model, config, source, head, encoder_config, fit.target_transform, fold_dir, tokenizer_path,
-                         fit.tokenizer_json if source.from_scratch else None)
+                         fit.tokenizer_json if source.from_scratch else None, fusion)
     comp = config.competition
     write_csv(fold_dir / "test.csv", predictions_frame(comp, inputs.targets.classes,
                                                       inputs.test_features[comp.id_column], fold.test_predictions))
     write_json(fold_dir / "history.json", result.history)
     write_json(fold_dir / "serializer.json", fit.serializer.fitted_statistics())
+    if fit.tabular is not None:
+        write_json(fold_dir / "tabular.json", fit.tabular.fitted_statistics())
     write_finished_fold(fold_dir, fold.valid_outputs, fold.valid_predictions, fold.test_outputs,
                         fold.test_predictions, fold.record, budget)
     log(f"{split.description}: {comp.metric} {result.best_score:.4f} "
@@ -371,14 +411,15 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
 
 def save_fold_checkpoint(model, config: RunConfig, source: EncoderSource, head: HeadConfig, encoder_config: dict,
                          transform: TargetTransform | None, fold_dir: Path, tokenizer_path: Path,
-                         tokenizer_json: str | None = None) -> None:
+                         tokenizer_json: str | None = None, fusion: FusionConfig | None = None) -> None:
     """The fold's weights (or its adapters only, or merged), config.json and tokenizer.json (its text, or a copy
     of ``tokenizer_path``)."""
     adapter = source.adapter
     # A Hub encoder's source is org/name@<commit>: loading it again (adapters' base) fetches those exact files.
     checkpoint_config = {"encoder_config": encoder_config, "head": head.to_dict(), "pooling": config.model.pooling,
                          "source": source.name,
-                         "target_transform": vars(transform) if transform else None}
+                         "target_transform": vars(transform) if transform else None,
+                         "fusion": fusion.to_dict() if fusion is not None else None}
     if adapter is not None and not source.commit:  # an adapter checkpoint names its base so that it loads from anywhere
         checkpoint_config["source"] = str(config.model.encoder if config.model.encoder in SHIPPED
                                           else source.folder.resolve())

@@ -1,7 +1,7 @@
 """``kbert predict``: predict new rows with a finished run's saved fold models, averaged over the folds.
 
-Each fold's serializer is refitted on that fold's training rows (the run's folds.csv and its training data)
-and must reproduce the fold's saved serializer.json exactly, so the text the models read is the text they
+Each fold's serializer (and, with fusion, its column features) is refitted on that fold's training rows (the
+run's folds.csv and its training data) and must reproduce the fold's saved serializer.json (tabular.json) exactly, so the text the models read is the text they
 were trained on; the tokenizer, weights and target transform come from ``folds/<k>/``. Every fold the run's
 config lists must be there and complete, and every file is read through a checked reader: a missing fold or a
 damaged file is refused, naming it, before anything is written.
@@ -26,7 +26,7 @@ from kbert.pipeline.artifacts import fold_name, missing_fold_part
 from kbert.pipeline.calibration import apply_temperature
 from kbert.pipeline.config import RunConfig, run_config_from_file
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
-from kbert.pipeline.fold import make_serializer, to_predictions, tokenize
+from kbert.pipeline.fold import make_serializer, make_tabular, to_predictions, tokenize
 from kbert.pipeline.folds import fold_rows
 from kbert.pipeline.predictions import average_folds, predictions_frame
 from kbert.pipeline.targets import TargetTransform, encode_targets
@@ -69,15 +69,15 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     for fold_dir, repeat, k in fold_models:
         fold_of_row = folds["fold" if repeat == 0 else f"fold_repeat{repeat}"].to_numpy()
         train_index, valid_index = fold_rows(fold_of_row, k, comp.folds)
-        serializer = make_serializer(config).fit(features.iloc[train_index])
-        saved = read_json(fold_dir / "serializer.json")
-        if json.loads(json.dumps(serializer.fitted_statistics())) != saved:
-            raise KbertError(f"{fold_dir}: the serializer refitted on this fold's training rows differs from the "
-                             "saved one; the training data changed since the run")
+        serializer = refitted(make_serializer(config), features.iloc[train_index], fold_dir / "serializer.json")
+        tabular = make_tabular(config, train, features)
+        columns = ()
+        if tabular is not None:
+            columns = refitted(tabular, features.iloc[train_index], fold_dir / "tabular.json").transform(new_features)
         model, checkpoint = load_checkpoint(fold_dir)
         tokenizer = read_tokenizer(fold_dir / TOKENIZER_FILE)
         variants = [predict_outputs(model, tokenize(config, tokenizer, serializer, new_features, repeat, k, variant),
-                                    config.train) for variant in range(max(1, tta))]
+                                    config.train, columns=columns) for variant in range(max(1, tta))]
         fold_outputs = np.mean(variants, axis=0)
         head = HeadConfig.from_dict(checkpoint["head"])
         transform = saved_target_transform(fold_dir / CONFIG_FILE, checkpoint)
@@ -91,6 +91,16 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
         mean = to_predictions(head, apply_temperature(average_folds(outputs), metrics["calibration"]["temperature"]),
                               None)
     return write_csv(out, predictions_frame(comp, targets.classes, rows[comp.id_column], mean))
+
+
+def refitted(transform, train_rows: pd.DataFrame, saved: Path):
+    """``transform`` (a serializer or the fusion's column features) fitted on a fold's training rows, which must
+    reproduce the fitted statistics the run saved in ``saved``: the model reads what it was trained on."""
+    transform.fit(train_rows)
+    if json.loads(json.dumps(transform.fitted_statistics())) != read_json(saved):
+        raise KbertError(f"{saved.parent}: the {saved.stem} statistics refitted on this fold's training rows differ "
+                         f"from the saved {saved.name}; the training data changed since the run")
+    return transform
 
 
 def check_fold_models(run_dir: Path, config: RunConfig) -> list[tuple[Path, int, int]]:

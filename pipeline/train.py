@@ -40,6 +40,11 @@ class FoldData:
     valid_tokens: list[np.ndarray]
     valid_targets: np.ndarray
     test_tokens: list[np.ndarray]
+    # --fusion: each row's column features (numeric, categorical), row-aligned with the tokens; () without fusion.
+    # Augmented and TTA variants reword the text only, so they share these.
+    train_columns: tuple[np.ndarray, ...] = ()
+    valid_columns: tuple[np.ndarray, ...] = ()
+    test_columns: tuple[np.ndarray, ...] = ()
     # Augmentation: extra serializations of the same rows, in the same order.
     train_variants: list[list[np.ndarray]] = field(default_factory=list)  # epoch e: variant e % (len + 1)
     valid_tta: list[list[np.ndarray]] = field(default_factory=list)  # averaged with the plain outputs
@@ -123,23 +128,28 @@ def make_optimizer(model: TaskModel, config: TrainConfig, total_steps: int) -> o
     return optim.MultiOptimizer(optimizers, filters)
 
 
-def loss_fn(model: TaskModel, ids: mx.array, mask: mx.array, targets: mx.array) -> mx.array:
-    return model.head.loss(model(ids, mask), targets)
+def loss_fn(model: TaskModel, ids: mx.array, mask: mx.array, targets: mx.array, *columns: mx.array) -> mx.array:
+    return model.head.loss(model(ids, mask, *columns), targets)
+
+
+def column_batch(columns: tuple[np.ndarray, ...], index: np.ndarray) -> list[mx.array]:
+    """The fusion inputs of the rows ``index`` (none without fusion)."""
+    return [mx.array(c[index]) for c in columns]
 
 
 def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm: float, compiled: bool = True,
-                    loss: Callable = loss_fn) -> Callable[[mx.array, mx.array, mx.array], mx.array]:
-    """One optimizer step of ``loss(model, ids, mask, targets)``; returns the loss. The caller evaluates loss,
-    parameters and optimizer state.
+                    loss: Callable = loss_fn) -> Callable[..., mx.array]:
+    """One optimizer step of ``loss(model, ids, mask, targets, *columns)``; returns the loss. The caller evaluates
+    loss, parameters and optimizer state.
 
     ``model.train()`` runs inside the step, so every trace (one per input shape) is a training-mode
     trace: a compiled step keeps the mode it was traced in, whatever mode the model is in later.
     """
     loss_and_grad = nn.value_and_grad(model, loss)
 
-    def step(ids: mx.array, mask: mx.array, targets: mx.array) -> mx.array:
+    def step(ids: mx.array, mask: mx.array, targets: mx.array, *columns: mx.array) -> mx.array:
         model.train()
-        value, grads = loss_and_grad(model, ids, mask, targets)
+        value, grads = loss_and_grad(model, ids, mask, targets, *columns)
         grads, _ = optim.clip_grad_norm(grads, max_grad_norm)
         optimizer.update(model, grads)
         return value
@@ -151,19 +161,22 @@ def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm:
     return mx.compile(step, inputs=state, outputs=state)
 
 
-def make_forward(model: TaskModel, compiled: bool = True) -> Callable[[mx.array, mx.array], mx.array]:
-    """Eval-mode logits. The parameters are inputs of the compiled graph, so later updates are seen."""
+def make_forward(model: TaskModel, compiled: bool = True) -> Callable[..., mx.array]:
+    """Eval-mode logits of ``(ids, mask, *columns)``. The parameters are inputs of the compiled graph, so later
+    updates are seen."""
 
-    def forward(ids: mx.array, mask: mx.array) -> mx.array:
+    def forward(ids: mx.array, mask: mx.array, *columns: mx.array) -> mx.array:
         model.eval()
-        return model(ids, mask)
+        return model(ids, mask, *columns)
 
     return mx.compile(forward, inputs=[model.state]) if compiled else forward
 
 
 def predict_outputs(model: TaskModel, tokens: list[np.ndarray], config: TrainConfig,
-                    forward: Callable[[mx.array, mx.array], mx.array] | None = None) -> np.ndarray:
-    """Eval-mode head outputs in input order, (n,) or (n, k); batches are sorted by length, then unsorted."""
+                    forward: Callable[..., mx.array] | None = None,
+                    columns: tuple[np.ndarray, ...] = ()) -> np.ndarray:
+    """Eval-mode head outputs in input order, (n,) or (n, k); batches are sorted by length, then unsorted.
+    ``columns``: the rows' fusion inputs, in the same order as ``tokens``."""
     was_training = model.training
     forward = forward or make_forward(model, config.compile)
     order = np.argsort([len(t) for t in tokens], kind="stable")
@@ -171,7 +184,7 @@ def predict_outputs(model: TaskModel, tokens: list[np.ndarray], config: TrainCon
     for start in range(0, len(tokens), config.eval_batch_size):
         index = order[start : start + config.eval_batch_size]
         ids, mask = pad_batch([tokens[i] for i in index], config.length_bucket, width=batch_width(config))
-        outputs = forward(ids, mask)
+        outputs = forward(ids, mask, *column_batch(columns, index))
         mx.eval(outputs)
         if out is None:
             out = np.empty((len(tokens),) + tuple(outputs.shape[1:]), dtype=np.float32)
@@ -220,12 +233,13 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
             for start in range(0, len(order), config.batch_size):
                 index = order[start : start + config.batch_size]
                 ids, mask = pad_batch([train_tokens[i] for i in index], config.length_bucket, width=width)
-                loss = train_step(ids, mask, mx.array(data.train_targets[index]))
+                loss = train_step(ids, mask, mx.array(data.train_targets[index]),
+                                  *column_batch(data.train_columns, index))
                 mx.eval(loss, model.parameters(), optimizer.state)
                 losses.append(loss.item())
                 check_finite_loss(losses[-1], "training", description, epoch)
                 bar.update(1)
-            valid_outputs = predict_outputs(model, data.valid_tokens, config, forward)
+            valid_outputs = predict_outputs(model, data.valid_tokens, config, forward, data.valid_columns)
             valid_loss = model.head.loss(mx.array(valid_outputs), valid_targets).item()
             check_finite_loss(valid_loss, "validation", description, epoch)
             score = float(evaluate(valid_outputs))
@@ -244,12 +258,13 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
         bar.close()
     model.update(best_params)  # parameters are immutable arrays, so the saved tree is the best epoch's
     mx.eval(model.parameters())
-    test_outputs = predict_outputs(model, data.test_tokens, config, forward)
+    test_outputs = predict_outputs(model, data.test_tokens, config, forward, data.test_columns)
     best_score = sign * best_key[0]
     if data.valid_tta or data.test_tta:  # test-time augmentation: average the outputs over the serializations
-        best_valid = np.mean([best_valid] + [predict_outputs(model, v, config, forward) for v in data.valid_tta], axis=0)
-        test_outputs = np.mean([test_outputs] + [predict_outputs(model, t, config, forward) for t in data.test_tta],
-                               axis=0)
+        best_valid = np.mean([best_valid] + [predict_outputs(model, v, config, forward, data.valid_columns)
+                                             for v in data.valid_tta], axis=0)
+        test_outputs = np.mean([test_outputs] + [predict_outputs(model, t, config, forward, data.test_columns)
+                                                 for t in data.test_tta], axis=0)
         best_score = float(evaluate(best_valid))
     return FoldResult(valid_outputs=best_valid, test_outputs=test_outputs, best_epoch=best_epoch,
                       best_score=best_score, history=history, seconds=time.perf_counter() - started)

@@ -57,13 +57,15 @@ def test_a_pretrained_folder_runs_predicts_embeds_and_pretrains(model_type, tmp_
     out, subs = tmp_path / "runs", tmp_path / "subs"
 
     # kbert run: layer pooling over every layer's output, LoRA in the architecture's own projection names,
-    # recomputed layers.
+    # recomputed layers, the raw columns fused in (their weights train beside the adapters).
     assert main(["run", "titanic", "--encoder", str(folder), *TINY_RUN, "--pooling", "weighted-layers",
-                 "--adapter", "lora", "--lora-targets", "attention", "--gradient-checkpointing", "--out", str(out),
-                 "--submissions-dir", str(subs), "--run-id", "r"]) == 0
+                 "--adapter", "lora", "--lora-targets", "attention", "--gradient-checkpointing", "--fusion", "gated",
+                 "--out", str(out), "--submissions-dir", str(subs), "--run-id", "r"]) == 0
     run_dir = out / "titanic" / "r"
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert 0 <= metrics["cv"] <= 1
+    saved = mx.load(str(run_dir / "folds" / "0" / "adapter.safetensors"))
+    assert any(k.startswith("fusion.tabular_in.") for k in saved) and any("lora_a" in k for k in saved)
 
     # kbert predict reloads the adapter folds on the same base and reproduces the run's test predictions.
     assert main(["predict", str(run_dir), "--data", str(BUNDLED_DATA_DIR / "titanic" / "test.csv"),

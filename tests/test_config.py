@@ -226,7 +226,7 @@ def test_run_config_files_are_checked_like_yaml_and_flags(titanic, tmp_path):
 
 
 CHOICES = [("model", "pooling"), ("model", "spm_normalization"), ("model", "adapter_checkpoint"),
-           ("head", "target_transform")]
+           ("head", "target_transform"), ("head", "fusion")]
 
 
 @pytest.mark.parametrize("section,key", CHOICES)
@@ -252,7 +252,7 @@ def test_every_choice_setting_refuses_an_unknown_word_wherever_it_is_set(titanic
         run_config_from_file(path)
 
 
-@pytest.mark.parametrize("key", ["numeric", "truncate"])
+@pytest.mark.parametrize("key", ["numeric", "truncate", "numbers"])
 def test_text_choices_are_checked_in_the_competition_file_and_in_a_resolved_config(titanic, tmp_path, key):
     from kbert.pipeline.config import choice_words, competition_path, run_config_from_file
 

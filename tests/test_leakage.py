@@ -11,7 +11,7 @@ from kbert.pipeline.run import run_competition
 
 NAME = "house-prices-advanced-regression-techniques"
 TINY = {"folds": 2, "epochs": 1, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-        "intermediate_size": 64, "vocab_size": 400, "max_length": 96, "limit_rows": 100}
+        "intermediate_size": 64, "vocab_size": 400, "max_length": 96, "limit_rows": 100, "fusion": "concat"}
 
 
 def run(tmp_path, tag: str, data_dir) -> tuple:
@@ -27,7 +27,8 @@ def fold_statistics(run_dir, fold: int) -> dict:
     folder = run_dir / "folds" / str(fold)
     return {"serializer": json.loads((folder / "serializer.json").read_text()),
             "vocabulary": json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"],
-            "target_transform": json.loads((folder / "config.json").read_text())["target_transform"]}
+            "target_transform": json.loads((folder / "config.json").read_text())["target_transform"],
+            "tabular": json.loads((folder / "tabular.json").read_text())}
 
 
 def test_extreme_validation_rows_move_no_statistic_of_their_fold(tmp_path):
@@ -55,7 +56,10 @@ def test_extreme_validation_rows_move_no_statistic_of_their_fold(tmp_path):
     assert after["serializer"] == before["serializer"]  # quantile bin edges of every numeric column
     assert after["vocabulary"] == before["vocabulary"] and "leakword" not in after["vocabulary"]
     assert after["target_transform"] == before["target_transform"]  # log1p + standardize statistics
+    assert after["tabular"] == before["tabular"]  # --fusion: quantiles and categories of the raw columns
     # Fold 1 trains on those rows, so its statistics must move: the checks above can fail.
     moved, kept = fold_statistics(extreme_dir, 1), fold_statistics(plain_dir, 1)
     assert moved["serializer"] != kept["serializer"] and "leakword" in moved["vocabulary"]
+    assert moved["tabular"]["quantiles"] != kept["tabular"]["quantiles"]
+    assert "leakword" in moved["tabular"]["categories"]["MSZoning"]
     assert moved["target_transform"] != kept["target_transform"]

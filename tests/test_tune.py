@@ -76,7 +76,9 @@ def test_default_space_samples_valid_conditional_configs(name):
     params = parse_space(space_entries(competition, gpu=True))
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     seen_encoders, seen_adapters = set(), set()
-    for _ in range(40):
+    numeric_columns = any(dtype in ("int", "float") for c, dtype in competition.columns.items()
+                          if c != competition.id_column and c not in competition.target_columns)
+    for _ in range(60):
         trial = study.ask()
         chosen = sample(params, trial)
         config = resolve_trial_config(competition, TuneOptions(competition=name), to_overrides(params, chosen))
@@ -98,6 +100,12 @@ def test_default_space_samples_valid_conditional_configs(name):
         if chosen["serializer"] != "competition":
             assert config.competition.text.serializer == chosen["serializer"]
             assert config.competition.text.numeric == chosen["numeric"]
+        # Fusion only where the table has numeric columns; text.numbers only with fusion and a generic serializer.
+        assert ("fusion" in chosen) == numeric_columns
+        assert config.head.fusion == chosen.get("fusion", "none")
+        assert ("numbers" in chosen) == (chosen.get("fusion", "none") != "none"
+                                         and chosen["serializer"] != "competition")
+        assert config.competition.text.numbers == chosen.get("numbers", "both")
         study.tell(trial, 0.0)
     assert seen_encoders == {"bert", "minilm-l6"}
     assert seen_adapters >= {"none", "lora"}

@@ -25,7 +25,7 @@ are kept, the others are trained"""
 OVERRIDES = ("folds", "seed", "encoder", "epochs", "batch_size", "learning_rate", "max_length", "data_dir", "out_dir",
              "submissions_dir", "limit_rows", "compile", "gradient_checkpointing", "dynamic_padding", "pooling", "loss",
              "label_smoothing", "focal_gamma", "head_dropout", "target_transform", "calibrate", "permute_target",
-             "repeats", "augment", "tta", "adapter", "adapter_checkpoint", "spm_normalization")
+             "repeats", "augment", "tta", "adapter", "adapter_checkpoint", "spm_normalization", "fusion")
 
 
 def add_parser(commands) -> None:
@@ -100,6 +100,9 @@ def _add_head_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--pooling", choices=("cls", "mean", "max", "attention", "weighted-layers", "cls-last4"),
                      help="how token states are pooled: weighted-layers is a learned mix of the last 4 layers, "
                           "then the mean; cls-last4 joins the CLS vectors of the last 4 layers")
+    run.add_argument("--fusion", choices=("none", "concat", "gated"),
+                     help="join the pooled text with a learned vector of the row's raw columns (numbers quantile-"
+                          "transformed, categories embedded, fitted per fold): concat or gated (default none)")
     run.add_argument("--loss", help="the head's loss (e.g. focal, huber, gaussian_nll; see models/heads.py)")
     add_number(run, "--label-smoothing", float, "label_smoothing", help="multiclass cross-entropy label smoothing")
     add_number(run, "--focal-gamma", float, "focal_gamma", help="focal loss gamma")

@@ -52,12 +52,16 @@ def write_space_file(path: Path, space: dict) -> Path:
 def space_entries(competition: CompetitionConfig, space_file: Path | None = None,
                   gpu: bool | None = None) -> dict[str, Any]:
     """The raw entries for a competition: the file's ``params``, its ``cpu`` replacements when MLX has no GPU,
-    its task's extras, then the competition's ``search_space`` over them (null removes an entry)."""
+    its ``numeric_columns`` extras when the competition declares numeric input columns, its task's extras, then
+    the competition's ``search_space`` over them (null removes an entry)."""
     data = read_space_file(space_file or DEFAULT_SPACE)
     tasks = data.get("tasks") or {}
     gpu = has_gpu() if gpu is None else gpu
+    inputs = {c: dtype for c, dtype in competition.columns.items()
+              if c != competition.id_column and c not in competition.target_columns}
+    numeric = any(dtype in ("int", "float") for dtype in inputs.values())
     entries = {**(data.get("params") or {}), **({} if gpu else data.get("cpu") or {}),
-               **(tasks.get(competition.task) or {})}
+               **(data.get("numeric_columns") or {} if numeric else {}), **(tasks.get(competition.task) or {})}
     for name, entry in competition.search_space.items():
         if entry is None:
             entries.pop(name, None)
