@@ -80,7 +80,7 @@ def test_default_targets_cover_every_linear_layer_of_the_blocks(family):
     per_layer = {"bert": 6, "modernbert": 4, "neobert": 4}[family]
     assert len(report.injected) == layers * per_layer
     assert sum(isinstance(m, LoRALinear) for m in model.modules()) == layers * per_layer
-    assert report.saved_modules == ["head", "pooler"]
+    assert report.saved_modules == ["head", "pooler", "fusion"]
 
 
 @pytest.mark.parametrize("family", list(ENCODERS))
