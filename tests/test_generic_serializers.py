@@ -161,3 +161,26 @@ def test_serializers_follow_the_fit_transform_contract():
         SERIALIZERS["list"](columns_=["Age"])  # fitted attributes are not constructor arguments
     with pytest.raises(KbertError, match="no columns"):
         serializer("list", columns=[]).fit(ROWS)
+
+
+def test_percentile_writes_the_rounded_value_and_its_training_percentile():
+    from kbert.features.generic import ordinal
+
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 99, 0)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "99th", "0th"]
+    fitted = serializer("list", columns=["Age", "GrLivArea"], numeric="percentile").fit(ROWS.iloc[:4])
+    assert len(fitted.bin_edges_["Age"]) == 99  # from the 3 known training ages only
+    texts = fitted.transform(ROWS)
+    assert texts[0] == "Age: 22, 0th percentile; GrLivArea: 1700, 33rd percentile"
+    assert texts[4] == "Age: 54, 99th percentile; GrLivArea: 2200, 99th percentile"  # above every training value
+    assert texts[2].startswith("Age: unknown; ")
+
+
+def test_omit_numbers_leaves_the_numeric_columns_out_of_the_text():
+    fitted = serializer("list", omit_numbers=True, mappings={"GrLivArea": {"1710": "big"}}).fit(ROWS)
+    assert fitted.columns_ == ["Sex", "Embarked", "GrLivArea"]  # a mapped column is words, so it stays
+    assert fitted.transform(ROWS)[0] == "Sex: male; Embarked: S; GrLivArea: big"
+    with pytest.raises(KbertError, match="every column of the list serializer is numeric"):
+        serializer("list", columns=["Age"], omit_numbers=True).fit(ROWS)
+    with pytest.raises(KbertError, match="text.numbers omit works with the list and sentence serializers"):
+        serializer("template", template="{Sex}", omit_numbers=True).fit(ROWS)
