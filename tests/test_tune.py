@@ -14,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 import optuna
 import pytest
+import yaml
 from mlx.utils import tree_flatten
 from optuna.trial import TrialState
 
@@ -550,3 +551,17 @@ def test_when_encoder_pretrained_holds_for_every_pretrained_encoder(tmp_path):
               for encoder in ("bert", "bert-mini", "minilm-l6", "org/model@v1", str(tmp_path))}
     assert active == {"bert": ["layers", "only_bert"], "bert-mini": ["layers"], "minilm-l6": ["lr"],
                       "org/model@v1": ["lr"], str(tmp_path): ["lr"]}
+
+
+def test_a_study_samples_fusion_and_its_trials_blend(tmp_path):
+    """A fusion trial completes like any other and keeps what `kbert predict` and `kbert ensemble` read."""
+    space = {"params": {**TINY_SPACE["params"], "fusion": {"choices": ["none", "concat", "gated"]}}}
+    options = tiny_options(tmp_path, space=write_space(tmp_path / "fusion.yaml", space), trials=4)
+    study, _ = tune(options)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4 and trials[0].params["fusion"] == "none"
+    fused = [t for t in trials if t.params["fusion"] != "none"]
+    assert fused
+    folder = tmp_path / "runs" / "titanic" / "t" / f"trial-{fused[0].number:04d}"
+    assert yaml.safe_load((folder / "config.yaml").read_text())["head"]["fusion"] == fused[0].params["fusion"]
+    assert all((folder / name).is_file() for name in ("oof.csv", "test.csv", "folds/0/tabular.json"))
