@@ -1,7 +1,7 @@
 """Save and load fold models: ``model.safetensors`` + ``config.json`` (+ ``tokenizer.json``) in one folder.
 
-A fold trained with adapters may instead be adapter-only: ``adapter.safetensors`` (adapter weights, head
-and pooler) + ``adapter_config.json``, on top of the base encoder that ``config.json`` names under
+A fold trained with adapters may instead be adapter-only: ``adapter.safetensors`` (adapter weights, head,
+pooler and fusion) + ``adapter_config.json``, on top of the base encoder that ``config.json`` names under
 ``source``; loading re-reads that base and checks its weights' fingerprint.
 Loading is strict: a missing or unexpected weight name is an error that lists the names, and a config.json or
 weight file that is truncated, edited or describes no model is one error naming the file.
@@ -30,8 +30,9 @@ def save_checkpoint(model: TaskModel, folder: Path, config: dict[str, Any], toke
                     adapter: AdapterConfig | None = None, base_fingerprint: str = "",
                     tokenizer_json: str | None = None) -> Path:
     """``config`` holds what ``build_task_model`` needs: encoder_config, head (a HeadConfig dict), pooling,
-    fusion (a FusionConfig dict, or None) and ``source`` (the base encoder). With ``adapter``, only the adapter and head weights are written. The
-    tokenizer is copied from ``tokenizer_path`` or written from its ``tokenizer_json`` text."""
+    fusion (a FusionConfig dict, or None) and ``source`` (the base encoder). With ``adapter``, only the
+    trainable weights (adapters, head, pooler, fusion) are written. The tokenizer is copied from ``tokenizer_path``
+    or written from its ``tokenizer_json`` text."""
     folder = Path(folder)
     if adapter is None:
         write_safetensors(folder / WEIGHTS_FILE, model)

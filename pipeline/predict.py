@@ -1,10 +1,11 @@
 """``kbert predict``: predict new rows with a finished run's saved fold models, averaged over the folds.
 
 Each fold's serializer (and, with fusion, its column features) is refitted on that fold's training rows (the
-run's folds.csv and its training data) and must reproduce the fold's saved serializer.json (tabular.json) exactly, so the text the models read is the text they
-were trained on; the tokenizer, weights and target transform come from ``folds/<k>/``. Every fold the run's
-config lists must be there and complete, and every file is read through a checked reader: a missing fold or a
-damaged file is refused, naming it, before anything is written.
+run's folds.csv and its training data) and must reproduce the fold's saved serializer.json (tabular.json)
+exactly, so the text and columns the models read are those they were trained on; the tokenizer, weights and
+target transform come from ``folds/<k>/``. Every fold the run's config lists must be there and complete, and
+every file is read through a checked reader: a missing fold or a damaged file is refused, naming it, before
+anything is written.
 """
 
 from __future__ import annotations

@@ -130,8 +130,8 @@ def test_every_task_runs_with_fusion_and_predict_reproduces_its_test_predictions
 
 
 def threshold_competition(folder):
-    """1000 rows (800 to train) whose target is a sharp threshold on one number (reading > 61.8), with a category and a word of
-    noise beside it: trivial for a tree, hard for a model that reads "reading: 57.31" as words."""
+    """1000 rows (800 to train) whose target is a sharp threshold on one number (reading > 61.8), with a category
+    and a word of noise beside it: trivial for a tree, hard for a model that reads "reading: 57.31" as words."""
     rng = np.random.default_rng(0)
     n = 1000
     frame = pd.DataFrame({"row_id": np.arange(n), "reading": np.round(rng.uniform(0, 100, n), 2),
