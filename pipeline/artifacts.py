@@ -5,7 +5,7 @@ config.yaml (the resolved config), written first, in that order; .lock (locked w
 folder); folds.csv (id, fold, and fold_repeat<r> per extra repeat), oof.csv and test.csv (id, then the
 prediction columns of pipeline/predictions.py), outputs.npz (raw OOF and fold-averaged test head outputs),
 metrics.json (the scores, the inputs' hashes and the config's, the warnings; written last), and ``folds/<k>/``
-per fold (``fold_name``: ``r<repeat>-<k>`` with repeated k-fold): model.safetensors (or adapter.safetensors +
+per fold (``fold_name``: ``r<repeat>-<k>`` with repeated k-fold, ``<k>-s<i>`` for the i-th extra seed): model.safetensors (or adapter.safetensors +
 adapter_config.json), config.json, tokenizer.json, test.csv, history.json, serializer.json (the serializer's
 fitted statistics), outputs.npz (the fold's raw and final validation and test predictions) and fold.json (its
 record; written last: a fold without it is unfinished). Every file is written to a temp file and renamed
@@ -67,15 +67,23 @@ LOCK_FILE = ".lock"
 FOLD_ARRAYS = ("valid_outputs", "valid_predictions", "test_outputs", "test_predictions")
 
 
-def fold_name(repeat: int, k: int, repeats: int) -> str:
-    """A fold's folder under ``folds/``: ``3``, or ``r1-3`` with repeated k-fold."""
-    return str(k) if repeats == 1 else f"r{repeat}-{k}"
+def fold_name(repeat: int, k: int, repeats: int, seed_index: int = 0) -> str:
+    """A fold's folder under ``folds/``: ``3``, or ``r1-3`` with repeated k-fold; ``3-s1`` for the run's second
+    seed (``--seeds``), so the first seed's folders are those of a one-seed run."""
+    name = str(k) if repeats == 1 else f"r{repeat}-{k}"
+    return name if seed_index == 0 else f"{name}-s{seed_index}"
+
+
+def fold_layout(config: RunConfig) -> list[tuple[int, int, int]]:
+    """(seed index, repeat, fold) of every fold model a run with this config trains, in training order: each
+    seed goes through all its folds before the next starts, so a tuning trial's first reports are one seed's."""
+    folds = config.competition.folds
+    return [(s, r, k) for s in range(config.seeds) for r in range(folds.repeats) for k in range(folds.k)]
 
 
 def fold_names(config: RunConfig) -> list[str]:
     """Every fold folder a run with this config has, in training order."""
-    folds = config.competition.folds
-    return [fold_name(r, k, folds.repeats) for r in range(folds.repeats) for k in range(folds.k)]
+    return [fold_name(r, k, config.competition.folds.repeats, s) for s, r, k in fold_layout(config)]
 
 
 def input_fingerprint(comp: CompetitionConfig, data_dir: Path) -> dict[str, str]:

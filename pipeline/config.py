@@ -165,6 +165,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     head: HeadOptions = field(default_factory=HeadOptions)
     seed: int = 42
+    seeds: int = 1  # train each fold with seeds seed, seed + 1, ... on the same folds; predictions averaged
     data_dir: str = ""
     out_dir: str = "runs"
     submissions_dir: str = "submissions"
@@ -269,7 +270,7 @@ BOUNDS: dict[str, Bound] = {
     # TextConfig
     "text.bins": SIZE, "text.jitter": NON_NEGATIVE,
     # RunConfig
-    "seed": SEED, "limit_rows": Bound(integer=True, at_least=1, optional=True),
+    "seed": SEED, "seeds": SIZE, "limit_rows": Bound(integer=True, at_least=1, optional=True),
 }
 NESTED_SETTINGS = ("adapter_options", "text")  # override keys holding a mapping of settings
 
@@ -519,7 +520,7 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     Every number is checked first (the competition's sections as ``training.<key>``, the overrides by their
     names; the CLI checks its flags by flag name before this, load_competition the YAML's by file)."""
     model, train, head = ModelConfig(), TrainConfig(), HeadOptions()
-    run_fields = {"seed", "data_dir", "out_dir", "submissions_dir", "limit_rows", "permute_target"}
+    run_fields = {"seed", "seeds", "data_dir", "out_dir", "submissions_dir", "limit_rows", "permute_target"}
     check_competition_settings(competition)
     check_settings({k: v for k, v in (overrides or {}).items() if v is not None}, str)
     merged = {**competition.head, **competition.training,
@@ -627,7 +628,7 @@ def run_config_from_file(path: Path, overrides: dict[str, Any] | None = None) ->
     if isinstance(competition, str):
         check_settings(rest, lambda key: f"{path}: {key}")
         return resolve_run_config(load_competition(competition), {**rest, **overrides})
-    run_fields = {"seed", "data_dir", "out_dir", "submissions_dir", "limit_rows"}
+    run_fields = {"seed", "seeds", "data_dir", "out_dir", "submissions_dir", "limit_rows"}
     refused = set(overrides) - run_fields
     if refused:
         raise KbertError(f"{path} is a resolved run config; edit it instead of passing {sorted(refused)} "
@@ -650,6 +651,7 @@ def check_resolved_config(config: RunConfig, where: str) -> None:
     check_settings(asdict(config.model), lambda key: f"{where}model.{key}")
     check_settings(asdict(config.train), lambda key: f"{where}train.{key}")
     check_settings(asdict(config.head), lambda key: f"{where}head.{key}")
-    check_settings({"seed": config.seed, "limit_rows": config.limit_rows}, lambda key: f"{where}{key}")
+    check_settings({"seed": config.seed, "seeds": config.seeds, "limit_rows": config.limit_rows},
+                   lambda key: f"{where}{key}")
     check_competition_settings(config.competition, f"{where}competition.")
     check_model_sizes(config.model, f"{where}model: ")

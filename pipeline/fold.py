@@ -98,12 +98,13 @@ class FoldSplit:
     k: int
     train_index: np.ndarray
     valid_index: np.ndarray
-    name: str  # "3", or "r1-3" with repeated k-fold
-    description: str  # "fold 4/5 (repeat 2/3)"
+    name: str  # "3", or "r1-3" with repeated k-fold, "3-s1" for the second seed
+    description: str  # "fold 4/5 (repeat 2/3)", "fold 4/5 (seed 43)"
+    seed_index: int = 0  # --seeds: this fold model trains with seed + seed_index
 
     @property
     def first(self) -> bool:
-        return self.repeat == 0 and self.k == 0
+        return self.repeat == 0 and self.k == 0 and self.seed_index == 0
 
 
 @dataclass
@@ -362,7 +363,7 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
     budget = report_token_budget(inputs, fit, tokenizer, log) if split.first else None
     data = fold_data(inputs, split, fit, tokenizer)
 
-    fold_seed = config.seed * 1000 + split.repeat * 100 + split.k
+    fold_seed = (config.seed + split.seed_index) * 1000 + split.repeat * 100 + split.k
     seed_everything(fold_seed)
     fusion = fusion_config(config, fit.tabular)
     model = build_task_model(encoder_config, head, config.model.pooling, fusion=fusion)
@@ -388,7 +389,8 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
         valid_predictions=to_predictions(head, result.valid_outputs, fit.target_transform),
         test_outputs=result.test_outputs,
         test_predictions=to_predictions(head, result.test_outputs, fit.target_transform),
-        record={"fold": split.k, "repeat": split.repeat, "score": result.best_score, "best_epoch": result.best_epoch,
+        record={"fold": split.k, "repeat": split.repeat, "seed": config.seed + split.seed_index,
+                "score": result.best_score, "best_epoch": result.best_epoch,
                 "n_train": len(split.train_index), "n_valid": len(split.valid_index),
                 "seconds": round(result.seconds, 2)},
         tokens=budget,

@@ -23,7 +23,7 @@ from kbert.io import check_writable_folder, read_json, read_table, write_csv
 from kbert.models.checkpoints import CONFIG_FILE, TOKENIZER_FILE, load_checkpoint
 from kbert.models.heads import HeadConfig
 from kbert.models.tokenizer import read_tokenizer
-from kbert.pipeline.artifacts import fold_name, missing_fold_part
+from kbert.pipeline.artifacts import fold_layout, fold_name, missing_fold_part
 from kbert.pipeline.calibration import apply_temperature
 from kbert.pipeline.config import RunConfig, run_config_from_file
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
@@ -107,9 +107,8 @@ def refitted(transform, train_rows: pd.DataFrame, saved: Path):
 def check_fold_models(run_dir: Path, config: RunConfig) -> list[tuple[Path, int, int]]:
     """(folder, repeat, fold) of every fold the run's config lists, each complete (``missing_fold_part``); a
     run whose folds keep no weights at all (a tuning trial outside the top-N) is refused as such."""
-    folds = config.competition.folds
-    listed = [(run_dir / "folds" / fold_name(r, k, folds.repeats), r, k)
-              for r in range(folds.repeats) for k in range(folds.k)]
+    listed = [(run_dir / "folds" / fold_name(r, k, config.competition.folds.repeats, s), r, k)
+              for s, r, k in fold_layout(config)]
     if not any(any(fold_dir.glob("*.safetensors")) for fold_dir, _, _ in listed):
         raise KbertError(f"{run_dir}: no fold models in folds/ (a tuning trial outside the top-N keeps none)")
     for fold_dir, _, _ in listed:

@@ -23,9 +23,10 @@ from kbert.features import add_features
 from kbert.io import make_folder, removed_on_refusal, write_json, write_npz, write_text
 from kbert.models import runtime
 from kbert.models.heads import predict
-from kbert.pipeline.artifacts import (RunResult, check_resumable, check_run_outputs, config_fingerprint, fold_name,
-                                      input_fingerprint, lock_message, lock_run_folder, new_run_id, read_finished_fold,
-                                      score_summary, write_folds_table, write_predictions, write_run_config)
+from kbert.pipeline.artifacts import (RunResult, check_resumable, check_run_outputs, config_fingerprint, fold_layout,
+                                      fold_name, input_fingerprint, lock_message, lock_run_folder, new_run_id,
+                                      read_finished_fold, score_summary, write_folds_table, write_predictions,
+                                      write_run_config)
 from kbert.pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature
 from kbert.pipeline.config import RunConfig
 from kbert.pipeline.data import data_warnings, load_competition_data
@@ -45,7 +46,7 @@ __all__ = ["RunResult", "new_run_id", "run_competition"]
 def run_competition(config: RunConfig, run_id: str | None = None, progress: bool = True,
                     log: Callable[[str], None] = print, on_fold: Callable[[int, float], None] | None = None,
                     submission_path: Path | None = None) -> RunResult:
-    """``on_fold(step, score)`` is called after each fold (step = repeat * k + fold); it may raise to stop
+    """``on_fold(step, score)`` is called after each fold (step: its place in the training order); it may raise to stop
     the run (tuning prunes this way). ``submission_path`` defaults to ``submissions/<comp>/<run-id>.csv``."""
     started = time.perf_counter()
     inputs = prepare_inputs(config)
@@ -72,7 +73,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
             log_run_header(inputs, source, run_id, run_dir, log)
 
             folds = []
-            for split in splits:
+            for step, split in enumerate(splits):
                 fold = finished[split.name]
                 if fold is not None:
                     log(f"{split.description}: {config.competition.metric} {fold.record['score']:.4f} "
@@ -83,11 +84,13 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                 folds.append(fold)
                 created.forget()  # a finished fold is kept: the run can be resumed
                 if on_fold is not None:
-                    on_fold(split.repeat * config.competition.folds.k + split.k, fold.record["score"])
+                    on_fold(step, fold.record["score"])
 
             oof_outputs, oof_predictions, test_outputs, test_predictions = collect_predictions(len(inputs.train), folds,
                                                                                                fold_sets[0])
             final = post_process(inputs, oof_outputs, oof_predictions, test_outputs, test_predictions, fold_sets[0])
+            if config.seeds > 1:
+                final["extra"]["seed_cv"] = seed_scores(inputs, splits, folds, fold_sets[0], log)
             return write_run_artifacts(inputs, run_id, run_dir, folds, oof_outputs, test_outputs, final, started,
                                        submission_path)
 
@@ -147,17 +150,17 @@ def log_run_header(inputs: RunInputs, source: EncoderSource, run_id: str, run_di
 
 
 def fold_splits(config: RunConfig, fold_sets: list[np.ndarray]) -> list[FoldSplit]:
-    """Every (repeat, fold) in training order, with its rows (time series: only rows before the validation
-    block, less ``purge``)."""
+    """Every (seed, repeat, fold) in training order (``fold_layout``), with its rows (time series: only rows
+    before the validation block, less ``purge``). Every seed trains on the same folds."""
     folds, repeats = config.competition.folds, len(fold_sets)
     splits = []
-    for r, fold_of_row in enumerate(fold_sets):
-        for k in range(folds.k):
-            train_index, valid_index = fold_rows(fold_of_row, k, folds)
-            splits.append(FoldSplit(
-                repeat=r, k=k, train_index=train_index, valid_index=valid_index,
-                name=fold_name(r, k, repeats),
-                description=f"fold {k + 1}/{folds.k}" + (f" (repeat {r + 1}/{repeats})" if repeats > 1 else "")))
+    for s, r, k in fold_layout(config):
+        train_index, valid_index = fold_rows(fold_sets[r], k, folds)
+        notes = ([f"repeat {r + 1}/{repeats}"] if repeats > 1 else []) + \
+                ([f"seed {config.seed + s}"] if config.seeds > 1 else [])
+        splits.append(FoldSplit(
+            repeat=r, k=k, train_index=train_index, valid_index=valid_index, name=fold_name(r, k, repeats, s),
+            description=f"fold {k + 1}/{folds.k}" + (f" ({', '.join(notes)})" if notes else ""), seed_index=s))
     return splits
 
 
@@ -207,6 +210,21 @@ def collect_predictions(rows: int, folds: list[FoldPredictions],
     oof_predictions[covered] = mean(prediction_sum)
     return (oof_outputs, oof_predictions, average_folds([f.test_outputs for f in folds]),
             average_folds([f.test_predictions for f in folds]))
+
+
+def seed_scores(inputs: RunInputs, splits: list[FoldSplit], folds: list[FoldPredictions], fold_of_row: np.ndarray,
+                log) -> dict[str, float]:
+    """``--seeds``: each seed's own CV (its folds' OOF predictions alone, at the run's cut-off, before calibration),
+    to set beside the CV of their average."""
+    config, rows = inputs.config, np.flatnonzero(np.asarray(fold_of_row) >= 0)
+    scores = {}
+    for s in range(config.seeds):
+        own = [fold for split, fold in zip(splits, folds) if split.seed_index == s]
+        oof = collect_predictions(len(inputs.train), own, fold_of_row)[1]
+        scores[str(config.seed + s)] = score(inputs.metric, config.competition.task, inputs.truth[rows], oof[rows],
+                                             inputs.threshold, inputs.targets.classes)
+    log("CV of each seed alone: " + ", ".join(f"seed {seed} {value:.4f}" for seed, value in scores.items()))
+    return scores
 
 
 def post_process(inputs: RunInputs, oof_outputs: np.ndarray, oof_predictions: np.ndarray, test_outputs: np.ndarray,

@@ -13,6 +13,7 @@ EPILOG = """examples:
   kbert run titanic                          bundled Titanic data, 5 folds, seed 42
   kbert run titanic --epochs 5 --folds 3     a quicker run
   kbert run titanic --encoder minilm-l6      fine-tune pretrained all-MiniLM-L6-v2
+  kbert run titanic --seeds 3                seeds 42, 43, 44 on the same folds, averaged into one member
   kbert run titanic --data-dir ~/kaggle/titanic --out /tmp/runs
   kbert run path/to/my_competition.yaml
 
@@ -22,8 +23,8 @@ resume: after Ctrl-C or a crash, rerun the same command with --run-id <run-id> (
 are kept, the others are trained"""
 
 # RunConfig fields set by the flag of the same name (None: the config's or competition's value)
-OVERRIDES = ("folds", "seed", "encoder", "epochs", "batch_size", "learning_rate", "max_length", "data_dir", "out_dir",
-             "submissions_dir", "limit_rows", "compile", "gradient_checkpointing", "dynamic_padding", "pooling", "loss",
+OVERRIDES = ("folds", "seed", "seeds", "encoder", "epochs", "batch_size", "learning_rate", "max_length", "data_dir",
+             "out_dir", "submissions_dir", "limit_rows", "compile", "gradient_checkpointing", "dynamic_padding", "pooling", "loss",
              "label_smoothing", "focal_gamma", "head_dropout", "target_transform", "calibrate", "permute_target",
              "repeats", "augment", "tta", "adapter", "adapter_checkpoint", "spm_normalization", "fusion")
 
@@ -54,6 +55,8 @@ def _add_data_options(run: argparse.ArgumentParser) -> None:
     add_number(run, "--tta", int, "tta", help="test-time augmentation: average over this many serializations "
                "(default 1: off)")
     add_number(run, "--seed", int, "seed", help="training seed: initialisation, dropout, batch order (default 42)")
+    add_number(run, "--seeds", int, "seeds", help="train every fold with seeds S, S+1, ... on the same folds and "
+               "average their predictions into one member (default 1)")
 
 
 def _add_encoder_options(run: argparse.ArgumentParser) -> None:
