@@ -137,6 +137,8 @@ class TrainConfig:
     gradient_checkpointing: bool = False  # recompute encoder layers in the backward pass: less memory, ~1/3 more time
     augment: int = 0  # augmented serializations of the training rows; epoch e trains on variant e % (augment + 1)
     tta: int = 1  # test-time augmentation: valid and test outputs averaged over this many serializations
+    pseudo_label: str = ""  # a finished member on the same folds: its fold-k test predictions label fold k's extra rows
+    pseudo_threshold: float = 0.95  # ...the test rows whose predicted class has at least this probability
 
 
 @dataclass
@@ -259,6 +261,7 @@ BOUNDS: dict[str, Bound] = {
     "length_bucket": SIZE, "tta": SIZE, "augment": COUNT, "learning_rate": Bound(above=0, optional=True),
     "weight_decay": NON_NEGATIVE, "warmup_ratio": SHARE, "min_lr_ratio": Bound(at_least=0, at_most=1),
     "max_grad_norm": POSITIVE, "layerwise_lr_decay": Bound(above=0, at_most=1),
+    "pseudo_threshold": Bound(above=0, below=1),
     # HeadOptions
     "focal_gamma": NON_NEGATIVE, "focal_alpha": Bound(at_least=0, at_most=1, optional=True),
     "label_smoothing": SHARE, "pos_weight": Bound(above=0, optional=True, form="number or list"),
@@ -551,6 +554,8 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         raise KbertError(f"target_transform applies to regression and timeseries tasks, not '{competition.task}'")
     if head.calibrate and not Task(competition.task).calibratable:
         raise KbertError(f"calibrate applies to binary and multiclass tasks, not '{competition.task}'")
+    if train.pseudo_label and competition.task not in (Task.BINARY, Task.MULTICLASS):
+        raise KbertError(f"--pseudo-label applies to binary and multiclass tasks, not '{competition.task}'")
     if competition.text.numbers == "omit" and head.fusion == "none":
         raise KbertError("text.numbers omit leaves the numbers out of the text, and with --fusion none nothing else "
                          "reads them; choose --fusion concat or gated, or text.numbers both")

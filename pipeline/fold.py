@@ -50,6 +50,7 @@ from kbert.pipeline.config import CompetitionConfig, RunConfig, adapter_config
 from kbert.pipeline.folds import make_fold_sets
 from kbert.pipeline.metrics import Metric
 from kbert.pipeline.predictions import predictions_frame, score
+from kbert.pipeline.pseudo import PseudoLabels
 from kbert.pipeline.targets import Targets, TargetTransform, fit_target_transform
 from kbert.pipeline.train import FoldData, seed_everything, train_fold
 from kbert.tasks import Task
@@ -101,6 +102,7 @@ class FoldSplit:
     name: str  # "3", or "r1-3" with repeated k-fold, "3-s1" for the second seed
     description: str  # "fold 4/5 (repeat 2/3)", "fold 4/5 (seed 43)"
     seed_index: int = 0  # --seeds: this fold model trains with seed + seed_index
+    pseudo: PseudoLabels | None = None  # --pseudo-label: test rows added to the training rows (pipeline/pseudo.py)
 
     @property
     def first(self) -> bool:
@@ -311,12 +313,18 @@ def fold_data(inputs: RunInputs, split: FoldSplit, fit: FoldFit, tokenizer: Toke
     # The training rows' plain text is already serialized, unless it must be truncated column by column.
     plain_train = (tokens(train_rows) if config.competition.text.truncate == "priority"
                    else encode(tokenizer, fit.train_texts, config.train.max_length))
+    train_targets = targets[split.train_index]
+    if split.pseudo is not None:  # pseudo-labelled test rows follow the training rows (after every fit)
+        pseudo_rows = inputs.test_features.iloc[split.pseudo.test_index]
+        plain_train = plain_train + tokens(pseudo_rows)
+        train_targets = np.concatenate([train_targets, split.pseudo.targets.astype(train_targets.dtype)])
+        train_rows = pd.concat([train_rows, pseudo_rows])
     return FoldData(
         train_columns=columns(train_rows),
         valid_columns=columns(valid_rows),
         test_columns=columns(inputs.test_features),
         train_tokens=plain_train,
-        train_targets=targets[split.train_index],
+        train_targets=train_targets,
         valid_tokens=tokens(valid_rows),
         valid_targets=targets[split.valid_index],
         test_tokens=tokens(inputs.test_features),

@@ -36,6 +36,7 @@ from kbert.pipeline.folds import fold_rows
 from kbert.pipeline.metrics import get_metric
 from kbert.pipeline.predictions import (average_folds, check_metric_fits_task, metric_targets, score,
                                         tune_label_thresholds, tune_threshold)
+from kbert.pipeline.pseudo import pseudo_labels
 from kbert.pipeline.submission import write_predictions_submission
 from kbert.pipeline.targets import encode_targets, num_outputs, raw_targets
 from kbert.tasks import Task
@@ -63,6 +64,11 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     with removed_on_refusal() as created:  # refused before a fold finished: nothing is left behind
         fold_sets = split_folds(config, inputs.train, inputs.targets, comp_dir)  # one fold-per-row array per repeat
         splits = fold_splits(config, fold_sets)
+        pseudo = {}
+        if config.train.pseudo_label:  # each fold's teacher is the source's model of that fold
+            pseudo = pseudo_labels(config, comp_dir, inputs.train[config.competition.id_column], inputs.test_ids,
+                                   fold_sets)
+            splits = [replace(split, pseudo=pseudo[(split.repeat, split.k)]) for split in splits]
         inputs.warnings += fold_warnings(config.competition, inputs.targets,
                                          [(split.description, split.train_index) for split in splits])
         with open_run_folder(config, run_dir, inputs.inputs, log):
@@ -71,6 +77,10 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                               else write_text(run_dir / "tokenizer.json", source.tokenizer.to_str()))
             write_folds_table(run_dir, config.competition, inputs.train[config.competition.id_column], fold_sets)
             log_run_header(inputs, source, run_id, run_dir, log)
+            if pseudo:
+                log(f"pseudo-labels from {config.train.pseudo_label} (p >= {config.train.pseudo_threshold}): " +
+                    ", ".join(f"fold {k + 1} +{len(p.test_index)}" for (r, k), p in pseudo.items() if r == 0) +
+                    " test rows")
 
             folds = []
             for step, split in enumerate(splits):
@@ -91,6 +101,10 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
             final = post_process(inputs, oof_outputs, oof_predictions, test_outputs, test_predictions, fold_sets[0])
             if config.seeds > 1:
                 final["extra"]["seed_cv"] = seed_scores(inputs, splits, folds, fold_sets[0], log)
+            if pseudo:
+                final["extra"]["pseudo_labels"] = {
+                    "source": config.train.pseudo_label, "threshold": config.train.pseudo_threshold,
+                    "folds": {split.name: split.pseudo.to_dict() for split in splits if split.seed_index == 0}}
             return write_run_artifacts(inputs, run_id, run_dir, folds, oof_outputs, test_outputs, final, started,
                                        submission_path)
 

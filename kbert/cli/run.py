@@ -26,7 +26,8 @@ are kept, the others are trained"""
 OVERRIDES = ("folds", "seed", "seeds", "encoder", "epochs", "batch_size", "learning_rate", "max_length", "data_dir",
              "out_dir", "submissions_dir", "limit_rows", "compile", "gradient_checkpointing", "dynamic_padding", "pooling", "loss",
              "label_smoothing", "focal_gamma", "head_dropout", "target_transform", "calibrate", "permute_target",
-             "repeats", "augment", "tta", "adapter", "adapter_checkpoint", "spm_normalization", "fusion")
+             "repeats", "augment", "tta", "adapter", "adapter_checkpoint", "spm_normalization", "fusion",
+             "pseudo_label", "pseudo_threshold")
 
 
 def add_parser(commands) -> None:
@@ -55,6 +56,11 @@ def _add_data_options(run: argparse.ArgumentParser) -> None:
     add_number(run, "--tta", int, "tta", help="test-time augmentation: average over this many serializations "
                "(default 1: off)")
     add_number(run, "--seed", int, "seed", help="training seed: initialisation, dropout, batch order (default 42)")
+    run.add_argument("--pseudo-label", metavar="RUN",
+                     help="add confidently predicted test rows to each fold's training rows, labelled by RUN's model "
+                          "of that fold (a finished run, trial or baseline on the same folds), so the OOF stays honest")
+    add_number(run, "--pseudo-threshold", float, "pseudo_threshold",
+               help="...the test rows whose predicted class has at least this probability (default 0.95)")
     add_number(run, "--seeds", int, "seeds", help="train every fold with seeds S, S+1, ... on the same folds and "
                "average their predictions into one member (default 1)")
 

@@ -1,0 +1,115 @@
+"""Pseudo-labels: confidently predicted test rows added to a fold's training rows (``--pseudo-label SOURCE``).
+
+The teacher is a finished member on the same folds (a ``kbert run``, a tuning trial or a ``kbert baseline``): fold
+k of the new run takes its test rows and labels from SOURCE's fold-k models only, whose training rows are fold k's
+training rows. So no prediction that fold k's validation rows helped to make reaches fold k, and the OOF score of
+the new run stays honest. (The fold-averaged test.csv of SOURCE would leak: its other folds trained on them.) The
+teacher's best epoch was picked on fold k's validation score, as every fold model's is (early stopping): that mild
+optimism, which the fold's own early stopping has anyway, is all that reaches fold k.
+
+A test row is taken when the teacher's probability of its predicted class is at least ``pseudo_threshold``; it is
+added with that hard label. Binary and multiclass tasks only. The fold's fitted transforms (serializer, vocabulary,
+column features, target transform) still see the fold's training rows only: pseudo rows are added to what the
+model trains on, after fitting, so ``kbert predict`` refits the same statistics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kbert.errors import KbertError
+from kbert.io import read_table
+from kbert.names import check_name
+from kbert.pipeline.config import RunConfig
+from kbert.tasks import Task
+
+
+@dataclass
+class PseudoLabels:
+    """The test rows a fold adds to its training rows, with their labels in training space."""
+
+    test_index: np.ndarray  # (m,) rows of the test file
+    targets: np.ndarray  # (m,) binary: float 0/1; multiclass: int class index
+
+    def to_dict(self) -> dict:
+        counts = np.unique(self.targets, return_counts=True)
+        return {"rows": int(len(self.test_index)),
+                "per_class": {str(int(c)): int(n) for c, n in zip(*counts)}}
+
+
+def source_folder(config: RunConfig, comp_dir: Path) -> Path:
+    """``--pseudo-label``: a member under ``runs/<competition>/`` (a run id or <study>/trial-NNNN)."""
+    name = config.train.pseudo_label
+    for part in name.split("/"):
+        check_name(part, f"--pseudo-label {name!r}: part")
+    folder = comp_dir / name
+    if not (folder / "metrics.json").is_file():
+        raise KbertError(f"--pseudo-label: no finished run '{name}' in {comp_dir} (no metrics.json)")
+    return folder
+
+
+def fold_teachers(source: Path, repeat: int, k: int) -> list[Path]:
+    """SOURCE's fold-k models of repeat ``repeat`` (every seed of them): folders holding a test.csv."""
+    base = str(k) if not (source / "folds" / f"r{repeat}-{k}").exists() else f"r{repeat}-{k}"
+    found = [source / "folds" / base, *sorted((source / "folds").glob(f"{base}-s*"))]
+    return [folder for folder in found if (folder / "test.csv").is_file()]
+
+
+def check_same_folds(source: Path, id_column: str, ids: pd.Series, fold_sets: list[np.ndarray]) -> None:
+    """SOURCE must have split the training rows exactly as this run does, repeat by repeat."""
+    columns = ["fold", *(f"fold_repeat{r}" for r in range(1, len(fold_sets)))]
+    table = read_table(source / "folds.csv", required=(id_column,))
+    missing = [c for c in columns if c not in table.columns]
+    if missing or len(table) != len(ids) or set(table[id_column]) != set(ids):
+        raise KbertError(f"--pseudo-label {source.name}: its folds.csv is not a split of this run's training rows "
+                         f"(or has fewer repeats); pseudo-labels need a teacher trained on the same folds")
+    table = table.set_index(id_column).loc[ids.to_numpy()]
+    for column, fold_of_row in zip(columns, fold_sets):
+        if not np.array_equal(table[column].to_numpy(), np.asarray(fold_of_row)):
+            raise KbertError(f"--pseudo-label {source.name}: its folds differ from this run's ({source / 'folds.csv'}"
+                             f" column '{column}'); pseudo-labels need a teacher trained on the same folds")
+
+
+def teacher_probabilities(folders: list[Path], id_column: str, test_ids: pd.Series) -> np.ndarray:
+    """(test rows, columns) mean of the teachers' test predictions, in the test file's row order."""
+    tables = []
+    for folder in folders:
+        frame = read_table(folder / "test.csv", required=(id_column,))
+        if len(frame) != len(test_ids) or set(frame[id_column]) != set(test_ids):
+            raise KbertError(f"{folder / 'test.csv'}: its ids are not this competition's test rows")
+        columns = [c for c in frame.columns if c != id_column]
+        tables.append(frame.set_index(id_column).loc[test_ids.to_numpy(), columns].to_numpy(np.float64))
+    return np.mean(tables, axis=0)
+
+
+def choose(task: str, probabilities: np.ndarray, threshold: float) -> PseudoLabels:
+    """The confident rows and their hard labels: binary P(positive) (n, 1), multiclass (n, C) probabilities."""
+    if task == Task.BINARY:
+        p = probabilities[:, 0]
+        confidence, labels = np.maximum(p, 1.0 - p), (p >= 0.5).astype(np.float32)
+    else:
+        confidence, labels = probabilities.max(axis=1), probabilities.argmax(axis=1).astype(np.int32)
+    rows = np.flatnonzero(confidence >= threshold)
+    return PseudoLabels(test_index=rows, targets=labels[rows])
+
+
+def pseudo_labels(config: RunConfig, comp_dir: Path, ids: pd.Series, test_ids: pd.Series,
+                  fold_sets: list[np.ndarray]) -> dict[tuple[int, int], PseudoLabels]:
+    """Each (repeat, fold)'s pseudo-labels, from SOURCE's models of that fold alone."""
+    comp = config.competition
+    source = source_folder(config, comp_dir)
+    check_same_folds(source, comp.id_column, ids, fold_sets)
+    chosen = {}
+    for r in range(len(fold_sets)):
+        for k in range(comp.folds.k):
+            teachers = fold_teachers(source, r, k)
+            if not teachers:
+                raise KbertError(f"--pseudo-label {source.name}: no per-fold test predictions for fold {k} "
+                                 f"({source / 'folds'}); rerun it with this version of kbert")
+            probabilities = teacher_probabilities(teachers, comp.id_column, test_ids)
+            chosen[(r, k)] = choose(comp.task, probabilities, config.train.pseudo_threshold)
+    return chosen
