@@ -10,7 +10,8 @@ Categorical columns with many distinct values (tickets, cabins) are target-encod
 does its own); one with a distinct value on almost every row (a name, an id) is dropped, and trees skip
 short text (names), which only the linear model's TF-IDF can use. Every transform (category codes, target
 means, TF-IDF vocabulary, scaling, imputation) is part of a scikit-learn pipeline fitted on the fold's
-training rows only.
+training rows only. With ``--embeddings`` an encoder's pooled text embeddings, reduced per fold, join the raw
+columns (ensembles/embedding_features.py).
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from sklearn.pipeline import make_pipeline as chain
 from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler, TargetEncoder
 
 from kbert.ensembles.blend import native
+from kbert.ensembles.embedding_features import open_embedding_source, source_name, with_embeddings
 from kbert.errors import KbertError
 from kbert.features import add_features
-from kbert.io import make_folder, removed_on_refusal, write_json
+from kbert.io import make_folder, removed_on_refusal, write_csv, write_json
 from kbert.pipeline.artifacts import (RunResult, check_run_outputs, config_fingerprint, input_fingerprint, lock_message,
                                       lock_run_folder, score_summary, write_folds_table, write_predictions,
                                       write_run_config)
@@ -44,7 +46,8 @@ from kbert.pipeline.data import data_warnings, load_competition_data
 from kbert.pipeline.fold import fold_warnings, split_folds
 from kbert.pipeline.folds import fold_rows
 from kbert.pipeline.metrics import get_metric
-from kbert.pipeline.predictions import average_folds, check_metric_fits_task, metric_targets, score
+from kbert.pipeline.predictions import (average_folds, check_metric_fits_task, metric_targets, predictions_frame,
+                                        score)
 from kbert.pipeline.submission import write_predictions_submission
 from kbert.pipeline.targets import encode_targets, raw_targets
 from kbert.tasks import Task
@@ -266,8 +269,10 @@ def fit_predict_fold(model: str, task: str, train_rows: pd.DataFrame, train_targ
     return [np.stack(column, axis=1) for column in columns]
 
 
-def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = None, log=print) -> RunResult:
-    """Train ``model`` on the competition's folds; write a member in the run-artifact format."""
+def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = None, log=print,
+                 embeddings: str | None = None) -> RunResult:
+    """Train ``model`` on the competition's folds; write a member in the run-artifact format. ``embeddings``: a
+    finished run on the same folds, or a pretrained encoder, whose text embeddings join the raw columns."""
     if model not in MODELS:
         raise KbertError(f"unknown baseline model '{model}'; known: {', '.join(MODELS)}")
     started = time.perf_counter()
@@ -284,7 +289,8 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
     truth = metric_targets(task, targets.values, raw, metric.kind, targets.classes)
     log_target = Task(task).numeric and (metric.name in ("rmse_log", "rmsle") or
                                                            config.head.target_transform.startswith("log1p"))
-    run_id = run_id or f"baseline-{model}-seed{config.seed}"
+    tag = f"-emb-{source_name(embeddings)}" if embeddings else ""
+    run_id = run_id or f"baseline-{model}{tag}-seed{config.seed}"
     comp_dir = Path(config.out_dir) / comp.name
     run_dir = comp_dir / run_id
     if run_dir.exists():
@@ -297,6 +303,8 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
         rows = [fold_rows(fold_of_row, k, comp.folds) for k in range(comp.folds.k)]
         warnings += fold_warnings(comp, targets, [(f"fold {k + 1}/{comp.folds.k}", rows[k][0])
                                                   for k in range(comp.folds.k)])
+        source = None if not embeddings else open_embedding_source(
+            embeddings, config, comp_dir, train[comp.id_column], fold_of_row, input_fingerprint(comp, data.data_dir))
         try:
             make_folder(run_dir)
         except FileExistsError:  # another process made it after the check above
@@ -304,7 +312,8 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
         with lock_run_folder(run_dir):
             write_run_config(run_dir, {"run_id": run_id, "baseline": model, "competition": comp.name,
                                        "seed": config.seed, "folds": comp.folds.k, "data_dir": config.data_dir,
-                                       "limit_rows": config.limit_rows, "log_target": log_target},
+                                       "limit_rows": config.limit_rows, "log_target": log_target,
+                                       **({"embeddings": source.describe()} if source is not None else {})},
                              input_fingerprint(comp, data.data_dir))
             write_folds_table(run_dir, comp, train[comp.id_column], [fold_of_row])
             for warning in warnings:
@@ -318,11 +327,13 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
             for k in range(comp.folds.k):
                 fold_started = time.perf_counter()
                 train_index, valid_index = rows[k]
+                frames = [features.iloc[train_index], features.iloc[valid_index], test_features]
+                if source is not None:
+                    frames = with_embeddings(source, config, k, frames[0], frames[1:], run_dir / "folds" / str(k), log)
                 try:
-                    valid_table, test_table = fit_predict_fold(model, task, features.iloc[train_index],
-                                                               fit_targets[train_index],
-                                                               [features.iloc[valid_index], test_features], classes,
-                                                               config.seed + k, log_target, exclude=(comp.id_column,))
+                    valid_table, test_table = fit_predict_fold(model, task, frames[0], fit_targets[train_index],
+                                                               frames[1:], classes, config.seed + k, log_target,
+                                                               exclude=(comp.id_column,))
                 except ValueError as exc:  # scikit-learn's refusal of too few rows (its early-stopping split, ...)
                     raise KbertError(f"fold {k + 1}/{comp.folds.k}: the {model} baseline cannot be fitted on its "
                                      f"{len(train_index)} training rows: {exc}") from None
@@ -330,6 +341,9 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
                     oof = np.full((len(train), valid_table.shape[1]), np.nan)  # time series: no first block
                 oof[valid_index] = valid_table
                 test_tables.append(test_table)
+                # Fold k's own test predictions: a teacher for --pseudo-label, which must not see the other folds'.
+                write_csv(run_dir / "folds" / str(k) / "test.csv", predictions_frame(
+                    comp, targets.classes, data.test[comp.id_column], native(task, test_table)))
                 fold_score = score(metric, task, truth[valid_index], native(task, valid_table), 0.5, targets.classes)
                 fold_scores.append(fold_score)
                 fold_records.append({"fold": k, "repeat": 0, "score": fold_score, "n_train": len(train_index),

@@ -12,8 +12,10 @@ EPILOG = """examples:
   kbert baseline titanic                     HistGradientBoosting on the 5 folds of kbert run
   kbert baseline titanic --model logreg      logistic regression on one-hot and TF-IDF features
   kbert baseline house-prices-advanced-regression-techniques --model logreg   trimmed lasso on log-scaled sizes
+  kbert baseline nlp-getting-started --embeddings minilm-l6   + 32 PCA components of the tweets' sentence embeddings
+  kbert baseline titanic --embeddings fusion-none   + those of run fusion-none's fine-tuned fold k model, per fold
 
-member: <out>/<competition>/baseline-<model>-seed<S>/{config.yaml, folds.csv, oof.csv, test.csv, metrics.json}"""
+member: <out>/<competition>/baseline-<model>[-emb-<source>]-seed<S>/{config.yaml, folds.csv, oof.csv, test.csv, metrics.json}"""
 
 
 def add_parser(commands) -> None:
@@ -30,7 +32,12 @@ def add_parser(commands) -> None:
                                "if installed")
     add_number(baseline, "--seed", int, "seed", help="model seed (default: the run default, 42)")
     add_number(baseline, "--folds", int, "folds", help="number of CV folds (default: the competition's)")
-    baseline.add_argument("--run-id", help="run folder name (default baseline-<model>-seed<S>)")
+    baseline.add_argument("--embeddings", metavar="SOURCE",
+                          help="add an encoder's text embeddings, reduced to 32 PCA components per fold on its "
+                               "training rows: a finished kbert run on the same folds (its folder, or its id under "
+                               "--out; fold k's fine-tuned model embeds fold k's rows) or a pretrained encoder "
+                               "(minilm-l6, a model folder, a Hub id)")
+    baseline.add_argument("--run-id", help="run folder name (default baseline-<model>[-emb-<source>]-seed<S>)")
     add_number(baseline, "--limit-rows", int, "limit_rows", help="use only the first N training rows")
     add_data_dir(baseline)
     add_out(baseline)
@@ -48,5 +55,5 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     overrides = {name: getattr(args, name) for name in ("seed", "folds", "limit_rows", "data_dir", "out_dir",
                                                          "submissions_dir")}
     config = resolve_run_config(load_competition(args.competition), overrides)
-    print_run_result(run_baseline(config, args.model, run_id=args.run_id))
+    print_run_result(run_baseline(config, args.model, run_id=args.run_id, embeddings=args.embeddings))
     return 0

@@ -1,0 +1,237 @@
+"""Encoder embeddings as features of a tabular baseline (``kbert baseline --embeddings SOURCE``): the standard way to
+give gradient-boosted trees the text signal.
+
+SOURCE is either a finished kbert run on the same competition and the same folds, whose fold models are fine-tuned,
+or a pretrained encoder (``minilm-l6``, a model folder, a Hub id), the same for every fold.
+
+- A run: fold k's baseline reads the pooled vectors of fold k's model of that run (its encoder and pooler, as the
+  run pools) for its training, validation and test rows, serialized and tokenized as that run did (its serializer
+  refitted on the fold's training rows must reproduce the saved serializer.json). The validation rows are embedded
+  by a model that never trained on them; the run's folds.csv must therefore equal the baseline's folds. (A run's
+  fold model was early-stopped on that fold's validation rows: its embeddings carry the same mild optimism as the
+  run's own OOF score.)
+- A pretrained encoder: the competition's serialized text, mean-pooled and L2-normalised (the sentence encoders'
+  recipe), the serializer fitted on each fold's training rows. The encoder is fixed, so a text's vector is cached
+  between folds.
+
+Per fold, a PCA of at most ``COMPONENTS`` components is fitted on the fold's training rows' vectors only and saved
+(``folds/<k>/embedding_reducer.json``); its projections become the numeric columns ``emb_0..emb_31`` next to the
+raw features. The training rows are embedded in a call of their own, before any other row, so that (bit for bit)
+nothing of a fold's validation rows reaches its reducer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pandas as pd
+from sklearn.decomposition import PCA
+
+from kbert.errors import KbertError
+from kbert.io import read_json, read_table, write_json
+from kbert.models.checkpoints import TOKENIZER_FILE, load_checkpoint
+from kbert.models.encoders import load_encoder, max_tokens, trains_from_scratch
+from kbert.models.pooling import Pooler
+from kbert.models.tokenizer import read_tokenizer, special_token_id
+from kbert.pipeline.artifacts import INPUTS_FILE
+from kbert.pipeline.config import RunConfig, read_yaml, run_config_from_file
+from kbert.pipeline.fold import make_serializer, tokenize
+from kbert.pipeline.predict import check_fold_models, refitted
+from kbert.pipeline.train import pad_batch
+
+COMPONENTS = 32  # PCA components kept per fold: enough for the text signal, few enough for trees on 1-10k rows
+PREFIX = "emb_"
+REDUCER_FILE = "embedding_reducer.json"
+BATCH_SIZE = 64
+
+
+@dataclass
+class EmbeddingSource:
+    """Where fold k's embeddings come from: a run's fine-tuned fold models (``fold_dirs``) or one pretrained
+    ``encoder``. ``cache`` maps token ids to the fixed encoder's vectors (unused with fold models)."""
+
+    spec: str  # as the user gave it
+    name: str  # the run's folder name or the encoder's name, as the default run id shows it
+    run_dir: Path | None = None
+    run_config: RunConfig | None = None  # the source run's: its serializer and tokenization
+    fold_dirs: list[Path] = field(default_factory=list)
+    encoder: nn.Module | None = None
+    tokenizer: object = None
+    max_length: int = 0
+    cache: dict[bytes, np.ndarray] = field(default_factory=dict)
+
+    def describe(self) -> dict:
+        """What config.yaml records."""
+        if self.run_dir is not None:
+            return {"source": self.spec, "kind": "fine-tuned run", "run_dir": str(self.run_dir),
+                    "pooling": self.run_config.model.pooling, "components": COMPONENTS}
+        return {"source": self.spec, "kind": "pretrained encoder", "pooling": "mean, L2-normalised",
+                "max_length": self.max_length, "components": COMPONENTS}
+
+
+def source_name(spec: str) -> str:
+    """The plain name the default run id uses: a folder's last part, anything but letters, digits, '.', '_', '-'
+    replaced ("runs/titanic/fusion-none" -> "fusion-none", "org/model@rev" -> "model-rev")."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", Path(spec).name or spec).strip(".-")
+    return name or "source"
+
+
+def run_folder(spec: str, comp_dir: Path) -> Path | None:
+    """The run folder ``spec`` names (a folder path, or a run id under ``<out>/<competition>/``); None if neither."""
+    for path in (Path(spec), comp_dir / spec):
+        if (path / "config.yaml").is_file():
+            return path
+    return None
+
+
+def open_embedding_source(spec: str, config: RunConfig, comp_dir: Path, train_ids: pd.Series,
+                          fold_of_row: np.ndarray, inputs: dict[str, str]) -> EmbeddingSource:
+    """The checked source, before the baseline writes anything: a run must be a finished kbert run on this
+    competition, these data files and these folds, with every fold model; an encoder must load."""
+    run_dir = run_folder(spec, comp_dir)
+    if run_dir is not None:
+        return open_run_source(spec, run_dir, config, train_ids, fold_of_row, inputs)
+    if trains_from_scratch(spec):
+        raise KbertError(f"--embeddings {spec}: a from-scratch encoder has no trained weights; pass a finished run "
+                         "(its folder, or its id under --out) or a pretrained encoder such as minilm-l6")
+    try:
+        encoder, encoder_config, tokenizer = load_encoder(spec)
+    except KbertError as exc:
+        raise KbertError(f"--embeddings {spec}: not a finished run (no {comp_dir / spec}/config.yaml), and {exc}") \
+            from None
+    limit = max_tokens(encoder_config.to_dict())
+    max_length = min(config.train.max_length, limit) if limit is not None else config.train.max_length
+    return EmbeddingSource(spec=spec, name=source_name(spec), encoder=encoder, tokenizer=tokenizer,
+                           max_length=max_length)
+
+
+def open_run_source(spec: str, run_dir: Path, config: RunConfig, train_ids: pd.Series, fold_of_row: np.ndarray,
+                    inputs: dict[str, str]) -> EmbeddingSource:
+    comp = config.competition
+    saved = read_yaml(run_dir / "config.yaml")
+    if isinstance(saved, dict) and "baseline" in saved:
+        raise KbertError(f"--embeddings {run_dir}: a baseline has no fold models to embed with; pass a kbert run")
+    source_config = run_config_from_file(run_dir / "config.yaml")
+    if source_config.competition.name != comp.name:
+        raise KbertError(f"--embeddings {run_dir}: a run on '{source_config.competition.name}', not on '{comp.name}'")
+    recorded = read_json(run_dir / INPUTS_FILE) if (run_dir / INPUTS_FILE).is_file() else inputs
+    changed = sorted(name for name in {**recorded, **inputs} if recorded.get(name) != inputs.get(name))
+    if changed:
+        raise KbertError(f"--embeddings {run_dir}: the run read other data files ({', '.join(changed)} differ); "
+                         "its fold models would embed rows they were not split on")
+    check_same_folds(run_dir / "folds.csv", comp.id_column, train_ids, fold_of_row,
+                     f"{comp.folds.k} folds of {len(train_ids)} rows, fold seed {comp.folds.seed}, "
+                     f"under {Path(config.out_dir) / comp.name / 'folds'}")
+    fold_dirs = [fold_dir for fold_dir, repeat, _ in check_fold_models(run_dir, source_config) if repeat == 0]
+    return EmbeddingSource(spec=spec, name=source_name(run_dir.name), run_dir=run_dir, run_config=source_config,
+                           fold_dirs=fold_dirs)
+
+
+def check_same_folds(path: Path, id_column: str, ids: pd.Series, fold_of_row: np.ndarray, ours: str) -> None:
+    """The run's folds.csv puts every training row in the fold this baseline does; else one error naming both."""
+    table = read_table(path, required=(id_column, "fold"))
+    same = (len(table) == len(ids) and not table[id_column].duplicated().any()
+            and set(table[id_column]) == set(ids)
+            and (table.set_index(id_column).loc[ids.to_numpy(), "fold"].to_numpy() == fold_of_row).all())
+    if not same:
+        raise KbertError(f"--embeddings: the source run's folds ({path}) differ from this baseline's ({ours}); fold "
+                         "k's model would have trained on fold k's validation rows: give the baseline the run's "
+                         "--folds and --limit-rows, or use a run on these folds")
+
+
+def pooled_vectors(encoder: nn.Module, pooler: Pooler, tokens: list[np.ndarray], pad_id: int, normalize: bool,
+                   batch_size: int = BATCH_SIZE) -> np.ndarray:
+    """(len(tokens), pooler.output_size) float32 in input order; batches sorted by length (pipeline/embed.py's
+    loop, with a model's own pooler, layer poolings included)."""
+    encoder.eval()
+    order = np.argsort([len(t) for t in tokens], kind="stable")
+    out = np.zeros((len(tokens), pooler.output_size), dtype=np.float32)
+    for start in range(0, len(tokens), batch_size):
+        index = order[start : start + batch_size]
+        ids, mask = pad_batch([tokens[i] for i in index], length_bucket=8, pad_id=pad_id)
+        if pooler.uses_layers:
+            hidden, _, states = encoder(ids, mask, output_hidden_states=True)
+            vectors = pooler(hidden, mask, states)
+        else:
+            hidden, _ = encoder(ids, mask)
+            vectors = pooler(hidden, mask)
+        if normalize:
+            vectors = vectors / mx.maximum(mx.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+        out[index] = np.array(vectors)
+    return out
+
+
+def cached_vectors(cache: dict[bytes, np.ndarray], tokens: list[np.ndarray],
+                   embed: Callable[[list[np.ndarray]], np.ndarray]) -> np.ndarray:
+    """Vectors of ``tokens`` in order, each distinct token sequence embedded once (``embed`` gets the missing ones)."""
+    keys = [t.astype(np.int32).tobytes() for t in tokens]
+    missing = list(dict.fromkeys(key for key in keys if key not in cache))
+    if missing:
+        cache.update(zip(missing, embed([np.frombuffer(key, dtype=np.int32) for key in missing])))
+    return np.stack([cache[key] for key in keys])
+
+
+def fold_embeddings(source: EmbeddingSource, config: RunConfig, k: int, train_rows: pd.DataFrame,
+                    others: list[pd.DataFrame]) -> list[np.ndarray]:
+    """Raw vectors of the fold's training rows, then of each frame in ``others``; the training rows first, in a
+    call of their own."""
+    if source.run_dir is not None:  # fold k's fine-tuned model, its serializer and tokenizer as the run used them
+        fold_dir, run_config = source.fold_dirs[k], source.run_config
+        serializer = refitted(make_serializer(run_config), train_rows, fold_dir / "serializer.json")
+        tokenizer = read_tokenizer(fold_dir / TOKENIZER_FILE)
+        model, _ = load_checkpoint(fold_dir)
+        encoder, pooler, normalize, cache = model.encoder, model.pooler, False, {}
+    else:  # the fixed encoder on the competition's text, serialized as this fold's training rows fit it
+        run_config = replace(config, train=replace(config.train, max_length=source.max_length))
+        serializer = make_serializer(run_config).fit(train_rows)
+        tokenizer, encoder, normalize, cache = source.tokenizer, source.encoder, True, source.cache
+        pooler = Pooler("mean", encoder.hidden_size)
+    pad_id = special_token_id(tokenizer, "pad") or 0
+
+    def embed(tokens: list[np.ndarray]) -> np.ndarray:
+        return pooled_vectors(encoder, pooler, tokens, pad_id, normalize)
+
+    train_vectors = cached_vectors(cache, tokenize(run_config, tokenizer, serializer, train_rows, 0, k), embed)
+    other_tokens = [tokenize(run_config, tokenizer, serializer, rows, 0, k) for rows in others]
+    together = cached_vectors(cache, [t for tokens in other_tokens for t in tokens], embed)
+    bounds = np.cumsum([0] + [len(tokens) for tokens in other_tokens])
+    mx.clear_cache()
+    return [train_vectors, *(together[start:end] for start, end in zip(bounds[:-1], bounds[1:]))]
+
+
+def fit_reducer(train_vectors: np.ndarray, seed: int) -> PCA:
+    """A PCA of at most ``COMPONENTS`` components, fitted on the fold's training rows' vectors only (the full SVD:
+    the same rows give the same components)."""
+    components = min(COMPONENTS, train_vectors.shape[0], train_vectors.shape[1])
+    return PCA(n_components=components, svd_solver="full", random_state=seed).fit(train_vectors)
+
+
+def reducer_statistics(reducer: PCA, source: EmbeddingSource) -> dict:
+    """The fitted reducer as saved in ``folds/<k>/embedding_reducer.json``: enough to apply it again."""
+    return {"source": source.spec, "rows": int(reducer.n_samples_), "width": int(reducer.n_features_in_),
+            "mean": reducer.mean_.tolist(), "components": reducer.components_.tolist(),
+            "explained_variance_ratio": reducer.explained_variance_ratio_.tolist()}
+
+
+def with_embeddings(source: EmbeddingSource, config: RunConfig, k: int, train_rows: pd.DataFrame,
+                    others: list[pd.DataFrame], fold_dir: Path, log=print) -> list[pd.DataFrame]:
+    """``train_rows`` and each frame of ``others`` with the columns ``emb_0..`` appended: the fold's embeddings,
+    reduced by a PCA fitted on ``train_rows`` alone and saved in ``fold_dir``."""
+    taken = [c for c in train_rows.columns if str(c).startswith(PREFIX)]
+    if taken:
+        raise KbertError(f"--embeddings: the features already hold column(s) {', '.join(map(str, taken[:3]))}; "
+                         f"the embedding columns are named {PREFIX}0, {PREFIX}1, ...")
+    vectors = fold_embeddings(source, config, k, train_rows, others)
+    reducer = fit_reducer(vectors[0], config.seed + k)
+    write_json(fold_dir / REDUCER_FILE, reducer_statistics(reducer, source))
+    log(f"fold {k + 1}/{config.competition.folds.k}: {vectors[0].shape[1]}-d embeddings from {source.name}, "
+        f"{reducer.n_components_} components ({reducer.explained_variance_ratio_.sum():.1%} of the variance)")
+    columns = [f"{PREFIX}{i}" for i in range(reducer.n_components_)]
+    return [pd.concat([rows, pd.DataFrame(reducer.transform(table), index=rows.index, columns=columns)], axis=1)
+            for rows, table in zip([train_rows, *others], vectors)]
