@@ -39,6 +39,7 @@ class EnsembleResult:
     selected_single: HonestResult | None = None  # the best member, picked inside each outer fold (top-1)
     weights: dict[str, float] = field(default_factory=dict)
     # The chosen method's honest score minus the best member's OOF score, with a 95% paired-bootstrap interval.
+    coefficients: list[float] | None = None  # stack: the meta-model's coefficient of each member, when one each
     best_member: str = ""
     against_best: tuple[float, float, float] | None = None
     submission_path: Path | None = None
@@ -73,11 +74,11 @@ def outer_folds(competition: CompetitionConfig, train: pd.DataFrame, stratify: n
 def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", methods: str = "all",
                    runs_dir: str = "runs", submissions_dir: str = "submissions", data_dir: str | None = None,
                    folds: int = 5, seed: int = 0, options: BlendOptions | None = None, write: bool = True,
-                   repeats: int = 3, log=print) -> EnsembleResult:
+                   repeats: int = 3, log=print, name: str | None = None) -> EnsembleResult:
     """Score ``methods`` ("all", "best" = all then the best, or a comma list) by nested CV over ``folds`` outer
     folds, repeated over ``repeats`` outer splits (the honest CV is their mean: one split moves it by a
     passenger or two on Titanic); write the submission of the chosen method (the single named one, or the
-    best honest CV)."""
+    best honest CV) as ``<submissions_dir>/<competition>/<name>.csv`` (default ``ensemble-<method>-<time>``)."""
     options = options or BlendOptions(seed=seed)
     data, targets, problem = load_problem(competition, data_dir)
     id_column = competition.id_column
@@ -119,15 +120,19 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
     weights = {}
     if final.weights is not None:
         weights = {m.name: round(float(w), 6) for m, w in zip(members, final.weights)}
+    coefficients = None
+    if final.meta and len(final.meta) == 1 and np.asarray(final.meta[0].best_estimator_.coef_).size == len(members):
+        coefficients = np.asarray(final.meta[0].best_estimator_.coef_).ravel().round(6).tolist()
     result = EnsembleResult(members=members, member_scores=member_scores, member_honest=member_honest,
                             results=results, chosen=chosen, weights=weights, selected_single=selected_single,
-                            best_member=members[best_member].name, against_best=against_best)
+                            coefficients=coefficients, best_member=members[best_member].name,
+                            against_best=against_best)
     if not write:
         return result
 
     test_table = apply_decision(problem.task, apply_blend(final, T, problem.task), final.decision)
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}"
-    path = Path(submissions_dir) / competition.name / f"ensemble-{chosen}-{stamp}.csv"
+    path = Path(submissions_dir) / competition.name / f"{name or f'ensemble-{chosen}-{stamp}'}.csv"
     result.submission_path = write_predictions_submission(competition, native(problem.task, test_table),
                                                           targets.classes, final.decision.threshold,
                                                           data.test[id_column], data.sample_submission, path)

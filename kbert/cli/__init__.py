@@ -3,10 +3,12 @@
 Each command's options and handler sit together in one module, which adds its subparser(s) with ``add_parser`` and
 names the handler with ``set_defaults(handler=...)``:
 
+- auto.py: ``kbert auto``
 - run.py: ``kbert run``
 - tune.py: ``kbert tune``
 - baseline.py: ``kbert baseline``
 - ensemble.py: ``kbert ensemble``
+- adversarial.py: ``kbert adversarial``
 - predict.py: ``kbert predict`` and ``kbert embed``
 - doctor.py: ``kbert doctor``
 - competition.py: ``kbert validate`` and ``kbert init``
@@ -25,7 +27,8 @@ import argparse
 import os
 import sys
 
-from kbert.cli import baseline, competition, doctor, ensemble, kaggle, predict, pretrain, report, run, show_text, tune
+from kbert.cli import (adversarial, auto, baseline, competition, doctor, ensemble, kaggle, predict, pretrain, report, run,
+                       show_text, tune)
 from kbert.cli.common import check_numbers
 from kbert.errors import KbertError
 
@@ -35,7 +38,8 @@ Tabular rows become text, a BERT encoder is trained per fold, and the fold model
 out-of-fold and test predictions are written to runs/ with a submission file."""
 
 # in the order `kbert --help` lists their commands
-COMMAND_MODULES = (run, tune, baseline, ensemble, predict, doctor, competition, pretrain, kaggle, report, show_text)
+COMMAND_MODULES = (auto, run, tune, baseline, ensemble, adversarial, predict, doctor, competition, pretrain, kaggle, report,
+                   show_text)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,80 @@
+"""`kbert auto` end to end on a small slice of Titanic: every member, the leaderboard, a valid submission; and a
+SIGKILL in the middle followed by the same command ends as an uninterrupted run does."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from kbert.auto import AutoOptions, run_auto
+from kbert.pipeline.config import BUNDLED_DATA_DIR
+from tests.test_tasks_end_to_end import TINY
+
+OVERRIDES = {**TINY, "epochs": 3}
+
+
+def small_titanic(folder: Path) -> Path:
+    """The first 200 training rows and 100 test rows of Titanic."""
+    folder.mkdir(parents=True)
+    pd.read_csv(BUNDLED_DATA_DIR / "titanic" / "train.csv").iloc[:200].to_csv(folder / "train.csv", index=False)
+    test = pd.read_csv(BUNDLED_DATA_DIR / "titanic" / "test.csv").iloc[:100]
+    test.to_csv(folder / "test.csv", index=False)
+    sample = pd.read_csv(BUNDLED_DATA_DIR / "titanic" / "gender_submission.csv")
+    sample[sample["PassengerId"].isin(test["PassengerId"])].to_csv(folder / "gender_submission.csv", index=False)
+    return folder
+
+
+def options(data: Path, out: Path) -> AutoOptions:
+    return AutoOptions("titanic", 1800, data_dir=str(data), out_dir=str(out / "runs"),
+                       submissions_dir=str(out / "subs"), progress=False, overrides=OVERRIDES, study_trials=2)
+
+
+SCRIPT = """
+import sys
+from pathlib import Path
+from kbert.auto import AutoOptions, run_auto
+from tests.test_auto import options
+run_auto(options(Path(sys.argv[1]), Path(sys.argv[2])))
+"""
+
+
+def test_auto_runs_every_member_and_resumes_after_sigkill(tmp_path):
+    data = small_titanic(tmp_path / "data")
+    whole = run_auto(options(data, tmp_path / "whole"), log=lambda _: None)
+    board = pd.read_csv(whole.leaderboard)
+    assert {"auto-baseline-hgb", "auto-baseline-logreg", "auto-bert-gated", "auto-hgb-emb-best",
+            "auto-best-pseudo", "auto-best-seeds", "auto-study/trial-0000", "auto-study/trial-0001"} <= set(
+        board["member"])
+    assert list(board.columns) == ["member", "kind", "cv", "honest", "seconds", "weight"]
+    assert board["honest"].notna().all() and whole.report.is_file()
+    submission = pd.read_csv(whole.submission)
+    assert len(submission) == 100 and set(submission["Survived"]) <= {0, 1}
+    sidecar = json.loads(whole.submission.with_suffix(".json").read_text())
+    assert sidecar["method"] == whole.chosen and abs(sidecar["honest_cv"] - whole.honest) < 1e-12
+    # The pseudo-labelled run's teacher is the best baseline; the extra seeds are of the best encoder run.
+    state = json.loads((tmp_path / "whole" / "runs" / "titanic" / "auto" / "state.json").read_text())
+    assert state["jobs"]["auto-best-pseudo"]["settings"]["pseudo_label"].startswith("auto-baseline-")
+    assert state["jobs"]["auto-best-seeds"]["settings"]["seeds"] == 2
+
+    # The same, killed with SIGKILL once the first encoder run has finished a fold, then run again.
+    out = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    process = subprocess.Popen([sys.executable, "-c", SCRIPT, str(data), str(out)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = out / "runs" / "titanic" / "auto-bert-gated" / "folds" / "0" / "fold.json"
+    deadline = time.time() + 600
+    while not marker.is_file() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, "kbert auto ended before it could be killed"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (out / "runs" / "titanic" / "auto-bert-gated" / "metrics.json").is_file()
+    resumed = run_auto(options(data, out), log=lambda _: None)
+    again = pd.read_csv(resumed.leaderboard)
+    pd.testing.assert_frame_equal(again.drop(columns="seconds"), board.drop(columns="seconds"))
+    assert resumed.submission.read_bytes() == whole.submission.read_bytes()

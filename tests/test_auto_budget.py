@@ -1,0 +1,78 @@
+"""kbert auto's scheduler (kbert/auto/budget.py, kbert/auto/run.py) with fake job durations: estimates come from
+the finished jobs, and no job starts that cannot finish inside the limit."""
+
+import json
+
+import pytest
+
+from kbert.auto import run as driver
+from kbert.auto.budget import FIXED_SECONDS, PRIOR_RATE, Estimator, encoder_work, fitting_epochs
+from kbert.auto.run import AutoOptions, run_auto
+
+
+def test_rates_come_from_the_finished_jobs_of_the_same_kind_then_family():
+    estimator = Estimator()
+    assert estimator.estimate("run:bert", 10) == pytest.approx(FIXED_SECONDS + 10 * PRIOR_RATE["run"])
+    estimator.record("baseline:hgb", 100_000, FIXED_SECONDS + 5)  # baselines 3x faster than their priors here
+    assert estimator.rate("baseline:hgb") == pytest.approx(5 / 100_000)
+    assert estimator.rate("baseline:catboost") == pytest.approx(PRIOR_RATE["baseline:catboost"] / 3)
+    assert estimator.rate("run:bert") == PRIOR_RATE["run"]  # a GBM's speed says nothing of an encoder's
+    estimator.record("run:bert", 10, FIXED_SECONDS + 70)
+    assert estimator.rate("run:bert") == pytest.approx(7.0)
+    assert estimator.rate("run:minilm-l6") == pytest.approx(7.0)  # 2x the prior, like the measured encoder
+    assert estimator.estimate("run:bert", 20) == pytest.approx(FIXED_SECONDS + 140)
+
+
+def test_epochs_are_lowered_until_the_run_fits_and_a_run_that_cannot_is_skipped():
+    estimator = Estimator(ensemble_seconds=1.0)  # the final ensemble: 10 + 3.5 s a member
+    estimator.record("run:bert", 1, FIXED_SECONDS + 10)  # 10 s an epoch
+    # 400 s left, 2 members: 3% of a 1000 s limit and 20.5 s of ensemble leave 349.5 s: 34 epochs fit, not 35.
+    assert fitting_epochs(estimator, "run:bert", 1.0, 50, 400, 2, 1000) == 34
+    assert fitting_epochs(estimator, "run:bert", 1.0, 20, 400, 2, 1000) == 20
+    assert fitting_epochs(estimator, "run:bert", 1.0, 20, 80, 2, 1000) == 0  # 3 epochs need 33 s + 20.5 + 30
+
+
+def test_encoder_work_counts_rows_folds_seeds_epochs_tokens_and_size():
+    one = encoder_work(rows=1000, test_rows=500, folds=5, seeds=1, epochs=1, tokens=50, layers=2, hidden=128)
+    assert one == pytest.approx((800 + (200 + 500) / 3) * 5 * 50 * 2 * 128 ** 2 / 1e9)
+    assert encoder_work(1000, 500, 5, 3, 10, 50, 2, 128) == pytest.approx(30 * one)
+
+
+def test_the_driver_never_starts_a_job_that_cannot_finish(tmp_path, monkeypatch):
+    """The real driver on titanic's plan, with a fake clock: every job takes 'true' seconds proportional to its
+    work, at rates unknown to the estimator (3x its priors for encoders), and records a metrics.json."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(driver.time, "perf_counter", lambda: clock["now"])
+    started = []
+
+    def execute(auto, job, settings, work):
+        kind, _ = driver.job_work(auto, job, settings)
+        true_rate = 3 * PRIOR_RATE["run"] if kind.startswith("run") else PRIOR_RATE.get(kind, 1e-3) / 2
+        seconds = FIXED_SECONDS + true_rate * work
+        started.append((job.name, clock["now"], seconds, auto.left()))
+        clock["now"] += seconds
+        folder = auto.comp_dir / job.name
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text(json.dumps({"cv": 0.8 - 0.01 * len(started), "wall_time_s": seconds,
+                                                         "folds": [{"seconds": seconds / 5}] * 5}))
+        return work
+
+    monkeypatch.setattr(driver, "execute", execute)
+    monkeypatch.setattr(driver, "adversarial", lambda auto: None)
+    monkeypatch.setattr(driver, "interim_blend", lambda auto, members: setattr(auto.estimator, "ensemble_seconds",
+                                                                              2.0))
+    monkeypatch.setattr(driver, "final_ensemble", lambda auto, members: members)
+    limit = 900.0
+    members = run_auto(AutoOptions("titanic", limit, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"),
+                                   study_trials=0), log=lambda _: None)
+    assert [name for name, *_ in started] == members
+    assert members[:2] == ["auto-baseline-hgb", "auto-baseline-logreg"]
+    assert "auto-bert-gated" in members  # the first encoder run fits, with its epochs lowered if need be
+    for name, at, seconds, left in started:
+        assert at + seconds <= limit, name  # each started job finished inside the limit
+    # The encoder runs after the first are estimated from it (3x the prior): none was started that could not finish.
+    state = json.loads((tmp_path / "titanic" / "auto" / "state.json").read_text())
+    assert state["measured"]["run:bert"]
+    skipped = [job for job in state["jobs"] if job not in members]
+    assert not skipped  # a job is recorded in the state only once it starts
+    assert clock["now"] <= limit
