@@ -73,7 +73,7 @@ def plot_leaderboard(frame: pd.DataFrame, metric: str, path: Path) -> Path:
               for kind in frame["kind"]]
     axis.barh(frame["member"], frame["cv"], color=colors)
     low, high = frame["cv"].min(), frame["cv"].max()
-    axis.set_xlim(low - 0.1 * (high - low + 1e-9), high + 0.15 * (high - low + 1e-9))
+    axis.set_xlim(low - 0.1 * (high - low + 1e-9), high + 0.35 * (high - low + 1e-9))  # room for the labels
     for y, (cv, weight) in enumerate(zip(frame["cv"], frame["weight"])):
         axis.text(cv, y, f" {cv:.4f}" + ("" if pd.isna(weight) else f"  w={weight:.2f}"), va="center", fontsize=8)
     axis.invert_yaxis()

@@ -393,12 +393,13 @@ def tune_study(auto: Auto, job: Job, members: int) -> list[str]:
     from kbert.tune import TuneOptions, tune
 
     trials = job.settings["trials"] if auto.options.study_trials is None else auto.options.study_trials
-    fold = max([record["seconds"] for name, state in auto.state["jobs"].items() if state.get("action") == "run"
-                and auto.done(name) for record in read_json(auto.comp_dir / name / "metrics.json")["folds"]],
-               default=60.0)
+    # The slowest fold of any encoder run so far (finished or stopped): a trial must have time for all its folds.
+    folds = [read_json(path)["record"]["seconds"] for name, state in auto.state["jobs"].items()
+             if state.get("action") == "run" for path in (auto.comp_dir / name).glob("folds/*/fold.json")]
+    fold = max(folds, default=float("inf"))
     seconds = (auto.left() - auto.estimator.ensemble_estimate(members + 3) - SAFETY * auto.options.time_limit
                - fold)
-    if trials and seconds >= 5 * fold:
+    if trials and seconds >= auto.competition.folds.k * fold:
         auto.log(f"start {job.name}: up to {trials} trials in {seconds:.0f}s")
         options = TuneOptions(competition=auto.options.competition, study=job.name, trials=trials, timeout=seconds,
                               sampler_seed=auto.options.seed, out_dir=auto.options.out_dir,
@@ -411,7 +412,8 @@ def tune_study(auto: Auto, job: Job, members: int) -> list[str]:
             auto.log(f"failed {job.name}: {exc}")
         auto.save()
     elif trials:
-        auto.log(f"skip {job.name}: {max(seconds, 0):.0f}s left for it, less than 5 folds of ~{fold:.0f}s")
+        auto.log(f"skip {job.name}: {max(seconds, 0):.0f}s left for it, less than a trial's "
+                 f"{auto.competition.folds.k} folds of ~{fold:.0f}s (the slowest encoder fold so far)")
     finished = [p.relative_to(auto.comp_dir).as_posix() for p in member_folders(auto.comp_dir)
                 if p.parent.name == job.name]
     return sorted(finished, key=lambda name: auto.cv(name), reverse=greater_is_better(auto))[:3]
