@@ -7,6 +7,7 @@
 - the OOF predictions against the truth, drawn for a run: ``plot_confusion``, ``plot_binary_calibration``,
   ``plot_top_label_calibration``, ``plot_label_confusion``, ``plot_label_calibration`` and ``plot_residuals``
   (which of them a task gets is ``kbert.report.runs.oof_plots``);
+- a run's column importance (``kbert report --importance``, pipeline/importance.py): ``plot_importance``;
 - the helpers the ensemble plots share: ``fit_ylim``.
 """
 
@@ -22,6 +23,7 @@ from kbert.report.page import direction, format_score
 
 LOG_METRICS = ("rmse_log", "rmsle")  # regression metrics scored on log1p values: residual plots in log space
 MAX_LABELS = 12  # multilabel: labels drawn in the calibration plot
+MAX_COLUMNS = 30  # column importance: the columns drawn, largest drops first
 
 
 def pyplot():
@@ -126,6 +128,35 @@ def plot_curves(histories: dict[str, list[dict]], metrics: dict, path: Path) -> 
         axes.grid(alpha=0.3)
         axes.xaxis.get_major_locator().set_params(integer=True)
         axes.legend(fontsize=7, ncol=2)
+    return save_figure(figure, path)
+
+
+# ---------------------------------------------------------------- column importance (a run)
+
+
+def plot_importance(importance: dict, path: Path) -> Path:
+    """A horizontal bar per column (largest drop on top): how much the CV drops without the column's words, in the
+    metric's better direction (importance.json of pipeline/importance.py); the first MAX_COLUMNS columns."""
+    plt = pyplot()
+    entries = importance["columns"][:MAX_COLUMNS][::-1]  # barh draws bottom-up
+    drops = np.array([entry["drop"] for entry in entries], dtype=np.float64)
+    figure, axes = plt.subplots(figsize=(8, 1.5 + 0.35 * max(len(entries), 1)))
+    y = np.arange(len(entries))
+    axes.barh(y, drops, color=["#4c78a8" if d >= 0 else "#e45756" for d in drops], height=0.6, zorder=2)
+    axes.axvline(0, color="black", linewidth=0.8, zorder=3)
+    for yi, entry in zip(y, entries):
+        axes.annotate(f"{entry['drop']:+.4f} ({format_score(entry['cv'])})", (entry["drop"], yi),
+                      textcoords="offset points", xytext=(4 if entry["drop"] >= 0 else -4, 0),
+                      ha="left" if entry["drop"] >= 0 else "right", va="center", fontsize=8)
+    low, high = float(drops.min(initial=0.0)), float(drops.max(initial=0.0))
+    pad = (high - low) * 0.35 or 0.01  # room for the labels beside the bars
+    axes.set_xlim(low - (pad if low < 0 else 0.1 * pad), high + pad)
+    axes.set_yticks(y, [entry["column"] for entry in entries])
+    shown = "" if len(importance["columns"]) <= MAX_COLUMNS else f", top {MAX_COLUMNS} of {len(importance['columns'])}"
+    axes.set_xlabel(f"drop in {importance['metric']} without the column's words "
+                    f"(positive: the words helped; {direction(importance['greater_is_better'])})")
+    axes.set_title(f"column importance{shown}: CV {format_score(importance['baseline_cv'])} with every column's words")
+    axes.grid(axis="x", alpha=0.3, zorder=0)
     return save_figure(figure, path)
 
 

@@ -1,6 +1,8 @@
 """The report of one run folder (``kbert run``, a tuning trial, ``kbert baseline``): its key numbers, the fold
-plots (also drawn for a study's best trial: ``fold_figures``) and the OOF predictions against the competition's
-targets, which ``load_truth`` reads again from the run's config.yaml and ``oof_plots`` draws as the task asks."""
+plots (also drawn for a study's best trial: ``fold_figures``), its column importance when the run folder has an
+importance.json (``kbert report --importance``: ``importance_section``) and the OOF predictions against the
+competition's targets, which ``load_truth`` reads again from the run's config.yaml and ``oof_plots`` draws as
+the task asks."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from kbert.errors import KbertError
 from kbert.io import read_json
 from kbert.report.page import Page, direction, format_score
 from kbert.report.plots import (fold_label, plot_binary_calibration, plot_confusion, plot_curves, plot_fold_scores,
-                                plot_label_calibration, plot_label_confusion, plot_residuals,
+                                plot_importance, plot_label_calibration, plot_label_confusion, plot_residuals,
                                 plot_top_label_calibration)
 from kbert.tasks import Task
 
@@ -24,6 +26,10 @@ RUN_FOLD_CAPTIONS = {
     "curves.png": "Training (dashed) and validation (solid) loss per epoch, and the validation score per epoch; the "
                   "star marks the epoch each fold kept.",
 }
+IMPORTANCE_CAPTION = ("How much the CV drops when one column's words are removed from the text: the run's fold models "
+                      "predict their validation rows again, without retraining. Positive: the column's words helped; "
+                      "the CV without them in brackets.")
+REMOVALS = {"dropped": "left out of the text", "missing": "written as missing"}
 
 
 def run_report(run_dir: Path, out: Path) -> Page:
@@ -38,6 +44,7 @@ def run_report(run_dir: Path, out: Path) -> Page:
         page.tables.append(fold_table(metrics))
     if "curves.png" not in dict(page.figures):
         page.notes.append("no folds/<k>/history.json (a baseline run): no training curves")
+    importance_section(run_dir, metrics, out, page)
 
     oof_path = run_dir / "oof.csv"
     if not oof_path.is_file():
@@ -85,6 +92,61 @@ def run_facts(run_dir: Path, metrics: dict) -> list[tuple[str, str]]:
     if metrics.get("submission"):
         facts.append(("submission", str(metrics["submission"])))
     return facts
+
+
+def importance_section(run_dir: Path, metrics: dict, out: Path, page: Page) -> None:
+    """The run's importance.json on ``page``: importance.png, the table of the CV without each column's words,
+    one validation row's text with and without them, and what was skipped; for an encoder run without one, a
+    note saying how to compute it."""
+    path = run_dir / "importance.json"
+    if not path.is_file():
+        if not metrics.get("baseline") and any((run_dir / "folds").glob("*/*.safetensors")):
+            page.notes.append("no importance.json: kbert report RUN --importance computes the CV without each "
+                              "column's words")
+        return
+    try:
+        importance = read_json(path, required=("metric", "greater_is_better", "baseline_cv", "columns"))
+    except KbertError as exc:
+        page.notes.append(f"column importance skipped: {exc}")
+        return
+    if importance["columns"]:
+        page.figures.append((plot_importance(importance, out / "importance.png").name, IMPORTANCE_CAPTION))
+    page.tables.append(importance_table(importance))
+    if importance.get("example"):
+        page.text.append(("One validation row's text, with every column's words and without each column's",
+                          importance_examples(importance)))
+    page.notes += [f"column importance: {column} skipped, {reason}"
+                   for column, reason in (importance.get("skipped") or {}).items()]
+    if importance.get("not_in_text"):
+        page.notes.append(f"column importance: not in the text: {', '.join(importance['not_in_text'])}")
+
+
+def importance_table(importance: dict) -> tuple[str, list[str], list[list[str]]]:
+    """The page's table of importance.json: each column's CV without its words and the drop, largest first."""
+    metric = importance["metric"]
+    run_cv = (f"the run's CV before calibration {format_score(importance['run_cv_uncalibrated'])}"
+              if "run_cv_uncalibrated" in importance else f"the run's CV {format_score(importance.get('run_cv'))}")
+    heading = (f"Column importance: {metric} {format_score(importance['baseline_cv'])} with every column's words "
+               f"({run_cv}), and without each column's")
+    return (heading, ["column", f"{metric} without its words", "drop (positive: the words helped)", "removal"],
+            [[str(entry["column"]), format_score(entry["cv"]), signed_score(entry["drop"]),
+              REMOVALS.get(entry.get("removal"), str(entry.get("removal", "-")))]
+             for entry in importance["columns"]])
+
+
+def signed_score(value: float) -> str:
+    """A drop as the page shows it: signed, 4 decimals or thousands as ``format_score``."""
+    text = format_score(abs(value))
+    return text if text == "-" else ("-" if value < 0 else "+") + text
+
+
+def importance_examples(importance: dict) -> str:
+    """The example row's text with every column's words, then without each column's (largest drop first)."""
+    names = ["every column"] + [f"- {entry['column']}" for entry in importance["columns"]]
+    texts = [importance["example"]] + [entry.get("example", "") for entry in importance["columns"]]
+    width = max(len(name) for name in names)
+    lines = [f"{name:<{width}}  {text}" for name, text in zip(names, texts)]
+    return "\n".join(lines)
 
 
 def model_description(run_dir: Path, metrics: dict) -> str:
