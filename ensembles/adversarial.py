@@ -7,7 +7,8 @@ The training rows (targets dropped) are stacked on the test rows with a label, 0
 pipeline) learn to predict that label, cross-validated over the stacked rows. Every transform (category codes,
 target means, imputation) is fitted on each fold's training part only, so a column that merely names a row
 cannot separate the files by being memorised. The id column is left out, and so are columns with a distinct
-value on almost every row (names), as the baseline does.
+value on almost every row (names), as the baseline does; short text the trees do not read (Titanic's names) is
+reported as not read rather than ranked with a zero importance.
 
 The out-of-fold ROC AUC is the drift figure: 0.5 means the files look alike. Verdict cut-offs:
 
@@ -34,8 +35,9 @@ import pandas as pd
 from sklearn.inspection import permutation_importance
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold
+from threadpoolctl import threadpool_limits
 
-from kbert.ensembles.baseline import column_kinds, make_pipeline, prepare
+from kbert.ensembles.baseline import ColumnKinds, column_kinds, make_pipeline, prepare
 from kbert.errors import KbertError
 from kbert.features import add_features
 from kbert.io import check_writable_folder, write_json
@@ -68,6 +70,7 @@ class AdversarialResult:
     n_test: int
     test_like: list[tuple[Any, float]]  # (training row id, out-of-fold P(test)), most test-like first
     identifiers: list[str]  # not used: a distinct value on almost every row
+    skipped: list[str]  # not read by the trees in any fold (short text such as names): no importance
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,34 +121,61 @@ def adversarial_validation(config: RunConfig, folds: int = 5, seed: int | None =
     if X.shape[1] == 0:
         raise KbertError(f"{comp.name}: no column to compare besides the id and per-row identifiers")
     oof = np.zeros(len(X))
-    fold_aucs, drops = [], []
+    fold_aucs, drops, read = [], [], set()
     splitter = StratifiedKFold(folds, shuffle=True, random_state=seed)
-    for k, (train_index, valid_index) in enumerate(splitter.split(X, labels)):
-        fit_rows, held_out = X.iloc[train_index], X.iloc[valid_index]
-        try:
-            pipeline = make_pipeline("hgb", kinds, True, seed + k, fit_rows).fit(fit_rows, labels[train_index])
-        except ValueError as exc:  # scikit-learn's refusal of too few rows (its early-stopping split, ...)
-            raise KbertError(f"fold {k + 1}/{folds}: the train-versus-test model cannot be fitted on its "
-                             f"{len(train_index)} rows: {exc}") from None
-        oof[valid_index] = pipeline.predict_proba(held_out)[:, 1]
-        fold_aucs.append(float(roc_auc_score(labels[valid_index], oof[valid_index])))
-        shuffled = permutation_importance(pipeline, held_out, labels[valid_index], scoring="roc_auc",
-                                          n_repeats=PERMUTATION_REPEATS, random_state=seed + k)
-        drops.append(shuffled.importances)  # (columns, repeats)
-        log(f"fold {k + 1}/{folds}: AUC {fold_aucs[-1]:.4f}")
+    # One OpenMP thread: the trees are small and the permutations are hundreds of small predictions, where
+    # threads waiting on each other cost more than they give (titanic on two busy cores: 6 s with one thread,
+    # 114 s with two).
+    with threadpool_limits(1, user_api="openmp"):
+        for k, (train_index, valid_index) in enumerate(splitter.split(X, labels)):
+            try:
+                oof[valid_index], fold_drops, fold_read = fit_fold(X, labels, kinds, train_index, valid_index,
+                                                                   seed + k)
+            except ValueError as exc:  # scikit-learn's refusal of too few rows (its early-stopping split, ...)
+                raise KbertError(f"fold {k + 1}/{folds}: the train-versus-test model cannot be fitted on its "
+                                 f"{len(train_index)} rows: {exc}") from None
+            fold_aucs.append(float(roc_auc_score(labels[valid_index], oof[valid_index])))
+            drops.append(fold_drops)
+            read |= fold_read
+            log(f"fold {k + 1}/{folds}: AUC {fold_aucs[-1]:.4f}")
     auc = float(roc_auc_score(labels, oof))
+    skipped = [c for c in X.columns if c not in read]
+    if skipped:
+        log(f"not read by the trees: {', '.join(skipped)}")
     return AdversarialResult(
-        competition=comp.name, auc=auc, fold_aucs=fold_aucs, importances=rank_columns(list(X.columns), drops),
+        competition=comp.name, auc=auc, fold_aucs=fold_aucs, importances=rank_columns(list(X.columns), drops, read),
         verdict=drift_verdict(auc), seed=seed, folds=folds, n_train=len(features), n_test=len(test_features),
         test_like=most_test_like(data.train[comp.id_column], oof[: len(features)], TEST_LIKE_ROWS),
-        identifiers=kinds.identifiers, seconds=round(time.perf_counter() - started, 2))
+        identifiers=kinds.identifiers, skipped=skipped, seconds=round(time.perf_counter() - started, 2))
 
 
-def rank_columns(columns: list[str], drops: list[np.ndarray]) -> list[ColumnImportance]:
+def fit_fold(X: pd.DataFrame, labels: np.ndarray, kinds: ColumnKinds, train_index: np.ndarray,
+             valid_index: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, set[str]]:
+    """Fit the baseline's tree pipeline on the fold's training part; return the held-out rows' P(test), the
+    drop of their AUC when each column is shuffled, an array (columns, shuffles), and the columns it reads."""
+    fit_rows, held_out = X.iloc[train_index], X.iloc[valid_index]
+    pipeline = make_pipeline("hgb", kinds, True, seed, fit_rows).fit(fit_rows, labels[train_index])
+    shuffled = permutation_importance(pipeline, held_out, labels[valid_index], scoring="roc_auc",
+                                      n_repeats=PERMUTATION_REPEATS, random_state=seed)
+    return pipeline.predict_proba(held_out)[:, 1], shuffled.importances, read_columns(pipeline[0])
+
+
+def read_columns(transformer) -> set[str]:
+    """The columns a fitted ColumnTransformer passes on; those it drops (short text for trees) are left out."""
+    read = set()
+    for name, _, columns in transformer.transformers_:
+        if name != "remainder":
+            read |= {columns} if isinstance(columns, str) else set(columns)
+    return read
+
+
+def rank_columns(columns: list[str], drops: list[np.ndarray], read: set[str]) -> list[ColumnImportance]:
     """Each column's AUC drops over every fold and shuffle, as mean and spread; largest mean first (ties by name,
-    so equal runs list the same order)."""
+    so equal runs list the same order). A column no fold read is left out: its zero would say it does not
+    differ between the files, when it was never looked at."""
     every = np.concatenate(drops, axis=1)
-    ranked = [ColumnImportance(c, float(every[j].mean()), float(every[j].std())) for j, c in enumerate(columns)]
+    ranked = [ColumnImportance(c, float(every[j].mean()), float(every[j].std())) for j, c in enumerate(columns)
+              if c in read]
     return sorted(ranked, key=lambda c: (-c.importance, c.column))
 
 
