@@ -115,7 +115,7 @@ def numeric_options() -> list[tuple[str, argparse.Action, argparse.ArgumentParse
 
 
 REQUIRED = {"predict": ["run", "--data", "new.csv"], "embed": ["minilm-l6", "--texts", "t.txt", "--out", "v.npy"],
-            "run": ["titanic"]}  # the positionals and required options of each command (anything: nothing runs)
+            "run": ["titanic"], "auto": ["titanic", "--time-limit", "1m"]}  # the positionals and required options of each command (anything: nothing runs)
 
 
 @pytest.mark.parametrize("command,action", [(c, a) for c, a, _ in numeric_options()],

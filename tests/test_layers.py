@@ -11,6 +11,7 @@ so a new subpackage must be placed in a layer here too.
     ensembles    kbert.ensembles                    the above and pipeline
     tune         kbert.tune                         the above and pipeline
     report       kbert.report                       the above, pipeline, ensembles, tune
+    auto         kbert.auto                         the above, pipeline, ensembles, tune, report
     cli          kbert.cli                          everything
 """
 
@@ -33,7 +34,8 @@ BELOW = {  # layer -> the layers its modules may import (its own included)
     "ensembles": {"bottom", "models", "features", "pipeline", "ensembles"},
     "tune": {"bottom", "models", "features", "pipeline", "tune"},
     "report": {"bottom", "models", "features", "pipeline", "ensembles", "tune", "report"},
-    "cli": {"bottom", "models", "features", "pipeline", "ensembles", "tune", "report", "cli"},
+    "auto": {"bottom", "models", "features", "pipeline", "ensembles", "tune", "report", "auto"},
+    "cli": {"bottom", "models", "features", "pipeline", "ensembles", "tune", "report", "auto", "cli"},
 }
 
 

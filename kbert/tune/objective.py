@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import optuna
 
-from kbert.pipeline.artifacts import fold_layout
 from kbert.pipeline.config import CompetitionConfig
 from kbert.tune.options import TuneOptions, format_duration
 from kbert.tune.space import Param, sample, to_overrides
@@ -76,6 +75,8 @@ def objective(trial: optuna.Trial, context: TrialContext) -> float:
 
     with trial_outcome(trial, context, folder, scores, began):
         config = resolve_trial_config(context.competition, context.options, to_overrides(context.params, chosen))
+        from kbert.pipeline.artifacts import fold_layout  # here: it loads MLX, which a spawned worker sets up first
+
         folds = len(fold_layout(config))
         result = run_competition(config, run_id=f"{context.options.study}/{folder.name}", progress=False,
                                  log=lambda _: None, on_fold=on_fold, submission_path=folder / "submission.csv")
