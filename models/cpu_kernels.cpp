@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <cstdlib>
 #include <thread>
 #include <vector>
 
@@ -29,8 +30,14 @@ using namespace mlx::core;
 
 namespace {
 
+// One thread per core, or OMP_NUM_THREADS when set (kbert tune --workers W gives each worker process its
+// share of the cores that way, as it does for the BLAS).
 int max_threads() {
   static const int n = [] {
+    if (const char* text = std::getenv("OMP_NUM_THREADS")) {
+      int wanted = std::atoi(text);
+      if (wanted > 0) return std::clamp(wanted, 1, 32);
+    }
     unsigned hw = std::thread::hardware_concurrency();
     return (int)std::clamp(hw == 0 ? 1u : hw, 1u, 32u);
   }();

@@ -565,3 +565,16 @@ def test_a_study_samples_fusion_and_its_trials_blend(tmp_path):
     folder = tmp_path / "runs" / "titanic" / "t" / f"trial-{fused[0].number:04d}"
     assert yaml.safe_load((folder / "config.yaml").read_text())["head"]["fusion"] == fused[0].params["fusion"]
     assert all((folder / name).is_file() for name in ("oof.csv", "test.csv", "folds/0/tabular.json"))
+
+
+def test_spawned_workers_share_the_cores_unless_the_user_chose(monkeypatch):
+    from kbert.tune.workers import THREAD_VARIABLES, cores_shared
+
+    for name in THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MKL_NUM_THREADS", "3")
+    with cores_shared(2):
+        share = str(max(1, (os.cpu_count() or 1) // 2))
+        assert os.environ["OMP_NUM_THREADS"] == os.environ["OPENBLAS_NUM_THREADS"] == share
+        assert os.environ["MKL_NUM_THREADS"] == "3"
+    assert "OMP_NUM_THREADS" not in os.environ and os.environ["MKL_NUM_THREADS"] == "3"

@@ -11,6 +11,8 @@ EPILOG = """examples:
   kbert ensemble titanic                               every member, every method; the best honest CV is submitted
   kbert ensemble titanic --members top:5 --method hill
   kbert ensemble house-prices-advanced-regression-techniques --members run-a,tune/trial-0003,baseline-hgb-seed42
+  kbert ensemble titanic --study night --storage postgresql://kaggle@db-host/kbert --artifacts /mnt/shared/kbert
+                                                       every trial of a study that ran on several machines
 
 honest CV: each method's weights, meta-model and cut-off are fitted on all outer folds but one and scored on
 that one (nested CV); the in-sample figure fits and scores on the same rows and is optimistic.
@@ -40,6 +42,10 @@ def add_parser(commands) -> None:
     add_number(ensemble, "--outer-repeats", int, {"at_least": 1}, default=3,
                help="outer splits (seeds S, S+1, ...) whose nested-CV scores are averaged (default 3)")
     add_number(ensemble, "--seed", int, "seed", default=0, help="seed of the outer split and of hill-climbing bags")
+    ensemble.add_argument("--study", help="a study whose completed trials (from every machine) are fetched from "
+                                           "--artifacts into the runs folder first")
+    ensemble.add_argument("--storage", help="the study's storage: journal file or RDB URL, as given to kbert tune")
+    ensemble.add_argument("--artifacts", help="the study's shared artifact store, as given to kbert tune")
     add_data_dir(ensemble)
     add_out(ensemble, default="runs", help="runs folder to read members from")
     add_submissions_dir(ensemble, default="submissions", help="where the submission goes")
@@ -53,6 +59,8 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
 
     check_member_ids(args.members)
     competition = load_competition(args.competition)
+    if args.study:
+        fetch_study_trials(args)
     options = BlendOptions(top_k=args.top_k, seed=args.seed, decision=args.threshold)
     result = build_ensemble(competition, args.members, args.method, args.out_dir, args.submissions_dir, args.data_dir,
                             args.outer_folds, args.seed, options, repeats=args.outer_repeats)
@@ -60,6 +68,19 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
     print(f"submission: {result.submission_path}")
     print(f"members, weights and honest CV: {result.sidecar_path}")
     return 0
+
+
+def fetch_study_trials(args: argparse.Namespace) -> None:
+    from kbert.names import check_name
+    from kbert.tune import TuneOptions
+    from kbert.tune.artifacts import fetch_study
+
+    check_name(args.study, "--study")
+    options = TuneOptions(competition=args.competition, study=args.study, storage=args.storage or "",
+                          artifacts=args.artifacts or "", out_dir=args.out_dir)
+    fetched, missing = fetch_study(options)
+    print(f"study '{args.study}': {fetched} trial(s) fetched from the artifact store"
+          + (f"; {missing} completed trial(s) are not on this machine (give --artifacts)" if missing else ""))
 
 
 def check_member_ids(spec: str) -> None:

@@ -11,9 +11,14 @@ EPILOG = """examples:
   kbert tune titanic --trials 30 --pruner median   30 finished trials
   kbert tune titanic --report                      best trials, plots, report/best.yaml
   kbert run --config runs/titanic/tune/report/best.yaml
+  kbert tune titanic --dashboard                   watch the study in a browser (pip install "kbert[dashboard]")
 
-study: runs/<competition>/<study>/{journal.log, trial-<NNNN>/ (run artifacts), report/}
-dashboard: optuna-dashboard runs/<competition>/<study>/journal.log"""
+several machines (pip install "kbert[distributed]"), the same command on each:
+  kbert tune titanic --study night --storage postgresql://kaggle@db-host/kbert --artifacts /mnt/shared/kbert \
+      --timeout 8h --workers 2
+  kbert ensemble titanic --study night --storage postgresql://kaggle@db-host/kbert --artifacts /mnt/shared/kbert
+
+study: runs/<competition>/<study>/{journal.log, trial-<NNNN>/ (run artifacts), report/}"""
 
 
 def add_parser(commands) -> None:
@@ -32,12 +37,18 @@ def add_parser(commands) -> None:
     tune.add_argument("--study", default="tune", help="study name: runs/<competition>/<study>/ (default tune)")
     tune.add_argument("--storage", help="journal file (default runs/<competition>/<study>/journal.log) or an RDB "
                       "URL such as postgresql://user@host/db for several machines")
+    tune.add_argument("--artifacts", help="a shared artifact store for the trials' run folders, so that any machine "
+                      "can blend or rerun any trial: a folder every machine mounts, or s3://BUCKET")
+    add_number(tune, "--db-wait", float, {"at_least": 0}, default=600.0,
+               help="seconds a worker waits for a lost database (restart, network) before it gives up "
+                    "(default 600)")
     add_number(tune, "--workers", int, {"at_least": 1}, default=1, help="worker processes (default 1)")
     tune.add_argument("--space", help="search space YAML replacing kbert/tune/search_space.yaml")
-    tune.add_argument("--pruner", choices=("wilcoxon", "median", "none"), default="wilcoxon",
-                      help="fold-wise pruning (default wilcoxon)")
-    add_number(tune, "--prune-p", float, {"at_least": 0, "at_most": 1}, default=0.2,
-               help="Wilcoxon p-value threshold; larger prunes more (default 0.2: after 3 of 5 folds)")
+    tune.add_argument("--pruner", choices=("wilcoxon", "median", "none"),
+                      help="fold-wise pruning (default: the study's; a new study wilcoxon)")
+    add_number(tune, "--prune-p", float, {"at_least": 0, "at_most": 1},
+               help="Wilcoxon p-value threshold; larger prunes more (default: the study's; a new study 0.2, "
+                    "after 3 of 5 folds)")
     add_number(tune, "--keep-top", int, {"at_least": 0}, default=3,
                help="keep fold weights of the best N trials (default 3)")
     add_number(tune, "--heartbeat", float, {"above": 0}, default=30.0,
@@ -50,6 +61,12 @@ def add_parser(commands) -> None:
     add_out(tune, default="runs", help="runs folder (default runs)")
     tune.add_argument("--report", action="store_true",
                       help="do not tune: print the best trials, write plots and best.yaml to <study>/report/")
+    tune.add_argument("--dashboard", action="store_true",
+                      help="do not tune: serve optuna-dashboard on the study's storage (Ctrl-C stops it)")
+    add_number(tune, "--port", int, {"at_least": 1, "at_most": 65535}, default=8080,
+               help="the dashboard's port (default 8080)")
+    tune.add_argument("--host", default="127.0.0.1",
+                      help="the dashboard's address (default 127.0.0.1; 0.0.0.0 to reach it from other machines)")
     tune.set_defaults(handler=cmd_tune)
 
 
@@ -66,9 +83,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     overrides = {name: getattr(args, name) for name in ("folds", "limit_rows", "data_dir")
                  if getattr(args, name) is not None}
     options = TuneOptions(competition=args.competition, study=args.study, storage=args.storage or "", trials=trials,
-                          timeout=timeout, workers=args.workers, space=args.space or "", pruner=args.pruner,
+                          timeout=timeout, workers=args.workers, space=args.space or "", pruner=args.pruner or "",
                           prune_p=args.prune_p, keep_top=args.keep_top, heartbeat=args.heartbeat,
-                          sampler_seed=args.sampler_seed, overrides=overrides, out_dir=args.out_dir)
+                          sampler_seed=args.sampler_seed, overrides=overrides, out_dir=args.out_dir,
+                          artifacts=args.artifacts or "", db_wait=args.db_wait)
+    if args.dashboard:
+        from kbert.tune import serve_dashboard
+
+        return serve_dashboard(options, args.host, args.port)
     if args.report:
         write_report(options)
         return 0

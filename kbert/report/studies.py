@@ -25,7 +25,7 @@ def study_report(directory: Path, out: Path) -> Page:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     options = TuneOptions(competition=directory.parent.name, study=directory.name, out_dir=str(directory.parent.parent))
-    study, competition, _, _ = load_study(options, create=False)
+    study, competition, _, _ = load_study(options, create=False, check=False)
     tune_dir = directory / REPORT_FOLDER
     write_tune_plots(options, tune_dir, out)
 

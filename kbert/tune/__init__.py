@@ -11,12 +11,15 @@ What lives where:
 
 - ``options.py``: ``TuneOptions`` (one invocation's settings), ``parse_duration``, ``format_duration``;
 - ``space.py`` + ``search_space.yaml``: the search space (YAML format, parsing, sampling, run overrides);
-- ``storage.py``: the journal file or RDB URL, and the heartbeat files that find a dead worker's trial;
+- ``storage.py``: the journal file or RDB URL (drivers, waiting out a lost database), and the heartbeat files
+  that find a dead worker's trial;
+- ``artifacts.py``: the shared artifact store (--artifacts): upload each trial's folder, fetch what a machine
+  lacks;
 - ``study.py``: open or create the study (sampler, pruner, trial 0 = the default configuration), trial
   folders, keeping the best fold weights;
 - ``objective.py``: one trial: sample, run the folds, report each, prune;
 - ``workers.py``: ``tune()``, worker processes, signals, resuming abandoned trials;
-- ``report.py``: the trials table, best.yaml and the plots (``kbert tune --report``).
+- ``report.py``: the trials table, best.yaml and the plots (``kbert tune --report``), the dashboard.
 
 Optuna is used through its public API only. No module here imports MLX when it is imported (a spawned worker
 calls ``runtime.setup()`` first; see workers.py).
@@ -28,7 +31,7 @@ import optuna
 
 from kbert.tune.objective import Abandoned, TrialContext, make_objective
 from kbert.tune.options import DEFAULT_STUDY, PRUNERS, TuneOptions, format_duration, parse_duration
-from kbert.tune.report import best_config, trials_table, write_report
+from kbert.tune.report import best_config, serve_dashboard, trials_table, write_report
 from kbert.tune.storage import Heartbeats, fail_stale_trials, open_storage
 from kbert.tune.study import (FINISHED, keep_top_checkpoints, load_study, make_pruner, ranked_trials,
                               remove_unfinished_folders, resolve_trial_config, study_dir, trial_dir)
@@ -40,5 +43,6 @@ warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning
 __all__ = ["DEFAULT_STUDY", "FINISHED", "PRUNERS", "Abandoned", "Heartbeats", "TrialContext", "TuneOptions",
            "best_config", "fail_stale_trials", "format_duration", "keep_top_checkpoints", "load_study",
            "make_objective", "make_pruner", "open_storage", "parse_duration", "ranked_trials",
-           "remove_unfinished_folders", "requeue_abandoned", "resolve_trial_config", "run_worker", "study_dir",
+           "remove_unfinished_folders", "requeue_abandoned", "resolve_trial_config", "run_worker", "serve_dashboard",
+           "study_dir",
            "trial_dir", "trials_table", "tune", "write_report"]

@@ -4,7 +4,9 @@ the OOF score, the fold scores, the run folder and the memory the trial took are
 
 A trial that raises fails with its reason in the ``error`` attribute and the study goes on; Ctrl-C, the
 --timeout deadline or a vanished ``kbert tune`` process abandon it after its current fold (kbert/tune/workers.py
-queues it again). Its half-written folder is removed in every case but success.
+queues it again). Its half-written folder is removed in every case but success. With ``--artifacts`` a completed
+trial's folder is uploaded before the trial is told (kbert/tune/artifacts.py). A trial started when the trials
+before it already make ``--trials`` (two workers raced for the last one) fails at once as not needed.
 """
 
 from __future__ import annotations
@@ -20,18 +22,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import optuna
+from optuna.trial import TrialState
 
 from kbert.pipeline.config import CompetitionConfig
+from kbert.tune.artifacts import open_artifact_store, upload_trial
 from kbert.tune.options import TuneOptions, format_duration
 from kbert.tune.space import Param, sample, to_overrides
 from kbert.tune.study import resolve_trial_config, trial_dir
 
 if TYPE_CHECKING:
     from kbert.pipeline.artifacts import RunResult
+
+COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)  # toward --trials, with the queued ones
 
 
 @dataclass(frozen=True)
@@ -46,11 +52,16 @@ class TrialContext:
     started: float  # perf_counter() when `kbert tune` started: the --timeout deadline counts from it
     log: Callable[[str], None] = print
     parent_pid: int | None = None  # a worker process's `kbert tune`: when it is gone, the trial is abandoned
+    store: Any = None  # the shared artifact store (--artifacts), or None
 
 
 class Abandoned(Exception):
     """The trial stops after its current fold and is queued again: the --timeout deadline passed, or the
     `kbert tune` process that started this worker is gone."""
+
+
+class NotNeeded(Exception):
+    """The trials before this one already make the study's --trials: it fails at once and is not queued again."""
 
 
 def objective(trial: optuna.Trial, context: TrialContext) -> float:
@@ -74,12 +85,15 @@ def objective(trial: optuna.Trial, context: TrialContext) -> float:
         check_abandoned(context, step)
 
     with trial_outcome(trial, context, folder, scores, began):
+        check_needed(trial, context.options.trials)
         config = resolve_trial_config(context.competition, context.options, to_overrides(context.params, chosen))
         from kbert.pipeline.artifacts import fold_layout  # here: it loads MLX, which a spawned worker sets up first
 
         folds = len(fold_layout(config))
         result = run_competition(config, run_id=f"{context.options.study}/{folder.name}", progress=False,
                                  log=lambda _: None, on_fold=on_fold, submission_path=folder / "submission.csv")
+        if context.store is not None:
+            upload_trial(trial, result.run_dir, context.store)
     return record_result(trial, context, result, scores, time.perf_counter() - began)
 
 
@@ -87,8 +101,20 @@ def make_objective(options: TuneOptions, competition: CompetitionConfig, params:
                    worker: int, started: float, log: Callable[[str], None] = print,
                    parent_pid: int | None = None) -> Callable[[optuna.Trial], float]:
     """``objective`` bound to one worker's context, for ``study.optimize``."""
+    store = open_artifact_store(options.artifacts) if options.artifacts else None
     return partial(objective, context=TrialContext(options, competition, params, directory, worker, started, log,
-                                                   parent_pid))
+                                                   parent_pid, store))
+
+
+def check_needed(trial: optuna.Trial, target: int | None) -> None:
+    """Fail at once a trial that two workers' race made one too many: the finished, running and queued trials
+    before it already make ``target``."""
+    if not target:
+        return
+    ahead = [t for t in trial.study.get_trials(deepcopy=False)
+             if t.state == TrialState.WAITING or (t.number < trial.number and t.state in COUNTED)]
+    if len(ahead) >= target:
+        raise NotNeeded(f"not needed: the trials before it make --trials {target}")
 
 
 def start_trial(trial: optuna.Trial, context: TrialContext) -> Path:
@@ -125,7 +151,7 @@ def trial_outcome(trial: optuna.Trial, context: TrialContext, folder: Path, scor
         shutil.rmtree(folder, ignore_errors=True)
         trial.set_user_attr("error", "interrupted (Ctrl-C); queued again for the next run")
         raise
-    except Abandoned as exc:
+    except (Abandoned, NotNeeded) as exc:
         shutil.rmtree(folder, ignore_errors=True)
         trial.set_user_attr("error", str(exc))
         context.log(f"trial {trial.number:4d} w{context.worker}: {exc}")

@@ -13,6 +13,7 @@ from kbert.errors import KbertError
 
 DEFAULT_STUDY = "tune"
 PRUNERS = ("wilcoxon", "median", "none")
+DEFAULT_PRUNER, DEFAULT_PRUNE_P = "wilcoxon", 0.2
 STALE_HEARTBEATS = 4  # a running trial whose worker was silent for this many heartbeat intervals is stale
 
 
@@ -21,18 +22,20 @@ class TuneOptions:
     competition: str  # a name under competitions/ or a YAML path
     study: str = DEFAULT_STUDY
     storage: str = ""  # "" = runs/<competition>/<study>/journal.log; a file path; or an RDB URL
+    artifacts: str = ""  # a shared artifact store for the trials' run folders: a folder or s3://bucket ("" = none)
     trials: int | None = 100  # finished (complete + pruned) trials the study should reach
     timeout: float | None = None  # seconds for this invocation
     workers: int = 1
     space: str = ""  # a search space YAML replacing kbert/tune/search_space.yaml
-    pruner: str = "wilcoxon"
-    prune_p: float = 0.2  # WilcoxonPruner p_threshold; with 5 folds 0.2 can prune after 3 folds, 0.1 after 4
+    pruner: str = ""  # "" = the study's (a new study: wilcoxon)
+    prune_p: float | None = None  # WilcoxonPruner p_threshold (None = the study's; new: 0.2, after 3 of 5 folds)
     keep_top: int = 3  # trials whose fold weights are kept
     heartbeat: float = 30.0  # seconds between heartbeats; a trial silent for STALE_HEARTBEATS of them is stale
     max_retry: int = 2  # retries of a stale or interrupted trial
+    db_wait: float = 600.0  # seconds a worker waits for a lost database before it gives up
     sampler_seed: int | None = None
     enqueue_default: bool = True  # a new study's trial 0 is the competition's default configuration
-    overrides: dict[str, Any] = field(default_factory=dict)  # fixed run settings for every trial
+    overrides: dict[str, Any] = field(default_factory=dict)  # fixed run settings for every trial (unset: the study's)
     out_dir: str = "runs"
 
     @property

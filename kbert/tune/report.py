@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -14,6 +15,7 @@ from optuna.trial import TrialState
 
 from kbert.errors import KbertError
 from kbert.io import atomic_write, write_text
+from kbert.tune.artifacts import fetch_trials, open_artifact_store
 from kbert.tune.options import TuneOptions, format_duration
 from kbert.tune.study import load_study, ranked_trials, trial_dir
 
@@ -41,18 +43,29 @@ def short(value: Any) -> str:
 
 
 def best_config(study: optuna.Study, directory: Path) -> dict:
-    """The best trial's resolved run config (its config.yaml), ready for ``kbert run --config``."""
+    """The best trial's resolved run config (its config.yaml), ready for ``kbert run --config`` on any machine:
+    without the runs folder of the machine that ran it (``kbert run`` writes to this machine's --out), and with
+    its data folder only when this machine has it."""
     from kbert.pipeline.artifacts import read_run_config
 
     path = trial_dir(directory, study.best_trial.number) / "config.yaml"
     if not path.is_file():
-        raise KbertError(f"{path}: the best trial's config is missing")
-    return read_run_config(path)
+        raise KbertError(f"{path}: the best trial's config is missing (a trial of another machine: give "
+                         f"--artifacts, the study's shared artifact store)")
+    config = read_run_config(path)
+    config.pop("out_dir", None)
+    for holder in (config, config.get("competition") or {}):
+        if holder.get("data_dir") and not Path(holder["data_dir"]).is_dir():
+            holder["data_dir"] = ""
+    return config
 
 
 def write_report(options: TuneOptions) -> Path:
-    """Print the best trials; write best.yaml and the history/importance/parallel-coordinate PNGs."""
-    study, competition, _, directory = load_study(options, create=False)
+    """Print the best trials; write best.yaml and the history/importance/parallel-coordinate PNGs. With an
+    artifact store, the best trial's folder (and its weights, when kept) is fetched first."""
+    study, competition, _, directory = load_study(options, create=False, check=False)
+    if options.artifacts and study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        fetch_trials(study, open_artifact_store(options.artifacts), directory, {study.best_trial.number}, weights=True)
     print(trials_table(study))
     report_dir = directory / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -113,3 +126,34 @@ def write_plots(study: optuna.Study, report_dir: Path, completed: int) -> list[P
         written.append(report_dir / name)
         plt.close(figure)
     return written
+
+
+def serve_dashboard(options: TuneOptions, host: str, port: int) -> int:
+    """``kbert tune --dashboard``: optuna-dashboard on the study's storage (and its artifact folder), until
+    Ctrl-C. The storage is read where the workers write it, so the page follows the study live."""
+    import shutil
+    import subprocess
+
+    from kbert.pipeline.config import load_competition
+    from kbert.tune.storage import journal_path, rdb_url
+    from kbert.tune.study import study_dir
+
+    program = shutil.which("optuna-dashboard", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                                     os.environ.get("PATH", "")]))
+    if program is None:
+        raise KbertError('--dashboard: optuna-dashboard is not installed; pip install "kbert[dashboard]"')
+    if options.rdb:
+        storage = rdb_url(options.storage)
+    else:
+        journal = journal_path(options, study_dir(options, load_competition(options.competition)))
+        if not journal.is_file():
+            raise KbertError(f"--dashboard: no study journal at {journal}; start the study first, or give --storage")
+        storage = str(journal)
+    command = [program, storage, "--host", host, "--port", str(port), "--quiet"]
+    if options.artifacts and "://" not in options.artifacts:
+        command += ["--artifact-dir", options.artifacts]
+    print(f"optuna-dashboard: http://{host}:{port}/dashboard/  (Ctrl-C stops it)", flush=True)
+    try:
+        return subprocess.call(command)
+    except KeyboardInterrupt:
+        return 0

@@ -6,7 +6,11 @@ Two storages:
   several processes on one machine;
 - an RDB URL (``postgresql://``, ``mysql://``, ``sqlite:///``) for several machines: Optuna's ``RDBStorage``
   with its own heartbeats (``heartbeat_interval``, ``grace_period``) and ``RetryHeartbeatStaleTrialCallback``;
-  Optuna's optimize loop then fails and retries stale trials by itself.
+  Optuna's optimize loop then fails and retries stale trials by itself. ``postgresql://`` is routed to psycopg 3
+  (``postgresql+psycopg://``, ``pip install "kbert[distributed]"``); a missing driver is named in one line.
+  ``RetryingRDBStorage`` rides out a database restart: every storage call that fails because the connection
+  was lost waits and tries again with backoff (pooled connections are pinged before use), so a worker goes on
+  and a trial that finished while the database was down is recorded when it comes back.
 
 Optuna implements heartbeats for ``RDBStorage`` only, so for a journal file ``Heartbeats`` does the same with
 public calls: while a trial runs, a daemon thread of its worker rewrites
@@ -22,6 +26,7 @@ Imports no MLX: a spawned worker imports this before ``runtime.setup()``.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -34,6 +39,7 @@ from optuna.storages import JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
+from kbert.errors import KbertError
 from kbert.io import write_text
 from kbert.tune.options import TuneOptions
 
@@ -153,7 +159,12 @@ def journal_path(options: TuneOptions, directory: Path) -> Path:
 
 
 def storage_label(options: TuneOptions, directory: Path) -> str:
-    return options.storage if options.rdb else str(journal_path(options, directory))
+    """The storage as printed: the journal path, or the URL without its password."""
+    if not options.rdb:
+        return str(journal_path(options, directory))
+    import sqlalchemy
+
+    return sqlalchemy.engine.make_url(options.storage).render_as_string(hide_password=True)
 
 
 def heartbeats_of(options: TuneOptions, directory: Path) -> Heartbeats | None:
@@ -166,10 +177,132 @@ def heartbeats_of(options: TuneOptions, directory: Path) -> Heartbeats | None:
 
 def open_storage(options: TuneOptions, directory: Path) -> optuna.storages.BaseStorage:
     if options.rdb:
-        callback = {RDB_CALLBACK_ARGUMENT: RetryStaleTrial(max_retry=options.max_retry)}
-        return optuna.storages.RDBStorage(options.storage, heartbeat_interval=max(1, int(options.heartbeat)),
-                                          grace_period=max(2, int(options.grace)), **callback)
+        return open_rdb(options)
     path = journal_path(options, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     (directory / HEARTBEATS).mkdir(parents=True, exist_ok=True)
     return JournalStorage(JournalFileBackend(str(path)))
+
+
+# --------------------------------------------------------------------------- RDB URLs (several machines)
+
+DRIVERS = {  # SQLAlchemy dialect -> how to install its driver
+    "postgresql": 'pip install "kbert[distributed]" (psycopg 3)',
+    "mysql": "pip install mysqlclient, or pip install pymysql and write mysql+pymysql://",
+}
+
+
+def rdb_url(url: str) -> str:
+    """``postgresql://`` and ``postgres://`` go to psycopg 3 (SQLAlchemy's default would be psycopg2)."""
+    for prefix in ("postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix):]
+    return url
+
+
+def open_rdb(options: TuneOptions) -> RetryingRDBStorage:
+    import sqlalchemy
+
+    url = rdb_url(options.storage)
+    label = storage_label(options, Path())
+    try:
+        dialect = sqlalchemy.engine.make_url(url).get_backend_name()
+    except sqlalchemy.exc.ArgumentError:
+        raise KbertError(f"--storage {label}: not a database URL (e.g. postgresql://user@host/db)") from None
+    callback = {RDB_CALLBACK_ARGUMENT: RetryStaleTrial(max_retry=options.max_retry)}
+    try:
+        return RetryingRDBStorage(url, engine_kwargs={"pool_pre_ping": True},
+                                  heartbeat_interval=max(1, int(options.heartbeat)),
+                                  grace_period=max(2, int(options.grace)), wait=options.db_wait, **callback)
+    except ImportError as exc:
+        missing = exc.__cause__ or exc
+        install = DRIVERS.get(dialect, f"install the {dialect} driver SQLAlchemy names")
+        raise KbertError(f"--storage {label}: the {dialect} driver is missing ({missing}); {install}") from None
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
+        cause = connection_error(exc) or exc
+        reason = str(getattr(cause, "orig", None) or cause).strip().splitlines()[0]
+        raise KbertError(f"--storage {label}: cannot open the database: {reason}") from None
+
+
+def connection_error(exc: BaseException) -> BaseException | None:
+    """The lost or refused connection behind a storage error, or None when the error is anything else (bad
+    data, a constraint): only those are worth waiting for."""
+    import sqlalchemy
+
+    while exc is not None:
+        if isinstance(exc, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)) or (
+                isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated):
+            return exc
+        exc = exc.__cause__
+    return None
+
+
+class RetryingRDBStorage(optuna.storages.RDBStorage):
+    """Optuna's RDBStorage whose calls wait out a lost database: a call that fails on the connection is tried
+    again after 0.5, 1, 2 ... 30 s until ``wait`` seconds have passed, then the error is raised. A retried write
+    that had in fact committed (the connection dropped before the answer) is recognized where it matters: a
+    trial already finished in the state and values being told counts as told."""
+
+    def __init__(self, url: str, *, wait: float, **kwargs) -> None:
+        self.wait = wait
+        super().__init__(url, **kwargs)
+
+    def retrying(self, name: str, call, *args, **kwargs):
+        delay, waited, lost = 0.5, 0.0, None
+        while True:
+            try:
+                result = call(*args, **kwargs)
+            except Exception as exc:
+                error = connection_error(exc)
+                if error is None or waited >= self.wait:
+                    raise
+                if lost is None:
+                    lost = time.monotonic()
+                    print(f"database unreachable ({type(error).__name__} in {name}); retrying for up to "
+                          f"{self.wait:.0f}s", file=sys.stderr, flush=True)
+                time.sleep(delay)
+                waited += delay
+                delay = min(delay * 2, 30.0)
+                continue
+            if lost is not None:
+                print(f"database back after {time.monotonic() - lost:.1f}s", file=sys.stderr, flush=True)
+            return result
+
+    def set_trial_state_values(self, trial_id, state, values=None) -> bool:
+        attempts = []
+
+        def once():
+            attempts.append(1)
+            try:
+                return optuna.storages.RDBStorage.set_trial_state_values(self, trial_id, state, values)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                if len(attempts) > 1 and already_told(self.get_trial(trial_id), state, values):
+                    return True  # the attempt that lost its connection had committed
+                raise
+
+        return self.retrying("set_trial_state_values", once)
+
+
+def already_told(trial: FrozenTrial, state: TrialState, values) -> bool:
+    return trial.state == state and (values is None or list(trial.values or []) == list(values))
+
+
+def retried(name: str):
+    method = getattr(optuna.storages.RDBStorage, name)
+
+    def call(self, *args, **kwargs):
+        return self.retrying(name, method, self, *args, **kwargs)
+
+    call.__name__ = name
+    call.__doc__ = method.__doc__
+    return call
+
+
+# Every call a study makes on its storage (the heartbeat's and the stale-trial check's among them).
+for _name in ("create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
+              "get_study_id_from_name", "get_study_name_from_id", "get_study_directions", "get_study_user_attrs",
+              "get_study_system_attrs", "get_all_studies", "create_new_trial", "set_trial_param",
+              "get_trial_id_from_study_id_trial_number", "get_trial_number_from_id", "get_trial_param",
+              "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr", "get_trial",
+              "get_all_trials", "get_n_trials", "get_best_trial", "record_heartbeat", "_get_stale_trial_ids"):
+    setattr(RetryingRDBStorage, _name, retried(_name))

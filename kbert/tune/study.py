@@ -9,7 +9,9 @@ that any trial can be blended, and ``report/`` (kbert/tune/report.py).
 
 from __future__ import annotations
 
+import json
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from kbert.errors import KbertError
 from kbert.names import check_name
 from kbert.pipeline.config import CompetitionConfig, RunConfig, load_competition, resolve_run_config
-from kbert.tune.options import PRUNERS, TuneOptions
+from kbert.tune.options import DEFAULT_PRUNE_P, DEFAULT_PRUNER, PRUNERS, TuneOptions
 from kbert.tune.space import Param, default_params, parse_space, space_entries, to_overrides
 from kbert.tune.storage import open_storage, storage_label
 
@@ -59,13 +61,18 @@ def make_pruner(kind: str, p_threshold: float) -> optuna.pruners.BasePruner:
     raise KbertError(f"unknown pruner '{kind}'; choose one of {', '.join(PRUNERS)}")
 
 
-def load_study(options: TuneOptions, create: bool) -> tuple[optuna.Study, CompetitionConfig, list[Param], Path]:
-    """Open (or create) the study; on creation, queue the competition's default configuration first.
-    Returns the study, the competition, the parsed search space and the study folder."""
+def load_study(options: TuneOptions, create: bool, check: bool = True
+               ) -> tuple[optuna.Study, CompetitionConfig, list[Param], Path]:
+    """Open (or create) the study; on creation, store its settings and queue the competition's default
+    configuration first. A worker joining an existing study takes the study's settings that it leaves unset
+    (the search space without --space, the pruner, --folds and the other fixed options: ``options`` is filled
+    in place) and is refused when one it sets, or its competition, differs (``check``; off for the report,
+    which only reads). Returns the study, the competition, the parsed space and the study folder."""
     check_name(options.study, "--study")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not Optuna's line for every study it opens
     competition = load_competition(options.competition)
-    params = parse_space(space_entries(competition, Path(options.space) if options.space else None),
-                         options.space or f"{competition.name} search space")
+    entries = space_entries(competition, Path(options.space) if options.space else None)
+    params = parse_space(entries, options.space or f"{competition.name} search space")  # before any file is made
     if create:  # the study's fixed settings (--folds, --limit-rows) are refused before its folder is made
         resolve_trial_config(competition, options, {})
     directory = study_dir(options, competition)
@@ -75,11 +82,59 @@ def load_study(options: TuneOptions, create: bool) -> tuple[optuna.Study, Compet
         raise KbertError(f"no study '{options.study}' for {competition.name} in {storage_label(options, directory)}")
     study = optuna.create_study(study_name=options.study, storage=storage, load_if_exists=True,
                                 direction="maximize" if greater_is_better(competition) else "minimize",
-                                sampler=make_sampler(options.sampler_seed),
-                                pruner=make_pruner(options.pruner, options.prune_p))
-    if create and options.study not in names:
+                                sampler=make_sampler(options.sampler_seed))
+    new = create and options.study not in names
+    stored = None if new else study.user_attrs.get("settings")
+    if stored is not None:
+        adopt_settings(options, stored)
+    options.pruner = options.pruner or DEFAULT_PRUNER
+    options.prune_p = DEFAULT_PRUNE_P if options.prune_p is None else options.prune_p
+    study.pruner = make_pruner(options.pruner, options.prune_p)
+    if stored is not None:
+        if check:
+            refuse_differences(stored, study_settings(competition, options, entries), options)
+        if not options.space:  # the study's space, whatever this machine's default would be (GPU or CPU)
+            entries = stored["space"]
+            params = parse_space(entries, f"study '{options.study}' search space")
+    if new:
         start_study(study, competition, options, params)
+    if stored is None and (new or check):
+        study.set_user_attr("settings", study_settings(competition, options, entries))
     return study, competition, params, directory
+
+
+MACHINE_SETTINGS = ("data_dir", "out_dir")  # where this machine keeps its files: never part of a study
+
+
+def study_settings(competition: CompetitionConfig, options: TuneOptions, entries: dict[str, Any]) -> dict[str, Any]:
+    """What every worker of one study must agree on, as JSON: the competition (its whole config but where its
+    data lives), the search space, the pruner and the fixed run options."""
+    settings = {"competition": {k: v for k, v in asdict(competition).items() if k not in MACHINE_SETTINGS},
+                "space": entries, "pruner": options.pruner, "prune_p": options.prune_p,
+                "options": {k: v for k, v in options.overrides.items() if k not in MACHINE_SETTINGS}}
+    return json.loads(json.dumps(settings, sort_keys=True, default=str))
+
+
+def adopt_settings(options: TuneOptions, stored: dict[str, Any]) -> None:
+    """Fill what this worker left unset from the study's settings."""
+    options.pruner = options.pruner or stored["pruner"]
+    options.prune_p = stored["prune_p"] if options.prune_p is None else options.prune_p
+    options.overrides = {**stored["options"], **options.overrides}
+
+
+def refuse_differences(stored: dict[str, Any], mine: dict[str, Any], options: TuneOptions) -> None:
+    """One line naming every setting where this worker differs from the study (the space only when this worker
+    names its own)."""
+    from kbert.pipeline.artifacts import config_differences  # loads MLX: in a worker, after runtime.setup()
+
+    if not options.space:
+        stored, mine = {**stored, "space": None}, {**mine, "space": None}
+    differ = config_differences(stored, mine)
+    if differ:
+        more = f" (and {len(differ) - 4} more)" if len(differ) > 4 else ""
+        raise KbertError(f"study '{options.study}' was created with other settings (study -> this worker): "
+                         f"{'; '.join(differ[:4])}{more}; use the study's competition file and options, or "
+                         f"another --study")
 
 
 def start_study(study: optuna.Study, competition: CompetitionConfig, options: TuneOptions, params: list[Param]) -> None:

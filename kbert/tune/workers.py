@@ -1,8 +1,10 @@
 """Workers: ``tune()`` runs the study in this process or in ``--workers`` spawned processes, each optimizing the
 same study until it has ``--trials`` finished trials or the ``--timeout`` deadline passes.
 
-- ``run_worker``: one worker's optimize loop: its own sampler seed, heartbeats for a journal-file study
-  (kbert/tune/storage.py), the housekeeping after each trial, a stop after MAX_FAILURES_IN_A_ROW failures.
+- ``run_worker``: one worker's loop, one trial at a time: its own sampler seed, heartbeats for a journal-file
+  study (kbert/tune/storage.py), stale trials of dead workers failed and queued again before each trial, no
+  trial started past --trials (a worker waits for the others' last trials instead), the housekeeping after
+  each trial, a stop after MAX_FAILURES_IN_A_ROW failures.
 - ``worker_main``: the entry point of a spawned worker process.
 - ``run_processes``: start the workers, pass ``kill PID`` (SIGTERM) on to them as a Ctrl-C, wait for them.
 - ``requeue_abandoned``: queue again the trials that Ctrl-C or the deadline abandoned.
@@ -24,8 +26,10 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -34,12 +38,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from kbert.errors import KbertError
 from kbert.models import runtime
+from kbert.tune.artifacts import drop_weights, open_artifact_store
 from kbert.tune.objective import make_objective, parent_gone
 from kbert.tune.options import TuneOptions, format_duration
 from kbert.tune.storage import (Heartbeats, fail_stale_trials, forget_finished, heartbeats_of, queued_again, retry,
                                 storage_label)
 from kbert.tune.study import (FINISHED, finished_count, keep_top_checkpoints, load_study, make_sampler,
-                              remove_unfinished_folders)
+                              ranked_trials, remove_unfinished_folders)
 
 MAX_FAILURES_IN_A_ROW = 10  # a space where every trial fails stops instead of spinning
 INTERRUPTED = 130
@@ -80,8 +85,9 @@ def run_processes(options: TuneOptions, started_wall: float) -> list[int | None]
     context = multiprocessing.get_context("spawn")  # no fork: MLX and BLAS threads do not survive it
     processes = [context.Process(target=worker_main, args=(asdict(options), worker, started_wall))
                  for worker in range(options.workers)]
-    for process in processes:
-        process.start()
+    with cores_shared(options.workers):
+        for process in processes:
+            process.start()
 
     def on_terminate(signum, frame):  # `kill PID`: the workers abandon their trials as on Ctrl-C
         for process in processes:
@@ -109,29 +115,58 @@ def worker_main(options: dict, worker: int, started_wall: float) -> None:
     sys.exit(run_worker(TuneOptions(**options), worker, started, parent_pid=os.getppid()))
 
 
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@contextmanager
+def cores_shared(workers: int) -> Iterator[None]:
+    """While the workers are spawned, their environment gives each of them cores // workers BLAS and kernel
+    threads (unless the user set these variables). It must be there when a worker starts: numpy's OpenBLAS reads
+    it on import, before any of kbert's code runs there. One thread per core in every worker oversubscribes the
+    CPU ``workers`` times over and the BLAS threads spin against each other: on 2 cores, two Titanic trials at
+    once took 85 s against 10 s for one alone, and 11 s with a thread each."""
+    share = str(max(1, (os.cpu_count() or 1) // workers))
+    added = [name for name in THREAD_VARIABLES if name not in os.environ]
+    os.environ.update({name: share for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+
+
 def run_worker(options: TuneOptions, worker: int = 0, started: float | None = None,
                parent_pid: int | None = None) -> int:
     """Optimize in this process until the study has ``options.trials`` finished trials or time runs out.
-    Returns 0, or 130 after Ctrl-C (the running trial is queued again for the next run)."""
+    One trial at a time: before each, fail the stale trials of dead workers (their retries are queued) and
+    start one only when the finished, running and queued trials leave room under --trials; otherwise wait
+    for the running ones. Returns 0, or 130 after Ctrl-C (the running trial is queued again for the next run)."""
     started = time.perf_counter() if started is None else started
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures are logged by the objective, one line each
     study, competition, params, directory = load_study(options, create=False)
     if options.sampler_seed is not None:  # workers must not propose the same parameters
         study.sampler = make_sampler(options.sampler_seed + worker)
-    if options.trials and finished_count(study) >= options.trials:
-        return 0
-    remaining = None if not options.timeout else options.timeout - (time.perf_counter() - started)
-    if remaining is not None and remaining <= 0:
-        return 0
     objective = make_objective(options, competition, params, directory, worker, started, parent_pid=parent_pid)
     heartbeats = heartbeats_of(options, directory)
     if heartbeats is not None:  # a journal file: kbert's heartbeats (RDBStorage: Optuna's own)
-        fail_stale_trials(study, heartbeats)
         objective = with_heartbeat(objective, heartbeats)
-    after_trial = after_trial_callback(options, directory, worker, heartbeats, parent_pid)
+    after_trial, stopping = after_trial_callback(options, directory, worker, heartbeats, parent_pid)
     try:
-        study.optimize(objective, timeout=remaining, callbacks=[after_trial], catch=(Exception,),
-                       gc_after_trial=True)
+        while not stopping.is_set():
+            remaining = None if not options.timeout else options.timeout - (time.perf_counter() - started)
+            if remaining is not None and remaining <= 0:
+                break
+            fail_stale(study, heartbeats)
+            room = trial_room(study, options.trials)
+            if room == "done":
+                break
+            if room == "wait":  # the last trials run elsewhere: wait for them, or for one of them to go stale
+                if parent_gone(parent_pid):
+                    break
+                time.sleep(min(options.heartbeat, 5.0))
+                continue
+            study.optimize(objective, n_trials=1, timeout=remaining, callbacks=[after_trial], catch=(Exception,),
+                           gc_after_trial=True)
     except KeyboardInterrupt:
         abandoned = requeue_abandoned(study, options)
         print(f"worker {worker}: interrupted; trial(s) {', '.join(str(n) for n in abandoned) or '-'} "
@@ -145,6 +180,28 @@ def run_worker(options: TuneOptions, worker: int = 0, started: float | None = No
     return 0
 
 
+def fail_stale(study: optuna.Study, heartbeats: Heartbeats | None) -> None:
+    """Fail (and queue again) the running trials of dead workers: kbert's heartbeat files for a journal,
+    Optuna's heartbeats for an RDB storage."""
+    if heartbeats is not None:
+        fail_stale_trials(study, heartbeats)
+    else:
+        optuna.storages.fail_stale_trials(study)
+
+
+def trial_room(study: optuna.Study, target: int | None) -> str:
+    """'go' when another trial may start, 'wait' when the running and queued ones make up --trials, 'done'."""
+    if not target:
+        return "go"
+    trials = study.get_trials(deepcopy=False)
+    finished = sum(t.state in FINISHED for t in trials)
+    if finished >= target:
+        return "done"
+    waiting = sum(t.state == TrialState.WAITING for t in trials)
+    running = sum(t.state == TrialState.RUNNING for t in trials)
+    return "go" if waiting or finished + running < target else "wait"
+
+
 def with_heartbeat(objective: Callable[[optuna.Trial], float], heartbeats: Heartbeats):
     """The objective, beating for its trial while it runs."""
 
@@ -156,29 +213,29 @@ def with_heartbeat(objective: Callable[[optuna.Trial], float], heartbeats: Heart
 
 
 def after_trial_callback(options: TuneOptions, directory: Path, worker: int, heartbeats: Heartbeats | None,
-                         parent_pid: int | None) -> Callable[[optuna.Study, FrozenTrial], None]:
-    """What a worker does after each trial: drop its heartbeat, fail and queue again stale trials of dead
-    workers, keep the best fold weights, and stop on the trial target, too many failures in a row, or when its
+                         parent_pid: int | None) -> tuple[Callable[[optuna.Study, FrozenTrial], None], threading.Event]:
+    """What a worker does after each trial: drop its heartbeat, keep the best fold weights (here and in the
+    artifact store), and ask the worker to stop (the event) after too many failures in a row or when its
     ``kbert tune`` is gone."""
-    stop_at = optuna.study.MaxTrialsCallback(options.trials, states=FINISHED) if options.trials else None
+    store = open_artifact_store(options.artifacts) if options.artifacts else None
     failures: list[str] = []
+    stopping = threading.Event()
 
     def after_trial(study: optuna.Study, trial: FrozenTrial) -> None:
         if heartbeats is not None:
             heartbeats.forget(trial.number)  # its heartbeat thread has stopped
-            fail_stale_trials(study, heartbeats)  # their retries run next
         keep_top_checkpoints(study, directory, options.keep_top)
+        if store is not None:
+            drop_weights(ranked_trials(study)[options.keep_top:], store)
         failures[:] = failures + [trial.user_attrs.get("error", "?")] if trial.state == TrialState.FAIL else []
         if parent_gone(parent_pid):  # killed or terminated: a worker must not outlive its `kbert tune`
-            study.stop()
+            stopping.set()
         if len(failures) >= MAX_FAILURES_IN_A_ROW:
             print(f"worker {worker}: {len(failures)} trials in a row failed; stopping. Last error: {failures[-1]}",
                   file=sys.stderr)
-            study.stop()
-        if stop_at is not None:
-            stop_at(study, trial)
+            stopping.set()
 
-    return after_trial
+    return after_trial, stopping
 
 
 def requeue_abandoned(study: optuna.Study, options: TuneOptions) -> list[int]:
