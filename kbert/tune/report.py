@@ -153,7 +153,14 @@ def serve_dashboard(options: TuneOptions, host: str, port: int) -> int:
     if options.artifacts and "://" not in options.artifacts:
         command += ["--artifact-dir", options.artifacts]
     print(f"optuna-dashboard: http://{host}:{port}/dashboard/  (Ctrl-C stops it)", flush=True)
+    server = subprocess.Popen(command)
     try:
-        return subprocess.call(command)
-    except KeyboardInterrupt:
+        return server.wait()
+    except KeyboardInterrupt:  # a terminal's Ctrl-C reaches both; a signal to this process alone must stop it too
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
         return 0
