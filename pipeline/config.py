@@ -139,6 +139,9 @@ class TrainConfig:
     tta: int = 1  # test-time augmentation: valid and test outputs averaged over this many serializations
     pseudo_label: str = ""  # a finished member on the same folds: its fold-k test predictions label fold k's extra rows
     pseudo_threshold: float = 0.95  # ...the test rows whose predicted class has at least this probability
+    precision: str = "auto"  # auto|fp32|bf16|fp16: compute precision, float32 master weights (pipeline/precision.py)
+    device: str = "auto"  # auto|cpu|gpu: auto is the GPU when this MLX build has one
+    grad_accum: int = 1  # optimizer steps over this many batches of batch_size (gradient accumulation)
 
 
 @dataclass
@@ -257,7 +260,7 @@ BOUNDS: dict[str, Bound] = {
     "adapter_options.rank": SIZE, "adapter_options.alpha": POSITIVE, "adapter_options.dropout": SHARE,
     "adapter_options.bits": COUNT, "adapter_options.group_size": SIZE,
     # TrainConfig
-    "epochs": SIZE, "batch_size": SIZE, "eval_batch_size": SIZE, "patience": SIZE, "max_length": SIZE,
+    "epochs": SIZE, "grad_accum": SIZE, "batch_size": SIZE, "eval_batch_size": SIZE, "patience": SIZE, "max_length": SIZE,
     "length_bucket": SIZE, "tta": SIZE, "augment": COUNT, "learning_rate": Bound(above=0, optional=True),
     "weight_decay": NON_NEGATIVE, "warmup_ratio": SHARE, "min_lr_ratio": Bound(at_least=0, at_most=1),
     "max_grad_norm": POSITIVE, "layerwise_lr_decay": Bound(above=0, at_most=1),
@@ -275,7 +278,9 @@ BOUNDS: dict[str, Bound] = {
     # RunConfig
     "seed": SEED, "seeds": SIZE, "limit_rows": Bound(integer=True, at_least=1, optional=True),
 }
-NESTED_SETTINGS = ("adapter_options", "text")  # override keys holding a mapping of settings
+NESTED_SETTINGS = ("adapter_options", "text")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # pipeline/precision.py
+DEVICES = ("auto", "cpu", "gpu")  # override keys holding a mapping of settings
 
 
 def choice_words(key: str) -> tuple[str, ...] | None:
@@ -296,6 +301,8 @@ def choice_words(key: str) -> tuple[str, ...] | None:
         from kbert.models.spm import NORMALIZATIONS
 
         return NORMALIZATIONS
+    if key in ("precision", "device"):
+        return PRECISIONS if key == "precision" else DEVICES
     return {"target_transform": TARGET_TRANSFORMS, "adapter_checkpoint": ("adapter", "merged"),
             "text.truncate": ("warn", "priority"), "text.numbers": NUMBERS}.get(key)
 

@@ -31,6 +31,7 @@ from kbert.pipeline.fold import make_serializer, make_tabular, to_predictions, t
 from kbert.pipeline.folds import fold_rows
 from kbert.pipeline.predictions import average_folds, predictions_frame
 from kbert.pipeline.targets import TargetTransform, encode_targets
+from kbert.pipeline.precision import resolve_precision, use_device
 from kbert.pipeline.train import predict_outputs
 
 
@@ -52,6 +53,7 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     """Predict the rows of ``data_path`` with every fold model of ``run_dir``; write id + prediction columns."""
     run_dir = Path(run_dir)
     config = run_config_from_file(run_dir / "config.yaml")
+    resolve_precision(config.train.precision, use_device(config.train.device))  # as the run asked, on this machine
     comp = config.competition
     rows = read_csv(Path(data_path))  # the user's file first: its mistakes are the likeliest
     check_feature_rows(rows, comp, Path(data_path))

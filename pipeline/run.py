@@ -36,6 +36,7 @@ from kbert.pipeline.folds import fold_rows
 from kbert.pipeline.metrics import get_metric
 from kbert.pipeline.predictions import (average_folds, check_metric_fits_task, metric_targets, score,
                                         tune_label_thresholds, tune_threshold)
+from kbert.pipeline.precision import backend, compute_precision, current_device, resolve_precision, use_device
 from kbert.pipeline.pseudo import pseudo_labels
 from kbert.pipeline.submission import write_predictions_submission
 from kbert.pipeline.targets import encode_targets, num_outputs, raw_targets
@@ -50,6 +51,8 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     """``on_fold(step, score)`` is called after each fold (step: its place in the training order); it may raise to stop
     the run (tuning prunes this way). ``submission_path`` defaults to ``submissions/<comp>/<run-id>.csv``."""
     started = time.perf_counter()
+    device = use_device(config.train.device)
+    resolve_precision(config.train.precision, device)  # refuses a bad one now; warns of half precision on a CPU
     inputs = prepare_inputs(config)
     source = load_encoder_source(config)
     if source.name != config.model.encoder:  # a Hub id, pinned to its commit: config.yaml records org/name@<commit>
@@ -294,6 +297,8 @@ def write_run_artifacts(inputs: RunInputs, run_id: str, run_dir: Path, folds: li
     write_json(run_dir / "metrics.json", {
         **score_summary(run_id, comp, inputs.metric, final["cv"], records), **final["extra"], "tokens": budget,
         "head": inputs.head.to_dict(), "wall_time_s": round(seconds, 2), "blas": runtime.status().blas.name,
+        "device": current_device(), "backend": backend(),
+        "precision": compute_precision(config.train.precision),
         "submission": str(submission_path), "inputs": inputs.inputs, "config_sha256": config_fingerprint(config),
         "warnings": inputs.warnings,
     })

@@ -18,12 +18,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map
 from tqdm import tqdm
 
 from kbert.errors import KbertError
 from kbert.models.task_model import TaskModel
 from kbert.pipeline.config import TrainConfig
+from kbert.pipeline.precision import DTYPES, LossScaler, all_finite, compute_precision, in_precision
 
 
 def seed_everything(seed: int) -> None:
@@ -138,14 +139,15 @@ def column_batch(columns: tuple[np.ndarray, ...], index: np.ndarray) -> list[mx.
 
 
 def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm: float, compiled: bool = True,
-                    loss: Callable = loss_fn) -> Callable[..., mx.array]:
+                    loss: Callable = loss_fn, dtype: mx.Dtype = mx.float32) -> Callable[..., mx.array]:
     """One optimizer step of ``loss(model, ids, mask, targets, *columns)``; returns the loss. The caller evaluates
-    loss, parameters and optimizer state.
+    loss, parameters and optimizer state. ``dtype``: the forward pass runs on a copy of the parameters in that
+    precision (pipeline/precision.py); parameters, gradients and optimizer state stay float32.
 
     ``model.train()`` runs inside the step, so every trace (one per input shape) is a training-mode
     trace: a compiled step keeps the mode it was traced in, whatever mode the model is in later.
     """
-    loss_and_grad = nn.value_and_grad(model, loss)
+    loss_and_grad = nn.value_and_grad(model, in_precision(loss, dtype))
 
     def step(ids: mx.array, mask: mx.array, targets: mx.array, *columns: mx.array) -> mx.array:
         model.train()
@@ -161,13 +163,48 @@ def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm:
     return mx.compile(step, inputs=state, outputs=state)
 
 
-def make_forward(model: TaskModel, compiled: bool = True) -> Callable[..., mx.array]:
-    """Eval-mode logits of ``(ids, mask, *columns)``. The parameters are inputs of the compiled graph, so later
-    updates are seen."""
+def make_grad_step(model: nn.Module, compiled: bool = True, loss: Callable = loss_fn,
+                   dtype: mx.Dtype = mx.float32) -> Callable[..., tuple[mx.array, dict]]:
+    """``(scale, ids, mask, targets, *columns) -> (loss * scale, gradients)`` of one micro-batch, for gradient
+    accumulation and fp16's loss scaling (``make_update`` applies the summed gradients)."""
+
+    def scaled(model, scale, *inputs):
+        return in_precision(loss, dtype)(model, *inputs) * scale
+
+    loss_and_grad = nn.value_and_grad(model, scaled)
+
+    def step(scale: mx.array, ids: mx.array, mask: mx.array, targets: mx.array, *columns: mx.array):
+        model.train()
+        return loss_and_grad(model, scale, ids, mask, targets, *columns)
+
+    if not compiled:
+        return step
+    state = [model.state, mx.random.state]  # value_and_grad leaves the traced parameters in the model: outputs too
+    return mx.compile(step, inputs=state, outputs=state)
+
+
+def make_update(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm: float,
+                compiled: bool = True) -> Callable[[dict], None]:
+    """Clip the accumulated gradients and take one optimizer step."""
+
+    def update(grads: dict) -> None:
+        grads, _ = optim.clip_grad_norm(grads, max_grad_norm)
+        optimizer.update(model, grads)
+
+    if not compiled:
+        return update
+    optimizer.init(model.trainable_parameters())
+    state = [model.state, optimizer.state]
+    return mx.compile(update, inputs=state, outputs=state)
+
+
+def make_forward(model: TaskModel, compiled: bool = True, dtype: mx.Dtype = mx.float32) -> Callable[..., mx.array]:
+    """Eval-mode logits of ``(ids, mask, *columns)``, computed in ``dtype``, returned in float32. The parameters
+    are inputs of the compiled graph, so later updates are seen."""
 
     def forward(ids: mx.array, mask: mx.array, *columns: mx.array) -> mx.array:
         model.eval()
-        return model(ids, mask, *columns)
+        return in_precision(lambda m, *inputs: m(*inputs), dtype)(model, ids, mask, *columns)
 
     return mx.compile(forward, inputs=[model.state]) if compiled else forward
 
@@ -178,7 +215,7 @@ def predict_outputs(model: TaskModel, tokens: list[np.ndarray], config: TrainCon
     """Eval-mode head outputs in input order, (n,) or (n, k); batches are sorted by length, then unsorted.
     ``columns``: the rows' fusion inputs, in the same order as ``tokens``."""
     was_training = model.training
-    forward = forward or make_forward(model, config.compile)
+    forward = forward or make_forward(model, config.compile, DTYPES[compute_precision(config.precision)])
     order = np.argsort([len(t) for t in tokens], kind="stable")
     out = None
     for start in range(0, len(tokens), config.eval_batch_size):
@@ -193,11 +230,51 @@ def predict_outputs(model: TaskModel, tokens: list[np.ndarray], config: TrainCon
     return out
 
 
+OUT_OF_MEMORY_WORDS = ("out of memory", "outofmemory", "unable to allocate", "failed to allocate",
+                       "attempting to allocate", "malloc")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    return any(word in str(exc).lower() for word in OUT_OF_MEMORY_WORDS)
+
+
+def out_of_memory_advice(description: str, config: TrainConfig, exc: BaseException) -> str:
+    half = max(1, config.batch_size // 2)
+    return (f"{description}: out of memory at --batch-size {config.batch_size} (--max-length {config.max_length}, "
+            f"--grad-accum {config.grad_accum}): try --batch-size {half} --grad-accum {config.grad_accum * 2} (the "
+            f"same optimizer steps), --gradient-checkpointing, a shorter --max-length, or --precision bf16 on a "
+            f"GPU ({str(exc).strip().splitlines()[0][:160]})")
+
+
 def check_finite_loss(value: float, which: str, description: str, epoch: int) -> None:
     """A NaN or infinite loss (a learning rate too high, targets too large) ends the fold: its outputs are garbage."""
     if not math.isfinite(value):
         raise KbertError(f"{description}: the {which} loss became {value} in epoch {epoch + 1}; lower --lr or "
                          "check the targets")
+
+
+def accumulated_step(grad_step: Callable, update: Callable, scaler: LossScaler | None, data: FoldData,
+                     tokens: list[np.ndarray], index: np.ndarray, config: TrainConfig, width: int | None
+                     ) -> mx.array | None:
+    """One optimizer step over ``index`` in micro-batches of ``batch_size``: each micro-batch's gradients weighted
+    by its share of the rows and summed (the mean loss of the whole step, as one large batch gives it), then one
+    update. With fp16 the loss is scaled first and a step whose gradients are not finite is skipped (None)."""
+    scale = scaler.scale if scaler else 1.0
+    total, grads, loss = len(index), None, mx.array(0.0)
+    for start in range(0, total, config.batch_size):
+        part = index[start : start + config.batch_size]
+        ids, mask = pad_batch([tokens[i] for i in part], config.length_bucket, width=width)
+        value, part_grads = grad_step(mx.array(scale, dtype=mx.float32), ids, mask,
+                                      mx.array(data.train_targets[part]), *column_batch(data.train_columns, part))
+        share = len(part) / total
+        part_grads = tree_map(lambda g: g * (share / scale), part_grads)
+        grads = part_grads if grads is None else tree_map(mx.add, grads, part_grads)
+        loss = loss + value * (share / scale)
+        mx.eval(grads, loss)
+    if scaler is not None and not scaler.update(bool(all_finite(grads).item())):
+        return None
+    update(grads)
+    return loss
 
 
 def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: Callable[[np.ndarray], float],
@@ -210,10 +287,19 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
     """
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
-    steps_per_epoch = -(-len(data.train_tokens) // config.batch_size)
+    rows_per_step = config.batch_size * config.grad_accum
+    steps_per_epoch = -(-len(data.train_tokens) // rows_per_step)
     optimizer = make_optimizer(model, config, steps_per_epoch * config.epochs)
-    train_step = make_train_step(model, optimizer, config.max_grad_norm, config.compile)
-    forward = make_forward(model, config.compile)
+    precision = compute_precision(config.precision)
+    dtype = DTYPES[precision]
+    accumulate = config.grad_accum > 1 or precision == "fp16"  # micro-batches and/or a loss scale
+    scaler = LossScaler() if precision == "fp16" else None
+    if accumulate:
+        grad_step, update = make_grad_step(model, config.compile, dtype=dtype), make_update(
+            model, optimizer, config.max_grad_norm, config.compile)
+    else:
+        train_step = make_train_step(model, optimizer, config.max_grad_norm, config.compile, dtype=dtype)
+    forward = make_forward(model, config.compile, dtype)
     width = batch_width(config)
     valid_targets = mx.array(data.valid_targets)
     best_key: tuple[float, float] | None = None
@@ -230,11 +316,17 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
             train_tokens = train_sets[epoch % len(train_sets)]
             order = rng.permutation(len(train_tokens))
             losses = []
-            for start in range(0, len(order), config.batch_size):
-                index = order[start : start + config.batch_size]
-                ids, mask = pad_batch([train_tokens[i] for i in index], config.length_bucket, width=width)
-                loss = train_step(ids, mask, mx.array(data.train_targets[index]),
-                                  *column_batch(data.train_columns, index))
+            for start in range(0, len(order), rows_per_step):
+                index = order[start : start + rows_per_step]
+                if accumulate:
+                    loss = accumulated_step(grad_step, update, scaler, data, train_tokens, index, config, width)
+                    if loss is None:  # fp16: the gradients overflowed; the step is skipped, the scale halved
+                        bar.update(1)
+                        continue
+                else:
+                    ids, mask = pad_batch([train_tokens[i] for i in index], config.length_bucket, width=width)
+                    loss = train_step(ids, mask, mx.array(data.train_targets[index]),
+                                      *column_batch(data.train_columns, index))
                 mx.eval(loss, model.parameters(), optimizer.state)
                 losses.append(loss.item())
                 check_finite_loss(losses[-1], "training", description, epoch)
@@ -243,9 +335,11 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
             valid_loss = model.head.loss(mx.array(valid_outputs), valid_targets).item()
             check_finite_loss(valid_loss, "validation", description, epoch)
             score = float(evaluate(valid_outputs))
-            history.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "valid_loss": valid_loss,
-                            "valid_score": score})
-            bar.set_postfix(loss=f"{np.mean(losses):.3f}", valid=f"{score:.4f}")
+            train_loss = float(np.mean(losses)) if losses else float("nan")  # nan: every fp16 step overflowed
+            history.append({"epoch": epoch, "train_loss": train_loss,
+                            "valid_loss": valid_loss, "valid_score": score,
+                            **({"skipped_steps": scaler.skipped, "loss_scale": scaler.scale} if scaler else {})})
+            bar.set_postfix(loss=f"{train_loss:.3f}", valid=f"{score:.4f}")
             key = (sign * score, -valid_loss)
             if best_key is None or key > best_key:
                 best_key, best_params, best_valid, best_epoch = key, model.parameters(), valid_outputs, epoch
@@ -254,6 +348,10 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
                 epochs_without_gain += 1
                 if epochs_without_gain >= config.patience:
                     break
+    except RuntimeError as exc:  # MLX's allocator: a batch that does not fit the device's memory
+        if not is_out_of_memory(exc):
+            raise
+        raise KbertError(out_of_memory_advice(description, config, exc)) from None
     finally:
         bar.close()
     model.update(best_params)  # parameters are immutable arrays, so the saved tree is the best epoch's

@@ -51,11 +51,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def missing_mlx_backend() -> str | None:
+    """On Linux, MLX's wheel brings no backend by itself: the cpu or cuda extra installs one (mlx/lib/libmlx.so).
+    Checked without importing mlx.core, which must load after the BLAS is bound."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("mlx")
+    if sys.platform != "linux" or spec is None or not spec.submodule_search_locations:
+        return None
+    if any((Path(folder) / "lib" / "libmlx.so").exists() for folder in spec.submodule_search_locations):
+        return None
+    return ('MLX is installed without a backend; pip install -e ".[cpu]" (or ".[cuda]" for an NVIDIA GPU), or '
+            'pip install "mlx[cpu]"')
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
+        return 2
+    missing = missing_mlx_backend()
+    if missing:
+        print(f"kbert: error: {missing}", file=sys.stderr)
         return 2
     from kbert.models import runtime
 

@@ -73,6 +73,7 @@ def _print_platform_mlx_and_blas() -> tuple[bool, float]:
     backends = [name for name, module in (("metal", getattr(mx, "metal", None)), ("cuda", getattr(mx, "cuda", None)))
                 if module is not None and module.is_available()]
     print(f"mlx: {mx.__version__}, default device {mx.default_device()}, GPU backends: {', '.join(backends) or 'none'}")
+    _print_device()
     blas = runtime.status().blas
     print(f"BLAS: {blas.name}" + (f" ({blas.path})" if blas.path else "") + (f"; {blas.note}" if blas.note else ""))
     with mx.stream(mx.cpu):
@@ -85,6 +86,35 @@ def _print_platform_mlx_and_blas() -> tuple[bool, float]:
         print(f"CPU kernels (softmax, GELU): {runtime.status().kernels}")
         print(f"malloc: {runtime.status().malloc}")
     return fast, gflops
+
+
+def _print_device() -> None:
+    """The device kbert trains on, its memory, MLX's backend and the default precision; on Linux with an NVIDIA
+    driver but MLX's CPU build, how to switch."""
+    import platform
+
+    import mlx.core as mx
+
+    from kbert.pipeline.precision import backend, gpu_available, resolve_precision
+
+    device = "gpu" if gpu_available() else "cpu"
+    with mx.stream(mx.gpu if device == "gpu" else mx.cpu):
+        info = mx.device_info()
+    memory = info.get("memory_size") or info.get("total_memory")
+    size = f", {memory / 2**30:.1f} GiB" if memory else ""
+    print(f"device: {device} ({backend()} backend, {info.get('device_name', '?')}{size}); kbert run trains there "
+          f"in {resolve_precision('auto', device)} by default (--device, --precision)")
+    if platform.system() == "Linux" and backend() == "CPU" and nvidia_driver():
+        print('note: an NVIDIA driver is installed but this MLX build is CPU-only; for the GPU: '
+              'pip uninstall -y mlx-cpu mlx && pip install -e ".[cuda]" (CUDA 12; ".[cuda13]" for a driver >= 580)',
+              file=sys.stderr)
+
+
+def nvidia_driver() -> bool:
+    import shutil
+    from pathlib import Path
+
+    return Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi") is not None
 
 
 def _package_versions() -> list[str]:

@@ -1,0 +1,131 @@
+"""Where and in what precision a fold trains: the device (``--device``), mixed precision (``--precision``) and
+fp16's dynamic loss scaling.
+
+Mixed precision the standard way: the parameters and the optimizer state stay float32 (the master weights);
+each forward pass runs on a bfloat16 or float16 copy of the floating-point parameters (a cast inside the
+differentiated function, so the gradients arrive in float32), and the loss is taken in float32. LayerNorm and
+RMSNorm (``mx.fast`` kernels) and the attention softmax (``precise=True``) accumulate in float32 whatever their
+input's dtype; the heads cast their outputs to float32 before the loss. 4-bit QLoRA base weights stay packed:
+their scales are cast, so the quantized matmul computes in the chosen precision.
+
+float16's range is narrow, so its loss is multiplied by a scale before the backward pass and the gradients
+divided by it after; a step whose gradients overflow is skipped (and counted), the scale halves, and after
+``growth_interval`` good steps it doubles (PyTorch's GradScaler).
+
+Defaults: bfloat16 on a GPU, float32 on a CPU, where MLX's half-precision matmul bypasses the BLAS
+(``HALF_ON_CPU_SLOWDOWN``, measured in ../shared/notes/mlx-cpu-performance.md).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+import mlx.core as mx
+from mlx.utils import tree_map
+
+from kbert.errors import KbertError
+from kbert.pipeline.config import DEVICES, PRECISIONS
+DTYPES = {"fp32": mx.float32, "bf16": mx.bfloat16, "fp16": mx.float16}
+HALF_ON_CPU_SLOWDOWN = 15  # bf16/fp16 training against fp32 on a CPU (2-core AMD EPYC, MKL)
+
+
+def gpu_available() -> bool:
+    return mx.metal.is_available() or mx.cuda.is_available()
+
+
+def backend() -> str:
+    """Which MLX build is running: Metal, CUDA or CPU."""
+    if mx.metal.is_available():
+        return "Metal"
+    if mx.cuda.is_available():
+        return "CUDA"
+    return "CPU"
+
+
+def use_device(requested: str) -> str:
+    """Make ``requested`` (auto|cpu|gpu) MLX's default device; returns the one chosen ("cpu" or "gpu")."""
+    if requested not in DEVICES:
+        raise KbertError(f"--device '{requested}': choose one of {', '.join(DEVICES)}")
+    if requested == "gpu" and not gpu_available():
+        raise KbertError("--device gpu: this MLX build has no GPU (backend CPU); on Linux with an NVIDIA GPU, "
+                         "pip install \"kbert[cuda]\" (see kbert doctor)")
+    chosen = "gpu" if requested == "gpu" or (requested == "auto" and gpu_available()) else "cpu"
+    mx.set_default_device(mx.gpu if chosen == "gpu" else mx.cpu)
+    return chosen
+
+
+def current_device() -> str:
+    return "gpu" if mx.default_device() == mx.gpu else "cpu"
+
+
+def resolve_precision(requested: str, device: str, warn: bool = True) -> str:
+    """``auto`` -> bf16 on a GPU, fp32 on a CPU. Half precision asked for on a CPU is kept, with a warning."""
+    if requested not in PRECISIONS:
+        raise KbertError(f"--precision '{requested}': choose one of {', '.join(PRECISIONS)}")
+    if requested == "auto":
+        return "bf16" if device == "gpu" else "fp32"
+    if requested != "fp32" and device == "cpu" and warn:
+        print(f"warning: --precision {requested} on the CPU: MLX's half-precision matmul skips the BLAS, about "
+              f"{HALF_ON_CPU_SLOWDOWN}x slower than fp32 here; use fp32 on a CPU", file=sys.stderr)
+    return requested
+
+
+def compute_precision(requested: str) -> str:
+    """The precision a fold computes in, on the current default device (no warning: the run gave it)."""
+    return resolve_precision(requested, current_device(), warn=False)
+
+
+def cast_floats(tree, dtype: mx.Dtype):
+    """Every float32 array of a parameter tree in ``dtype`` (integer arrays, e.g. packed 4-bit weights, kept)."""
+    if dtype == mx.float32:
+        return tree
+    return tree_map(lambda a: a.astype(dtype) if isinstance(a, mx.array) and a.dtype == mx.float32 else a, tree)
+
+
+def in_precision(loss, dtype: mx.Dtype):
+    """``loss(model, *inputs)`` computed on a ``dtype`` copy of the model's parameters, returning a float32 loss;
+    the gradients with respect to the float32 parameters flow back through the cast."""
+    if dtype == mx.float32:
+        return loss
+
+    def mixed(model, *inputs):
+        master = model.parameters()
+        model.update(cast_floats(master, dtype))
+        try:
+            return loss(model, *inputs).astype(mx.float32)
+        finally:
+            model.update(master)
+
+    return mixed
+
+
+@dataclass
+class LossScaler:
+    """fp16's dynamic loss scale (PyTorch's GradScaler defaults)."""
+
+    scale: float = 2.0 ** 16
+    growth_interval: int = 2000
+    good_steps: int = 0
+    skipped: int = 0
+
+    def update(self, finite: bool) -> bool:
+        """After a step's gradients: True when the step may be applied."""
+        if not finite:
+            self.scale /= 2.0
+            self.good_steps = 0
+            self.skipped += 1
+            return False
+        self.good_steps += 1
+        if self.good_steps >= self.growth_interval:
+            self.scale *= 2.0
+            self.good_steps = 0
+        return True
+
+
+def all_finite(tree) -> mx.array:
+    """One boolean: every array of the tree is free of NaN and infinity."""
+    from mlx.utils import tree_flatten
+
+    flags = [mx.all(mx.isfinite(a)) for _, a in tree_flatten(tree)]
+    return mx.all(mx.stack(flags)) if flags else mx.array(True)
