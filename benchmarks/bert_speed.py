@@ -13,6 +13,12 @@ other's. ``--same-process`` runs both in this process instead (kbert's settings 
     python benchmarks/bert_speed.py --size scratch --seq 32 64 128
     python benchmarks/bert_speed.py --size deberta-v3-xsmall roberta-base --seq 128 --reps 3 --steps 2
     python benchmarks/bert_speed.py --end-to-end          # also time `kbert run titanic`
+    python benchmarks/bert_speed.py --device gpu --precision fp32 bf16 --size minilm bert-base deberta-v3-base \
+        --seq 128 --batch 32 --infer-batch 128            # on a GPU: kbert bf16/fp32 against PyTorch fp32/autocast
+
+``--precision bf16`` is kbert's mixed precision (pipeline/precision.py: float32 master weights, the passes in
+bf16) against PyTorch's ``torch.autocast(dtype=torch.bfloat16)`` with float32 weights; ``--device gpu`` puts
+MLX on its GPU (Metal or CUDA) and PyTorch on CUDA (synchronized before each timing ends).
 
 Needs the test extras (torch==2.13.0, transformers).
 """
@@ -20,6 +26,7 @@ Needs the test extras (torch==2.13.0, transformers).
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
@@ -44,6 +51,10 @@ SIZES = {
                     intermediate_size=512),
     "deberta-v3-xsmall": dict(**DEBERTA_V3, hidden_size=384, num_hidden_layers=12, num_attention_heads=6,
                               intermediate_size=1536),
+    "bert-base": dict(model_type="bert", vocab_size=30522, hidden_size=768, num_hidden_layers=12,
+                      num_attention_heads=12, intermediate_size=3072),
+    "deberta-v3-base": dict(**DEBERTA_V3, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                            intermediate_size=3072),
     "roberta-base": dict(model_type="roberta", vocab_size=50265, hidden_size=768, num_hidden_layers=12,
                          num_attention_heads=12, intermediate_size=3072, pad_token_id=1, type_vocab_size=1,
                          layer_norm_eps=1e-5),
@@ -58,7 +69,7 @@ def train_flops(size: dict, batch: int, seq: int) -> float:
     return 3 * per_token * batch * seq
 
 
-def mlx_setup(size: dict, seq: int, compiled: bool):
+def mlx_setup(size: dict, seq: int, compiled: bool, device: str = "cpu", precision: str = "fp32"):
     """kbert's own train step and eval forward (pipeline/train.py), as `kbert run` uses them."""
     from kbert.models import runtime
 
@@ -67,13 +78,15 @@ def mlx_setup(size: dict, seq: int, compiled: bool):
     import mlx.optimizers as optim
 
     from kbert.models.task_model import build_task_model
+    from kbert.pipeline.precision import DTYPES, use_device
     from kbert.pipeline.train import make_forward, make_train_step
 
+    use_device(device)
     values = {**size, "max_position_embeddings": max(512, seq) + 2, "add_pooling_layer": False}
     model = build_task_model(values, "binary", "cls", 0.1)
     optimizer = optim.AdamW(learning_rate=5e-5, weight_decay=0.01)
-    step = make_train_step(model, optimizer, max_grad_norm=1.0, compiled=compiled)
-    forward = make_forward(model, compiled=compiled)
+    step = make_train_step(model, optimizer, max_grad_norm=1.0, compiled=compiled, dtype=DTYPES[precision])
+    forward = make_forward(model, compiled=compiled, dtype=DTYPES[precision])
 
     def train_step(ids, mask, targets):
         loss = step(ids, mask, targets)
@@ -85,29 +98,46 @@ def mlx_setup(size: dict, seq: int, compiled: bool):
     return model, train_step, infer
 
 
-def torch_setup(size: dict, seq: int):
+def torch_setup(size: dict, seq: int, device: str = "cpu", precision: str = "fp32"):
+    import contextlib
+
     import torch
     import transformers
 
+    target = "cuda" if device == "gpu" else "cpu"
     values = {k: v for k, v in size.items() if k != "model_type"}
     config = transformers.AutoConfig.for_model(size["model_type"], **values, max_position_embeddings=max(512, seq) + 2,
                                                num_labels=1)
-    model = transformers.AutoModelForSequenceClassification.from_config(config)
+    model = transformers.AutoModelForSequenceClassification.from_config(config).to(target)
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.01)
     bce = torch.nn.BCEWithLogitsLoss()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    autocast = (lambda: torch.autocast(target, dtype=dtype)) if dtype else contextlib.nullcontext
+    scaler = torch.amp.GradScaler(target) if precision == "fp16" else None
+    sync = torch.cuda.synchronize if target == "cuda" else (lambda: None)
 
     def train_step(ids, mask, targets):
         model.train()
         optimizer.zero_grad()
-        loss = bce(model(input_ids=ids, attention_mask=mask).logits.squeeze(-1), targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        with autocast():
+            loss = bce(model(input_ids=ids, attention_mask=mask).logits.squeeze(-1).float(), targets)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+        sync()
 
     def infer(ids, mask):
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), autocast():
             model(input_ids=ids, attention_mask=mask)
+        sync()
 
     return model, train_step, infer
 
@@ -127,7 +157,8 @@ def batches(size: dict, seq: int, batch: int, infer_batch: int):
     return ids, infer_ids, targets
 
 
-def setup(framework: str, size_name: str, seq: int, batch: int, infer_batch: int, compiled: bool):
+def setup(framework: str, size_name: str, seq: int, batch: int, infer_batch: int, compiled: bool,
+          device: str = "cpu", precision: str = "fp32"):
     """(train, infer) callables taking no arguments, warmed up (compiled steps traced)."""
     size = SIZES[size_name]
     ids, infer_ids, targets = batches(size, seq, batch, infer_batch)
@@ -135,17 +166,19 @@ def setup(framework: str, size_name: str, seq: int, batch: int, infer_batch: int
         import mlx.core as mx
 
         mx.random.seed(0)
-        _, train, infer = mlx_setup(size, seq, compiled)
+        _, train, infer = mlx_setup(size, seq, compiled, device, precision)
         train_args = (mx.array(ids), mx.ones(ids.shape, dtype=mx.int32), mx.array(targets))
         infer_args = (mx.array(infer_ids), mx.ones(infer_ids.shape, dtype=mx.int32))
     else:
         import torch
 
         torch.manual_seed(0)
-        _, train, infer = torch_setup(size, seq)
-        train_args = (torch.tensor(ids, dtype=torch.long), torch.ones(ids.shape, dtype=torch.long),
-                      torch.tensor(targets))
-        infer_args = (torch.tensor(infer_ids, dtype=torch.long), torch.ones(infer_ids.shape, dtype=torch.long))
+        _, train, infer = torch_setup(size, seq, device, precision)
+        target = "cuda" if device == "gpu" else "cpu"
+        train_args = (torch.tensor(ids, dtype=torch.long, device=target),
+                      torch.ones(ids.shape, dtype=torch.long, device=target), torch.tensor(targets, device=target))
+        infer_args = (torch.tensor(infer_ids, dtype=torch.long, device=target),
+                      torch.ones(infer_ids.shape, dtype=torch.long, device=target))
     train(*train_args)
     infer(*infer_args)
     return (lambda: train(*train_args)), (lambda: infer(*infer_args))
@@ -191,7 +224,8 @@ class Worker:
         self.counts: dict[str, int] = {}
 
     def ask(self, line: str) -> str:
-        """`describe`, `setup SIZE SEQ BATCH INFER_BATCH COMPILED`, `train STEPS` or `infer STEPS` (sequences/s)."""
+        """`describe`, `setup SIZE SEQ BATCH INFER_BATCH COMPILED DEVICE PRECISION`, `train STEPS` or `infer STEPS`
+        (sequences/s)."""
         if self.proc is not None:
             self.proc.stdin.write(line + "\n")
             self.proc.stdin.flush()
@@ -203,9 +237,9 @@ class Worker:
         if command == "describe":
             return describe(self.framework)
         if command == "setup":
-            size_name, seq, batch, infer_batch, compiled = rest
+            size_name, seq, batch, infer_batch, compiled, device, precision = rest
             self.runners["train"], self.runners["infer"] = setup(self.framework, size_name, int(seq), int(batch),
-                                                                 int(infer_batch), compiled == "1")
+                                                                 int(infer_batch), compiled == "1", device, precision)
             self.counts = {"train": int(batch), "infer": int(infer_batch)}
             return "ready"
         return str(self.counts[command] / timed(self.runners[command], (), int(rest[0])))
@@ -217,9 +251,9 @@ class Worker:
 
 
 def bench(workers: dict[str, Worker], size_name: str, seq: int, batch: int, infer_batch: int, reps: int,
-          steps: int, peak: float, compiled: bool) -> dict:
+          steps: int, peak: float, compiled: bool, device: str = "cpu", precision: str = "fp32") -> dict:
     for w in workers.values():
-        w.ask(f"setup {size_name} {seq} {batch} {infer_batch} {int(compiled)}")
+        w.ask(f"setup {size_name} {seq} {batch} {infer_batch} {int(compiled)} {device} {precision}")
     results = {"mlx_train": [], "torch_train": [], "mlx_infer": [], "torch_infer": []}
     for _ in range(reps):  # alternate, so drifting machine load hits both sides alike
         for kind in ("train", "infer"):
@@ -267,6 +301,11 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5, help="alternating MLX/PyTorch repetitions")
     parser.add_argument("--steps", type=int, default=3, help="steps timed per repetition")
     parser.add_argument("--no-compile", action="store_true", help="time kbert's eager (uncompiled) steps")
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu",
+                        help="gpu: MLX on its GPU (Metal or CUDA), PyTorch on CUDA")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], nargs="+", default=["fp32"],
+                        help="kbert's mixed precision against PyTorch's autocast (MFU stays against the fp32 "
+                             "sgemm peak)")
     parser.add_argument("--end-to-end", action="store_true", help="also time `kbert run titanic` end to end")
     parser.add_argument("--end-to-end-reference", action="store_true",
                         help="also time it with every optimization off (reference BLAS, default malloc, no CPU "
@@ -284,18 +323,17 @@ def main() -> None:
     peak = float(mlx_line.split()[0].removeprefix("peak="))
     print(mlx_line.split(" ", 1)[1] + "; " + workers["torch"].ask("describe")
           + ("; one process" if args.same_process else "; one worker process each"))
-    header = f"{'size':17} {'seq':>4} | {'MLX train':>9} {'torch train':>11} {'ratio':>5} | " \
+    header = f"{'size':17} {'seq':>4} {'prec':>4} | {'MLX train':>9} {'torch train':>11} {'ratio':>5} | " \
              f"{'MLX infer':>9} {'torch infer':>11} {'ratio':>5} | {'MFU':>5}"
-    print(header + "\n" + "-" * len(header))
-    for size in args.size:
-        for seq in args.seq:
-            r = bench(workers, size, seq, args.batch, args.infer_batch, args.reps, args.steps, peak,
-                      not args.no_compile)
-            print(f"{size:17} {seq:>4} | {r['mlx_train']:9.1f} {r['torch_train']:11.1f} {r['train_ratio']:5.2f} | "
-                  f"{r['mlx_infer']:9.1f} {r['torch_infer']:11.1f} {r['infer_ratio']:5.2f} | "
-                  f"{r['mlx_train_mfu']:5.1%}", flush=True)
-            print(f"{'':22} per repetition: train " + " ".join(f"{x:.2f}" for x in r["train_ratios"])
-                  + " | infer " + " ".join(f"{x:.2f}" for x in r["infer_ratios"]), flush=True)
+    print(f"device: {args.device}\n" + header + "\n" + "-" * len(header))
+    for size, seq, precision in itertools.product(args.size, args.seq, args.precision):
+        r = bench(workers, size, seq, args.batch, args.infer_batch, args.reps, args.steps, peak, not args.no_compile,
+                  args.device, precision)
+        print(f"{size:17} {seq:>4} {precision:>4} | {r['mlx_train']:9.1f} {r['torch_train']:11.1f} "
+              f"{r['train_ratio']:5.2f} | {r['mlx_infer']:9.1f} {r['torch_infer']:11.1f} {r['infer_ratio']:5.2f} | "
+              f"{r['mlx_train_mfu']:5.1%}", flush=True)
+        print(f"{'':27} per repetition: train " + " ".join(f"{x:.2f}" for x in r["train_ratios"])
+              + " | infer " + " ".join(f"{x:.2f}" for x in r["infer_ratios"]), flush=True)
     for w in workers.values():
         w.close()
     print("(sequences/s; ratio = median over repetitions of MLX / PyTorch)")
