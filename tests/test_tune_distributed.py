@@ -258,8 +258,16 @@ def test_dashboard_serves_the_study(tmp_path):
         studies = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=30).read())
         assert [s["study_name"] for s in studies["study_summaries"]] == ["watch"]
     finally:
-        server.send_signal(signal.SIGINT)
-        server.wait(timeout=30)
+        server.send_signal(signal.SIGTERM)  # `kill PID`: kbert stops the dashboard it started, then itself
+        assert server.wait(timeout=30) == 0
+    wait_for(lambda: not port_open(port), 30, "the dashboard to stop")
+
+
+def port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_storage_opened_for_an_rdb_url_waits_out_lost_connections(tmp_path):

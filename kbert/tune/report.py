@@ -132,6 +132,7 @@ def serve_dashboard(options: TuneOptions, host: str, port: int) -> int:
     """``kbert tune --dashboard``: optuna-dashboard on the study's storage (and its artifact folder), until
     Ctrl-C. The storage is read where the workers write it, so the page follows the study live."""
     import shutil
+    import signal
     import subprocess
 
     from kbert.pipeline.config import load_competition
@@ -154,6 +155,11 @@ def serve_dashboard(options: TuneOptions, host: str, port: int) -> int:
         command += ["--artifact-dir", options.artifacts]
     print(f"optuna-dashboard: http://{host}:{port}/dashboard/  (Ctrl-C stops it)", flush=True)
     server = subprocess.Popen(command)
+
+    def on_terminate(signum, frame):  # `kill PID` stops the dashboard too, as Ctrl-C does
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_terminate)
     try:
         return server.wait()
     except KeyboardInterrupt:  # a terminal's Ctrl-C reaches both; a signal to this process alone must stop it too
@@ -164,3 +170,5 @@ def serve_dashboard(options: TuneOptions, host: str, port: int) -> int:
             server.kill()
             server.wait()
         return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
