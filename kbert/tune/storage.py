@@ -230,7 +230,8 @@ def connection_error(exc: BaseException) -> BaseException | None:
     import sqlalchemy
 
     while exc is not None:
-        if isinstance(exc, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError)) or (
+        if isinstance(exc, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
+                            sqlalchemy.exc.PendingRollbackError)) or (  # a session left behind by a lost connection
                 isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated):
             return exc
         exc = exc.__cause__
@@ -260,6 +261,7 @@ class RetryingRDBStorage(optuna.storages.RDBStorage):
                     lost = time.monotonic()
                     print(f"database unreachable ({type(error).__name__} in {name}); retrying for up to "
                           f"{self.wait:.0f}s", file=sys.stderr, flush=True)
+                self.remove_session()  # the next attempt starts a new session, not the broken transaction
                 time.sleep(delay)
                 waited += delay
                 delay = min(delay * 2, 30.0)
@@ -298,11 +300,15 @@ def retried(name: str):
     return call
 
 
-# Every call a study makes on its storage (the heartbeat's and the stale-trial check's among them).
-for _name in ("create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
-              "get_study_id_from_name", "get_study_name_from_id", "get_study_directions", "get_study_user_attrs",
-              "get_study_system_attrs", "get_all_studies", "create_new_trial", "set_trial_param",
-              "get_trial_id_from_study_id_trial_number", "get_trial_number_from_id", "get_trial_param",
-              "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr", "get_trial",
-              "get_all_trials", "get_n_trials", "get_best_trial", "record_heartbeat", "_get_stale_trial_ids"):
+# Every call that reaches the database: the public ones, and the four private ones that Optuna's own cache in
+# front of every RDBStorage (optuna.storages._CachedStorage) calls instead of their public forms, plus the
+# stale-trial check that Optuna's fail_stale_trials makes. A call nested in another is retried by the inner one.
+RETRIED = ("create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
+           "get_study_id_from_name", "get_study_name_from_id", "get_study_directions", "get_study_user_attrs",
+           "get_study_system_attrs", "get_all_studies", "create_new_trial", "set_trial_param",
+           "get_trial_id_from_study_id_trial_number", "get_trial_number_from_id", "get_trial_param",
+           "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr", "get_trial",
+           "get_all_trials", "get_n_trials", "get_best_trial", "record_heartbeat", "_get_stale_trial_ids",
+           "_create_new_trial", "_set_trial_param", "_get_trials", "_get_best_trial_id")
+for _name in RETRIED:
     setattr(RetryingRDBStorage, _name, retried(_name))
