@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
 from kbert.cli import main
 from kbert.ensembles.adversarial import adversarial_validation, drift_verdict
 from kbert.pipeline.config import load_competition, resolve_run_config
+from tests.tables import write_competition
 
 
 def synthetic_competition(folder: Path, shift: float, n_train: int = 600, n_test: int = 400) -> Path:
@@ -28,16 +28,7 @@ def synthetic_competition(folder: Path, shift: float, n_train: int = 600, n_test
 
     train, test = rows(n_train, 0, 0.0), rows(n_test, n_train, shift)
     train["y"] = (train["x_a"] + rng.normal(0.0, 1.0, n_train) > 0).astype(int)
-    (folder / "data").mkdir(parents=True)
-    train.to_csv(folder / "data" / "train.csv", index=False)
-    test.to_csv(folder / "data" / "test.csv", index=False)
-    spec = {"name": "shifted", "task": "binary", "metric": "accuracy", "id_column": "row_id", "target": "y",
-            "data_dir": "data", "files": {"train": "train.csv", "test": "test.csv"},
-            "columns": {"row_id": "int", "x_shift": "float", "x_a": "float", "x_b": "float", "colour": "str"},
-            "submission": {"columns": {"row_id": "int", "y": "int"}}, "text": {"serializer": "list"}}
-    path = folder / "shifted.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
-    return path
+    return write_competition(folder, "shifted", train, test, "y", data_dir="data")
 
 
 def run_on(path: Path, tmp_path: Path):

@@ -21,6 +21,7 @@ from kbert.models.task_model import build_task_model
 from kbert.pipeline.config import load_competition, resolve_run_config
 from kbert.pipeline.data import load_competition_data
 from kbert.pipeline.run import run_competition
+from tests.tables import write_competition
 from tests.test_tasks_end_to_end import HEADS, TINY
 
 ROWS = pd.DataFrame({
@@ -138,16 +139,8 @@ def threshold_competition(folder):
                           "colour": rng.choice(["red", "green", "blue", "amber"], n),
                           "note": rng.choice([f"w{i}" for i in range(20)], n)})
     frame["above"] = (frame["reading"] > 61.8).astype(int)
-    folder.mkdir()
-    frame.iloc[:800].to_csv(folder / "train.csv", index=False)
-    frame.iloc[800:].drop(columns=["above"]).to_csv(folder / "test.csv", index=False)
-    spec = {"name": "threshold", "task": "binary", "metric": "accuracy", "id_column": "row_id", "target": "above",
-            "data_dir": ".", "files": {"train": "train.csv", "test": "test.csv"},
-            "columns": {"row_id": "int", "reading": "float", "colour": "str", "note": "str"},
-            "submission": {"columns": {"row_id": "int", "above": "int"}}, "text": {"serializer": "list"},
-            "folds": {"k": 2, "seed": 42}, "training": {"epochs": 6}}
-    (folder / "threshold.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    return folder / "threshold.yaml"
+    return write_competition(folder, "threshold", frame.iloc[:800], frame.iloc[800:].drop(columns=["above"]), "above",
+                             folds={"k": 2, "seed": 42}, training={"epochs": 6})
 
 
 def test_a_sharp_threshold_on_one_number_is_learned_with_fusion(tmp_path, capsys):

@@ -17,6 +17,7 @@ from kbert.features import TableSerializer, TitanicSerializer
 from kbert.pipeline.config import load_competition, resolve_run_config
 from kbert.pipeline.importance import column_importance, removals, without_column
 from kbert.pipeline.run import run_competition
+from tests.tables import write_competition
 
 TINY = {"folds": 2, "epochs": 4, "batch_size": 16, "hidden_size": 32, "num_hidden_layers": 1,
         "num_attention_heads": 2, "intermediate_size": 64, "vocab_size": 200, "max_length": 32}
@@ -31,16 +32,8 @@ def colour_competition(folder):
     frame = pd.DataFrame({"row_id": np.arange(n), "color": rng.choice(["red", "blue"], n),
                           "noise_a": rng.choice(NOISE_WORDS, n), "noise_b": rng.integers(0, 100, n)})
     frame["target"] = ((frame["color"] == "red") ^ (rng.random(n) < 0.04)).astype(int)
-    folder.mkdir()
-    frame.iloc[:300].to_csv(folder / "train.csv", index=False)
-    frame.iloc[300:].drop(columns=["target"]).to_csv(folder / "test.csv", index=False)
-    spec = {"name": "colours", "task": "binary", "metric": "accuracy", "id_column": "row_id", "target": "target",
-            "data_dir": ".", "files": {"train": "train.csv", "test": "test.csv"},
-            "columns": {"row_id": "int", "color": "str", "noise_a": "str", "noise_b": "int"},
-            "submission": {"columns": {"row_id": "int", "target": "int"}}, "text": {"serializer": "list"},
-            "folds": {"k": 2, "seed": 42}}
-    (folder / "colours.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
-    return folder / "colours.yaml"
+    return write_competition(folder, "colours", frame.iloc[:300], frame.iloc[300:].drop(columns=["target"]), "target",
+                             folds={"k": 2, "seed": 42})
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from kbert.pipeline.config import load_competition, resolve_run_config
 from kbert.pipeline.pretrain import PretrainConfig, build_corpus, mask_tokens
 from kbert.tune import TuneOptions, resolve_trial_config
 from kbert.tune.space import parse_space, sample, space_entries, to_overrides
+from tests.tables import write_competition
 
 LABELS = ["zebraclass", "yakclass", "quokkaclass"]
 
@@ -31,16 +32,8 @@ def labelled_competition(tmp_path: Path) -> Path:
                           "size": rng.integers(1, 50, rows), "label": rng.choice(LABELS, rows)})
     test = pd.DataFrame({"id": range(rows, rows + 20), "colour": rng.choice(["red", "green"], 20),
                          "size": rng.integers(1, 50, 20)})
-    (tmp_path / "data").mkdir()
-    train.to_csv(tmp_path / "data" / "train.csv", index=False)
-    test.to_csv(tmp_path / "data" / "test.csv", index=False)
-    spec = {"name": "labels", "task": "multiclass", "metric": "accuracy", "id_column": "id", "target": "label",
-            "data_dir": "data", "files": {"train": "train.csv", "test": "test.csv"},
-            "columns": {"id": "int", "colour": "str", "size": "int"},
-            "submission": {"columns": {"id": "int", "label": "str"}}, "text": {"serializer": "list"}}
-    path = tmp_path / "labels.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+    return write_competition(tmp_path, "labels", train, test, "label", task="multiclass", target_type="str",
+                             data_dir="data")
 
 
 @pytest.mark.parametrize("augment", [0, 3])
