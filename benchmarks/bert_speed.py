@@ -13,6 +13,7 @@ other's. ``--same-process`` runs both in this process instead (kbert's settings 
     python benchmarks/bert_speed.py --size scratch --seq 32 64 128
     python benchmarks/bert_speed.py --size deberta-v3-xsmall roberta-base --seq 128 --reps 3 --steps 2
     python benchmarks/bert_speed.py --end-to-end          # also time `kbert run titanic`
+    python benchmarks/bert_speed.py --isa avx2            # as on a CPU without AVX-512: both sides limited to AVX2
     python benchmarks/bert_speed.py --device gpu --precision fp32 bf16 --size minilm bert-base deberta-v3-base \
         --seq 128 --batch 32 --infer-batch 128            # on a GPU: kbert bf16/fp32 against PyTorch fp32/autocast
 
@@ -61,6 +62,32 @@ SIZES = {
 }
 
 
+# --isa avx2: every library on both sides kept to AVX2 (kbert's kernels built for x86-64-v3, OpenBLAS's Haswell
+# kernels; PyTorch's ATen kernels, oneDNN and MKL), as on a CPU without AVX-512. Set before the workers start.
+AVX2_ONLY = {"KBERT_CPU_ARCH": "x86-64-v3", "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2",
+             "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
+def cpu_header() -> str:
+    """The CPU's model, its cores and which of AVX2, AVX-512 and AMX it has (Linux /proc/cpuinfo)."""
+    import platform
+
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() in ("flags", "Features"):
+                flags = set(value.split())
+    except OSError:
+        pass
+    avx512 = sorted(f.removeprefix("avx512").strip("_") for f in flags if f.startswith("avx512"))
+    amx = sorted(f.removeprefix("amx_") for f in flags if f.startswith("amx"))
+    return (f"CPU: {model}, {os.cpu_count()} cores; SIMD: AVX2 {'yes' if 'avx2' in flags else 'no'}, AVX-512 "
+            + (f"yes ({' '.join(avx512)})" if avx512 else "no") + ", AMX " + (f"yes ({' '.join(amx)})" if amx else "no"))
+
+
 def train_flops(size: dict, batch: int, seq: int) -> float:
     """Matmul FLOPs of one training step (forward x 3), as in the usual 6 * params * tokens estimate (DeBERTa's
     relative-position terms are left out, so its MFU is a lower bound)."""
@@ -79,14 +106,17 @@ def mlx_setup(size: dict, seq: int, compiled: bool, device: str = "cpu", precisi
 
     from kbert.models.task_model import build_task_model
     from kbert.pipeline.precision import DTYPES, use_device
+    from kbert.pipeline.streams import cpu_streams
     from kbert.pipeline.train import make_forward, make_train_step
 
     use_device(device)
+    streams = cpu_streams()  # one per core on a CPU, as `kbert run` shards its batches
     values = {**size, "max_position_embeddings": max(512, seq) + 2, "add_pooling_layer": False}
     model = build_task_model(values, "binary", "cls", 0.1)
     optimizer = optim.AdamW(learning_rate=5e-5, weight_decay=0.01)
-    step = make_train_step(model, optimizer, max_grad_norm=1.0, compiled=compiled, dtype=DTYPES[precision])
-    forward = make_forward(model, compiled=compiled, dtype=DTYPES[precision])
+    step = make_train_step(model, optimizer, max_grad_norm=1.0, compiled=compiled, dtype=DTYPES[precision],
+                           streams=streams)
+    forward = make_forward(model, compiled=compiled, dtype=DTYPES[precision], streams=streams)
 
     def train_step(ids, mask, targets):
         loss = step(ids, mask, targets)
@@ -306,6 +336,8 @@ def main() -> None:
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], nargs="+", default=["fp32"],
                         help="kbert's mixed precision against PyTorch's autocast (MFU stays against the fp32 "
                              "sgemm peak)")
+    parser.add_argument("--isa", choices=["native", "avx2"], default="native",
+                        help="avx2: keep kbert's kernels, OpenBLAS and PyTorch to AVX2 (a CPU without AVX-512)")
     parser.add_argument("--end-to-end", action="store_true", help="also time `kbert run titanic` end to end")
     parser.add_argument("--end-to-end-reference", action="store_true",
                         help="also time it with every optimization off (reference BLAS, default malloc, no CPU "
@@ -318,6 +350,10 @@ def main() -> None:
         worker(args.worker)
         return
 
+    if args.isa == "avx2":
+        os.environ.update(AVX2_ONLY)
+    print(cpu_header() + ("; kernels limited to AVX2 (" + " ".join(f"{k}={v}" for k, v in AVX2_ONLY.items()) + ")"
+                          if args.isa == "avx2" else ""))
     workers = {framework: Worker(framework, args.same_process) for framework in ("mlx", "torch")}
     mlx_line = workers["mlx"].ask("describe")
     peak = float(mlx_line.split()[0].removeprefix("peak="))

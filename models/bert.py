@@ -17,6 +17,7 @@ import mlx.nn as nn
 
 from kbert.models.activations import ACTIVATIONS
 from kbert.models.cpu_kernels import attention
+from kbert.models.layers import LayerNorm
 from kbert.models.outputs import attention_probs, encoder_outputs, run_layers
 from kbert.models.recompute import Dropout
 
@@ -56,7 +57,7 @@ class BertEmbeddings(nn.Module):
         self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def __call__(self, input_ids: mx.array | None, token_type_ids: mx.array | None = None,
@@ -109,7 +110,7 @@ class BertSelfOutput(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def __call__(self, hidden: mx.array, residual: mx.array) -> mx.array:
@@ -149,7 +150,7 @@ class BertOutput(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def __call__(self, hidden: mx.array, residual: mx.array) -> mx.array:
@@ -236,7 +237,7 @@ class BertPredictionHeadTransform(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = activation(config)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.LayerNorm(self.act(self.dense(x)))

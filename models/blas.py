@@ -78,6 +78,13 @@ __attribute__((constructor)) static void kbert_open(void) {
   if (handle) impl = (sgemm64_fn)dlsym(handle, "scipy_cblas_sgemm64_");
 }
 __attribute__((visibility("default"))) int kbert_sgemm_ready(void) { return impl != 0; }
+typedef void (*threads_fn)(int);
+__attribute__((visibility("default"))) int kbert_set_threads(int n) {
+  void* handle = dlopen(KBERT_OPENBLAS, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  threads_fn set = handle ? (threads_fn)dlsym(handle, "scipy_openblas_set_num_threads64_") : 0;
+  if (set) set(n);
+  return set != 0;
+}
 __attribute__((visibility("default"))) void cblas_sgemm(int order, int transa, int transb, int m, int n, int k,
     float alpha, const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   impl(order, transa, transb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -164,6 +171,23 @@ def bind_fast_blas() -> BlasStatus:
         if _try_load(path):
             return BlasStatus("mkl", path)
     return BlasStatus("reference", None, "no fast BLAS found: pip install mkl, or apt install libopenblas0-pthread")
+
+
+# The thread-count setters of the libraries bind_fast_blas may bind (the shim forwards to numpy's OpenBLAS).
+_THREAD_SETTERS = ("kbert_set_threads", "openblas_set_num_threads", "MKL_Set_Num_Threads")
+
+
+def set_blas_threads(status: BlasStatus, n: int) -> bool:
+    """Let the bound BLAS use ``n`` threads from now on (pipeline/streams.py: one per stream when each core runs
+    its own stream); False where the library has no setter."""
+    if status.path is None:
+        return False
+    lib = ctypes.CDLL(status.path, mode=ctypes.RTLD_GLOBAL | os.RTLD_NOLOAD)
+    for name in _THREAD_SETTERS:
+        if hasattr(lib, name):
+            getattr(lib, name)(ctypes.c_int(n))
+            return True
+    return False
 
 
 def measure_sgemm_gflops(n: int = 1024, repeats: int = 5, calls: int = 4) -> float:

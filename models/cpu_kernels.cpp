@@ -1,5 +1,5 @@
-// Vectorized, multithreaded CPU kernels for MLX: softmax over the last axis and exact (erf) GELU,
-// each with its gradient as a second primitive.
+// Vectorized, multithreaded CPU kernels for MLX: softmax over the last axis, exact (erf) GELU and
+// dropout, each with its gradient (softmax and GELU: a second primitive; dropout: itself, on the cotangent).
 //
 // MLX's own CPU kernels evaluate exp/erf one element at a time on one thread (no SIMD on x86),
 // which makes softmax and GELU cost more than the matmuls of a BERT layer on a Linux CPU. These
@@ -8,6 +8,7 @@
 // row-contiguous, CPU stream only; models/cpu_kernels.py falls back to MLX ops otherwise.
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -31,18 +32,20 @@ using namespace mlx::core;
 namespace {
 
 // One thread per core, or OMP_NUM_THREADS when set (kbert tune --workers W gives each worker process its
-// share of the cores that way, as it does for the BLAS).
-int max_threads() {
-  static const int n = [] {
-    if (const char* text = std::getenv("OMP_NUM_THREADS")) {
-      int wanted = std::atoi(text);
-      if (wanted > 0) return std::clamp(wanted, 1, 32);
-    }
-    unsigned hw = std::thread::hardware_concurrency();
-    return (int)std::clamp(hw == 0 ? 1u : hw, 1u, 32u);
-  }();
-  return n;
+// share of the cores that way, as it does for the BLAS); set_threads() changes it (pipeline/shards.py runs
+// one CPU stream per core, each kernel on its own stream's thread).
+int default_threads() {
+  if (const char* text = std::getenv("OMP_NUM_THREADS")) {
+    int wanted = std::atoi(text);
+    if (wanted > 0) return std::clamp(wanted, 1, 32);
+  }
+  unsigned hw = std::thread::hardware_concurrency();
+  return (int)std::clamp(hw == 0 ? 1u : hw, 1u, 32u);
 }
+
+std::atomic<int> g_threads{default_threads()};
+
+int max_threads() { return g_threads.load(std::memory_order_relaxed); }
 
 // Runs body(begin, end) over [0, n) in up to max_threads() chunks of at least `grain` items;
 // the calling thread takes the first chunk.
@@ -196,9 +199,91 @@ void gelu_grad_values(const float* x, const float* dy, float* dx, int64_t n) {
   parallel_for(n, kElementGrain, [=](int64_t i0, int64_t i1) { gelu_grad_span(x + i0, dy + i0, dx + i0, i1 - i0); });
 }
 
-// One primitive class for the four kernels; `kind` picks the kernel. Softmax takes (scores[, mask]) and
-// computes softmax(scale * scores + mask) over the last axis; its gradient takes (y, dy).
-enum class Kernel { Softmax, SoftmaxGrad, Gelu, GeluGrad };
+// Layer normalization without its affine part: y = (x - mean) / sqrt(var + eps) over each row. The gradient
+// recomputes the row's statistics from x (one more pass over a row in cache) instead of storing them:
+// dx = rstd * (dy - mean(dy) - y * mean(dy * y)).
+struct RowStats {
+  float mean, rstd;
+};
+
+RowStats row_stats(const float* __restrict x, int64_t n, float eps) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) sum += x[j];
+  float mean = sum / n, var = 0.0f;
+#pragma omp simd reduction(+ : var)
+  for (int64_t j = 0; j < n; ++j) var += (x[j] - mean) * (x[j] - mean);
+  return {mean, 1.0f / std::sqrt(var / n + eps)};
+}
+
+void normalize_row(const float* __restrict x, float* __restrict y, int64_t n, float eps) {
+  auto [mean, rstd] = row_stats(x, n, eps);
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) y[j] = (x[j] - mean) * rstd;
+}
+
+void normalize_grad_row(const float* __restrict x, const float* __restrict dy, float* __restrict dx, int64_t n,
+                        float eps) {
+  auto [mean, rstd] = row_stats(x, n, eps);
+  float dy_sum = 0.0f, dy_y = 0.0f;
+#pragma omp simd reduction(+ : dy_sum, dy_y)
+  for (int64_t j = 0; j < n; ++j) {
+    dy_sum += dy[j];
+    dy_y += dy[j] * (x[j] - mean) * rstd;
+  }
+  float a = dy_sum / n, b = dy_y / n;
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) dx[j] = rstd * (dy[j] - a - (x[j] - mean) * rstd * b);
+}
+
+void normalize_rows(const float* x, float* y, int64_t rows, int64_t cols, float eps) {
+  parallel_for(rows, row_grain(cols), [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) normalize_row(x + r * cols, y + r * cols, cols, eps);
+  });
+}
+
+void normalize_grad_rows(const float* x, const float* dy, float* dx, int64_t rows, int64_t cols, float eps) {
+  parallel_for(rows, row_grain(cols), [=](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) normalize_grad_row(x + r * cols, dy + r * cols, dx + r * cols, cols, eps);
+  });
+}
+
+// Dropout's keep decision for element i: a counter-based hash of (i, seed) (two rounds of Wellons' lowbias32),
+// so that the backward pass recomputes the forward's mask from the seed instead of storing it, and a loop of
+// integer multiplies and shifts vectorizes (MLX's own bernoulli runs threefry one element at a time).
+inline uint32_t lowbias32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// y = x / (1 - p) where hash(i, seed) >= p * 2^32, else 0; elements [begin, begin + n) of the array.
+void dropout_span(const float* __restrict x, float* __restrict y, int64_t begin, int64_t n, uint32_t s0, uint32_t s1,
+                  uint32_t threshold, float scale) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t index = (uint64_t)(begin + i);
+    uint32_t h = lowbias32(lowbias32((uint32_t)index ^ s0) + (s1 ^ (uint32_t)(index >> 32)));
+    y[i] = h >= threshold ? x[i] * scale : 0.0f;
+  }
+}
+
+void dropout_values(const float* x, float* y, int64_t n, uint32_t s0, uint32_t s1, float p) {
+  uint32_t threshold = (uint32_t)std::min(4294967295.0, std::ldexp((double)p, 32));
+  float scale = 1.0f / (1.0f - p);
+  parallel_for(n, kElementGrain, [=](int64_t i0, int64_t i1) {
+    dropout_span(x + i0, y + i0, i0, i1 - i0, s0, s1, threshold, scale);
+  });
+}
+
+// One primitive class for the kernels; `kind` picks the kernel. Softmax takes (scores[, mask]) and
+// computes softmax(scale * scores + mask) over the last axis; its gradient takes (y, dy). Dropout takes (x, seed),
+// seed a uint32 array of 2, with `scale` holding the drop probability. Normalize takes (x) and NormalizeGrad (x, dy),
+// with `scale` holding epsilon.
+enum class Kernel { Softmax, SoftmaxGrad, Gelu, GeluGrad, Dropout, Normalize, NormalizeGrad };
 
 array make(Kernel kind, std::vector<array> inputs, float scale, StreamOrDevice s);
 
@@ -212,7 +297,7 @@ class FastCpuKernel : public UnaryPrimitive {
     for (auto& a : inputs) encoder.set_input_array(a);
     encoder.set_output_array(out);
     const float* a = inputs[0].data<float>();
-    const float* b = inputs.size() > 1 ? inputs[1].data<float>() : nullptr;
+    const float* b = inputs.size() > 1 && kind_ != Kernel::Dropout ? inputs[1].data<float>() : nullptr;
     float* o = out.data<float>();
     float scale = scale_;
     int64_t n = out.size();
@@ -240,6 +325,17 @@ class FastCpuKernel : public UnaryPrimitive {
       case Kernel::GeluGrad:
         encoder.dispatch([=]() { gelu_grad_values(a, b, o, n); });
         break;
+      case Kernel::Normalize:
+        encoder.dispatch([=]() { normalize_rows(a, o, rows, cols, scale); });
+        break;
+      case Kernel::NormalizeGrad:
+        encoder.dispatch([=]() { normalize_grad_rows(a, b, o, rows, cols, scale); });
+        break;
+      case Kernel::Dropout: {
+        const uint32_t* seed = inputs[1].data<uint32_t>();
+        encoder.dispatch([=]() { dropout_values(a, o, n, seed[0], seed[1], scale); });
+        break;
+      }
     }
   }
 
@@ -251,10 +347,14 @@ class FastCpuKernel : public UnaryPrimitive {
                          const std::vector<int>& argnums, const std::vector<array>& outputs) override {
     std::vector<array> grads;
     for (int arg : argnums) {
-      if (arg > 0 && kind_ == Kernel::Softmax) {
-        grads.push_back(zeros_like(primals[arg], stream()));  // the mask: a constant
+      if (arg > 0 && (kind_ == Kernel::Softmax || kind_ == Kernel::Dropout)) {
+        grads.push_back(zeros_like(primals[arg], stream()));  // the mask or the seed: a constant
+      } else if (kind_ == Kernel::Dropout) {  // the same mask and scale, applied to the cotangent
+        grads.push_back(make(Kernel::Dropout, {cotangents[0], primals[1]}, scale_, stream()));
       } else if (kind_ == Kernel::Softmax) {
         grads.push_back(make(Kernel::SoftmaxGrad, {outputs[0], cotangents[0]}, scale_, stream()));
+      } else if (kind_ == Kernel::Normalize) {
+        grads.push_back(make(Kernel::NormalizeGrad, {primals[0], cotangents[0]}, scale_, stream()));
       } else if (kind_ == Kernel::Gelu) {
         grads.push_back(make(Kernel::GeluGrad, {primals[0], cotangents[0]}, 1.0f, stream()));
       } else {
@@ -271,6 +371,9 @@ class FastCpuKernel : public UnaryPrimitive {
       case Kernel::Softmax: return "KbertSoftmax";
       case Kernel::SoftmaxGrad: return "KbertSoftmaxGrad";
       case Kernel::Gelu: return "KbertGelu";
+      case Kernel::Dropout: return "KbertDropout";
+      case Kernel::Normalize: return "KbertNormalize";
+      case Kernel::NormalizeGrad: return "KbertNormalizeGrad";
       default: return "KbertGeluGrad";
     }
   }
@@ -288,12 +391,16 @@ class FastCpuKernel : public UnaryPrimitive {
 array make(Kernel kind, std::vector<array> inputs, float scale, StreamOrDevice s) {
   auto stream = to_stream(s);
   if (stream.device != Device::cpu) throw std::invalid_argument("kbert CPU kernels need a CPU stream");
-  for (auto& a : inputs)
-    if (a.dtype() != float32) throw std::invalid_argument("kbert CPU kernels take float32 arrays");
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].dtype() != (kind == Kernel::Dropout && i == 1 ? uint32 : float32))
+      throw std::invalid_argument("kbert CPU kernels take float32 arrays (dropout: a uint32 seed of 2)");
   auto shape = inputs[0].shape();
   inputs[0] = contiguous(inputs[0], false, stream);
   if (inputs.size() > 1) {
-    if (kind == Kernel::Softmax) {
+    if (kind == Kernel::Dropout) {
+      if (inputs[1].size() != 2) throw std::invalid_argument("kbert dropout: the seed must hold 2 uint32");
+      inputs[1] = contiguous(flatten(inputs[1], stream), false, stream);
+    } else if (kind == Kernel::Softmax) {
       // The mask stays small: rows made contiguous, then a broadcast view (stride 0 on broadcast axes).
       if (inputs[1].ndim() == 0 || inputs[1].shape(-1) != shape.back())
         throw std::invalid_argument("kbert softmax: the mask's last axis must match the scores'");
@@ -309,7 +416,7 @@ array make(Kernel kind, std::vector<array> inputs, float scale, StreamOrDevice s
 }  // namespace
 
 NB_MODULE(_kbert_cpu_kernels, m) {
-  m.doc() = "kbert's vectorized CPU kernels for MLX (softmax over the last axis, erf GELU)";
+  m.doc() = "kbert's vectorized CPU kernels for MLX (softmax over the last axis, erf GELU, dropout)";
   m.def("softmax", [](const array& x, std::optional<array> mask, float scale, StreamOrDevice s) {
     std::vector<array> inputs = {x};
     if (mask) inputs.push_back(*mask);
@@ -321,6 +428,18 @@ NB_MODULE(_kbert_cpu_kernels, m) {
   }, "y"_a, "dy"_a, "scale"_a = 1.0f, nb::kw_only(), "stream"_a = nb::none());
   m.def("gelu", [](const array& x, StreamOrDevice s) { return make(Kernel::Gelu, {x}, 1.0f, s); },
         "x"_a, nb::kw_only(), "stream"_a = nb::none());
+  m.def("dropout", [](const array& x, const array& seed, float p, StreamOrDevice s) {
+    if (!(p >= 0.0f && p < 1.0f)) throw std::invalid_argument("kbert dropout: p must be in [0, 1)");
+    return make(Kernel::Dropout, {x, seed}, p, s);
+  }, "x"_a, "seed"_a, "p"_a, nb::kw_only(), "stream"_a = nb::none(),
+     "x / (1 - p) where a hash of (element index, seed) keeps it, else 0; the gradient uses the same mask.");
+  m.def("normalize", [](const array& x, float eps, StreamOrDevice s) {
+    return make(Kernel::Normalize, {x}, eps, s);
+  }, "x"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
+     "(x - mean) / sqrt(var + eps) over the last axis (layer normalization without weight and bias).");
+  m.def("set_threads", [](int n) { g_threads.store(std::clamp(n, 1, 32)); }, "n"_a,
+        "Threads per kernel call from now on (default: OMP_NUM_THREADS, else one per core).");
+  m.def("threads", []() { return max_threads(); });
   m.def("gelu_grad", [](const array& x, const array& dy, StreamOrDevice s) {
     return make(Kernel::GeluGrad, {x, dy}, 1.0f, s);
   }, "x"_a, "dy"_a, nb::kw_only(), "stream"_a = nb::none());

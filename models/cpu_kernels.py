@@ -1,18 +1,23 @@
-"""Vectorized, multithreaded CPU kernels for MLX on Linux: softmax over the last axis and exact GELU.
+"""Vectorized, multithreaded CPU kernels for MLX on Linux: softmax over the last axis, exact GELU, dropout and
+layer normalization.
 
 MLX's CPU backend evaluates ``exp`` and ``erf`` one element at a time on one thread (no SIMD on x86),
 so on a Linux CPU a BERT layer spends more time in softmax and GELU than in its matmuls. The kernels in
 ``cpu_kernels.cpp`` are MLX primitives (with their gradients) whose loops the compiler vectorizes; they
 are built on first use with the system C++ compiler (the one ``mx.compile`` already needs on a CPU),
-``-O3 -march=native``, against the installed MLX and ``nanobind``, and cached under
-``~/.cache/kbert/cpu-kernels/<key>/`` (``KBERT_CACHE`` moves it); the key covers the source, the
-compiler, the flags, the CPU's features and the versions of Python, MLX and nanobind.
+``-O3 -march=native`` (``KBERT_CPU_ARCH`` names another target, e.g. ``x86-64-v3``: AVX2 without AVX-512),
+against the installed MLX and ``nanobind``, and cached under ``~/.cache/kbert/cpu-kernels/<key>/``
+(``KBERT_CACHE`` moves it); the key covers the source, the compiler, the flags and target, the CPU's features
+and the versions of Python, MLX and nanobind.
 
 They are used for float32 arrays when MLX's default device is the CPU. Anywhere else (Metal, CUDA,
 other dtypes), with ``KBERT_CPU_KERNELS=0``, or when the build fails (the reason is logged once and
-shown by ``kbert doctor``), ``softmax`` and ``gelu`` fall back to MLX's own ops. Measured on 2 cores,
+shown by ``kbert doctor``), the callers fall back to MLX's own ops. Measured on 2 cores,
 12.6M elements: softmax 180 -> 9-11 ms, GELU 105 -> 3-4 ms (against the rational erf in MLX ops), GELU
-gradient 65 -> 6-10 ms; results within 2e-6 of MLX's.
+gradient 65 -> 6-10 ms; results within 2e-6 of MLX's. Dropout draws its mask from a hash of each element's
+index and a seed (one draw of the random generator per call), so the gradient recomputes the same mask; MLX's
+``bernoulli`` hashes with threefry one element at a time, about 10% of a small encoder's training step. Layer
+normalization (models/layers.py) is one pass per row, and its gradient one more (benchmarks/NOTES.md).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ log = logging.getLogger("kbert")
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 MODULE_NAME = "_kbert_cpu_kernels"
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden",
+FLAGS = ["-O3", "-fopenmp-simd", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden",
          "-fno-strict-aliasing", "-DNDEBUG", "-DNB_COMPACT_ASSERTIONS",
          # MLX registers its Python types in nanobind's "mlx" domain; the kernels must see them.
          "-DNB_DOMAIN=mlx"]
@@ -54,6 +59,11 @@ class KernelStatus:
 
 STATUS = KernelStatus()
 _MODULE: ModuleType | None = None
+
+
+def target_arch() -> str:
+    """The compiler's -march: ``native`` (every SIMD extension this CPU has), or ``KBERT_CPU_ARCH``."""
+    return os.environ.get("KBERT_CPU_ARCH", "").strip() or "native"
 
 
 def _cpu_features() -> str:
@@ -79,7 +89,7 @@ def build_command(compiler: str, output: Path) -> list[str]:
     nb_root = Path(nanobind.__file__).parent
     mlx_root = Path(mx.__file__).parent  # site-packages/mlx: include/, lib/libmlx.so
     return [
-        compiler, *FLAGS,
+        compiler, *FLAGS, f"-march={target_arch()}",
         f"-I{sysconfig.get_paths()['include']}", f"-I{nb_root / 'include'}",
         f"-I{nb_root / 'ext' / 'robin_map' / 'include'}", f"-I{mlx_root / 'include'}",
         str(SOURCE), str(nb_root / "src" / "nb_combined.cpp"),
@@ -90,7 +100,7 @@ def build_command(compiler: str, output: Path) -> list[str]:
 
 def _build_key(compiler_path: str) -> str:
     version = subprocess.run([compiler_path, "--version"], capture_output=True, text=True).stdout
-    parts = [SOURCE.read_bytes().hex(), version, " ".join(FLAGS), _cpu_features(), sys.version,
+    parts = [SOURCE.read_bytes().hex(), version, " ".join(FLAGS), target_arch(), _cpu_features(), sys.version,
              _version("mlx"), _version("nanobind")]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
@@ -162,6 +172,33 @@ def softmax(x: mx.array, mask: mx.array | None = None, scale: float = 1.0) -> mx
 def gelu(x: mx.array) -> mx.array | None:
     """Exact (erf) GELU from the kernels, or None where they do not apply."""
     return _MODULE.gelu(x) if applies(x) else None
+
+
+def dropout(x: mx.array, p: float, key: mx.array | None = None) -> mx.array | None:
+    """``x / (1 - p)`` where the kernel's hash of (element index, seed) keeps the element, else 0; the seed is
+    drawn from ``key`` or the global generator. None where the kernels do not apply."""
+    if not applies(x):
+        return None
+    seed = mx.random.randint(0, 2**31 - 1, (2,), key=key).astype(mx.uint32)
+    return _MODULE.dropout(x, seed, p)
+
+
+def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps: float) -> mx.array | None:
+    """``mx.fast.layer_norm``: the normalization a kernel (its gradient recomputes the row statistics), the affine
+    part MLX ops (which give the weight and bias their gradients). None where the kernels do not apply."""
+    if not applies(x):
+        return None
+    y = _MODULE.normalize(x, eps)
+    if weight is not None:
+        y = y * weight
+    return y if bias is None else y + bias
+
+
+def set_threads(n: int) -> None:
+    """Threads each kernel call uses from now on (pipeline/shards.py: one per stream when the streams share the
+    cores)."""
+    if kernels() is not None:
+        _MODULE.set_threads(n)
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None,

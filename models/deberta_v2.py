@@ -31,6 +31,7 @@ import numpy as np
 
 from kbert.models.activations import ACTIVATIONS
 from kbert.models.cpu_kernels import softmax
+from kbert.models.layers import LayerNorm
 from kbert.models.outputs import encoder_outputs
 from kbert.models.recompute import Dropout, call_layer
 
@@ -182,7 +183,7 @@ class DebertaV2Embeddings(nn.Module):
         self.projected = size != config.hidden_size
         if self.projected:
             self.embed_proj = nn.Linear(size, config.hidden_size, bias=False)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def __call__(self, input_ids: mx.array | None, token_type_ids: mx.array | None = None,
@@ -276,7 +277,7 @@ class DebertaV2SelfOutput(nn.Module):
         super().__init__()
         in_size = config.num_attention_heads * config.attention_head_size if in_size is None else in_size
         self.dense = nn.Linear(in_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def __call__(self, hidden: mx.array, residual: mx.array) -> mx.array:
@@ -342,7 +343,7 @@ class ConvLayer(nn.Module):
         super().__init__()
         self.conv = TorchConv1d(config.hidden_size, config.conv_kernel_size, config.conv_groups)
         self.act = CONV_ACTIVATIONS[config.conv_act]
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
 
     def __call__(self, hidden: mx.array, residual: mx.array, input_mask: mx.array | None) -> mx.array:
@@ -365,7 +366,7 @@ class DebertaV2Encoder(nn.Module):
             self.max_relative = config.max_relative
         self.norm_rel_ebd = "layer_norm" in _names(config.norm_rel_ebd)
         if self.norm_rel_ebd:
-            self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+            self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.has_conv = config.conv_kernel_size > 0
         if self.has_conv:
             self.conv = ConvLayer(config)
@@ -452,7 +453,7 @@ class DebertaV2PredictionHeadTransform(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.embedding_size)
         self.act = ACTIVATIONS[config.hidden_act]
-        self.LayerNorm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
+        self.LayerNorm = LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.LayerNorm(self.act(self.dense(x)))
@@ -490,7 +491,7 @@ class DebertaV2LMHead(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = ACTIVATIONS[config.hidden_act]
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.LayerNorm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.bias = mx.zeros((config.vocab_size,))
 
     def __call__(self, hidden: mx.array, word_embeddings: nn.Embedding) -> mx.array:

@@ -18,6 +18,7 @@ import mlx.nn as nn
 
 from kbert.models.activations import gelu
 from kbert.models.bert import BertEmbeddings, BertEncoder, additive_padding_mask
+from kbert.models.layers import LayerNorm
 from kbert.models.outputs import encoder_outputs
 from kbert.models.roberta import without_gradient_at
 
@@ -107,7 +108,7 @@ class ElectraGeneratorPredictions(nn.Module):
     def __init__(self, config: ElectraConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.embedding_size)
-        self.LayerNorm = nn.LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
+        self.LayerNorm = LayerNorm(config.embedding_size, eps=config.layer_norm_eps)
 
     def __call__(self, hidden: mx.array) -> mx.array:
         return self.LayerNorm(gelu(self.dense(hidden)))

@@ -22,6 +22,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from kbert.models.layers import LayerNorm
+
 FUSION_KINDS = ("none", "concat", "gated")
 
 
@@ -60,7 +62,7 @@ class Fusion(nn.Module):
         self.embeddings = [nn.Embedding(n, embedding_size(n)) for n in config.cardinalities]
         width = 2 * config.numeric + sum(embedding_size(n) for n in config.cardinalities)
         self.tabular_in = nn.Linear(width, config.hidden)
-        self.tabular_norm = nn.LayerNorm(config.hidden)
+        self.tabular_norm = LayerNorm(config.hidden)
         self.tabular_out = nn.Linear(config.hidden, config.hidden)
         self.dropout = nn.Dropout(config.dropout)
         if config.kind == "gated":

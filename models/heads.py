@@ -53,6 +53,11 @@ class HeadConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def loss_is_row_mean(self) -> bool:
+        """Whether the loss is a plain mean over rows, so that shards of a batch weighted by their share of the
+        rows give the batch's loss (pipeline/streams.py); class-weighted cross-entropy divides by the rows' weights."""
+        return not (self.task == Task.MULTICLASS and self.class_weights is not None)
+
     def resolved_loss(self) -> str:
         return Task(self.task).losses[0] if self.loss == "default" else self.loss
 

@@ -19,6 +19,7 @@ import mlx.nn as nn
 
 from kbert.models.activations import ACTIVATIONS
 from kbert.models.cpu_kernels import attention
+from kbert.models.layers import LayerNorm
 from kbert.models.outputs import attention_probs, encoder_outputs, run_layers
 from kbert.models.recompute import Dropout
 
@@ -118,7 +119,7 @@ class ModernBertEmbeddings(nn.Module):
     def __init__(self, config: ModernBertConfig):
         super().__init__()
         self.tok_embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        self.norm = LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
         self.drop = Dropout(config.embedding_dropout)
 
     def __call__(self, input_ids: mx.array | None = None, inputs_embeds: mx.array | None = None) -> mx.array:
@@ -190,9 +191,9 @@ class ModernBertEncoderLayer(nn.Module):
         if layer_id == 0:
             self.attn_norm = nn.Identity()
         else:
-            self.attn_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+            self.attn_norm = LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
         self.attn = ModernBertAttention(config, layer_id)
-        self.mlp_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        self.mlp_norm = LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
         self.mlp = ModernBertMLP(config)
 
     @property
@@ -232,7 +233,7 @@ class ModernBertModel(nn.Module):
         self.embeddings = ModernBertEmbeddings(config)
         self.layers = [ModernBertEncoderLayer(config, i) for i in range(config.num_hidden_layers)]
         self.recompute_layers = False  # gradient checkpointing (models/recompute.py)
-        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        self.final_norm = LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
 
     @property
     def hidden_size(self) -> int:
@@ -272,7 +273,7 @@ class ModernBertPredictionHead(nn.Module):
                              f"known: {sorted(ACTIVATIONS)}")
         self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
         self.act = ACTIVATIONS[config.classifier_activation]
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        self.norm = LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.norm(self.act(self.dense(x)))

@@ -5,14 +5,17 @@ recompute the layer's inside there, trading about a third more compute for most 
 would draw new masks and the gradients would not belong to the forward pass (measured: they differ).
 A recomputed layer therefore runs under its own random key, drawn from the global generator and passed
 in by closure, and the encoders' ``Dropout`` draws its masks from that key: the recomputation draws the
-same masks. Without recomputation ``Dropout`` is ``nn.Dropout`` exactly (same draws from the global
-generator).
+same masks. Without recomputation the masks come from the global generator. On a CPU with kbert's kernels
+(models/cpu_kernels.py) a mask is a hash of each element's index and one seed drawn from that generator (the
+gradient recomputes it); elsewhere it is ``mx.random.bernoulli``, as in ``nn.Dropout``.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from kbert.models import cpu_kernels
 
 _LAYER_KEYS: list[mx.array] = []  # the key of the recomputed layer being run, innermost last
 
@@ -33,12 +36,13 @@ class Dropout(nn.Module):
         if not self.training or self.p == 0:
             return x
         keep = 1.0 - self.p
+        sub = None
         if _LAYER_KEYS:
             _LAYER_KEYS[-1], sub = mx.random.split(_LAYER_KEYS[-1])
-            mask = mx.random.bernoulli(keep, x.shape, key=sub)
-        else:
-            mask = mx.random.bernoulli(keep, x.shape)
-        return (mask * x) * (1 / keep)
+        fast = cpu_kernels.dropout(x, self.p, sub)
+        if fast is not None:
+            return fast
+        return (mx.random.bernoulli(keep, x.shape, key=sub) * x) * (1 / keep)
 
 
 def call_layer(layer: nn.Module, x: mx.array, mask: mx.array | None, recompute: bool, *extra: mx.array) -> mx.array:

@@ -19,6 +19,7 @@ import mlx.nn as nn
 
 from kbert.models.activations import gelu
 from kbert.models.bert import BertEmbeddings, BertEncoder, BertPooler, additive_padding_mask
+from kbert.models.layers import LayerNorm
 from kbert.models.outputs import encoder_outputs
 
 # config.json model_type values this implementation loads (XLM-RoBERTa differs only in vocabulary and sizes).
@@ -158,7 +159,7 @@ class RobertaLMHead(nn.Module):
     def __init__(self, config: RobertaConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.layer_norm = LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.tied = config.tie_word_embeddings
         if not self.tied:
             self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

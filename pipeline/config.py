@@ -142,6 +142,7 @@ class TrainConfig:
     precision: str = "auto"  # auto|fp32|bf16|fp16: compute precision, float32 master weights (pipeline/precision.py)
     device: str = "auto"  # auto|cpu|gpu: auto is the GPU when this MLX build has one
     grad_accum: int = 1  # optimizer steps over this many batches of batch_size (gradient accumulation)
+    cpu_streams: int = 0  # on a CPU, batches split over this many MLX streams (0: one per core; 1: off)
 
 
 @dataclass
@@ -261,7 +262,8 @@ BOUNDS: dict[str, Bound] = {
     "adapter_options.bits": COUNT, "adapter_options.group_size": SIZE,
     # TrainConfig
     "epochs": SIZE, "grad_accum": SIZE, "batch_size": SIZE, "eval_batch_size": SIZE, "patience": SIZE, "max_length": SIZE,
-    "length_bucket": SIZE, "tta": SIZE, "augment": COUNT, "learning_rate": Bound(above=0, optional=True),
+    "length_bucket": SIZE, "tta": SIZE, "augment": COUNT, "cpu_streams": COUNT,
+    "learning_rate": Bound(above=0, optional=True),
     "weight_decay": NON_NEGATIVE, "warmup_ratio": SHARE, "min_lr_ratio": Bound(at_least=0, at_most=1),
     "max_grad_norm": POSITIVE, "layerwise_lr_decay": Bound(above=0, at_most=1),
     "pseudo_threshold": Bound(above=0, below=1),

@@ -50,6 +50,7 @@ from kbert.pipeline.config import CompetitionConfig, RunConfig, adapter_config
 from kbert.pipeline.folds import make_fold_sets
 from kbert.pipeline.metrics import Metric
 from kbert.pipeline.predictions import predictions_frame, score
+from kbert.pipeline.profile import stage
 from kbert.pipeline.pseudo import PseudoLabels
 from kbert.pipeline.targets import Targets, TargetTransform, fit_target_transform
 from kbert.pipeline.train import FoldData, seed_everything, train_fold
@@ -362,14 +363,16 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
     config, head = inputs.config, inputs.head
     if fold_dir.exists():  # a fold interrupted half-way is trained again from scratch
         shutil.rmtree(fold_dir)
-    fit = fit_fold(config, inputs.features.iloc[split.train_index],
-                   None if inputs.raw_targets is None else inputs.raw_targets[split.train_index], cache_dir,
-                   make_tabular(config, inputs.train, inputs.features))
+    with stage("data and text preparation"):
+        fit = fit_fold(config, inputs.features.iloc[split.train_index],
+                       None if inputs.raw_targets is None else inputs.raw_targets[split.train_index], cache_dir,
+                       make_tabular(config, inputs.train, inputs.features))
     tokenizer, tokenizer_path = ((fit.tokenizer, fit.tokenizer_path) if source.from_scratch
                                  else (source.tokenizer, run_tokenizer_path))
     encoder_config = fit.encoder_config if source.from_scratch else source.config
-    budget = report_token_budget(inputs, fit, tokenizer, log) if split.first else None
-    data = fold_data(inputs, split, fit, tokenizer)
+    with stage("tokenization"):
+        budget = report_token_budget(inputs, fit, tokenizer, log) if split.first else None
+        data = fold_data(inputs, split, fit, tokenizer)
 
     fold_seed = (config.seed + split.seed_index) * 1000 + split.repeat * 100 + split.k
     seed_everything(fold_seed)
@@ -403,17 +406,18 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
                 "seconds": round(result.seconds, 2)},
         tokens=budget,
     )
-    save_fold_checkpoint(model, config, source, head, encoder_config, fit.target_transform, fold_dir, tokenizer_path,
-                         fit.tokenizer_json if source.from_scratch else None, fusion)
     comp = config.competition
-    write_csv(fold_dir / "test.csv", predictions_frame(comp, inputs.targets.classes,
-                                                      inputs.test_features[comp.id_column], fold.test_predictions))
-    write_json(fold_dir / "history.json", result.history)
-    write_json(fold_dir / "serializer.json", fit.serializer.fitted_statistics())
-    if fit.tabular is not None:
-        write_json(fold_dir / "tabular.json", fit.tabular.fitted_statistics())
-    write_finished_fold(fold_dir, fold.valid_outputs, fold.valid_predictions, fold.test_outputs,
-                        fold.test_predictions, fold.record, budget)
+    with stage("artifact writing"):
+        save_fold_checkpoint(model, config, source, head, encoder_config, fit.target_transform, fold_dir,
+                             tokenizer_path, fit.tokenizer_json if source.from_scratch else None, fusion)
+        write_csv(fold_dir / "test.csv", predictions_frame(comp, inputs.targets.classes,
+                                                          inputs.test_features[comp.id_column], fold.test_predictions))
+        write_json(fold_dir / "history.json", result.history)
+        write_json(fold_dir / "serializer.json", fit.serializer.fitted_statistics())
+        if fit.tabular is not None:
+            write_json(fold_dir / "tabular.json", fit.tabular.fitted_statistics())
+        write_finished_fold(fold_dir, fold.valid_outputs, fold.valid_predictions, fold.test_outputs,
+                            fold.test_predictions, fold.record, budget)
     log(f"{split.description}: {comp.metric} {result.best_score:.4f} "
         f"(best epoch {result.best_epoch + 1}, {result.seconds:.0f}s)")
     return fold

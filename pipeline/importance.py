@@ -50,6 +50,7 @@ from kbert.pipeline.folds import fold_rows
 from kbert.pipeline.predict import check_fold_models, read_fold_table, refitted, saved_target_transform
 from kbert.pipeline.predictions import score
 from kbert.pipeline.run import prepare_inputs
+from kbert.pipeline.streams import cpu_streams
 from kbert.pipeline.train import make_forward, predict_outputs
 
 IMPORTANCE_FILE = "importance.json"
@@ -130,7 +131,7 @@ def fold_predictor(config: RunConfig, inputs: RunInputs, fold_dir: Path, repeat:
     tokenizer = read_tokenizer(fold_dir / TOKENIZER_FILE)
     head = HeadConfig.from_dict(checkpoint["head"])
     transform = saved_target_transform(fold_dir / "config.json", checkpoint)
-    forward = make_forward(model, config.train.compile)
+    forward = make_forward(model, config.train.compile, streams=cpu_streams(config.train.cpu_streams))
 
     def predict(view: Serializer, rows: pd.DataFrame) -> np.ndarray:
         outputs = np.mean([predict_outputs(model, tokenize(config, tokenizer, view, rows, repeat, k, variant),

@@ -34,6 +34,7 @@ from kbert.pipeline.fold import (EncoderSource, FoldPredictions, FoldSplit, RunI
                                  load_encoder_source, make_head_config, make_serializer, split_folds, train_one_fold)
 from kbert.pipeline.folds import fold_rows
 from kbert.pipeline.metrics import get_metric
+from kbert.pipeline.profile import set_part, stage
 from kbert.pipeline.predictions import (average_folds, check_metric_fits_task, metric_targets, score,
                                         tune_label_thresholds, tune_threshold)
 from kbert.pipeline.precision import backend, compute_precision, current_device, resolve_precision, use_device
@@ -53,8 +54,9 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     started = time.perf_counter()
     device = use_device(config.train.device)
     resolve_precision(config.train.precision, device)  # refuses a bad one now; warns of half precision on a CPU
-    inputs = prepare_inputs(config)
-    source = load_encoder_source(config)
+    with stage("data and text preparation"):
+        inputs = prepare_inputs(config)
+        source = load_encoder_source(config)
     if source.name != config.model.encoder:  # a Hub id, pinned to its commit: config.yaml records org/name@<commit>
         config = replace(config, model=replace(config.model, encoder=source.name))
         inputs.config = config
@@ -92,8 +94,10 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                     log(f"{split.description}: {config.competition.metric} {fold.record['score']:.4f} "
                         "(finished before; kept)")
                 else:
+                    set_part(split.description)
                     fold = train_one_fold(inputs, source, split, run_dir / "folds" / split.name, comp_dir / "cache",
                                           tokenizer_path, progress, log)
+                    set_part("run")
                 folds.append(fold)
                 created.forget()  # a finished fold is kept: the run can be resumed
                 if on_fold is not None:
@@ -108,8 +112,9 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                 final["extra"]["pseudo_labels"] = {
                     "source": config.train.pseudo_label, "threshold": config.train.pseudo_threshold,
                     "folds": {split.name: split.pseudo.to_dict() for split in splits if split.seed_index == 0}}
-            return write_run_artifacts(inputs, run_id, run_dir, folds, oof_outputs, test_outputs, final, started,
-                                       submission_path)
+            with stage("artifact writing"):
+                return write_run_artifacts(inputs, run_id, run_dir, folds, oof_outputs, test_outputs, final, started,
+                                           submission_path)
 
 
 def prepare_inputs(config: RunConfig) -> RunInputs:

@@ -12,6 +12,7 @@ import random
 import re
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -25,6 +26,8 @@ from kbert.errors import KbertError
 from kbert.models.task_model import TaskModel
 from kbert.pipeline.config import TrainConfig
 from kbert.pipeline.precision import DTYPES, LossScaler, all_finite, compute_precision, in_precision
+from kbert.pipeline.profile import stage, step_stage
+from kbert.pipeline.streams import cpu_streams, shard_rows
 
 
 def seed_everything(seed: int) -> None:
@@ -139,24 +142,41 @@ def column_batch(columns: tuple[np.ndarray, ...], index: np.ndarray) -> list[mx.
 
 
 def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm: float, compiled: bool = True,
-                    loss: Callable = loss_fn, dtype: mx.Dtype = mx.float32) -> Callable[..., mx.array]:
+                    loss: Callable = loss_fn, dtype: mx.Dtype = mx.float32,
+                    streams: tuple[mx.Stream, ...] = ()) -> Callable[..., mx.array]:
     """One optimizer step of ``loss(model, ids, mask, targets, *columns)``; returns the loss. The caller evaluates
     loss, parameters and optimizer state. ``dtype``: the forward pass runs on a copy of the parameters in that
     precision (pipeline/precision.py); parameters, gradients and optimizer state stay float32.
 
     ``model.train()`` runs inside the step, so every trace (one per input shape) is a training-mode
     trace: a compiled step keeps the mode it was traced in, whatever mode the model is in later.
+    ``streams`` (pipeline/streams.py): the batch's rows split over them, each shard's loss and gradients on its own
+    stream, weighted by its share of the rows; such a step runs eagerly (MLX serializes a compiled graph's streams).
     """
     loss_and_grad = nn.value_and_grad(model, in_precision(loss, dtype))
 
+    def gradients(ids: mx.array, mask: mx.array, targets: mx.array, *columns: mx.array) -> tuple[mx.array, dict]:
+        if len(streams) < 2:
+            return loss_and_grad(model, ids, mask, targets, *columns)
+        value, grads = None, None
+        for stream, rows in zip(streams, shard_rows(ids.shape[0], len(streams))):
+            with mx.stream(stream):
+                share = (rows.stop - rows.start) / ids.shape[0]
+                part, part_grads = loss_and_grad(model, ids[rows], mask[rows], targets[rows],
+                                                 *(c[rows] for c in columns))
+                part, part_grads = part * share, tree_map(lambda g: g * share, part_grads)
+            value = part if value is None else value + part
+            grads = part_grads if grads is None else tree_map(mx.add, grads, part_grads)
+        return value, grads
+
     def step(ids: mx.array, mask: mx.array, targets: mx.array, *columns: mx.array) -> mx.array:
         model.train()
-        value, grads = loss_and_grad(model, ids, mask, targets, *columns)
+        value, grads = gradients(ids, mask, targets, *columns)
         grads, _ = optim.clip_grad_norm(grads, max_grad_norm)
         optimizer.update(model, grads)
         return value
 
-    if not compiled:
+    if not compiled or len(streams) > 1:
         return step
     optimizer.init(model.trainable_parameters())  # the state must exist before compile captures it
     state = [model.state, optimizer.state, mx.random.state]  # dropout draws from mx.random.state
@@ -198,15 +218,30 @@ def make_update(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm: flo
     return mx.compile(update, inputs=state, outputs=state)
 
 
-def make_forward(model: TaskModel, compiled: bool = True, dtype: mx.Dtype = mx.float32) -> Callable[..., mx.array]:
+def make_forward(model: TaskModel, compiled: bool = True, dtype: mx.Dtype = mx.float32,
+                 streams: tuple[mx.Stream, ...] = ()) -> Callable[..., mx.array]:
     """Eval-mode logits of ``(ids, mask, *columns)``, computed in ``dtype``, returned in float32. The parameters
-    are inputs of the compiled graph, so later updates are seen."""
+    are inputs of the compiled graph, so later updates are seen. ``streams``: the rows split over them, each
+    shard's forward (compiled on its own stream) run beside the others."""
 
-    def forward(ids: mx.array, mask: mx.array, *columns: mx.array) -> mx.array:
-        model.eval()
-        return in_precision(lambda m, *inputs: m(*inputs), dtype)(model, ids, mask, *columns)
+    def on(stream: mx.Stream | None) -> Callable[..., mx.array]:
+        def forward(ids: mx.array, mask: mx.array, *columns: mx.array) -> mx.array:
+            with mx.stream(stream) if stream is not None else nullcontext():
+                model.eval()
+                return in_precision(lambda m, *inputs: m(*inputs), dtype)(model, ids, mask, *columns)
 
-    return mx.compile(forward, inputs=[model.state]) if compiled else forward
+        return mx.compile(forward, inputs=[model.state]) if compiled else forward
+
+    if len(streams) < 2:
+        return on(None)
+    shards = [on(stream) for stream in streams]
+
+    def sharded(ids: mx.array, mask: mx.array, *columns: mx.array) -> mx.array:
+        parts = [shard(ids[rows], mask[rows], *(c[rows] for c in columns))
+                 for shard, rows in zip(shards, shard_rows(ids.shape[0], len(shards)))]
+        return mx.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    return sharded
 
 
 def predict_outputs(model: TaskModel, tokens: list[np.ndarray], config: TrainConfig,
@@ -215,14 +250,17 @@ def predict_outputs(model: TaskModel, tokens: list[np.ndarray], config: TrainCon
     """Eval-mode head outputs in input order, (n,) or (n, k); batches are sorted by length, then unsorted.
     ``columns``: the rows' fusion inputs, in the same order as ``tokens``."""
     was_training = model.training
-    forward = forward or make_forward(model, config.compile, DTYPES[compute_precision(config.precision)])
+    forward = forward or make_forward(model, config.compile, DTYPES[compute_precision(config.precision)],
+                                      cpu_streams(config.cpu_streams))
     order = np.argsort([len(t) for t in tokens], kind="stable")
     out = None
     for start in range(0, len(tokens), config.eval_batch_size):
         index = order[start : start + config.eval_batch_size]
-        ids, mask = pad_batch([tokens[i] for i in index], config.length_bucket, width=batch_width(config))
-        outputs = forward(ids, mask, *column_batch(columns, index))
-        mx.eval(outputs)
+        with stage("batching"):
+            ids, mask = pad_batch([tokens[i] for i in index], config.length_bucket, width=batch_width(config))
+        with stage(step_stage("evaluation", ids.shape, config.compile)):
+            outputs = forward(ids, mask, *column_batch(columns, index))
+            mx.eval(outputs)
         if out is None:
             out = np.empty((len(tokens),) + tuple(outputs.shape[1:]), dtype=np.float32)
         out[index] = np.array(outputs, dtype=np.float32)
@@ -294,12 +332,15 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
     dtype = DTYPES[precision]
     accumulate = config.grad_accum > 1 or precision == "fp16"  # micro-batches and/or a loss scale
     scaler = LossScaler() if precision == "fp16" else None
+    streams = cpu_streams(config.cpu_streams)
+    sharded = len(streams) > 1 and not accumulate and model.head.config.loss_is_row_mean()
     if accumulate:
         grad_step, update = make_grad_step(model, config.compile, dtype=dtype), make_update(
             model, optimizer, config.max_grad_norm, config.compile)
     else:
-        train_step = make_train_step(model, optimizer, config.max_grad_norm, config.compile, dtype=dtype)
-    forward = make_forward(model, config.compile, dtype)
+        train_step = make_train_step(model, optimizer, config.max_grad_norm, config.compile, dtype=dtype,
+                                     streams=streams if sharded else ())
+    forward = make_forward(model, config.compile, dtype, streams)
     width = batch_width(config)
     valid_targets = mx.array(data.valid_targets)
     best_key: tuple[float, float] | None = None
@@ -319,22 +360,28 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
             for start in range(0, len(order), rows_per_step):
                 index = order[start : start + rows_per_step]
                 if accumulate:
-                    loss = accumulated_step(grad_step, update, scaler, data, train_tokens, index, config, width)
+                    with stage("training steps"):
+                        loss = accumulated_step(grad_step, update, scaler, data, train_tokens, index, config, width)
+                        if loss is not None:
+                            mx.eval(loss, model.parameters(), optimizer.state)
                     if loss is None:  # fp16: the gradients overflowed; the step is skipped, the scale halved
                         bar.update(1)
                         continue
                 else:
-                    ids, mask = pad_batch([train_tokens[i] for i in index], config.length_bucket, width=width)
-                    loss = train_step(ids, mask, mx.array(data.train_targets[index]),
-                                      *column_batch(data.train_columns, index))
-                mx.eval(loss, model.parameters(), optimizer.state)
+                    with stage("batching"):
+                        ids, mask = pad_batch([train_tokens[i] for i in index], config.length_bucket, width=width)
+                    with stage(step_stage("training steps", ids.shape, config.compile and not sharded)):
+                        loss = train_step(ids, mask, mx.array(data.train_targets[index]),
+                                          *column_batch(data.train_columns, index))
+                        mx.eval(loss, model.parameters(), optimizer.state)
                 losses.append(loss.item())
                 check_finite_loss(losses[-1], "training", description, epoch)
                 bar.update(1)
             valid_outputs = predict_outputs(model, data.valid_tokens, config, forward, data.valid_columns)
-            valid_loss = model.head.loss(mx.array(valid_outputs), valid_targets).item()
-            check_finite_loss(valid_loss, "validation", description, epoch)
-            score = float(evaluate(valid_outputs))
+            with stage("evaluation"):
+                valid_loss = model.head.loss(mx.array(valid_outputs), valid_targets).item()
+                check_finite_loss(valid_loss, "validation", description, epoch)
+                score = float(evaluate(valid_outputs))
             train_loss = float(np.mean(losses)) if losses else float("nan")  # nan: every fp16 step overflowed
             history.append({"epoch": epoch, "train_loss": train_loss,
                             "valid_loss": valid_loss, "valid_score": score,

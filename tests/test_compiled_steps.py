@@ -31,10 +31,10 @@ def batch(seed: int = 0, width: int = 12):
     return ids, mask, mx.array(rng.integers(0, 2, 8).astype(np.float32))
 
 
-def run_steps(compiled: bool, n: int = 4):
+def run_steps(compiled: bool, n: int = 4, streams: tuple = ()):
     model = tiny_model(dropout=0.0)
     optimizer = optim.AdamW(learning_rate=optim.linear_schedule(1e-3, 1e-4, 10), weight_decay=0.01)
-    step = make_train_step(model, optimizer, max_grad_norm=1.0, compiled=compiled)
+    step = make_train_step(model, optimizer, max_grad_norm=1.0, compiled=compiled, streams=streams)
     losses = []
     for i in range(n):
         loss = step(*batch(i))

@@ -95,6 +95,66 @@ def test_kernels_inside_compiled_functions_and_attention():
     assert mx.allclose(mx.grad(loss)(q), mx.grad(reference)(q), atol=1e-4).item()
 
 
+@needs_kernels
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_dropout_keeps_1_minus_p_scales_by_its_inverse_and_its_gradient_uses_the_same_mask(p):
+    mx.random.seed(4)
+    x = mx.random.normal((64, 33, 129))  # 272k elements: split over threads, and not a multiple of a SIMD width
+    key = mx.random.key(7)
+    y = cpu_kernels.dropout(x, p, key)
+    kept = y != 0
+    share = kept.mean().item()
+    assert abs(share - (1 - p)) < 4 * (p * (1 - p) / x.size) ** 0.5 + 1e-4  # four standard errors
+    assert mx.allclose(mx.where(kept, x / (1 - p), 0), y, rtol=1e-6, atol=0).item()  # nn.Dropout's scaling
+    assert mx.array_equal(cpu_kernels.dropout(x, p, key), y)  # one key, one mask
+    assert not mx.array_equal(cpu_kernels.dropout(x, p, mx.random.key(8)) != 0, kept)
+    # masks are not correlated along the last axis or across rows (the hash mixes the element index)
+    assert abs(mx.mean(kept[:, :, 1:] == kept[:, :, :-1]).item() - (p * p + (1 - p) ** 2)) < 0.01
+    weights = mx.random.normal(x.shape)
+    grad = mx.grad(lambda a: (cpu_kernels.dropout(a, p, key) * weights).sum())(x)
+    assert mx.allclose(grad, mx.where(kept, weights / (1 - p), 0), rtol=1e-6, atol=0).item()
+
+
+@needs_kernels
+def test_encoder_dropout_draws_its_seed_from_the_global_generator():
+    from kbert.models.recompute import Dropout
+
+    drop = Dropout(0.3)
+    x = mx.ones((8, 100))
+    mx.random.seed(11)
+    first = drop(x)
+    mx.random.seed(11)
+    assert mx.array_equal(drop(x), first)  # reproducible from the seed
+    assert not mx.array_equal(drop(x), first)  # and a new mask on the next call
+    assert mx.array_equal(drop.eval()(x), x)
+
+
+@needs_kernels
+@pytest.mark.parametrize("bias", [True, False])  # ModernBERT's norms have no bias
+def test_layer_norm_and_its_gradients_match_mlx_fast_layer_norm(bias):
+    from kbert.models.layers import LayerNorm
+
+    mx.random.seed(5)
+    ours, reference = LayerNorm(96, eps=1e-7, bias=bias), nn.LayerNorm(96, eps=1e-7, bias=bias)
+    ours.update({k: mx.random.normal(v.shape) for k, v in ours.parameters().items()})
+    reference.update(ours.parameters())
+    x = mx.random.normal((6, 77, 96)) * 5 + 2  # offset and spread: the statistics matter
+    assert mx.abs(ours(x) - reference(x)).max().item() < 1e-5
+    weights = mx.random.normal(x.shape)
+
+    def loss(model, x):
+        return (model(x) * weights).sum()
+
+    def gradients(model):  # with respect to the input, and to the weight and bias
+        return mx.grad(lambda x: loss(model, x))(x), nn.value_and_grad(model, loss)(model, x)[1]
+
+    (got_x, got), (want_x, want) = gradients(ours), gradients(reference)
+    assert mx.abs(got_x - want_x).max().item() < 1e-5 * mx.abs(want_x).max().item() + 1e-6
+    for name in want:
+        assert mx.allclose(got[name], want[name], rtol=1e-4, atol=1e-4).item(), name
+    assert mx.array_equal(ours(x.astype(mx.float16)), reference(x.astype(mx.float16)))  # other dtypes: MLX's op
+
+
 def test_other_dtypes_fall_back_to_mlx_ops():
     x = mx.random.normal((4, 6)).astype(mx.float16)
     assert not cpu_kernels.applies(x)

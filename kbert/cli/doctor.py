@@ -67,6 +67,7 @@ def _print_platform_mlx_and_blas() -> tuple[bool, float]:
     import mlx.core as mx
 
     from kbert.models import cpu_kernels, runtime
+    from kbert.pipeline.streams import usable_cores
     from kbert.models.blas import measure_sgemm_gflops
 
     print(f"platform: {platform.system()} {platform.machine()}, Python {platform.python_version()}")
@@ -83,8 +84,12 @@ def _print_platform_mlx_and_blas() -> tuple[bool, float]:
           f"{blas.name})")
     if platform.system() == "Linux":
         cpu_kernels.kernels()
-        print(f"CPU kernels (softmax, GELU): {runtime.status().kernels}")
+        print(f"CPU kernels (softmax, GELU, dropout, layer norm; -march={cpu_kernels.target_arch()}): "
+              f"{runtime.status().kernels}")
         print(f"malloc: {runtime.status().malloc}")
+    cores = usable_cores()
+    print(f"CPU streams: {cores} (one per usable core; each training and evaluation batch is split over them on the "
+          "CPU; --cpu-streams N to change, 1 for none)")
     return fast, gflops
 
 

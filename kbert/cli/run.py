@@ -27,7 +27,7 @@ OVERRIDES = ("folds", "seed", "seeds", "encoder", "epochs", "batch_size", "learn
              "out_dir", "submissions_dir", "limit_rows", "compile", "gradient_checkpointing", "dynamic_padding", "pooling", "loss",
              "label_smoothing", "focal_gamma", "head_dropout", "target_transform", "calibrate", "permute_target",
              "repeats", "augment", "tta", "adapter", "adapter_checkpoint", "spm_normalization", "fusion",
-             "pseudo_label", "pseudo_threshold", "precision", "device", "grad_accum")
+             "pseudo_label", "pseudo_threshold", "precision", "device", "grad_accum", "cpu_streams")
 
 
 def add_parser(commands) -> None:
@@ -140,12 +140,22 @@ def _add_speed_options(run: argparse.ArgumentParser) -> None:
     add_number(run, "--grad-accum", int, "grad_accum",
                help="accumulate gradients over N batches of --batch-size per optimizer step (a batch N times "
                     "larger in less memory)")
+    add_number(run, "--cpu-streams", int, "cpu_streams",
+               help="on a CPU, split each batch over N MLX streams, one per core (default 0: one per usable core; "
+                    "1: off)")
+    run.add_argument("--profile", action="store_true",
+                     help="print where the wall time went (preparation, tokenization, tracing, training steps, "
+                          "evaluation, writing) per fold, and write it to the run folder's profile.json")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from contextlib import nullcontext
+
+    from kbert.io import write_json
     from kbert.names import check_name
+    from kbert.pipeline.profile import profiling
     from kbert.pipeline.run import new_run_id, run_competition
 
     if args.run_id is not None:
@@ -153,13 +163,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     config = _run_config(args, _overrides(args))
     run_id = args.run_id or new_run_id(config.seed)
     try:
-        result = run_competition(config, run_id=run_id, progress=not args.no_progress)
+        with profiling() if args.profile else nullcontext() as profile:
+            result = run_competition(config, run_id=run_id, progress=not args.no_progress)
     except KeyboardInterrupt:
         kept = Path(config.out_dir) / config.competition.name / run_id
         print(f"kbert: interrupted; finished folds are kept in {kept}; resume with the same command and --run-id "
               f"{run_id}", file=sys.stderr)
         return 130
     print_run_result(result)
+    if profile is not None:
+        print(profile.table())
+        write_json(result.run_dir / "profile.json", profile.to_dict())
     return 0
 
 

@@ -1,0 +1,61 @@
+"""One MLX stream per CPU core: each training or evaluation batch split into row shards, one per stream.
+
+MLX runs the operations of one stream one after another on one thread. Only its matmuls (the BLAS) and kbert's
+CPU kernels use more cores, and a small encoder's matmuls are mostly too small for the BLAS to split: measured
+on 2 cores, a from-scratch encoder's training step kept the second core spinning in OpenBLAS's thread pool. With
+one stream per core each core runs a whole shard (its forward, backward or evaluation) with one BLAS thread, the
+data parallelism of a multi-GPU trainer inside one process. The shards' gradients are summed weighted by their
+share of the rows, which is the gradient of the batch's mean loss (as ``--grad-accum`` already assumes).
+
+MLX runs a compiled graph's streams one after another (benchmarks/NOTES.md), so a sharded training step runs
+eagerly; each shard's evaluation forward is compiled on its own stream. ``TrainConfig.cpu_streams``: 0 (auto) is
+one stream per usable core on the CPU and 1 everywhere else; 1 turns sharding off. Results depend on the number
+of shards (dropout draws, summation order), so a seed reproduces a run on machines with the same core count.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import mlx.core as mx
+
+from kbert.models import cpu_kernels, runtime
+from kbert.models.blas import set_blas_threads
+
+
+def usable_cores() -> int:
+    """``OMP_NUM_THREADS`` when set (``kbert tune --workers`` gives each worker its share that way), else the cores
+    this process may run on."""
+    text = os.environ.get("OMP_NUM_THREADS", "")
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+@functools.cache
+def _streams(count: int) -> tuple[mx.Stream, ...]:
+    """The default CPU stream and ``count - 1`` more, made once per process (each stream owns a thread)."""
+    return (mx.default_stream(mx.cpu),) + tuple(mx.new_stream(mx.cpu) for _ in range(count - 1))
+
+
+def cpu_streams(requested: int = 0) -> tuple[mx.Stream, ...]:
+    """The streams a batch is sharded over: ``requested`` of them (0: one per usable core) when MLX's default
+    device is the CPU, else none. With more than one, the BLAS and the CPU kernels get the cores' share per stream."""
+    if mx.default_device() != mx.cpu:
+        return ()
+    count = requested or usable_cores()
+    threads = max(1, usable_cores() // count)
+    set_blas_threads(runtime.status().blas, threads)
+    cpu_kernels.set_threads(threads)
+    return _streams(count) if count > 1 else ()
+
+
+def shard_rows(rows: int, shards: int) -> list[slice]:
+    """``rows`` split into up to ``shards`` contiguous, near-equal parts (fewer when there are fewer rows)."""
+    shards = max(1, min(shards, rows))
+    bounds = [rows * i // shards for i in range(shards + 1)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
