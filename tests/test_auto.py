@@ -35,6 +35,8 @@ def options(data: Path, out: Path) -> AutoOptions:
 
 
 SCRIPT = """
+from kbert.models import runtime
+runtime.setup()  # as the kbert command does: the same BLAS as this process (the reference BLAS rounds differently)
 import sys
 from pathlib import Path
 from kbert.auto import AutoOptions, run_auto
