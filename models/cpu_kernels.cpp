@@ -32,7 +32,7 @@ using namespace mlx::core;
 namespace {
 
 // One thread per core, or OMP_NUM_THREADS when set (kbert tune --workers W gives each worker process its
-// share of the cores that way, as it does for the BLAS); set_threads() changes it (pipeline/shards.py runs
+// share of the cores that way, as it does for the BLAS); set_threads() changes it (pipeline/streams.py runs
 // one CPU stream per core, each kernel on its own stream's thread).
 int default_threads() {
   if (const char* text = std::getenv("OMP_NUM_THREADS")) {

@@ -195,7 +195,7 @@ def layer_norm(x: mx.array, weight: mx.array | None, bias: mx.array | None, eps:
 
 
 def set_threads(n: int) -> None:
-    """Threads each kernel call uses from now on (pipeline/shards.py: one per stream when the streams share the
+    """Threads each kernel call uses from now on (pipeline/streams.py: one per stream when the streams share the
     cores)."""
     if kernels() is not None:
         _MODULE.set_threads(n)

@@ -34,10 +34,10 @@ from kbert.pipeline.fold import (EncoderSource, FoldPredictions, FoldSplit, RunI
                                  load_encoder_source, make_head_config, make_serializer, split_folds, train_one_fold)
 from kbert.pipeline.folds import fold_rows
 from kbert.pipeline.metrics import get_metric
-from kbert.pipeline.profile import set_part, stage
+from kbert.pipeline.precision import backend, compute_precision, current_device, resolve_precision, use_device
 from kbert.pipeline.predictions import (average_folds, check_metric_fits_task, metric_targets, score,
                                         tune_label_thresholds, tune_threshold)
-from kbert.pipeline.precision import backend, compute_precision, current_device, resolve_precision, use_device
+from kbert.pipeline.profile import set_part, stage
 from kbert.pipeline.pseudo import pseudo_labels
 from kbert.pipeline.submission import write_predictions_submission
 from kbert.pipeline.targets import encode_targets, num_outputs, raw_targets

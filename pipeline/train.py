@@ -141,6 +141,13 @@ def column_batch(columns: tuple[np.ndarray, ...], index: np.ndarray) -> list[mx.
     return [mx.array(c[index]) for c in columns]
 
 
+def add_weighted(total, part, weight: float):
+    """``total + weight * part`` over a tree of arrays (a loss and its gradients); ``total`` None starts the sum.
+    Shards and micro-batches are summed this way, each weighted by its share of the rows."""
+    part = tree_map(lambda a: a * weight, part)
+    return part if total is None else tree_map(mx.add, total, part)
+
+
 def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm: float, compiled: bool = True,
                     loss: Callable = loss_fn, dtype: mx.Dtype = mx.float32,
                     streams: tuple[mx.Stream, ...] = ()) -> Callable[..., mx.array]:
@@ -158,16 +165,12 @@ def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm:
     def gradients(ids: mx.array, mask: mx.array, targets: mx.array, *columns: mx.array) -> tuple[mx.array, dict]:
         if len(streams) < 2:
             return loss_and_grad(model, ids, mask, targets, *columns)
-        value, grads = None, None
+        total = None
         for stream, rows in zip(streams, shard_rows(ids.shape[0], len(streams))):
             with mx.stream(stream):
-                share = (rows.stop - rows.start) / ids.shape[0]
-                part, part_grads = loss_and_grad(model, ids[rows], mask[rows], targets[rows],
-                                                 *(c[rows] for c in columns))
-                part, part_grads = part * share, tree_map(lambda g: g * share, part_grads)
-            value = part if value is None else value + part
-            grads = part_grads if grads is None else tree_map(mx.add, grads, part_grads)
-        return value, grads
+                part = loss_and_grad(model, ids[rows], mask[rows], targets[rows], *(c[rows] for c in columns))
+                total = add_weighted(total, part, (rows.stop - rows.start) / ids.shape[0])
+        return total
 
     def step(ids: mx.array, mask: mx.array, targets: mx.array, *columns: mx.array) -> mx.array:
         model.train()
@@ -298,17 +301,15 @@ def accumulated_step(grad_step: Callable, update: Callable, scaler: LossScaler |
     by its share of the rows and summed (the mean loss of the whole step, as one large batch gives it), then one
     update. With fp16 the loss is scaled first and a step whose gradients are not finite is skipped (None)."""
     scale = scaler.scale if scaler else 1.0
-    total, grads, loss = len(index), None, mx.array(0.0)
-    for start in range(0, total, config.batch_size):
+    summed = None
+    for start in range(0, len(index), config.batch_size):
         part = index[start : start + config.batch_size]
         ids, mask = pad_batch([tokens[i] for i in part], config.length_bucket, width=width)
-        value, part_grads = grad_step(mx.array(scale, dtype=mx.float32), ids, mask,
-                                      mx.array(data.train_targets[part]), *column_batch(data.train_columns, part))
-        share = len(part) / total
-        part_grads = tree_map(lambda g: g * (share / scale), part_grads)
-        grads = part_grads if grads is None else tree_map(mx.add, grads, part_grads)
-        loss = loss + value * (share / scale)
-        mx.eval(grads, loss)
+        step = grad_step(mx.array(scale, dtype=mx.float32), ids, mask, mx.array(data.train_targets[part]),
+                         *column_batch(data.train_columns, part))
+        summed = add_weighted(summed, step, len(part) / len(index) / scale)
+        mx.eval(summed)
+    loss, grads = summed
     if scaler is not None and not scaler.update(bool(all_finite(grads).item())):
         return None
     update(grads)

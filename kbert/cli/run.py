@@ -149,9 +149,8 @@ def _add_speed_options(run: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from contextlib import nullcontext
+    from pathlib import Path
 
     from kbert.io import write_json
     from kbert.names import check_name
