@@ -133,6 +133,9 @@ class TrainConfig:
     max_length: int = 96
     length_bucket: int = 16  # batches are padded to their own longest row, rounded up to a multiple of this
     dynamic_padding: bool = True  # False: pad every batch to max_length (slower; for speed comparisons)
+    # Each epoch's shuffled rows, in groups of this many batches, sorted by length before they are cut into batches
+    # (the batches then shuffled): batches of like lengths pad less. 1: plain shuffled batches.
+    group_by_length: int = 4
     compile: bool = True  # mx.compile the train and eval steps
     gradient_checkpointing: bool = False  # recompute encoder layers in the backward pass: less memory, ~1/3 more time
     augment: int = 0  # augmented serializations of the training rows; epoch e trains on variant e % (augment + 1)
@@ -143,6 +146,7 @@ class TrainConfig:
     device: str = "auto"  # auto|cpu|gpu: auto is the GPU when this MLX build has one
     grad_accum: int = 1  # optimizer steps over this many batches of batch_size (gradient accumulation)
     cpu_streams: int = 0  # on a CPU, batches split over this many MLX streams (0: one per core; 1: off)
+    fold_processes: int = 0  # on a CPU, folds trained side by side in this many processes (0: auto; 1: one by one)
 
 
 @dataclass
@@ -262,7 +266,8 @@ BOUNDS: dict[str, Bound] = {
     "adapter_options.bits": COUNT, "adapter_options.group_size": SIZE,
     # TrainConfig
     "epochs": SIZE, "grad_accum": SIZE, "batch_size": SIZE, "eval_batch_size": SIZE, "patience": SIZE, "max_length": SIZE,
-    "length_bucket": SIZE, "tta": SIZE, "augment": COUNT, "cpu_streams": COUNT,
+    "length_bucket": SIZE, "group_by_length": SIZE, "tta": SIZE, "augment": COUNT, "cpu_streams": COUNT,
+    "fold_processes": COUNT,
     "learning_rate": Bound(above=0, optional=True),
     "weight_decay": NON_NEGATIVE, "warmup_ratio": SHARE, "min_lr_ratio": Bound(at_least=0, at_most=1),
     "max_grad_norm": POSITIVE, "layerwise_lr_decay": Bound(above=0, at_most=1),

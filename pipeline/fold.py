@@ -358,8 +358,9 @@ def report_token_budget(inputs: RunInputs, fit: FoldFit, tokenizer: Tokenizer, l
 
 
 def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, fold_dir: Path, cache_dir: Path,
-                   run_tokenizer_path: Path | None, progress: bool, log) -> FoldPredictions:
-    """Fit, tokenize, train and save one fold; fold.json is written last (a fold without it is unfinished)."""
+                   run_tokenizer_path: Path | None, progress, log) -> FoldPredictions:
+    """Fit, tokenize, train and save one fold; fold.json is written last (a fold without it is unfinished).
+    ``progress``: as train_fold's."""
     config, head = inputs.config, inputs.head
     if fold_dir.exists():  # a fold interrupted half-way is trained again from scratch
         shutil.rmtree(fold_dir)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,7 +37,9 @@ from kbert.pipeline.metrics import get_metric
 from kbert.pipeline.precision import backend, compute_precision, current_device, resolve_precision, use_device
 from kbert.pipeline.predictions import (average_folds, check_metric_fits_task, metric_targets, score,
                                         tune_label_thresholds, tune_threshold)
-from kbert.pipeline.profile import set_part, stage
+from kbert.pipeline.fold_processes import (FoldJob, available_memory, plan_folds, train_folds, usable_cores,
+                                           with_streams)
+from kbert.pipeline.profile import add_part, set_part, stage
 from kbert.pipeline.pseudo import pseudo_labels
 from kbert.pipeline.submission import write_predictions_submission
 from kbert.pipeline.targets import encode_targets, num_outputs, raw_targets
@@ -87,22 +89,8 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                     ", ".join(f"fold {k + 1} +{len(p.test_index)}" for (r, k), p in pseudo.items() if r == 0) +
                     " test rows")
 
-            folds = []
-            for step, split in enumerate(splits):
-                fold = finished[split.name]
-                if fold is not None:
-                    log(f"{split.description}: {config.competition.metric} {fold.record['score']:.4f} "
-                        "(finished before; kept)")
-                else:
-                    set_part(split.description)
-                    fold = train_one_fold(inputs, source, split, run_dir / "folds" / split.name, comp_dir / "cache",
-                                          tokenizer_path, progress, log)
-                    set_part("run")
-                folds.append(fold)
-                created.forget()  # a finished fold is kept: the run can be resumed
-                if on_fold is not None:
-                    on_fold(step, fold.record["score"])
-
+            folds = train_or_keep(inputs, source, splits, finished, run_dir, comp_dir / "cache", tokenizer_path,
+                                  progress, log, on_fold, created.forget)
             oof_outputs, oof_predictions, test_outputs, test_predictions = collect_predictions(len(inputs.train), folds,
                                                                                                fold_sets[0])
             final = post_process(inputs, oof_outputs, oof_predictions, test_outputs, test_predictions, fold_sets[0])
@@ -115,6 +103,51 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
             with stage("artifact writing"):
                 return write_run_artifacts(inputs, run_id, run_dir, folds, oof_outputs, test_outputs, final, started,
                                            submission_path)
+
+
+def train_or_keep(inputs: RunInputs, source: EncoderSource, splits: list[FoldSplit],
+                  finished: dict[str, FoldPredictions | None], run_dir: Path, cache_dir: Path,
+                  tokenizer_path: Path | None, progress: bool, log, on_fold, keep: Callable[[], None]
+                  ) -> list[FoldPredictions]:
+    """Each fold's predictions, in ``splits`` order: the folds finished before (a resume), then the others trained
+    (side by side in fold processes on a CPU: pipeline/fold_processes.py), ``keep()`` and ``on_fold`` called as
+    each one is done."""
+    config = inputs.config
+    folds = {}
+    steps = {split.name: step for step, split in enumerate(splits)}  # a fold's place in the training order
+
+    def done(split: FoldSplit, fold: FoldPredictions) -> None:
+        folds[split.name] = fold
+        keep()  # a finished fold is kept: the run can be resumed
+        if on_fold is not None:
+            on_fold(steps[split.name], fold.record["score"])
+
+    for split in splits:
+        if finished[split.name] is not None:
+            log(f"{split.description}: {config.competition.metric} {finished[split.name].record['score']:.4f} "
+                "(finished before; kept)")
+            done(split, finished[split.name])
+    to_train = [split for split in splits if finished[split.name] is None]
+    weights = sum(value.nbytes for value in source.weights.values()) if source.weights else 0
+    plan = plan_folds(config.train.fold_processes, current_device(), len(splits), config.competition.folds.k,
+                      len(to_train), usable_cores(), weights, available_memory())
+    fold_inputs = with_streams(inputs, plan.streams)
+    jobs = [FoldJob(fold_inputs, split, run_dir / "folds" / split.name, cache_dir, tokenizer_path)
+            for split in to_train]
+
+    def train_here(job: FoldJob) -> FoldPredictions:
+        set_part(job.split.description)
+        fold = train_one_fold(job.inputs, source, job.split, job.fold_dir, job.cache_dir, job.tokenizer_path,
+                              progress, log)
+        set_part("run")
+        return fold
+
+    with closing(train_folds(jobs, plan, progress, log, train_here)) as trained:
+        for index, fold, seconds in trained:
+            if seconds:  # timed in its own process
+                add_part(to_train[index].description, seconds)
+            done(to_train[index], fold)
+    return [folds[split.name] for split in splits]
 
 
 def prepare_inputs(config: RunConfig) -> RunInputs:

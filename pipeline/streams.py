@@ -16,24 +16,12 @@ of shards (dropout draws, summation order), so a seed reproduces a run on machin
 from __future__ import annotations
 
 import functools
-import os
 
 import mlx.core as mx
 
 from kbert.models import cpu_kernels, runtime
 from kbert.models.blas import set_blas_threads
-
-
-def usable_cores() -> int:
-    """``OMP_NUM_THREADS`` when set (``kbert tune --workers`` gives each worker its share that way), else the cores
-    this process may run on."""
-    text = os.environ.get("OMP_NUM_THREADS", "")
-    if text.isdigit() and int(text) > 0:
-        return int(text)
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
+from kbert.pipeline.fold_processes import usable_cores
 
 
 @functools.cache

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -87,6 +88,19 @@ def batch_width(config: TrainConfig) -> int | None:
     if config.dynamic_padding:
         return None
     return -(-config.max_length // config.length_bucket) * config.length_bucket
+
+
+def epoch_batches(rng: np.random.Generator, lengths: np.ndarray, batch_size: int, group: int) -> list[np.ndarray]:
+    """One epoch's batches of row indices: the rows shuffled; with ``group`` > 1 each run of ``group`` batches'
+    rows sorted by length before it is cut into batches (Hugging Face Trainer's ``group_by_length``), so that a
+    batch's rows have like lengths and pad less; then the batches shuffled."""
+    order = rng.permutation(len(lengths))
+    if group > 1:
+        size = group * batch_size
+        order = np.concatenate([chunk[np.argsort(lengths[chunk], kind="stable")]
+                                for chunk in np.split(order, range(size, len(order), size))])
+    batches = np.split(order, range(batch_size, len(order), batch_size))
+    return batches if group == 1 else [batches[i] for i in rng.permutation(len(batches))]
 
 
 def make_schedule(config: TrainConfig, total_steps: int) -> Callable[[mx.array], mx.array]:
@@ -317,12 +331,15 @@ def accumulated_step(grad_step: Callable, update: Callable, scaler: LossScaler |
 
 
 def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: Callable[[np.ndarray], float],
-               greater_is_better: bool, seed: int, description: str = "fold", progress: bool = True) -> FoldResult:
+               greater_is_better: bool, seed: int, description: str = "fold",
+               progress: bool | Callable[[int, str], Any] = True) -> FoldResult:
     """Train ``model`` in place; on return it holds the weights of the best validation epoch.
 
     ``evaluate(valid_outputs)`` returns the competition metric for the validation rows; the best epoch
     is the best score, ties (common for accuracy) going to the lower validation loss. A loss that is not finite
     raises a KbertError (``check_finite_loss``): the losses are checked where they are fetched anyway.
+    ``progress``: a tqdm bar, or a function ``(total steps, description) -> bar`` (a fold process's bar, drawn by
+    its parent: pipeline/fold_processes.py).
     """
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
@@ -350,16 +367,16 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
     epochs_without_gain = 0
     sign = 1.0 if greater_is_better else -1.0
 
-    bar = tqdm(total=steps_per_epoch * config.epochs, desc=description, unit="step", disable=not progress,
-               leave=False, dynamic_ncols=True, mininterval=0.5)
+    bar = (progress(steps_per_epoch * config.epochs, description) if callable(progress) else
+           tqdm(total=steps_per_epoch * config.epochs, desc=description, unit="step", disable=not progress,
+                leave=False, dynamic_ncols=True, mininterval=0.5))
     train_sets = [data.train_tokens, *data.train_variants]
     try:
         for epoch in range(config.epochs):
             train_tokens = train_sets[epoch % len(train_sets)]
-            order = rng.permutation(len(train_tokens))
+            lengths = np.array([len(t) for t in train_tokens])
             losses = []
-            for start in range(0, len(order), rows_per_step):
-                index = order[start : start + rows_per_step]
+            for index in epoch_batches(rng, lengths, rows_per_step, config.group_by_length):
                 if accumulate:
                     with stage("training steps"):
                         loss = accumulated_step(grad_step, update, scaler, data, train_tokens, index, config, width)

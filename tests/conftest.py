@@ -21,3 +21,16 @@ def titanic_train() -> pd.DataFrame:
 @pytest.fixture(scope="session")
 def titanic_test() -> pd.DataFrame:
     return pd.read_csv(BUNDLED_DATA_DIR / "titanic" / "test.csv")
+
+
+@pytest.fixture(autouse=True)
+def folds_in_this_process(request, monkeypatch):
+    """In-process runs (and tuning trials) train their folds one after another, as ``--fold-processes 1``, so that
+    a test may patch what a fold calls; tests/test_fold_processes.py tests the fold processes themselves, and the
+    command-line tests (a `kbert` subprocess) run them as users do."""
+    if request.module.__name__.endswith("test_fold_processes"):
+        return
+    from kbert.pipeline import fold_processes, run
+
+    monkeypatch.setattr(run, "plan_folds", lambda requested, *args, **kwargs: fold_processes.plan_folds(
+        1, *args, **kwargs))

@@ -41,6 +41,9 @@ import sys
 from pathlib import Path
 from kbert.auto import AutoOptions, run_auto
 from tests.test_auto import options
+from kbert.pipeline import fold_processes, run
+# folds one after another, as tests/conftest.py has the uninterrupted run in the test process train them
+run.plan_folds = lambda requested, *args, **kwargs: fold_processes.plan_folds(1, *args, **kwargs)
 run_auto(options(Path(sys.argv[1]), Path(sys.argv[2])))
 """
 

@@ -3,6 +3,8 @@
 import json
 import time
 
+import pytest
+
 from kbert.pipeline.profile import STAGES, profiling, set_part, stage, step_stage
 from tests.test_cli import SMOKE, kbert
 
@@ -29,8 +31,10 @@ def test_stages_add_up_per_part_and_the_first_call_of_a_shape_is_tracing():
     assert step_stage("evaluation", (1, 2)) == "evaluation"
 
 
-def test_kbert_run_profile_prints_and_writes_every_stage_per_fold(tmp_path):
-    result = kbert("run", "titanic", *SMOKE, "--run-id", "p", "--out", "runs", "--profile", cwd=tmp_path)
+@pytest.mark.parametrize("processes", ["1", "0"])  # one after another; side by side in fold processes
+def test_kbert_run_profile_prints_and_writes_every_stage_per_fold(tmp_path, processes):
+    result = kbert("run", "titanic", *SMOKE, "--run-id", "p", "--out", "runs", "--profile", "--fold-processes",
+                   processes, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "profile (s)" in result.stdout and "fold 2/2" in result.stdout.split("profile (s)")[1]
     saved = json.loads((tmp_path / "runs" / "titanic" / "p" / "profile.json").read_text())
@@ -40,4 +44,7 @@ def test_kbert_run_profile_prints_and_writes_every_stage_per_fold(tmp_path):
         for name in ("data and text preparation", "tokenization", "batching", "tracing", "training steps",
                      "evaluation", "artifact writing"):
             assert stages.get(name, 0) > 0, (fold, name)
-    assert 0 <= saved["other_s"] < saved["wall_s"]
+    if processes == "1":
+        assert 0 <= saved["other_s"] < saved["wall_s"]
+    else:  # the folds' stage times overlap: no time is left "outside" them
+        assert saved["other_s"] is None and "side by side" in result.stdout

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from kbert.pipeline.streams import cpu_streams, shard_rows, usable_cores
 from kbert.models.heads import HeadConfig, build_head
+from kbert.pipeline.fold_processes import usable_cores
+from kbert.pipeline.streams import cpu_streams, shard_rows
 from kbert.pipeline.train import make_forward
 from tests.test_compiled_steps import batch, run_steps
 

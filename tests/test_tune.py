@@ -568,7 +568,8 @@ def test_a_study_samples_fusion_and_its_trials_blend(tmp_path):
 
 
 def test_spawned_workers_share_the_cores_unless_the_user_chose(monkeypatch):
-    from kbert.tune.workers import THREAD_VARIABLES, cores_shared
+    from kbert.pipeline.fold_processes import THREAD_VARIABLES
+    from kbert.tune.workers import cores_shared
 
     for name in THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)

@@ -68,7 +68,7 @@ def _print_platform_mlx_and_blas() -> tuple[bool, float]:
 
     from kbert.models import cpu_kernels, runtime
     from kbert.models.blas import measure_sgemm_gflops
-    from kbert.pipeline.streams import usable_cores
+    from kbert.pipeline.fold_processes import usable_cores
 
     print(f"platform: {platform.system()} {platform.machine()}, Python {platform.python_version()}")
     backends = [name for name, module in (("metal", getattr(mx, "metal", None)), ("cuda", getattr(mx, "cuda", None)))

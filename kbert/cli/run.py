@@ -27,7 +27,8 @@ OVERRIDES = ("folds", "seed", "seeds", "encoder", "epochs", "batch_size", "learn
              "out_dir", "submissions_dir", "limit_rows", "compile", "gradient_checkpointing", "dynamic_padding", "pooling", "loss",
              "label_smoothing", "focal_gamma", "head_dropout", "target_transform", "calibrate", "permute_target",
              "repeats", "augment", "tta", "adapter", "adapter_checkpoint", "spm_normalization", "fusion",
-             "pseudo_label", "pseudo_threshold", "precision", "device", "grad_accum", "cpu_streams")
+             "pseudo_label", "pseudo_threshold", "precision", "device", "grad_accum", "cpu_streams",
+             "fold_processes", "group_by_length")
 
 
 def add_parser(commands) -> None:
@@ -143,6 +144,12 @@ def _add_speed_options(run: argparse.ArgumentParser) -> None:
     add_number(run, "--cpu-streams", int, "cpu_streams",
                help="on a CPU, split each batch over N MLX streams, one per core (default 0: one per usable core; "
                     "1: off)")
+    add_number(run, "--group-by-length", int, "group_by_length",
+               help="sort each epoch's shuffled rows by length in groups of N batches before batching, so that a "
+                    "batch pads less (default 4; 1: plain shuffled batches)")
+    add_number(run, "--fold-processes", int, "fold_processes",
+               help="on a CPU, train the folds side by side in N processes (default 0: every fold at once, each on "
+                    "cores/folds streams; 1: one after another, each batch split over the cores)")
     run.add_argument("--profile", action="store_true",
                      help="print where the wall time went (preparation, tokenization, tracing, training steps, "
                           "evaluation, writing) per fold, and write it to the run folder's profile.json")

@@ -78,7 +78,7 @@ def objective(trial: optuna.Trial, context: TrialContext) -> float:
     def on_fold(step: int, score: float) -> None:
         scores.append(score)
         trial.report(score, step)
-        if step + 1 == folds:  # after the last fold the trial is as good as done: never prune it
+        if len(scores) == folds:  # after the last fold the trial is as good as done: never prune it
             return
         if trial.should_prune():
             raise optuna.TrialPruned(f"pruned after fold {step + 1}")

@@ -21,6 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from kbert.errors import KbertError
 from kbert.names import check_name
 from kbert.pipeline.config import CompetitionConfig, RunConfig, load_competition, resolve_run_config
+from kbert.pipeline.fold_processes import usable_cores
 from kbert.tune.options import DEFAULT_PRUNE_P, DEFAULT_PRUNER, PRUNERS, TuneOptions
 from kbert.tune.space import Param, default_params, parse_space, space_entries, to_overrides
 from kbert.tune.storage import open_storage, storage_label
@@ -39,6 +40,9 @@ def trial_dir(directory: Path, number: int) -> Path:
 def resolve_trial_config(competition: CompetitionConfig, options: TuneOptions, overrides: dict[str, Any]) -> RunConfig:
     """The run config of one trial: the study's fixed overrides, then the trial's (adapter options merged)."""
     merged = {**options.overrides, **overrides, "out_dir": options.out_dir}
+    # A trial trains no more folds at once than the cores run side by side, so that the pruner can stop it after
+    # its first ones (pipeline/fold_processes.py): every fold started at once would all be paid for.
+    merged.setdefault("fold_processes", usable_cores())
     if options.overrides.get("adapter_options") or overrides.get("adapter_options"):
         merged["adapter_options"] = {**(options.overrides.get("adapter_options") or {}),
                                      **(overrides.get("adapter_options") or {})}

@@ -38,6 +38,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from kbert.errors import KbertError
 from kbert.models import runtime
+from kbert.pipeline.fold_processes import thread_environment
 from kbert.tune.artifacts import drop_weights, open_artifact_store
 from kbert.tune.objective import make_objective, parent_gone
 from kbert.tune.options import TuneOptions, format_duration
@@ -115,24 +116,14 @@ def worker_main(options: dict, worker: int, started_wall: float) -> None:
     sys.exit(run_worker(TuneOptions(**options), worker, started, parent_pid=os.getppid()))
 
 
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-
-
 @contextmanager
 def cores_shared(workers: int) -> Iterator[None]:
-    """While the workers are spawned, their environment gives each of them cores // workers BLAS and kernel
-    threads (unless the user set these variables). It must be there when a worker starts: numpy's OpenBLAS reads
-    it on import, before any of kbert's code runs there. One thread per core in every worker oversubscribes the
-    CPU ``workers`` times over and the BLAS threads spin against each other: on 2 cores, two Titanic trials at
-    once took 85 s against 10 s for one alone, and 11 s with a thread each."""
-    share = str(max(1, (os.cpu_count() or 1) // workers))
-    added = [name for name in THREAD_VARIABLES if name not in os.environ]
-    os.environ.update({name: share for name in added})
-    try:
+    """While the workers are spawned, each gets cores // workers BLAS and kernel threads (unless the user set
+    them; pipeline/fold_processes.py ``thread_environment``). One thread per core in every worker oversubscribes
+    the CPU ``workers`` times over and the BLAS threads spin against each other: on 2 cores, two Titanic trials
+    at once took 85 s against 10 s for one alone, and 11 s with a thread each."""
+    with thread_environment(max(1, (os.cpu_count() or 1) // workers)):
         yield
-    finally:
-        for name in added:
-            os.environ.pop(name, None)
 
 
 def run_worker(options: TuneOptions, worker: int = 0, started: float | None = None,

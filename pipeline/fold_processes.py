@@ -1,0 +1,255 @@
+"""Folds trained side by side on a CPU, one process each (``--fold-processes``).
+
+The folds of a run are independent, so on a CPU they train at the same time in spawned processes, each fold on
+``fold_streams`` MLX streams (pipeline/streams.py) with as many BLAS and kernel threads. A small encoder keeps a
+core busier this way than by splitting every batch over the cores: on 2 cores, a from-scratch Titanic step took
+54 ms split over two streams, and 42 ms per step with two processes each training its own fold on one core
+(benchmarks/NOTES.md). Every fold of a run starts at once (up to ``max(cores, k)`` of them) and the operating
+system shares the cores between them: a fold that early stopping ends soon leaves its core to the others, and the
+run takes about its total work over the cores rather than waiting on its slowest pair of folds.
+
+A fold's numbers depend only on its streams, and ``fold_streams`` depends only on the cores and the run's fold
+count: not on how many folds a resume has left, nor on which process trains which fold. ``--fold-processes 1``
+trains the folds one after another in this process, each batch split over every core (``--cpu-streams``).
+
+The parent process keeps the progress bars and the log: a fold process sends its bar's steps, its log lines, its
+result and its profile over a queue. A fold that fails (a loss that became NaN) ends the others, and its error is
+the run's; Ctrl-C and a pruned trial end them too. Like ``kbert tune``'s workers, fold processes are spawned, not
+forked (MLX and BLAS threads do not survive a fork), and their inputs are unpickled only after
+``runtime.setup()`` has bound the fast BLAS, so this module imports no MLX at the top.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import pickle
+import queue as queues
+import signal
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+from kbert.errors import KbertError
+
+PROCESS_MEMORY = 600 * 2**20  # a fold process's Python, MLX, data and a small model
+PARAMETER_COPIES = 16  # weights, gradients, AdamW's two moments, the best epoch's copy and activations, in bytes/4
+
+
+@dataclass(frozen=True)
+class FoldPlan:
+    processes: int  # folds training at once (1: one after another, in this process)
+    streams: int  # each fold's MLX streams (0: TrainConfig.cpu_streams decides, as without fold processes)
+
+
+def plan_folds(requested: int, device: str, total: int, k: int, to_train: int, cores: int,
+               parameter_bytes: int = 0, available: int | None = None) -> FoldPlan:
+    """How a run's folds train: ``requested`` processes (0: auto) for ``to_train`` of its ``total`` folds (``k``
+    per repeat), on ``cores`` cores. Auto is one process per fold (at most ``max(cores, k)`` at once) on a CPU,
+    as many as ``available`` bytes of memory hold, and one process on a GPU. Each fold's streams come from the
+    cores and the run's own fold count, so a resumed run trains its remaining folds as the first attempt would."""
+    if requested == 1 or device != "cpu" or total < 2:
+        return FoldPlan(processes=1, streams=0)
+    side_by_side = min(total, requested or max(cores, k))
+    streams = max(1, cores // side_by_side)
+    processes = min(to_train, side_by_side)
+    if not requested and available is not None:
+        processes = min(processes, max(1, available // (PROCESS_MEMORY + PARAMETER_COPIES * parameter_bytes)))
+    return FoldPlan(processes=max(1, processes), streams=streams)
+
+
+def usable_cores() -> int:
+    """``OMP_NUM_THREADS`` when set (a fold process or a ``kbert tune --workers`` worker gets its share that way),
+    else the cores this process may run on."""
+    text = os.environ.get("OMP_NUM_THREADS", "")
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo, in bytes (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+@dataclass
+class FoldJob:
+    """What a fold process needs, pickled in the parent and unpickled after the child binds its BLAS."""
+
+    inputs: object  # RunInputs, its config's cpu_streams set to the plan's streams
+    split: object  # FoldSplit
+    fold_dir: Path
+    cache_dir: Path
+    tokenizer_path: Path | None
+
+
+def train_folds(jobs: list[FoldJob], plan: FoldPlan, progress: bool, log: Callable[[str], None],
+                train_here: Callable[[FoldJob], object]) -> Iterator[tuple[int, object, dict]]:
+    """Train ``jobs``, yielding ``(index, fold predictions, profile seconds)`` as each fold finishes. With one
+    process, ``train_here`` trains them in order in this process. Closing the iterator (an error, a pruned trial,
+    Ctrl-C) ends the fold processes still running."""
+    if plan.processes == 1 or len(jobs) < 2:
+        for index, job in enumerate(jobs):
+            yield index, train_here(job), {}
+        return
+    context = multiprocessing.get_context("spawn")
+    messages = context.Queue()
+    waiting = list(enumerate(jobs))
+    running: dict[int, multiprocessing.Process] = {}
+    bars: dict[int, object] = {}
+    try:
+        while waiting or running:
+            while waiting and len(running) < plan.processes:
+                index, job = waiting.pop(0)
+                with thread_environment(max(1, plan.streams), keep_users=False):
+                    process = context.Process(target=fold_process, args=(pickle.dumps(job), index, messages),
+                                              daemon=True, name=f"kbert {job.split.description}")
+                    process.start()
+                running[index] = process
+            try:
+                kind, index, *body = messages.get(timeout=1.0)
+            except queues.Empty:
+                check_alive(running, jobs)
+                continue
+            if kind == "log":
+                with tqdm.external_write_mode():  # the line above the bars
+                    log(body[0])
+            elif kind == "bar" and progress:
+                free = min(set(range(len(bars) + 1)) - {abs(bar.pos) for bar in bars.values()})
+                bars[index] = tqdm(total=body[0], desc=jobs[index].split.description, unit="step", leave=False,
+                                   dynamic_ncols=True, mininterval=0.5, position=free)
+            elif kind == "step" and index in bars:
+                bars[index].update(body[0])
+            elif kind == "postfix" and index in bars:
+                bars[index].set_postfix(**body[0])
+            elif kind == "error":
+                message, is_bug = body
+                if is_bug:
+                    raise RuntimeError(f"{jobs[index].split.description}: its fold process failed:\n{message}")
+                raise KbertError(message)
+            elif kind == "done":
+                running.pop(index).join()
+                if index in bars:
+                    bars.pop(index).close()
+                yield index, body[0], body[1]
+    finally:
+        for process in running.values():
+            process.terminate()
+        for process in running.values():
+            process.join()
+        for bar in bars.values():
+            bar.close()
+        messages.close()
+
+
+def check_alive(running: dict[int, multiprocessing.Process], jobs: list[FoldJob]) -> None:
+    """A fold process that ended without a result (killed: out of memory?) fails the run."""
+    for index, process in running.items():
+        if not process.is_alive() and process.exitcode != 0:
+            raise KbertError(f"{jobs[index].split.description}: its fold process ended with exit code "
+                             f"{process.exitcode} (out of memory?); rerun with --fold-processes 1, or fewer")
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@contextmanager
+def thread_environment(threads: int, keep_users: bool = True) -> Iterator[None]:
+    """While a process is spawned, its environment gives it ``threads`` BLAS and kernel threads (``keep_users``:
+    unless the user set these variables). It must be there when the child starts: numpy's OpenBLAS reads it on
+    import, before any of kbert's code runs there. ``kbert tune --workers`` spawns its workers this way too; a
+    fold process gets its streams whatever was set (``usable_cores`` already counted the cores from it)."""
+    saved = {name: os.environ.get(name) for name in THREAD_VARIABLES}
+    os.environ.update({name: str(threads) for name in THREAD_VARIABLES if not (keep_users and saved[name])})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@dataclass
+class QueueBar:
+    """A fold process's progress bar: its steps go to the parent, which draws the bar."""
+
+    messages: object
+    index: int
+
+    parent: int = field(default_factory=os.getppid)
+
+    def update(self, steps: int = 1) -> None:
+        if os.getppid() != self.parent:  # the run's process is gone (killed): stop, write nothing more
+            os._exit(1)
+        self.messages.put(("step", self.index, steps))
+
+    def set_postfix(self, **values) -> None:
+        self.messages.put(("postfix", self.index, values))
+
+    def close(self) -> None:
+        pass
+
+
+def fold_process(job: bytes, index: int, messages) -> None:
+    """A spawned fold process: bind the fast BLAS, then unpickle its job (which loads MLX), train and report."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which ends the fold processes
+    end_with_parent()
+    from kbert.models import runtime
+
+    runtime.setup()
+    try:
+        from kbert.pipeline.fold import load_encoder_source, train_one_fold
+        from kbert.pipeline.precision import use_device
+        from kbert.pipeline.profile import profiling, set_part
+
+        job = pickle.loads(job)
+        use_device("cpu")
+        source = load_encoder_source(job.inputs.config)
+
+        def bar(total: int, description: str) -> QueueBar:
+            messages.put(("bar", index, total))
+            return QueueBar(messages, index)
+
+        with profiling() as profile:
+            set_part(job.split.description)
+            fold = train_one_fold(job.inputs, source, job.split, job.fold_dir, job.cache_dir, job.tokenizer_path,
+                                  bar, lambda text: messages.put(("log", index, text)))
+        messages.put(("done", index, fold, profile.seconds.get(job.split.description, {})))
+    except KbertError as exc:
+        messages.put(("error", index, str(exc), False))
+    except BaseException:  # noqa: BLE001: a bug: the parent shows its traceback
+        messages.put(("error", index, traceback.format_exc(), True))
+
+
+def end_with_parent() -> None:
+    """Linux: this process is killed when its parent dies, so that no fold goes on writing into a run folder that a
+    resumed run may be training again (elsewhere QueueBar checks the parent at every step)."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def with_streams(inputs, streams: int):
+    """``inputs`` with its config's cpu_streams set to ``streams`` (0: unchanged)."""
+    if not streams or inputs.config.train.cpu_streams:
+        return inputs
+    config = inputs.config
+    return replace(inputs, config=replace(config, train=replace(config.train, cpu_streams=streams)))
