@@ -1,15 +1,15 @@
 """Folds trained side by side on a CPU, one process each (``--fold-processes``).
 
 The folds of a run are independent, so on a CPU they train at the same time in spawned processes, each fold on
-``fold_streams`` MLX streams (pipeline/streams.py) with as many BLAS and kernel threads. A small encoder keeps a
+``FoldPlan.streams`` MLX streams (pipeline/streams.py) with as many BLAS and kernel threads. A small encoder keeps a
 core busier this way than by splitting every batch over the cores: on 2 cores, a from-scratch Titanic step took
 54 ms split over two streams, and 42 ms per step with two processes each training its own fold on one core
 (benchmarks/NOTES.md). Every fold of a run starts at once (up to ``max(cores, k)`` of them) and the operating
 system shares the cores between them: a fold that early stopping ends soon leaves its core to the others, and the
 run takes about its total work over the cores rather than waiting on its slowest pair of folds.
 
-A fold's numbers depend only on its streams, and ``fold_streams`` depends only on the cores and the run's fold
-count: not on how many folds a resume has left, nor on which process trains which fold. ``--fold-processes 1``
+A fold's numbers depend only on its streams, and ``plan_folds`` sets those from the cores and the run's fold
+count alone: not on how many folds a resume has left, nor on which process trains which fold. ``--fold-processes 1``
 trains the folds one after another in this process, each batch split over every core (``--cpu-streams``).
 
 The parent process keeps the progress bars and the log: a fold process sends its bar's steps, its log lines, its
@@ -115,7 +115,7 @@ def train_folds(jobs: list[FoldJob], plan: FoldPlan, progress: bool, log: Callab
         while waiting or running:
             while waiting and len(running) < plan.processes:
                 index, job = waiting.pop(0)
-                with thread_environment(max(1, plan.streams), keep_users=False):
+                with thread_environment(plan.streams, keep_users=False):
                     process = context.Process(target=fold_process, args=(pickle.dumps(job), index, messages),
                                               daemon=True, name=f"kbert {job.split.description}")
                     process.start()
@@ -191,7 +191,6 @@ class QueueBar:
 
     messages: object
     index: int
-
     parent: int = field(default_factory=os.getppid)
 
     def update(self, steps: int = 1) -> None:

@@ -32,13 +32,13 @@ from kbert.pipeline.config import RunConfig
 from kbert.pipeline.data import data_warnings, load_competition_data
 from kbert.pipeline.fold import (EncoderSource, FoldPredictions, FoldSplit, RunInputs, fold_warnings,
                                  load_encoder_source, make_head_config, make_serializer, split_folds, train_one_fold)
+from kbert.pipeline.fold_processes import (FoldJob, available_memory, plan_folds, train_folds, usable_cores,
+                                           with_streams)
 from kbert.pipeline.folds import fold_rows
 from kbert.pipeline.metrics import get_metric
 from kbert.pipeline.precision import backend, compute_precision, current_device, resolve_precision, use_device
 from kbert.pipeline.predictions import (average_folds, check_metric_fits_task, metric_targets, score,
                                         tune_label_thresholds, tune_threshold)
-from kbert.pipeline.fold_processes import (FoldJob, available_memory, plan_folds, train_folds, usable_cores,
-                                           with_streams)
 from kbert.pipeline.profile import add_part, set_part, stage
 from kbert.pipeline.pseudo import pseudo_labels
 from kbert.pipeline.submission import write_predictions_submission

@@ -371,12 +371,13 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
            tqdm(total=steps_per_epoch * config.epochs, desc=description, unit="step", disable=not progress,
                 leave=False, dynamic_ncols=True, mininterval=0.5))
     train_sets = [data.train_tokens, *data.train_variants]
+    train_lengths = [np.array([len(t) for t in tokens]) for tokens in train_sets]
     try:
         for epoch in range(config.epochs):
-            train_tokens = train_sets[epoch % len(train_sets)]
-            lengths = np.array([len(t) for t in train_tokens])
+            variant = epoch % len(train_sets)
+            train_tokens = train_sets[variant]
             losses = []
-            for index in epoch_batches(rng, lengths, rows_per_step, config.group_by_length):
+            for index in epoch_batches(rng, train_lengths[variant], rows_per_step, config.group_by_length):
                 if accumulate:
                     with stage("training steps"):
                         loss = accumulated_step(grad_step, update, scaler, data, train_tokens, index, config, width)
