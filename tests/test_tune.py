@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -427,7 +428,7 @@ def test_ctrl_c_abandons_the_trial_and_the_next_run_resumes(tmp_path):
     finished = sum(t.state == TrialState.COMPLETE for t in trials)
 
     assert main(["tune", "titanic", "--study", options.study, "--trials", str(finished + 1), "--space", options.space,
-                 "--limit-rows", "90", "--folds", "3", "--out", options.out_dir, "--seed", "0"]) == 0
+                 "--limit-rows", "90", "--folds", "3", "--out", options.out_dir, "--seed", "0", "--workers", "1"]) == 0
     trials = study_trials(options)
     assert sum(t.state == TrialState.COMPLETE for t in trials) == finished + 1
     resumed = [t for t in trials if t.system_attrs.get("failed_trial") == abandoned[0].number]
@@ -478,7 +479,7 @@ def test_cli_report_and_run_config(tmp_path, capsys):
     assert main(["tune", "titanic", "--timeout", "soon", "--out", options.out_dir]) == 2
 
 
-def test_timeout_stops_the_running_trial_after_its_fold_and_queues_it_again(tmp_path, monkeypatch):
+def test_timeout_stops_the_running_trial_after_its_fold_and_queues_it_again(tmp_path, monkeypatch, capsys):
     import kbert.pipeline.fold
 
     real_train_fold = kbert.pipeline.fold.train_fold
@@ -495,6 +496,8 @@ def test_timeout_stops_the_running_trial_after_its_fold_and_queues_it_again(tmp_
     assert retry.state == TrialState.WAITING and retry.system_attrs["failed_trial"] == 0
     assert retry.params == first.params and retry.user_attrs["default"] is True
     assert not (tmp_path / "runs" / "titanic" / "t" / "trial-0000").exists()
+    assert "trial    0 w0: stopped at the --timeout deadline after fold 1; queued again" in capsys.readouterr().out
+    assert optuna.logging.get_verbosity() == optuna.logging.ERROR  # not Optuna's warning and traceback as well
 
 
 def test_rdb_storage_url_with_heartbeats(tmp_path):
@@ -575,7 +578,40 @@ def test_spawned_workers_share_the_cores_unless_the_user_chose(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MKL_NUM_THREADS", "3")
     with cores_shared(2):
-        share = str(max(1, (os.cpu_count() or 1) // 2))
+        share = str(max(1, len(os.sched_getaffinity(0)) // 2))
         assert os.environ["OMP_NUM_THREADS"] == os.environ["OPENBLAS_NUM_THREADS"] == share
         assert os.environ["MKL_NUM_THREADS"] == "3"
     assert "OMP_NUM_THREADS" not in os.environ and os.environ["MKL_NUM_THREADS"] == "3"
+
+
+def test_without_workers_a_cpu_gets_one_per_core_as_memory_holds_and_a_gpu_one(monkeypatch):
+    from kbert.pipeline import precision
+    from kbert.tune import workers
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")  # usable_cores() reads it: six cores here
+    monkeypatch.setattr(precision, "gpu_available", lambda: False)
+    monkeypatch.setattr(workers, "available_memory", lambda: 64 * 2**30)
+    assert workers.auto_workers(None) == 6
+    assert workers.auto_workers(4) == 4  # no more workers than trials
+    monkeypatch.setattr(workers, "available_memory", lambda: 3 * workers.WORKER_MEMORY + 1)
+    assert workers.auto_workers(None) == 3
+    monkeypatch.setattr(workers, "available_memory", lambda: 2**20)
+    assert workers.auto_workers(None) == 1
+    monkeypatch.setattr(precision, "gpu_available", lambda: True)
+    monkeypatch.setattr(workers, "available_memory", lambda: 64 * 2**30)
+    assert workers.auto_workers(None) == 1
+
+
+def test_the_command_without_workers_starts_one_per_core(tmp_path, capsys, monkeypatch):
+    """`kbert tune` with no --workers on a CPU: a worker per core (two here), each trial on its own core."""
+    from kbert.pipeline import precision
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setattr(precision, "gpu_available", lambda: False)
+    options = tiny_options(tmp_path)
+    assert main(["tune", "titanic", "--study", "auto", "--trials", "2", "--space", options.space, "--limit-rows",
+                 "90", "--folds", "2", "--out", options.out_dir, "--seed", "0", "--pruner", "none"]) == 0
+    assert "; 2 worker(s), pruner none" in capsys.readouterr().out
+    trials = study_trials(replace(options, study="auto"))
+    assert sum(t.state == TrialState.COMPLETE for t in trials) == 2
+    assert os.getpid() not in {t.user_attrs["pid"] for t in trials}  # spawned workers ran them

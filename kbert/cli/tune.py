@@ -7,7 +7,7 @@ import argparse
 from kbert.cli.common import add_command, add_competition, add_data_dir, add_number, add_out
 
 EPILOG = """examples:
-  kbert tune titanic --timeout 8h --workers 2      overnight, two processes
+  kbert tune titanic --timeout 8h                  overnight (on a CPU, a worker per core)
   kbert tune titanic --trials 30 --pruner median   30 finished trials
   kbert tune titanic --report                      best trials, plots, report/best.yaml
   kbert run --config runs/titanic/tune/report/best.yaml
@@ -42,7 +42,9 @@ def add_parser(commands) -> None:
     add_number(tune, "--db-wait", float, {"at_least": 0}, default=600.0,
                help="seconds a worker waits for a lost database (restart, network) before it gives up "
                     "(default 600)")
-    add_number(tune, "--workers", int, {"at_least": 1}, default=1, help="worker processes (default 1)")
+    add_number(tune, "--workers", int, {"at_least": 1},
+               help="worker processes, each running one trial at a time (default: on a CPU one per core, each "
+                    "trial on its core; on a GPU one)")
     tune.add_argument("--space", help="search space YAML replacing kbert/tune/search_space.yaml")
     tune.add_argument("--pruner", choices=("wilcoxon", "median", "none"),
                       help="fold-wise pruning (default: the study's; a new study wilcoxon)")
@@ -73,7 +75,7 @@ def add_parser(commands) -> None:
 def cmd_tune(args: argparse.Namespace) -> int:
     from kbert.names import check_name
     from kbert.pipeline.config import POSITIVE, check_number
-    from kbert.tune import TuneOptions, parse_duration, tune, write_report
+    from kbert.tune import TuneOptions, auto_workers, parse_duration, tune, write_report
 
     check_name(args.study, "--study")
     timeout = parse_duration(args.timeout)
@@ -83,7 +85,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     overrides = {name: getattr(args, name) for name in ("folds", "limit_rows", "data_dir")
                  if getattr(args, name) is not None}
     options = TuneOptions(competition=args.competition, study=args.study, storage=args.storage or "", trials=trials,
-                          timeout=timeout, workers=args.workers, space=args.space or "", pruner=args.pruner or "",
+                          timeout=timeout, workers=args.workers or 1, space=args.space or "", pruner=args.pruner or "",
                           prune_p=args.prune_p, keep_top=args.keep_top, heartbeat=args.heartbeat,
                           sampler_seed=args.sampler_seed, overrides=overrides, out_dir=args.out_dir,
                           artifacts=args.artifacts or "", db_wait=args.db_wait)
@@ -94,6 +96,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.report:
         write_report(options)
         return 0
+    options.workers = args.workers or auto_workers(trials)
     study, code = tune(options)
     from kbert.tune import trials_table
 

@@ -18,7 +18,8 @@ What lives where:
 - ``study.py``: open or create the study (sampler, pruner, trial 0 = the default configuration), trial
   folders, keeping the best fold weights;
 - ``objective.py``: one trial: sample, run the folds, report each, prune;
-- ``workers.py``: ``tune()``, worker processes, signals, resuming abandoned trials;
+- ``workers.py``: ``tune()``, how many workers (``auto_workers``: one per core on a CPU), worker processes,
+  signals, resuming abandoned trials;
 - ``report.py``: the trials table, best.yaml and the plots (``kbert tune --report``), the dashboard.
 
 Optuna is used through its public API only. No module here imports MLX when it is imported (a spawned worker
@@ -35,14 +36,13 @@ from kbert.tune.report import best_config, serve_dashboard, trials_table, write_
 from kbert.tune.storage import Heartbeats, fail_stale_trials, open_storage
 from kbert.tune.study import (FINISHED, keep_top_checkpoints, load_study, make_pruner, ranked_trials,
                               remove_unfinished_folders, resolve_trial_config, study_dir, trial_dir)
-from kbert.tune.workers import requeue_abandoned, run_worker, tune
+from kbert.tune.workers import auto_workers, requeue_abandoned, run_worker, tune
 
 # WilcoxonPruner, TPE's group mode, the retry callback and the matplotlib plots are marked experimental.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 __all__ = ["DEFAULT_STUDY", "FINISHED", "PRUNERS", "Abandoned", "Heartbeats", "TrialContext", "TuneOptions",
-           "best_config", "fail_stale_trials", "format_duration", "keep_top_checkpoints", "load_study",
-           "make_objective", "make_pruner", "open_storage", "parse_duration", "ranked_trials",
+           "auto_workers", "best_config", "fail_stale_trials", "format_duration", "keep_top_checkpoints",
+           "load_study", "make_objective", "make_pruner", "open_storage", "parse_duration", "ranked_trials",
            "remove_unfinished_folders", "requeue_abandoned", "resolve_trial_config", "run_worker", "serve_dashboard",
-           "study_dir",
-           "trial_dir", "trials_table", "tune", "write_report"]
+           "study_dir", "trial_dir", "trials_table", "tune", "write_report"]

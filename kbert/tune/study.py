@@ -40,8 +40,8 @@ def trial_dir(directory: Path, number: int) -> Path:
 def resolve_trial_config(competition: CompetitionConfig, options: TuneOptions, overrides: dict[str, Any]) -> RunConfig:
     """The run config of one trial: the study's fixed overrides, then the trial's (adapter options merged)."""
     merged = {**options.overrides, **overrides, "out_dir": options.out_dir}
-    # A trial trains no more folds at once than the cores run side by side, so that the pruner can stop it after
-    # its first ones (pipeline/fold_processes.py): every fold started at once would all be paid for.
+    # A trial trains no more folds at once than its worker has cores (one each, with kbert tune's default worker
+    # per core), so that the pruner can stop it after its first ones: folds all started at once are all paid for.
     merged.setdefault("fold_processes", usable_cores())
     if options.overrides.get("adapter_options") or overrides.get("adapter_options"):
         merged["adapter_options"] = {**(options.overrides.get("adapter_options") or {}),

@@ -38,7 +38,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from kbert.errors import KbertError
 from kbert.models import runtime
-from kbert.pipeline.fold_processes import thread_environment
+from kbert.pipeline.fold_processes import PROCESS_MEMORY, available_memory, thread_environment, usable_cores
 from kbert.tune.artifacts import drop_weights, open_artifact_store
 from kbert.tune.objective import make_objective, parent_gone
 from kbert.tune.options import TuneOptions, format_duration
@@ -48,6 +48,7 @@ from kbert.tune.study import (FINISHED, finished_count, keep_top_checkpoints, lo
                               ranked_trials, remove_unfinished_folders)
 
 MAX_FAILURES_IN_A_ROW = 10  # a space where every trial fails stops instead of spinning
+WORKER_MEMORY = 2 * PROCESS_MEMORY  # a worker's Python, MLX, and one trial's data and from-scratch model
 INTERRUPTED = 130
 
 
@@ -78,6 +79,26 @@ def tune(options: TuneOptions) -> tuple[optuna.Study, int]:
     if INTERRUPTED in codes:
         raise KeyboardInterrupt
     return study, 1 if killed else 0
+
+
+def auto_workers(trials: int | None) -> int:
+    """``kbert tune`` without ``--workers``: on a CPU one worker per core (as many as memory holds, and no more
+    than ``trials``), each training its trials' folds one after another on its core; on a GPU one worker, which
+    runs a trial's folds one after another on the GPU.
+
+    One trial at a time with its folds side by side (pipeline/fold_processes.py) leaves cores idle: a 5-fold
+    trial on 2 cores trains its folds in pairs, and the fifth fold alone; each pair waits on its slower fold; and
+    the pruner, which can first stop a trial on its third fold score, sees the third and fourth at once. A
+    worker per core keeps every core on a fold, and stops a pruned trial after its third fold."""
+    from kbert.pipeline.precision import gpu_available  # loads MLX: the command ran runtime.setup() first
+
+    if gpu_available():
+        return 1
+    workers = usable_cores()
+    memory = available_memory()
+    if memory is not None:
+        workers = min(workers, max(1, memory // WORKER_MEMORY))
+    return max(1, min(workers, trials or workers))
 
 
 def run_processes(options: TuneOptions, started_wall: float) -> list[int | None]:
@@ -122,7 +143,7 @@ def cores_shared(workers: int) -> Iterator[None]:
     them; pipeline/fold_processes.py ``thread_environment``). One thread per core in every worker oversubscribes
     the CPU ``workers`` times over and the BLAS threads spin against each other: on 2 cores, two Titanic trials
     at once took 85 s against 10 s for one alone, and 11 s with a thread each."""
-    with thread_environment(max(1, (os.cpu_count() or 1) // workers)):
+    with thread_environment(max(1, usable_cores() // workers)):
         yield
 
 
@@ -133,8 +154,10 @@ def run_worker(options: TuneOptions, worker: int = 0, started: float | None = No
     start one only when the finished, running and queued trials leave room under --trials; otherwise wait
     for the running ones. Returns 0, or 130 after Ctrl-C (the running trial is queued again for the next run)."""
     started = time.perf_counter() if started is None else started
-    optuna.logging.set_verbosity(optuna.logging.ERROR)  # failures are logged by the objective, one line each
     study, competition, params, directory = load_study(options, create=False)
+    # after load_study, which sets WARNING: failures are logged by the objective, one line each, not with
+    # Optuna's traceback (a trial stopped at the deadline is no error)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     if options.sampler_seed is not None:  # workers must not propose the same parameters
         study.sampler = make_sampler(options.sampler_seed + worker)
     objective = make_objective(options, competition, params, directory, worker, started, parent_pid=parent_pid)
