@@ -213,9 +213,11 @@ def test_layerwise_lr_decay_must_be_in_range():
 # ---------------------------------------------------------------- a study in process
 
 
-def test_study_artifacts_top_checkpoints_report_and_best_yaml_reproduce(tmp_path, capsys):
+def test_study_artifacts_top_checkpoints_report_and_best_yaml_reproduce(tmp_path, capsys, monkeypatch):
     options = tiny_options(tmp_path, keep_top=1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as a worker of `kbert tune`'s default (one per core) has
     study, _ = tune(options)
+    monkeypatch.delenv("OMP_NUM_THREADS")  # best.yaml reruns on a machine with more cores
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.COMPLETE] * 3
     assert trials[0].user_attrs["default"] is True
@@ -236,6 +238,7 @@ def test_study_artifacts_top_checkpoints_report_and_best_yaml_reproduce(tmp_path
     for name in ("best.yaml", "history.png", "importances.png", "parallel_coordinate.png"):
         assert (report / name).stat().st_size > 0
     rerun = run_config_from_file(report / "best.yaml", {"out_dir": str(tmp_path / "rerun")})
+    assert rerun.train.cpu_streams == 1 and rerun.train.fold_processes == 0  # the trial's stream, folds auto
     from kbert.pipeline.run import run_competition
 
     result = run_competition(rerun, run_id="repro", progress=False, log=lambda _: None,

@@ -44,8 +44,8 @@ def short(value: Any) -> str:
 
 def best_config(study: optuna.Study, directory: Path) -> dict:
     """The best trial's resolved run config (its config.yaml), ready for ``kbert run --config`` on any machine:
-    without the runs folder of the machine that ran it (``kbert run`` writes to this machine's --out), and with
-    its data folder only when this machine has it."""
+    without the runs folder of the machine that ran it (``kbert run`` writes to this machine's --out), its fold
+    processes left to this machine, and with its data folder only when this machine has it."""
     from kbert.pipeline.artifacts import read_run_config
 
     path = trial_dir(directory, study.best_trial.number) / "config.yaml"
@@ -54,6 +54,9 @@ def best_config(study: optuna.Study, directory: Path) -> dict:
                          f"--artifacts, the study's shared artifact store)")
     config = read_run_config(path)
     config.pop("out_dir", None)
+    # how many folds train at once is this machine's to choose (auto); their streams, which the numbers depend
+    # on, stay the trial's
+    config.get("train", {})["fold_processes"] = 0
     for holder in (config, config.get("competition") or {}):
         if holder.get("data_dir") and not Path(holder["data_dir"]).is_dir():
             holder["data_dir"] = ""

@@ -42,7 +42,10 @@ def resolve_trial_config(competition: CompetitionConfig, options: TuneOptions, o
     merged = {**options.overrides, **overrides, "out_dir": options.out_dir}
     # A trial trains no more folds at once than its worker has cores (one each, with kbert tune's default worker
     # per core), so that the pruner can stop it after its first ones: folds all started at once are all paid for.
-    merged.setdefault("fold_processes", usable_cores())
+    cores = usable_cores()
+    merged.setdefault("fold_processes", cores)
+    if cores == 1:  # one stream, said in its config.yaml, so best.yaml trains as this trial did on more cores
+        merged.setdefault("cpu_streams", 1)
     if options.overrides.get("adapter_options") or overrides.get("adapter_options"):
         merged["adapter_options"] = {**(options.overrides.get("adapter_options") or {}),
                                      **(overrides.get("adapter_options") or {})}
