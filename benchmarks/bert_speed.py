@@ -17,6 +17,10 @@ other's. ``--same-process`` runs both in this process instead (kbert's settings 
     python benchmarks/bert_speed.py --device gpu --precision fp32 bf16 --size minilm bert-base deberta-v3-base \
         --seq 128 --batch 32 --infer-batch 128            # on a GPU: kbert bf16/fp32 against PyTorch fp32/autocast
 
+``--pooling`` is kbert's pooler: "cls" (the default, as `kbert run`'s) reads the first token, so kbert's last layer
+computes that token alone (models/bert.py ``first_token_only``; transformers computes every token's); "mean" reads
+every token, so both sides do the same matmuls: ``--pooling cls mean`` shows both ratios.
+
 ``--precision bf16`` is kbert's mixed precision (pipeline/precision.py: float32 master weights, the passes in
 bf16) against PyTorch's ``torch.autocast(dtype=torch.bfloat16)`` with float32 weights; ``--device gpu`` puts
 MLX on its GPU (Metal or CUDA) and PyTorch on CUDA (synchronized before each timing ends).
@@ -88,15 +92,21 @@ def cpu_header() -> str:
             + (f"yes ({' '.join(avx512)})" if avx512 else "no") + ", AMX " + (f"yes ({' '.join(amx)})" if amx else "no"))
 
 
-def train_flops(size: dict, batch: int, seq: int) -> float:
-    """Matmul FLOPs of one training step (forward x 3), as in the usual 6 * params * tokens estimate (DeBERTa's
-    relative-position terms are left out, so its MFU is a lower bound)."""
+def train_flops(size: dict, batch: int, seq: int, pooling: str = "cls") -> float:
+    """Matmul FLOPs of kbert's training step (forward x 3), as in the usual 6 * params * tokens estimate: with "cls"
+    pooling a BERT-family last layer computes the first token alone (DeBERTa's relative-position terms are left out,
+    so its MFU is a lower bound)."""
     h, i, layers = size["hidden_size"], size["intermediate_size"], size["num_hidden_layers"]
-    per_token = layers * (2 * (4 * h * h + 2 * h * i) + 2 * 2 * seq * h)
-    return 3 * per_token * batch * seq
+
+    def layer(queries: int) -> int:  # one sequence: keys and values for every token, the rest for the queries
+        return 2 * (2 * h * h * seq + (2 * h * h + 2 * h * i) * queries) + 2 * 2 * queries * seq * h
+
+    first_token_only = pooling == "cls" and size["model_type"] in ("bert", "roberta", "electra")
+    return 3 * batch * ((layers - 1) * layer(seq) + layer(1 if first_token_only else seq))
 
 
-def mlx_setup(size: dict, seq: int, compiled: bool, device: str = "cpu", precision: str = "fp32"):
+def mlx_setup(size: dict, seq: int, compiled: bool, device: str = "cpu", precision: str = "fp32",
+              pooling: str = "cls"):
     """kbert's own train step and eval forward (pipeline/train.py), as `kbert run` uses them."""
     from kbert.models import runtime
 
@@ -112,7 +122,7 @@ def mlx_setup(size: dict, seq: int, compiled: bool, device: str = "cpu", precisi
     use_device(device)
     streams = cpu_streams()  # one per core on a CPU, as `kbert run` shards its batches
     values = {**size, "max_position_embeddings": max(512, seq) + 2, "add_pooling_layer": False}
-    model = build_task_model(values, "binary", "cls", 0.1)
+    model = build_task_model(values, "binary", pooling, 0.1)
     optimizer = optim.AdamW(learning_rate=5e-5, weight_decay=0.01)
     step = make_train_step(model, optimizer, max_grad_norm=1.0, compiled=compiled, dtype=DTYPES[precision],
                            streams=streams)
@@ -188,7 +198,7 @@ def batches(size: dict, seq: int, batch: int, infer_batch: int):
 
 
 def setup(framework: str, size_name: str, seq: int, batch: int, infer_batch: int, compiled: bool,
-          device: str = "cpu", precision: str = "fp32"):
+          device: str = "cpu", precision: str = "fp32", pooling: str = "cls"):
     """(train, infer) callables taking no arguments, warmed up (compiled steps traced)."""
     size = SIZES[size_name]
     ids, infer_ids, targets = batches(size, seq, batch, infer_batch)
@@ -196,7 +206,7 @@ def setup(framework: str, size_name: str, seq: int, batch: int, infer_batch: int
         import mlx.core as mx
 
         mx.random.seed(0)
-        _, train, infer = mlx_setup(size, seq, compiled, device, precision)
+        _, train, infer = mlx_setup(size, seq, compiled, device, precision, pooling)
         train_args = (mx.array(ids), mx.ones(ids.shape, dtype=mx.int32), mx.array(targets))
         infer_args = (mx.array(infer_ids), mx.ones(infer_ids.shape, dtype=mx.int32))
     else:
@@ -254,8 +264,8 @@ class Worker:
         self.counts: dict[str, int] = {}
 
     def ask(self, line: str) -> str:
-        """`describe`, `setup SIZE SEQ BATCH INFER_BATCH COMPILED DEVICE PRECISION`, `train STEPS` or `infer STEPS`
-        (sequences/s)."""
+        """`describe`, `setup SIZE SEQ BATCH INFER_BATCH COMPILED DEVICE PRECISION POOLING`, `train STEPS` or
+        `infer STEPS` (sequences/s)."""
         if self.proc is not None:
             self.proc.stdin.write(line + "\n")
             self.proc.stdin.flush()
@@ -267,9 +277,10 @@ class Worker:
         if command == "describe":
             return describe(self.framework)
         if command == "setup":
-            size_name, seq, batch, infer_batch, compiled, device, precision = rest
+            size_name, seq, batch, infer_batch, compiled, device, precision, pooling = rest
             self.runners["train"], self.runners["infer"] = setup(self.framework, size_name, int(seq), int(batch),
-                                                                 int(infer_batch), compiled == "1", device, precision)
+                                                                 int(infer_batch), compiled == "1", device, precision,
+                                                                 pooling)
             self.counts = {"train": int(batch), "infer": int(infer_batch)}
             return "ready"
         return str(self.counts[command] / timed(self.runners[command], (), int(rest[0])))
@@ -281,9 +292,10 @@ class Worker:
 
 
 def bench(workers: dict[str, Worker], size_name: str, seq: int, batch: int, infer_batch: int, reps: int,
-          steps: int, peak: float, compiled: bool, device: str = "cpu", precision: str = "fp32") -> dict:
+          steps: int, peak: float, compiled: bool, device: str = "cpu", precision: str = "fp32",
+          pooling: str = "cls") -> dict:
     for w in workers.values():
-        w.ask(f"setup {size_name} {seq} {batch} {infer_batch} {int(compiled)} {device} {precision}")
+        w.ask(f"setup {size_name} {seq} {batch} {infer_batch} {int(compiled)} {device} {precision} {pooling}")
     results = {"mlx_train": [], "torch_train": [], "mlx_infer": [], "torch_infer": []}
     for _ in range(reps):  # alternate, so drifting machine load hits both sides alike
         for kind in ("train", "infer"):
@@ -293,7 +305,7 @@ def bench(workers: dict[str, Worker], size_name: str, seq: int, batch: int, infe
     median = {k: statistics.median(v) for k, v in results.items()}
     ratios_train = [m / t for m, t in zip(results["mlx_train"], results["torch_train"])]
     ratios_infer = [m / t for m, t in zip(results["mlx_infer"], results["torch_infer"])]
-    step_flops = train_flops(SIZES[size_name], batch, seq)
+    step_flops = train_flops(SIZES[size_name], batch, seq, pooling)
     return {
         **median,
         "train_ratio": statistics.median(ratios_train),
@@ -336,6 +348,9 @@ def main() -> None:
     parser.add_argument("--precision", choices=["fp32", "bf16", "fp16"], nargs="+", default=["fp32"],
                         help="kbert's mixed precision against PyTorch's autocast (MFU stays against the fp32 "
                              "sgemm peak)")
+    parser.add_argument("--pooling", choices=["cls", "mean"], nargs="+", default=["cls"],
+                        help="kbert's pooler (PyTorch: transformers' own, the first token): cls computes kbert's "
+                             "last layer for the first token alone; mean for every token, as PyTorch does")
     parser.add_argument("--isa", choices=["native", "avx2"], default="native",
                         help="avx2: keep kbert's kernels, OpenBLAS and PyTorch to AVX2 (a CPU without AVX-512)")
     parser.add_argument("--end-to-end", action="store_true", help="also time `kbert run titanic` end to end")
@@ -359,16 +374,16 @@ def main() -> None:
     peak = float(mlx_line.split()[0].removeprefix("peak="))
     print(mlx_line.split(" ", 1)[1] + "; " + workers["torch"].ask("describe")
           + ("; one process" if args.same_process else "; one worker process each"))
-    header = f"{'size':17} {'seq':>4} {'prec':>4} | {'MLX train':>9} {'torch train':>11} {'ratio':>5} | " \
+    header = f"{'size':17} {'seq':>4} {'prec':>4} {'pool':>4} | {'MLX train':>9} {'torch train':>11} {'ratio':>5} | " \
              f"{'MLX infer':>9} {'torch infer':>11} {'ratio':>5} | {'MFU':>5}"
     print(f"device: {args.device}\n" + header + "\n" + "-" * len(header))
-    for size, seq, precision in itertools.product(args.size, args.seq, args.precision):
+    for size, seq, precision, pooling in itertools.product(args.size, args.seq, args.precision, args.pooling):
         r = bench(workers, size, seq, args.batch, args.infer_batch, args.reps, args.steps, peak, not args.no_compile,
-                  args.device, precision)
-        print(f"{size:17} {seq:>4} {precision:>4} | {r['mlx_train']:9.1f} {r['torch_train']:11.1f} "
+                  args.device, precision, pooling)
+        print(f"{size:17} {seq:>4} {precision:>4} {pooling:>4} | {r['mlx_train']:9.1f} {r['torch_train']:11.1f} "
               f"{r['train_ratio']:5.2f} | {r['mlx_infer']:9.1f} {r['torch_infer']:11.1f} {r['infer_ratio']:5.2f} | "
               f"{r['mlx_train_mfu']:5.1%}", flush=True)
-        print(f"{'':27} per repetition: train " + " ".join(f"{x:.2f}" for x in r["train_ratios"])
+        print(f"{'':32} per repetition: train " + " ".join(f"{x:.2f}" for x in r["train_ratios"])
               + " | infer " + " ".join(f"{x:.2f}" for x in r["infer_ratios"]), flush=True)
     for w in workers.values():
         w.close()

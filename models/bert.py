@@ -87,14 +87,18 @@ class BertSelfAttention(nn.Module):
         self.dropout = Dropout(config.attention_probs_dropout_prob)
         self.attention_dropout = config.attention_probs_dropout_prob
 
-    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False):
-        """The attended values, and with ``output_attentions`` also the probabilities (batch, heads, seq, seq)."""
-        batch, seq_len, hidden = x.shape
+    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False,
+                 first_token_only: bool = False):
+        """The attended values, and with ``output_attentions`` also the probabilities (batch, heads, seq, seq).
+        ``first_token_only``: only the first token queries (every token is still a key and a value), so the values
+        are (batch, 1, hidden)."""
+        batch, _, hidden = x.shape
 
         def split_heads(t: mx.array) -> mx.array:
-            return t.reshape(batch, seq_len, self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+            return t.reshape(batch, t.shape[1], self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
 
-        q, k, v = split_heads(self.query(x)), split_heads(self.key(x)), split_heads(self.value(x))
+        q = split_heads(self.query(x[:, :1] if first_token_only else x))
+        k, v = split_heads(self.key(x)), split_heads(self.value(x))
         scale = 1.0 / math.sqrt(self.head_dim)
         dropout = self.dropout if self.training and self.attention_dropout > 0 else None
         if output_attentions:
@@ -102,7 +106,7 @@ class BertSelfAttention(nn.Module):
             out = (probs if dropout is None else dropout(probs)) @ v
         else:
             out = attention(q, k, v, scale, mask, dropout)
-        out = out.transpose(0, 2, 1, 3).reshape(batch, seq_len, hidden)
+        out = out.transpose(0, 2, 1, 3).reshape(batch, q.shape[2], hidden)
         return (out, probs) if output_attentions else out
 
 
@@ -123,11 +127,13 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False):
+    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False,
+                 first_token_only: bool = False):
+        residual = x[:, :1] if first_token_only else x
         if output_attentions:
-            attended, probs = self.self(x, mask, output_attentions=True)
-            return self.output(attended, x), probs
-        return self.output(self.self(x, mask), x)
+            attended, probs = self.self(x, mask, output_attentions=True, first_token_only=first_token_only)
+            return self.output(attended, residual), probs
+        return self.output(self.self(x, mask, first_token_only=first_token_only), residual)
 
 
 def activation(config: BertConfig):
@@ -164,12 +170,15 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False):
-        """The layer's output, and with ``output_attentions`` also its attention probabilities."""
+    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False,
+                 first_token_only: bool = False):
+        """The layer's output, and with ``output_attentions`` also its attention probabilities. With
+        ``first_token_only`` the output is the first token's alone, (batch, 1, hidden): the other tokens are only
+        attended to, and their feed-forward is skipped."""
         if output_attentions:
-            attended, probs = self.attention(x, mask, output_attentions=True)
+            attended, probs = self.attention(x, mask, output_attentions=True, first_token_only=first_token_only)
             return self.output(self.intermediate(attended), attended), probs
-        attended = self.attention(x, mask)
+        attended = self.attention(x, mask, first_token_only=first_token_only)
         return self.output(self.intermediate(attended), attended)
 
 
@@ -180,9 +189,10 @@ class BertEncoder(nn.Module):
         self.recompute_layers = False  # gradient checkpointing (models/recompute.py)
 
     def __call__(self, x: mx.array, mask: mx.array | None, output_hidden_states: bool = False,
-                 output_attentions: bool = False) -> tuple[mx.array, tuple | None, tuple | None]:
+                 output_attentions: bool = False,
+                 first_token_only: bool = False) -> tuple[mx.array, tuple | None, tuple | None]:
         return run_layers(self.layer, x, [mask] * len(self.layer), self.recompute_layers, output_hidden_states,
-                          output_attentions)
+                          output_attentions, first_token_only)
 
 
 class BertPooler(nn.Module):
@@ -202,7 +212,11 @@ def additive_padding_mask(attention_mask: mx.array, dtype: mx.Dtype) -> mx.array
 
 class BertModel(nn.Module):
     """BERT encoder: returns ``(last_hidden_state, pooler_output)`` (pooler output is None without a pooler),
-    plus every hidden state and attention probability on request (see ``encoder_outputs``)."""
+    plus every hidden state and attention probability on request (see ``encoder_outputs``).
+
+    ``first_token_only`` (kbert's, not Hugging Face's): the last layer computes the first token's state alone, so
+    ``last_hidden_state`` is (batch, 1, hidden), the same first row as without it: all that a CLS pooler reads.
+    That layer then skips the other tokens' queries, output projection and feed-forward."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -224,10 +238,12 @@ class BertModel(nn.Module):
         inputs_embeds: mx.array | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        first_token_only: bool = False,
     ) -> tuple:
         x = self.embeddings(input_ids, token_type_ids, inputs_embeds)
         mask = None if attention_mask is None else additive_padding_mask(attention_mask, x.dtype)
-        hidden, hidden_states, attentions = self.encoder(x, mask, output_hidden_states, output_attentions)
+        hidden, hidden_states, attentions = self.encoder(x, mask, output_hidden_states, output_attentions,
+                                                         first_token_only)
         pooled = self.pooler(hidden) if self.config.add_pooling_layer else None
         return encoder_outputs(hidden, pooled, hidden_states, attentions)
 

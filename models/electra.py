@@ -69,7 +69,8 @@ class ElectraEmbeddings(BertEmbeddings):
 
 class ElectraModel(nn.Module):
     """ELECTRA encoder: returns ``(last_hidden_state, None)`` (no pooler), plus every hidden state (the first
-    one after ``embeddings_project``, as Hugging Face's) and attention probability on request."""
+    one after ``embeddings_project``, as Hugging Face's) and attention probability on request.
+    ``first_token_only``: as ``BertModel``'s."""
 
     def __init__(self, config: ElectraConfig):
         super().__init__()
@@ -91,13 +92,15 @@ class ElectraModel(nn.Module):
         inputs_embeds: mx.array | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        first_token_only: bool = False,
     ) -> tuple:
         """``inputs_embeds`` are word embeddings (``embedding_size`` wide), as in Hugging Face."""
         x = self.embeddings(input_ids, token_type_ids, inputs_embeds)
         if "embeddings_project" in self:
             x = self.embeddings_project(x)
         mask = None if attention_mask is None else additive_padding_mask(attention_mask, x.dtype)
-        hidden, hidden_states, attentions = self.encoder(x, mask, output_hidden_states, output_attentions)
+        hidden, hidden_states, attentions = self.encoder(x, mask, output_hidden_states, output_attentions,
+                                                         first_token_only)
         return encoder_outputs(hidden, None, hidden_states, attentions)
 
 

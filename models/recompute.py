@@ -45,15 +45,17 @@ class Dropout(nn.Module):
         return (mx.random.bernoulli(keep, x.shape, key=sub) * x) * (1 / keep)
 
 
-def call_layer(layer: nn.Module, x: mx.array, mask: mx.array | None, recompute: bool, *extra: mx.array) -> mx.array:
-    """``layer(x, mask, *extra)``, with its activations recomputed in the backward pass when ``recompute``.
+def call_layer(layer: nn.Module, x: mx.array, mask: mx.array | None, recompute: bool, *extra: mx.array,
+               **options) -> mx.array:
+    """``layer(x, mask, *extra, **options)``, with its activations recomputed in the backward pass when ``recompute``.
 
     ``extra``: further arrays the layer takes (DeBERTa: its relative position embeddings and gather indices).
+    ``options``: plain Python keyword arguments (BERT's ``first_token_only``), the same in the recomputation.
     Recomputed, the floating ones are inputs of the checkpointed function, so gradients reach them; integer
     ones (indices, which have no gradient) are captured by closure.
     """
     if not recompute:
-        return layer(x, mask, *extra)
+        return layer(x, mask, *extra, **options)
 
     # The key is captured by the closure, not passed as an input: the recomputation re-runs this code
     # with the same key array (and no gradient is asked of the random-bits generator).
@@ -68,7 +70,7 @@ def call_layer(layer: nn.Module, x: mx.array, mask: mx.array | None, recompute: 
         layer_extra = [next(given) if i in floating else e for i, e in enumerate(extra)]
         _LAYER_KEYS.append(key)
         try:
-            return layer(x, layer_mask, *layer_extra)
+            return layer(x, layer_mask, *layer_extra, **options)
         finally:
             _LAYER_KEYS.pop()
 

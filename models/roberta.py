@@ -120,7 +120,8 @@ class RobertaModel(nn.Module):
     without a pooler), plus every hidden state and attention probability on request (see ``encoder_outputs``).
 
     Padding is recognised twice, as in Hugging Face: ``attention_mask`` masks padded keys, and the position ids
-    treat every ``pad_token_id`` in ``input_ids`` as padding, so pad with ``pad_token_id``.
+    treat every ``pad_token_id`` in ``input_ids`` as padding, so pad with ``pad_token_id``. ``first_token_only``:
+    as ``BertModel``'s.
     """
 
     def __init__(self, config: RobertaConfig):
@@ -143,10 +144,12 @@ class RobertaModel(nn.Module):
         inputs_embeds: mx.array | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        first_token_only: bool = False,
     ) -> tuple:
         x = self.embeddings(input_ids, token_type_ids, inputs_embeds)
         mask = None if attention_mask is None else additive_padding_mask(attention_mask, x.dtype)
-        hidden, hidden_states, attentions = self.encoder(x, mask, output_hidden_states, output_attentions)
+        hidden, hidden_states, attentions = self.encoder(x, mask, output_hidden_states, output_attentions,
+                                                         first_token_only)
         pooled = self.pooler(hidden) if self.config.add_pooling_layer else None
         return encoder_outputs(hidden, pooled, hidden_states, attentions)
 

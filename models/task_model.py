@@ -8,10 +8,16 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from kbert.models.bert import BertModel
+from kbert.models.electra import ElectraModel
 from kbert.models.encoders import build_encoder
 from kbert.models.fusion import Fusion, FusionConfig
 from kbert.models.heads import HeadConfig, build_head
 from kbert.models.pooling import Pooler
+from kbert.models.roberta import RobertaModel
+
+# Encoders whose last layer can compute the first token alone (``first_token_only``): all a "cls" pooler reads.
+FIRST_TOKEN_ENCODERS = (BertModel, RobertaModel, ElectraModel)
 
 
 class TaskModel(nn.Module):
@@ -29,7 +35,9 @@ class TaskModel(nn.Module):
             hidden, _, hidden_states = self.encoder(input_ids, attention_mask, output_hidden_states=True)
             pooled = self.pooler(hidden, attention_mask, hidden_states)
         else:
-            hidden, _ = self.encoder(input_ids, attention_mask)
+            first_token_only = self.pooler.kind == "cls" and isinstance(self.encoder, FIRST_TOKEN_ENCODERS)
+            options = {"first_token_only": True} if first_token_only else {}
+            hidden, _ = self.encoder(input_ids, attention_mask, **options)
             pooled = self.pooler(hidden, attention_mask)
         return self.head(self.fusion(pooled, numeric, categorical))
 

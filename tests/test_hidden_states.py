@@ -80,13 +80,16 @@ def test_every_hidden_state_and_attention_match_transformers(kind):
     assert np.abs(np.array(hidden_states[1]) - expected.hidden_states[2].numpy())[real].max() > 1e-2
 
 
-def weight_gradients(kind, recompute=False, masked=True):
+def weight_gradients(kind, recompute=False, masked=True, first_token_only=False):
     """d(loss)/d(weight) of every weight, ours and the reference's, for loss = sum(last_hidden * P) over real
-    tokens with a fixed random P; in training mode with dropout off, so both sides see the same function."""
+    tokens with a fixed random P; in training mode with dropout off, so both sides see the same function.
+    ``first_token_only``: the loss reads the first token alone, and ours computes it alone (BERT)."""
     reference, ours = pair(kind)
     ids, mask = batch()
     projection = np.random.default_rng(3).standard_normal((SEQ_LEN, reference.config.hidden_size)).astype(np.float32)
     weight = projection[None] * mask[..., None]
+    if first_token_only:
+        weight[:, 1:] = 0.0
 
     reference_out = reference(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask))
     (reference_out.last_hidden_state * torch.tensor(weight)).sum().backward()
@@ -96,8 +99,9 @@ def weight_gradients(kind, recompute=False, masked=True):
         set_recompute(ours, True)
 
     def loss(model):
-        hidden = model(mx.array(ids), mx.array(mask) if masked else None)[0]
-        return (hidden * mx.array(weight)).sum()
+        options = {"first_token_only": True} if first_token_only else {}
+        hidden = model(mx.array(ids), mx.array(mask) if masked else None, **options)[0]
+        return (hidden * mx.array(weight[:, :hidden.shape[1]])).sum()
 
     _, grads = nn.value_and_grad(ours, loss)(ours)
     return expected, dict(tree_flatten(grads))
@@ -119,3 +123,22 @@ def test_recomputed_layers_give_the_same_weight_gradients(kind):
     _, recomputed = weight_gradients(kind, recompute=True)
     for name, value in plain.items():
         np.testing.assert_allclose(np.array(recomputed[name]), np.array(value), atol=1e-5, err_msg=name)
+
+
+def test_the_first_token_alone_matches_transformers_with_its_weight_gradients():
+    """What a CLS pooler reads: the last layer computes the first token alone (the other tokens' queries, output
+    projection and feed-forward skipped), and its state and every weight's gradient are transformers' full model's."""
+    reference, ours = pair("bert")
+    ids, mask = batch()
+    with torch.no_grad():
+        expected = reference(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask))
+    first, _ = ours(mx.array(ids), mx.array(mask), first_token_only=True)
+    assert first.shape == (len(LENGTHS), 1, BERT["hidden_size"])
+    assert np.abs(np.array(first[:, 0]) - expected.last_hidden_state[:, 0].numpy()).max() <= TOL
+    for recompute in (False, True):
+        wanted, got = weight_gradients("bert", recompute=recompute, first_token_only=True)
+        assert set(got) == set(wanted), set(got) ^ set(wanted)
+        assert max(relative_errors(got, wanted).values()) <= TOL
+    # The last layer's query weight has a gradient from the first token's query alone: the check can fail.
+    _, every_token = weight_gradients("bert")
+    assert max(relative_errors(every_token, wanted).values()) > 1e-2

@@ -1,4 +1,5 @@
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
@@ -55,6 +56,51 @@ def test_parameters_are_exactly_the_weights():
     head = h + 1
     n = sum(x.size for _, x in tree_flatten(tiny_model().trainable_parameters()))
     assert n == embeddings + layers * per_layer + head
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta", "electra"])
+def test_cls_pooling_computes_the_last_layer_for_the_first_token_alone(model_type, monkeypatch):
+    """A "cls" task model asks the encoder for the first token's state alone; its outputs and every gradient are
+    those of the whole last layer pooled at the first token (dropout off), and other poolings get every token."""
+    from kbert.models.bert import BertLayer
+
+    values = {**TINY, "model_type": model_type, "pad_token_id": 1 if model_type == "roberta" else 0,
+              "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+    mx.random.seed(0)
+    model = build_task_model(values, "binary", "cls", 0.0)
+    model.train()
+    rng = np.random.default_rng(0)
+    ids = mx.array(rng.integers(5, 50, (3, 12)).astype(np.int32))
+    mask = mx.array((np.arange(12)[None] < np.array([[12], [7], [3]])).astype(np.int32))
+    last_shapes = []
+    call = BertLayer.__call__
+
+    def recording(self, x, *args, **kwargs):
+        out = call(self, x, *args, **kwargs)
+        last_shapes.append(out.shape)
+        return out
+
+    monkeypatch.setattr(BertLayer, "__call__", recording)
+
+    def whole(m):  # the last layer over every token, then the first row
+        hidden, _ = m.encoder(ids, mask)
+        return m.head(m.fusion(m.pooler(hidden, mask), None, None))
+
+    def loss(forward):
+        return lambda m: (forward(m) ** 2).sum()
+
+    got, got_grads = nn.value_and_grad(model, loss(lambda m: m(ids, mask)))(model)
+    assert last_shapes[-1] == (3, 1, TINY["hidden_size"])
+    want, want_grads = nn.value_and_grad(model, loss(whole))(model)
+    assert last_shapes[-1] == (3, 12, TINY["hidden_size"])
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-5)
+    got_grads, want_grads = dict(tree_flatten(got_grads)), dict(tree_flatten(want_grads))
+    assert set(got_grads) == set(want_grads)
+    for name, value in want_grads.items():
+        np.testing.assert_allclose(np.array(got_grads[name]), np.array(value), atol=1e-6, err_msg=name)
+    mean = build_task_model(values, "binary", "mean", 0.0)
+    mean(ids, mask)
+    assert last_shapes[-1] == (3, 12, TINY["hidden_size"])
 
 
 def test_pad_batch_buckets_lengths_and_masks():
