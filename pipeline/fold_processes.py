@@ -58,9 +58,15 @@ def plan_folds(requested: int, device: str, total: int, k: int, to_train: int, c
     side_by_side = min(total, requested or max(cores, k))
     streams = max(1, cores // side_by_side)
     processes = min(to_train, side_by_side)
-    if not requested and available is not None:
-        processes = min(processes, max(1, available // (PROCESS_MEMORY + PARAMETER_COPIES * parameter_bytes)))
+    if not requested:
+        processes = memory_holds(processes, PROCESS_MEMORY + PARAMETER_COPIES * parameter_bytes, available)
     return FoldPlan(processes=max(1, processes), streams=streams)
+
+
+def memory_holds(wanted: int, per_process: int, available: int | None) -> int:
+    """``wanted`` processes, no more than ``available`` bytes hold at ``per_process`` bytes each (at least one;
+    ``wanted`` where the free memory is not known)."""
+    return wanted if available is None else min(wanted, max(1, available // per_process))
 
 
 def usable_cores() -> int:

@@ -38,7 +38,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from kbert.errors import KbertError
 from kbert.models import runtime
-from kbert.pipeline.fold_processes import PROCESS_MEMORY, available_memory, thread_environment, usable_cores
+from kbert.pipeline.fold_processes import (PROCESS_MEMORY, available_memory, memory_holds, thread_environment,
+                                           usable_cores)
 from kbert.tune.artifacts import drop_weights, open_artifact_store
 from kbert.tune.objective import make_objective, parent_gone
 from kbert.tune.options import TuneOptions, format_duration
@@ -94,10 +95,7 @@ def auto_workers(trials: int | None) -> int:
 
     if gpu_available():
         return 1
-    workers = usable_cores()
-    memory = available_memory()
-    if memory is not None:
-        workers = min(workers, max(1, memory // WORKER_MEMORY))
+    workers = memory_holds(usable_cores(), WORKER_MEMORY, available_memory())
     return max(1, min(workers, trials or workers))
 
 
