@@ -134,8 +134,11 @@ class TrainConfig:
     length_bucket: int = 16  # batches are padded to their own longest row, rounded up to a multiple of this
     dynamic_padding: bool = True  # False: pad every batch to max_length (slower; for speed comparisons)
     # Each epoch's shuffled rows, in groups of this many batches, sorted by length before they are cut into batches
-    # (the batches then shuffled): batches of like lengths pad less. 1: plain shuffled batches.
-    group_by_length: int = 4
+    # (the batches then shuffled): batches of like lengths pad less. 1 (the default): plain shuffled batches. A row
+    # serialized from a table is as long as its fields make it (a cabin on record, a family), so batches of like
+    # lengths are batches of like rows: on Titanic, 4 cost 0.007 CV on average over 7 training seeds (0.8143
+    # against 0.8214; not significant alone, and a default should not risk it) for about a tenth less padding.
+    group_by_length: int = 1
     compile: bool = True  # mx.compile the train and eval steps
     gradient_checkpointing: bool = False  # recompute encoder layers in the backward pass: less memory, ~1/3 more time
     augment: int = 0  # augmented serializations of the training rows; epoch e trains on variant e % (augment + 1)

@@ -146,7 +146,8 @@ def _add_speed_options(run: argparse.ArgumentParser) -> None:
                     "1: off)")
     add_number(run, "--group-by-length", int, "group_by_length",
                help="sort each epoch's shuffled rows by length in groups of N batches before batching, so that a "
-                    "batch pads less (default 4; 1: plain shuffled batches)")
+                    "batch pads less (default 1: plain shuffled batches; batches of like-length table rows are batches of "
+                    "like rows)")
     add_number(run, "--fold-processes", int, "fold_processes",
                help="on a CPU, train the folds side by side in N processes (default 0: every fold at once, each on "
                     "cores/folds streams; 1: one after another, each batch split over the cores)")
