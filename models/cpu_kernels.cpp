@@ -3,8 +3,8 @@
 //
 // MLX's own CPU kernels evaluate exp/erf one element at a time on one thread (no SIMD on x86),
 // which makes softmax and GELU cost more than the matmuls of a BERT layer on a Linux CPU. These
-// kernels are plain loops written so that the compiler vectorizes them (-O3 -march=native, built
-// on the user's machine by models/cpu_kernels.py) and split rows over threads. float32,
+// kernels are plain loops written so that the compiler vectorizes them (-O3 -march=native
+// -fno-trapping-math, built on the user's machine by models/cpu_kernels.py) and split rows over threads. float32,
 // row-contiguous, CPU stream only; models/cpu_kernels.py falls back to MLX ops otherwise.
 
 #include <algorithm>
@@ -179,10 +179,12 @@ void softmax_grad_rows(const float* y, const float* dy, float scale, float* dx, 
 
 // Loops over plain restrict pointers (not lambda captures), so that the compiler vectorizes them.
 void gelu_span(const float* __restrict x, float* __restrict y, int64_t n) {
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + erf_fast(x[i] * kSqrtHalf));
 }
 
 void gelu_grad_span(const float* __restrict x, const float* __restrict dy, float* __restrict dx, int64_t n) {
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     float v = x[i];
     float cdf = 0.5f * (1.0f + erf_fast(v * kSqrtHalf));
@@ -260,14 +262,20 @@ inline uint32_t lowbias32(uint32_t x) {
   return x;
 }
 
-// y = x / (1 - p) where hash(i, seed) >= p * 2^32, else 0; elements [begin, begin + n) of the array.
+// y = x / (1 - p) where hash(i, seed) >= p * 2^32, else 0; elements [begin, begin + n) of the array. Within each
+// run (at most 2^30 elements) the index's high half is constant, so the inner loop is 32-bit arithmetic, which
+// vectorizes at full width with AVX2 too (AVX2 has no 64-bit multiply); the mask is the 64-bit index's.
 void dropout_span(const float* __restrict x, float* __restrict y, int64_t begin, int64_t n, uint32_t s0, uint32_t s1,
                   uint32_t threshold, float scale) {
+  while (n > 0) {
+    uint32_t low = (uint32_t)begin, high = s1 ^ (uint32_t)((uint64_t)begin >> 32);
+    int32_t run = (int32_t)std::min<int64_t>({n, (int64_t(1) << 32) - low, int64_t(1) << 30});
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    uint64_t index = (uint64_t)(begin + i);
-    uint32_t h = lowbias32(lowbias32((uint32_t)index ^ s0) + (s1 ^ (uint32_t)(index >> 32)));
-    y[i] = h >= threshold ? x[i] * scale : 0.0f;
+    for (int32_t i = 0; i < run; ++i) {
+      uint32_t h = lowbias32(lowbias32((low + (uint32_t)i) ^ s0) + high);
+      y[i] = h >= threshold ? x[i] * scale : 0.0f;
+    }
+    x += run, y += run, begin += run, n -= run;
   }
 }
 

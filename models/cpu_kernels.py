@@ -5,7 +5,9 @@ MLX's CPU backend evaluates ``exp`` and ``erf`` one element at a time on one thr
 so on a Linux CPU a BERT layer spends more time in softmax and GELU than in its matmuls. The kernels in
 ``cpu_kernels.cpp`` are MLX primitives (with their gradients) whose loops the compiler vectorizes; they
 are built on first use with the system C++ compiler (the one ``mx.compile`` already needs on a CPU),
-``-O3 -march=native`` (``KBERT_CPU_ARCH`` names another target, e.g. ``x86-64-v3``: AVX2 without AVX-512),
+``-O3 -march=native`` (``KBERT_CPU_ARCH`` names another target, e.g. ``x86-64-v3``: AVX2 without AVX-512;
+``-fno-trapping-math`` lets GCC turn the loops' selects into blends, which AVX2, unlike AVX-512, needs to
+vectorize them),
 against the installed MLX and ``nanobind``, and cached under ``~/.cache/kbert/cpu-kernels/<key>/``
 (``KBERT_CACHE`` moves it); the key covers the source, the compiler, the flags and target, the CPU's features
 and the versions of Python, MLX and nanobind.
@@ -44,7 +46,7 @@ log = logging.getLogger("kbert")
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 MODULE_NAME = "_kbert_cpu_kernels"
-FLAGS = ["-O3", "-fopenmp-simd", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden",
+FLAGS = ["-O3", "-fopenmp-simd", "-fno-trapping-math", "-std=c++20", "-shared", "-fPIC", "-fvisibility=hidden",
          "-fno-strict-aliasing", "-DNDEBUG", "-DNB_COMPACT_ASSERTIONS",
          # MLX registers its Python types in nanobind's "mlx" domain; the kernels must see them.
          "-DNB_DOMAIN=mlx"]
