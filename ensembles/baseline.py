@@ -45,8 +45,8 @@ from kbert.pipeline.config import RunConfig
 from kbert.pipeline.data import data_warnings, load_competition_data
 from kbert.pipeline.fold import fold_warnings, split_folds
 from kbert.pipeline.folds import fold_rows
-from kbert.pipeline.metrics import get_metric
-from kbert.pipeline.predictions import (average_folds, check_metric_fits_task, metric_targets, predictions_frame,
+from kbert.pipeline.metrics import check_metric_fits, get_metric
+from kbert.pipeline.predictions import (average_folds, metric_targets, predictions_frame,
                                         score)
 from kbert.pipeline.submission import write_predictions_submission
 from kbert.pipeline.targets import encode_targets, raw_targets
@@ -279,7 +279,7 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
     comp = config.competition
     task = comp.task
     metric = get_metric(comp.metric)
-    check_metric_fits_task(metric, task)
+    check_metric_fits(metric, task, comp.value_columns)
     data = load_competition_data(comp, config.data_dir or None)
     train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows].reset_index(drop=True)
     features, test_features = add_features(comp.features, train.drop(columns=comp.target_columns), data.test)

@@ -32,7 +32,7 @@ from kbert.errors import KbertError
 from kbert.models.heads import ordinal_class_probabilities
 from kbert.pipeline.config import FoldConfig
 from kbert.pipeline.folds import purge_training_rows
-from kbert.pipeline.metrics import Metric
+from kbert.pipeline.metrics import Metric, get_metric
 from kbert.pipeline.predictions import metric_input, tune_label_thresholds, tune_threshold
 from kbert.tasks import Task
 
@@ -51,6 +51,7 @@ class Problem:
     truth: np.ndarray  # metric targets (pipeline.predictions.metric_targets)
     labels: np.ndarray | None  # classification: 0/1 (n,) or (n, L) indicators, or class ids (n,)
     classes: list | None = None
+    submits: str = ""  # what the submission holds (kbert.tasks.submission_kind); "": what the metric scores
 
     def on_rows(self, rows: np.ndarray) -> Problem:
         """The same problem restricted to ``rows`` (e.g. those every member has an OOF prediction for)."""
@@ -64,8 +65,13 @@ class Problem:
         return "probability"
 
     @property
-    def tunes_decision(self) -> bool:
-        return self.metric.kind == "label" and (Task(self.task).probabilities or self.task == Task.MULTICLASS)
+    def cut_metric(self) -> Metric | None:
+        """What label cut-offs (or class weights) are fitted for: the metric when it scores labels; accuracy when
+        it ranks but the submission holds labels; None when the submission holds no labels to cut."""
+        labelled = Task(self.task).probabilities or self.task == Task.MULTICLASS
+        if not labelled or (self.submits or self.metric.kind) != "label":
+            return None
+        return self.metric if self.metric.kind == "label" else get_metric("accuracy")
 
 
 def to_space(table: np.ndarray, space: str) -> np.ndarray:
@@ -122,23 +128,26 @@ def apply_decision(task: str, table: np.ndarray, decision: Decision) -> np.ndarr
 
 
 def fit_decision(problem: Problem, table: np.ndarray, rows: np.ndarray) -> Decision:
-    """Tune the cut-off(s) or class weights of a label metric on ``rows`` of ``table`` (natural scale)."""
-    if not problem.tunes_decision:
+    """Tune the cut-off(s) or class weights for ``problem.cut_metric`` on ``rows`` of ``table`` (natural scale)."""
+    metric = problem.cut_metric
+    if metric is None:
         return Decision()
+    labels = problem.labels[rows].astype(int)
     if problem.task == Task.BINARY:
-        return Decision(threshold=tune_threshold(problem.metric, problem.truth[rows], table[rows, 0]))
-    if problem.task == Task.MULTILABEL:
-        return Decision(threshold=tune_label_thresholds(problem.truth[rows].astype(int), table[rows]))
+        return Decision(threshold=tune_threshold(metric, labels, table[rows, 0]))
+    if problem.task == Task.MULTILABEL:  # per label: its accuracy for (subset) accuracy, else its F1
+        return Decision(threshold=tune_label_thresholds(labels, table[rows],
+                                                        metric if metric.name == "accuracy" else None))
     weights = np.ones(table.shape[1])  # multiclass: coordinate ascent over per-class weights
     grid = np.array([0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0])
-    best = problem.metric(problem.truth[rows], table[rows].argmax(axis=1))
+    best = metric(labels, table[rows].argmax(axis=1))
     for _ in range(2):
         for c in range(table.shape[1]):
             for factor in grid:
                 trial = weights.copy()
                 trial[c] = factor
-                value = problem.metric(problem.truth[rows], (table[rows] * trial).argmax(axis=1))
-                if problem.metric.is_better(value, best):
+                value = metric(labels, (table[rows] * trial).argmax(axis=1))
+                if metric.is_better(value, best):
                     best, weights = value, trial
     return Decision(class_weights=weights)
 
@@ -335,11 +344,18 @@ def applicable_methods(problem: Problem) -> list[str]:
 
 
 def tunes_decision(method: str, problem: Problem, decision: str) -> bool:
-    """Rank averages always get a cut-off (a rank is not a probability); "auto" tunes all label metrics but
-    accuracy; "tune" all; "fixed" none."""
+    """Whether ``method``'s labels get a cut-off fitted on its own fitting rows. Always for a rank average (a rank
+    is not a probability) and for a blend chosen by a ranking metric whose submission holds labels (nothing made
+    its outputs calibrated); otherwise "auto" fits one for every label metric but accuracy (whose best cut-off for
+    calibrated probabilities is 0.5), "tune" for all, "fixed" for none."""
     if decision not in ("auto", "tune", "fixed"):
         raise KbertError(f"decision must be auto, tune or fixed, got '{decision}'")
-    return method == "rank" or decision == "tune" or (decision == "auto" and problem.metric.name != "accuracy")
+    cut = problem.cut_metric
+    if cut is None:
+        return False
+    if method == "rank" or cut is not problem.metric:
+        return True
+    return decision == "tune" or (decision == "auto" and cut.name != "accuracy")
 
 
 def fit_blend(method: str, P: np.ndarray, problem: Problem, rows: np.ndarray,
@@ -430,6 +446,62 @@ def nested_cv(method: str, P: np.ndarray, problem: Problem, folds: np.ndarray, o
     in_sample = score_table(problem, apply_blend(full, P, problem.task), decision=full.decision)
     return HonestResult(method=method, score=float(np.mean(scores)), in_sample=in_sample, splits=splits,
                         blends=blends, repeat_scores=scores, predictions=predictions, scored_rows=scored_rows)
+
+
+def nested_choice(results: dict[str, HonestResult], P: np.ndarray, problem: Problem,
+                  options: BlendOptions | None = None) -> HonestResult:
+    """The whole procedure scored by nested CV, the choice among the methods of ``results`` (each method's own
+    ``nested_cv``, on the same outer splits) included: each outer fold picks the method with the best nested CV
+    on its own fitting rows, the other outer folds serving as its inner folds, and is scored with that method's
+    blend. Reporting the best of the methods' own scores instead would carry that choice's optimism.
+
+    An inner fold g of outer fold f is fitted on the rows both fit on (every row outside f and g; for forward
+    chaining, the rows before g, which is g's own outer fit) and scored on g's rows inside f's fitting rows, so a
+    pair of outer folds shares one fit per method. A method that cannot be fitted or scored there (a
+    forward-chaining first block of a handful of rows) is passed over; an outer fold with nothing to choose by
+    (the first forward-chaining block) takes the first method. The blends' ``method`` is what each fold chose."""
+    options = options or BlendOptions()
+    methods = list(results)
+    first = results[methods[0]]
+    position = np.full(P.shape[1], -1)
+    position[first.scored_rows] = np.arange(len(first.scored_rows))
+    fitted = {(m, fit.tobytes()): blend for m, r in results.items() for (fit, _), blend in zip(r.splits, r.blends)}
+
+    def inner_predictions(method: str, rows: np.ndarray, score_rows: np.ndarray) -> np.ndarray:
+        key = (method, rows.tobytes())
+        if key not in fitted:
+            fitted[key] = fit_blend(method, P, problem, rows, options)
+        blend = fitted[key]
+        return metric_predictions(problem, apply_blend(blend, P[:, score_rows], problem.task), blend.decision)
+
+    def inner_score(method: str, pairs: list[tuple[np.ndarray, np.ndarray]]) -> float | None:
+        try:
+            rows = np.concatenate([score for _, score in pairs])
+            predicted = np.concatenate([inner_predictions(method, fit, score) for fit, score in pairs])
+            return problem.metric(problem.truth[rows], predicted)
+        except (KbertError, ValueError):  # too few rows (or one class) to fit or score this method there
+            return None
+
+    pick = max if problem.metric.greater_is_better else min
+    blends, scores, predictions, done = [], [], [], 0
+    for repeat in range(len(first.predictions)):
+        splits = first.splits[done:done + len(first.splits) // len(first.predictions)]
+        prediction = np.empty_like(first.predictions[repeat])
+        for j, (fit_f, score_f) in enumerate(splits):
+            pairs = [(np.intersect1d(fit_f, fit_g), np.intersect1d(score_g, fit_f)) for g, (fit_g, score_g)
+                     in enumerate(splits) if g != j and np.intersect1d(score_g, fit_f).size]
+            inner = {m: inner_score(m, pairs) for m in methods} if pairs else {}
+            inner = {m: value for m, value in inner.items() if value is not None and np.isfinite(value)}
+            method = pick(inner, key=inner.get) if inner else methods[0]
+            rows = position[score_f]
+            prediction[rows] = results[method].predictions[repeat][rows]
+            blends.append(results[method].blends[done + j])
+        done += len(splits)
+        predictions.append(prediction)
+        scores.append(problem.metric(problem.truth[first.scored_rows], prediction))
+    return HonestResult(method="choice among " + ", ".join(methods), score=float(np.mean(scores)),
+                        in_sample=float("nan"), splits=first.splits, blends=blends, repeat_scores=scores,
+                        predictions=predictions, scored_rows=first.scored_rows)
 
 
 def paired_bootstrap(problem: Problem, honest: list[np.ndarray], other: np.ndarray, samples: int = 1000,

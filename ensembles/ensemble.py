@@ -14,19 +14,19 @@ import numpy as np
 import pandas as pd
 
 from kbert.ensembles.blend import (METHODS, BlendOptions, HonestResult, Problem, applicable_methods, apply_blend,
-                                   apply_decision, fit_blend, metric_predictions, native, nested_cv, paired_bootstrap,
-                                   score_table)
+                                   apply_decision, fit_blend, metric_predictions, native, nested_choice, nested_cv,
+                                   paired_bootstrap, score_table)
 from kbert.ensembles.members import Member, common_rows, select_members
 from kbert.errors import KbertError
 from kbert.io import write_json
 from kbert.pipeline.config import CompetitionConfig
 from kbert.pipeline.data import load_competition_data
 from kbert.pipeline.folds import fold_groups, make_folds
-from kbert.pipeline.metrics import get_metric
-from kbert.pipeline.predictions import check_metric_fits_task, metric_targets
+from kbert.pipeline.metrics import check_metric_fits, get_metric
+from kbert.pipeline.predictions import metric_targets
 from kbert.pipeline.submission import write_predictions_submission
 from kbert.pipeline.targets import encode_targets, raw_targets
-from kbert.tasks import Task
+from kbert.tasks import Task, submission_kind
 
 
 @dataclass
@@ -34,8 +34,9 @@ class EnsembleResult:
     members: list[Member]
     member_scores: list[float]  # each member's OOF score at the default cut-off
     member_honest: list[float]  # each member alone with its cut-off tuned by the same nested CV
-    results: dict[str, HonestResult]
-    chosen: str
+    results: dict[str, HonestResult]  # each method's own nested CV
+    chosen: str  # the method with the best nested CV on every row: the submission's
+    honest: HonestResult  # the whole procedure, each outer fold choosing its method on its own rows
     selected_single: HonestResult | None = None  # the best member, picked inside each outer fold (top-1)
     weights: dict[str, float] = field(default_factory=dict)
     # The chosen method's honest score minus the best member's OOF score, with a 95% paired-bootstrap interval.
@@ -49,12 +50,13 @@ class EnsembleResult:
 def load_problem(competition: CompetitionConfig, data_dir: str | None):
     data = load_competition_data(competition, data_dir)
     metric = get_metric(competition.metric)
-    check_metric_fits_task(metric, competition.task)
+    check_metric_fits(metric, competition.task, competition.value_columns)
     targets = encode_targets(data.train, competition)
     truth = metric_targets(competition.task, targets.values, raw_targets(data.train, competition), metric.kind,
                            targets.classes)
     labels = None if Task(competition.task).numeric else targets.values
-    problem = Problem(competition.task, metric, truth, labels, targets.classes)
+    problem = Problem(competition.task, metric, truth, labels, targets.classes,
+                      submits=submission_kind(competition.task, competition.value_columns))
     return data, targets, problem
 
 
@@ -111,9 +113,11 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
     selected_single = nested_cv("top-k", P, problem, fold_of_row, replace(options, top_k=1), outer)
     better = (lambda r: -r.score) if problem.metric.greater_is_better else (lambda r: r.score)
     chosen = min(results.values(), key=better).method
+    # So is choosing the method: the honest score is the whole procedure's, each outer fold choosing on its own rows.
+    honest = results[chosen] if len(names) == 1 else nested_choice(results, P, problem, options)
     best_member = (np.argmax if problem.metric.greater_is_better else np.argmin)(member_scores)
-    scored = results[chosen].scored_rows  # all rows but a forward-chaining outer split's first block
-    against_best = paired_bootstrap(problem.on_rows(scored), results[chosen].predictions,
+    scored = honest.scored_rows  # all rows but a forward-chaining outer split's first block
+    against_best = paired_bootstrap(problem.on_rows(scored), honest.predictions,
                                     metric_predictions(problem, P[best_member])[scored], seed=seed)
 
     final = fit_blend(chosen, P, problem, np.arange(P.shape[1]), options)
@@ -124,7 +128,8 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
     if final.meta and len(final.meta) == 1 and np.asarray(final.meta[0].best_estimator_.coef_).size == len(members):
         coefficients = np.asarray(final.meta[0].best_estimator_.coef_).ravel().round(6).tolist()
     result = EnsembleResult(members=members, member_scores=member_scores, member_honest=member_honest,
-                            results=results, chosen=chosen, weights=weights, selected_single=selected_single,
+                            results=results, chosen=chosen, honest=honest, weights=weights,
+                            selected_single=selected_single,
                             coefficients=coefficients, best_member=members[best_member].name,
                             against_best=against_best)
     if not write:
@@ -139,7 +144,9 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
     result.sidecar_path = write_json(path.with_suffix(".json"), {
         "competition": competition.name, "metric": problem.metric.name,
         "greater_is_better": problem.metric.greater_is_better, "method": chosen,
-        "honest_cv": results[chosen].score, "in_sample_cv": results[chosen].in_sample,
+        "honest_cv": honest.score, "honest_cv_per_split": honest.repeat_scores,
+        "method_choice_nested": len(names) > 1, "chosen_per_outer_fold": choices(honest),
+        "in_sample_cv": results[chosen].in_sample,
         "outer_folds": folds, "outer_repeats": len(fold_of_row), "seed": seed, "rows_blended": len(rows),
         "decision": final.decision.to_dict(),
         "weights": weights,
@@ -157,6 +164,12 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
     return result
 
 
+def choices(honest: HonestResult) -> dict[str, int]:
+    """How many outer folds (over every outer split) chose each method."""
+    methods = [blend.method for blend in honest.blends]
+    return {method: methods.count(method) for method in sorted(set(methods))}
+
+
 def ensemble_table(result: EnsembleResult, metric: str) -> str:
     """Members, then methods: CV at the default cut-off, nested-CV score, in-sample score, weight."""
     lines = [f"{'member / method':<44} {metric + ' CV':>12} {'honest':>8} {'in-sample':>10} {'weight':>7}"]
@@ -170,9 +183,13 @@ def ensemble_table(result: EnsembleResult, metric: str) -> str:
     for name, r in result.results.items():
         mark = "  <- submission" if name == result.chosen else ""
         lines.append(f"{'ensemble: ' + name:<44} {'':>12} {r.score:>8.4f} {r.in_sample:>10.4f}{mark}")
+    if len(result.results) > 1:
+        chose = ", ".join(f"{m} {n}" for m, n in choices(result.honest).items())
+        lines.append(f"{'the method chosen inside the nested CV':<44} {'':>12} {result.honest.score:>8.4f}  "
+                     f"(honest: outer folds chose {chose})")
     if result.against_best is not None:
         difference, low, high = result.against_best
         better = "higher" if get_metric(metric).greater_is_better else "lower"
-        lines.append(f"{result.chosen} (honest) - best member ({result.best_member}): {difference:+.4f}, 95% interval "
+        lines.append(f"honest - best member ({result.best_member}): {difference:+.4f}, 95% interval "
                      f"{low:+.4f} to {high:+.4f} (paired bootstrap over rows; {better} is better)")
     return "\n".join(lines)

@@ -60,3 +60,14 @@ class Task(StrEnum):
 
 
 TASKS: tuple[str, ...] = tuple(task.value for task in Task)  # the names, in the order the docs list them
+
+
+def submission_kind(task: str, value_columns: dict[str, str]) -> str:
+    """What a submission's value columns hold, read off their types: ``label`` (int, bool or str: classes),
+    ``score`` (float probabilities: one per binary or multilabel output, or one per class) or ``value`` (numbers
+    on the target's scale: regression, time series, an ordinal task's expected level in one float column)."""
+    if Task(task).numeric:
+        return "value"
+    if any(dtype != "float" for dtype in value_columns.values()):
+        return "label"
+    return "value" if task == Task.ORDINAL and len(value_columns) == 1 else "score"

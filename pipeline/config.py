@@ -82,7 +82,8 @@ class CompetitionConfig:
     folds: FoldConfig = field(default_factory=FoldConfig)
     training: dict[str, Any] = field(default_factory=dict)  # overrides for TrainConfig / ModelConfig fields
     head: dict[str, Any] = field(default_factory=dict)  # overrides for HeadOptions fields
-    classes: list[Any] | None = None  # ordinal/multiclass: the class values in order (default: sorted unique)
+    classes: list[Any] | None = None  # ordinal/multiclass: the class values in order (default: sorted unique);
+    # binary: [negative, positive] (default [0, 1])
     data_dir: str = ""  # the data folder, relative to the YAML file ("" = competitions/data/<name>)
     features: str = ""  # a feature function in features/__init__.py FEATURES, run before serialization
     search_space: dict[str, Any] = field(default_factory=dict)  # `kbert tune`: entries over the default space
@@ -90,6 +91,16 @@ class CompetitionConfig:
     @property
     def target_columns(self) -> list[str]:
         return list(self.target) if isinstance(self.target, list) else [self.target]
+
+    @property
+    def binary_classes(self) -> list[Any]:
+        """A binary task's [negative, positive]: the YAML's classes, else [0, 1] (True/False read as 0/1)."""
+        return list(self.classes or [0, 1])
+
+    @property
+    def value_columns(self) -> dict[str, str]:
+        """The submission's columns but the id, with their types."""
+        return {c: t for c, t in self.submission_columns.items() if c != self.id_column}
 
 
 @dataclass
@@ -513,6 +524,14 @@ def load_competition(name_or_path: str) -> CompetitionConfig:
         search_space=data.get("search_space") or {},
     )
     check_competition_settings(competition, f"{source}: ")
+    if task == Task.BINARY and competition.classes is not None and len(competition.classes) != 2:
+        raise KbertError(f"{source}: a binary task's classes are [negative, positive], got {competition.classes}")
+    from kbert.pipeline.metrics import check_metric_fits
+
+    try:
+        check_metric_fits(get_metric(metric), task, competition.value_columns)
+    except KbertError as exc:
+        raise KbertError(f"{source}: {exc}") from None
     model_fields = {f.name for f in fields(ModelConfig)}
     check_model_sizes(replace(ModelConfig(), **{k: v for k, v in competition.training.items() if k in model_fields}),
                       f"{source}: training: ")

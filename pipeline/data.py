@@ -144,28 +144,41 @@ def check_feature_rows(frame: pd.DataFrame, competition: CompetitionConfig, path
     _check_ids(frame, competition.id_column, path)
 
 
+def not_zero_one(path: Path, task: str, column: str, distinct: list) -> KbertError:
+    """A binary or multilabel target that is not 0/1; a binary one of two other values needs its classes named."""
+    shown = ", ".join(map(str, distinct[:5])) + (", ..." if len(distinct) > 5 else "")
+    fix = ("name them in the YAML as classes: [negative, positive]" if len(distinct) == 2 and task == Task.BINARY
+           else "is the YAML's task or target wrong?")
+    return KbertError(f"{path}: {task} target '{column}' must be 0/1, found {len(distinct)} distinct values "
+                      f"({shown}); {fix}")
+
+
 def check_targets(train: pd.DataFrame, competition: CompetitionConfig, path: Path) -> None:
-    """Each task's target columns hold what that task needs; no missing or infinite values."""
+    """Each task's target columns hold what that task needs; no missing or infinite values. A binary target holds
+    0/1 (or True/False), or the two values its YAML names as ``classes: [negative, positive]``."""
     task = competition.task
+    named = competition.classes is not None and (Task(task).classes or task == Task.BINARY)
     for column in competition.target_columns:
-        if task == Task.MULTICLASS:
+        if task == Task.MULTICLASS or named:
             if train[column].isna().any():
                 raise KbertError(f"{path}: target column '{column}' has missing values "
                                  f"(row {int(train[column].isna().values.argmax()) + 2})")
         else:
+            two_words = sorted(map(str, train[column].dropna().unique()))
+            if task == Task.BINARY and len(two_words) == 2 and pd.to_numeric(train[column].dropna(),
+                                                                            errors="coerce").isna().any():
+                raise not_zero_one(path, task, column, two_words)
             _check_dtype(train, column, "float", path, allow_missing=False)
-        values = train[column] if task == Task.MULTICLASS else pd.to_numeric(train[column])
+        values = train[column] if task == Task.MULTICLASS or named else pd.to_numeric(train[column])
         distinct = sorted((plain(v) for v in values.unique()), key=lambda v: (isinstance(v, str), v))
-        if Task(task).probabilities and not set(distinct) <= {0, 1}:
-            shown = ", ".join(map(str, distinct[:5])) + (", ..." if len(distinct) > 5 else "")
-            raise KbertError(f"{path}: {task} target '{column}' must be 0/1, found {len(distinct)} distinct values "
-                             f"({shown}); is the YAML's task or target wrong?")
+        if Task(task).probabilities and not named and not set(distinct) <= {0, 1}:
+            raise not_zero_one(path, task, column, distinct)
         if not Task(task).numeric and len(distinct) < 2:
             raise KbertError(f"{path}: {task} target '{column}' has the single value {distinct[0]!r}; "
                              "nothing to learn")
         if task == Task.ORDINAL and not (values == values.round()).all():
             raise KbertError(f"{path}: ordinal target '{column}' must hold integer levels")
-        if Task(task).classes and competition.classes is not None:
+        if named:
             unseen = [v for v in distinct if v not in competition.classes]
             if unseen:
                 row = int(values.isin(unseen).to_numpy().argmax()) + 2

@@ -4,6 +4,11 @@ The result is a starting point for the user to read and edit. It goes to the wor
 ``competitions/<name>.yaml`` (``--out`` moves it), never into the installed package, so ``kbert run <name>`` from
 that folder finds it (``find_competition`` looks there before the bundled ones), and ``kbert run <path>`` works
 from anywhere: ``data_dir`` is relative to the YAML file, not to the working folder.
+
+What the submission holds is read off the sample submission (probabilities in float cells, labels otherwise, or one
+probability column per class), and the metric follows it: probabilities are scored by ROC AUC (log loss for one
+column per class), labels by accuracy, or by F1 where the positive class is rare. A target with two values of any
+type is binary. The YAML says why in a comment above ``metric:``.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import os
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -19,8 +25,11 @@ from kbert.errors import KbertError
 from kbert.io import write_text
 from kbert.names import check_name
 from kbert.pipeline.config import USER_DIR
-from kbert.pipeline.data import near_header, read_csv
-from kbert.tasks import Task
+from kbert.pipeline.data import near_header, plain, read_csv
+from kbert.pipeline.metrics import check_metric_fits, get_metric
+from kbert.tasks import Task, submission_kind
+
+RARE_POSITIVE = 0.2  # a label submission whose positive class is rarer than this is scored by F1, not accuracy
 
 
 def column_dtype(values: pd.Series) -> str:
@@ -45,26 +54,106 @@ def infer_id_column(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFram
     raise KbertError("could not tell the id column (no unique column named like '...id' in both files); pass --id")
 
 
+def per_class_target(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame) -> str | None:
+    """The target of a sample submission with one probability column per class: the one training column missing
+    from the test file whose values, written out, are the sample's column names."""
+    names = {str(c) for c in sample.columns[1:]}
+    only_train = [c for c in train.columns if c not in test.columns]
+    if len(only_train) == 1 and names == set(train[only_train[0]].dropna().astype(str)):
+        return only_train[0]
+    return None
+
+
 def infer_targets(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame | None) -> list[str]:
     if sample is not None:
-        return [str(c) for c in sample.columns[1:]]
+        if all(c in train.columns for c in sample.columns[1:]):
+            return [str(c) for c in sample.columns[1:]]
+        target = per_class_target(train, test, sample)
+        if target is None:
+            raise KbertError(f"the sample submission's columns {list(map(str, sample.columns[1:]))} are neither "
+                             "training columns nor the classes of one; pass --target")
+        return [target]
     only_train = [c for c in train.columns if c not in test.columns]
     if not only_train:
         raise KbertError("every training column is also in the test file, so the target is unclear; pass --target")
     return only_train
 
 
-def infer_task(values: pd.DataFrame) -> Task:
+def infer_task(values: pd.DataFrame, per_class: bool = False) -> Task:
+    """Several columns: multilabel (all 0/1) or time series; one column: binary when it holds two values (of any
+    type), multiclass for text, few integers or one probability column per class, else regression."""
     if values.shape[1] > 1:
         binary = all(set(values[c].dropna().unique()) <= {0, 1} for c in values.columns)
         return Task.MULTILABEL if binary else Task.TIMESERIES
     column = values.iloc[:, 0].dropna()
     distinct = column.nunique()
-    if distinct == 2 and (pd.api.types.is_bool_dtype(column) or set(column.unique()) <= {0, 1}):
+    if distinct == 2 and not per_class:
         return Task.BINARY
-    if not pd.api.types.is_numeric_dtype(column) or (pd.api.types.is_integer_dtype(column) and distinct <= 10):
+    if per_class or not pd.api.types.is_numeric_dtype(column) or (pd.api.types.is_integer_dtype(column)
+                                                                  and distinct <= 10):
         return Task.MULTICLASS
     return Task.REGRESSION
+
+
+def binary_classes(target: pd.Series) -> list | None:
+    """[negative, positive] for a two-valued target that is not 0/1 or True/False: the rarer value is positive
+    (what F1 and pseudo-labels look for; on a tie, the later in sorted order). None for 0/1 and True/False."""
+    values = [plain(v) for v in target.dropna().unique()]
+    if set(values) <= {0, 1}:
+        return None
+    counts = target.value_counts()
+    negative, positive = sorted(values, key=lambda v: (-counts[v], str(v)))
+    return [negative, positive]
+
+
+def label_dtype(target: pd.Series) -> str:
+    """The submission type of a label column written from the target's own values."""
+    dtype = column_dtype(target)
+    integral = dtype == "float" and bool((target.dropna() == target.dropna().round()).all())
+    return "int" if integral else "str" if dtype == "float" else dtype
+
+
+def sample_dtype(column: pd.Series, target: pd.Series) -> str:
+    """A sample submission column's type: float cells are probabilities (or values); other cells are labels,
+    written as the sample writes them (0/1, True/False), or as the target's strings."""
+    if column.isna().all():
+        return label_dtype(target)
+    dtype = column_dtype(column)
+    if dtype == "float" or label_dtype(target) != "str":
+        return dtype
+    return "str"
+
+
+def submission_types(task: Task, train: pd.DataFrame, targets: list[str], sample: pd.DataFrame | None,
+                     classes: list | None) -> dict[str, str]:
+    """Each submission value column's type: from the sample submission where there is one (probabilities or
+    labels, one column per class), else labels of the target's type (values for a numeric task)."""
+    if task.numeric:
+        return {t: "float" for t in targets}
+    if task == Task.MULTICLASS and classes is not None:
+        return {str(c): "float" for c in classes}
+    return {t: label_dtype(train[t]) if sample is None or t not in sample.columns else sample_dtype(sample[t], train[t])
+            for t in targets}
+
+
+def choose_metric(task: Task, train: pd.DataFrame, targets: list[str], kind: str, classes: list | None
+                  ) -> tuple[str, str]:
+    """The default metric for what the submission holds, and why, for the YAML's comment."""
+    if task.numeric:
+        return task.default_metric, "the task's default; write the competition's own metric here (e.g. rmse_log)"
+    if kind == "score":
+        metric = "log_loss" if task == Task.MULTICLASS else "roc_auc"
+        return metric, f"{metric}: the sample submission holds probabilities"
+    if task == Task.MULTICLASS:
+        return "accuracy", "accuracy: the submission holds one label per row"
+    positive = 1 if classes is None else classes[1]
+    share = float(np.mean([(train[t] == positive).mean() for t in targets]))
+    if share < RARE_POSITIVE:
+        metric = "f1" if task == Task.BINARY else "f1_micro"
+        return metric, (f"{metric}: the submission holds labels and the positive class {positive!r} is {share:.0%} of "
+                        "the training rows; accuracy would reward predicting the majority")
+    return "accuracy", (f"accuracy: the submission holds labels and the positive class {positive!r} is {share:.0%} "
+                        f"of the training rows (below {RARE_POSITIVE:.0%} init picks f1)")
 
 
 def data_dir_for(data: Path, yaml_path: Path) -> str:
@@ -93,30 +182,43 @@ def init_competition(name: str, train_path: Path, test_path: Path, sample_path: 
         if column not in train.columns:
             hint = near_header(column, train.columns)
             raise KbertError(f"{train_path}: no column '{column}'" + (f"; {hint}" if hint else ""))
-    task = infer_task(train[targets])
+    per_class = sample is not None and len(targets) == 1 and per_class_target(train, test, sample) == targets[0]
+    task = infer_task(train[targets], per_class)
+    classes = None
+    if task == Task.BINARY:
+        classes = binary_classes(train[targets[0]])
+    elif per_class:  # in the sample's column order, which is the submission's
+        by_name = {str(plain(v)): plain(v) for v in train[targets[0]].dropna().unique()}
+        classes = [by_name[str(c)] for c in sample.columns[1:]]
+    value_columns = submission_types(task, train, targets, sample, classes)
+    metric, why = choose_metric(task, train, targets, submission_kind(task, value_columns), classes)
+    check_metric_fits(get_metric(metric), task, value_columns)
     features = [c for c in train.columns if c in test.columns and c not in targets]
-    if task.probabilities:
-        target_dtype = "bool" if column_dtype(train[targets[0]]) == "bool" else "int"
-    else:
-        target_dtype = column_dtype(train[targets[0]]) if task == Task.MULTICLASS else "float"
     out = Path(out) if out else USER_DIR / f"{name}.yaml"
     if out.exists() and not force:
         raise KbertError(f"{out} exists; pass --force to overwrite it")
     data = {
         "name": name,
         "task": task.value,
+        "metric": metric,
         "id_column": id_column,
         "target": targets[0] if len(targets) == 1 else targets,
+        **({"classes": classes} if classes is not None else {}),
         "data_dir": data_dir_for(train_path.parent, out),
         "files": {"train": train_path.name, "test": test_path.name,
                   **({"sample_submission": Path(sample_path).name} if sample_path else {})},
         "columns": {c: column_dtype(pd.concat([train[c], test[c]])) for c in features},
-        "submission": {"columns": {id_column: column_dtype(test[id_column]), **{t: target_dtype for t in targets}}},
+        "submission": {"columns": {id_column: column_dtype(test[id_column]), **value_columns}},
         "text": {"serializer": "list", "columns": [c for c in features if c != id_column], "numeric": "raw",
                  "missing": "unknown"},
         "folds": {"k": 5, "seed": 42},
     }
     header = (f"# Written by `kbert init {name}`: inferred task '{task}', id '{id_column}', target {targets}.\n"
-              "# Check the task, pick a metric (default: the task's), and trim text.columns; then `kbert run` it.\n")
-    write_text(out, header + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+              "# Check the task and the metric, and trim text.columns; then `kbert run` it.\n")
+    text = yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
+    text = text.replace("\nmetric: ", f"\n# {why}\nmetric: ", 1)
+    if classes is not None and task == Task.BINARY:
+        text = text.replace("\nclasses:", f"\n# [negative, positive]: {classes[1]!r} is the rarer value; swap them to "
+                                           "predict the other\nclasses:", 1)
+    write_text(out, header + text)
     return out

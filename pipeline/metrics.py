@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
-from scipy.stats import spearmanr
+from scipy.stats import rankdata, spearmanr
 from sklearn.metrics import (accuracy_score, cohen_kappa_score, f1_score, log_loss, matthews_corrcoef,
                              mean_absolute_error, r2_score, roc_auc_score, root_mean_squared_error,
                              top_k_accuracy_score)
 
 from kbert.errors import KbertError
+from kbert.tasks import Task, submission_kind
 
 KINDS = ("label", "score", "value")
 
@@ -45,14 +46,36 @@ class Metric:
 
 # --- label metrics ---------------------------------------------------------------------------------------------
 
+# accuracy, F1, binary ROC AUC and the RMSEs compute with numpy (and scipy's ranks) on plain inputs: sklearn's
+# input checks cost a millisecond or more a call, and a blend's cut-offs, hill climbing and nested method choice
+# call them tens of thousands of times. tests/test_metrics.py checks them against sklearn, which takes every other
+# case (and raises where it raises).
+
+def _plain(*arrays: np.ndarray) -> bool:
+    """Non-empty finite numbers of one 1-D shape: what the numpy paths take."""
+    shape = arrays[0].shape
+    return len(shape) == 1 and shape[0] > 0 and all(
+        a.shape == shape and a.dtype.kind in "biuf" and np.isfinite(a).all() for a in arrays)
+
+
 def accuracy(targets, predictions) -> float:
     """Binary, multiclass, or multilabel indicator (subset accuracy: a row counts only if all labels match)."""
-    return accuracy_score(np.asarray(targets), np.asarray(predictions))
+    targets, predictions = np.asarray(targets), np.asarray(predictions)
+    if targets.shape != predictions.shape or targets.ndim not in (1, 2) or not len(targets):
+        return accuracy_score(targets, predictions)
+    same = targets == predictions
+    return float((same.all(axis=1) if same.ndim == 2 else same).mean())
 
 
 def f1(targets, predictions) -> float:
-    """Binary F1 of the positive class 1."""
-    return f1_score(np.asarray(targets), np.asarray(predictions), average="binary")
+    """Binary F1 of the positive class 1 (0 when there is no positive to find or predict, as sklearn's)."""
+    targets, predictions = np.asarray(targets), np.asarray(predictions)
+    if not (_plain(targets, predictions) and np.isin(targets, (0, 1)).all() and np.isin(predictions, (0, 1)).all()):
+        return f1_score(targets, predictions, average="binary")
+    true, predicted = targets == 1, predictions == 1
+    tp = np.count_nonzero(true & predicted)
+    wrong = np.count_nonzero(true != predicted)
+    return 2 * tp / (2 * tp + wrong) if tp + wrong else 0.0
 
 
 def f1_macro(targets, predictions) -> float:
@@ -78,6 +101,12 @@ def roc_auc(targets, predictions) -> float:
     """Binary: (n,) positive-class scores. Multiclass: (n, C) probabilities, one-vs-rest macro.
     Multilabel: (n, L) scores with (n, L) indicator targets, mean column-wise AUC."""
     targets, predictions = np.asarray(targets), np.asarray(predictions)
+    if predictions.ndim == 1 and _plain(targets, predictions) and np.isin(targets, (0, 1)).all():
+        positives = int(np.count_nonzero(targets == 1))
+        negatives = len(targets) - positives
+        if positives and negatives:  # Mann-Whitney: the share of (positive, negative) pairs ranked right, ties half
+            ranks = rankdata(predictions)
+            return (ranks[targets == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives)
     if predictions.ndim == 1:
         return roc_auc_score(targets, predictions)
     if targets.ndim == 2:
@@ -124,8 +153,12 @@ def _flat(targets, predictions) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(targets, dtype=np.float64).ravel(), np.asarray(predictions, dtype=np.float64).ravel()
 
 
+def _rmse(t: np.ndarray, p: np.ndarray) -> float:
+    return float(np.sqrt(np.mean((t - p) ** 2))) if _plain(t, p) else root_mean_squared_error(t, p)
+
+
 def rmse(targets, predictions) -> float:
-    return root_mean_squared_error(*_flat(targets, predictions))
+    return _rmse(*_flat(targets, predictions))
 
 
 def mae(targets, predictions) -> float:
@@ -143,7 +176,7 @@ def rmsle(targets, predictions) -> float:
     if (t < 0).any() or (p < 0).any():
         raise KbertError(f"rmsle needs non-negative targets and predictions (min target {t.min():g}, "
                          f"min prediction {p.min():g}); clip predictions at 0")
-    return root_mean_squared_error(np.log1p(t), np.log1p(p))
+    return _rmse(np.log1p(t), np.log1p(p))
 
 
 def rmse_log(targets, predictions) -> float:
@@ -152,7 +185,7 @@ def rmse_log(targets, predictions) -> float:
     if (t <= 0).any() or (p <= 0).any():
         raise KbertError(f"rmse_log needs positive targets and predictions (min target {t.min():g}, "
                          f"min prediction {p.min():g})")
-    return root_mean_squared_error(np.log(t), np.log(p))
+    return _rmse(np.log(t), np.log(p))
 
 
 def spearman(targets, predictions) -> float:
@@ -206,3 +239,24 @@ def get_metric(name: str) -> Metric:
             raise KbertError(f"metric '{name}': K in '{prefix}@K' must be an integer >= 1")
         return _metric_at_k(prefix, int(k))
     raise KbertError(f"unknown metric '{name}'; known: {', '.join(METRIC_NAMES)} (K an integer >= 1)")
+
+
+KIND_WORDS = {"label": "labels", "score": "probabilities", "value": "values"}
+METRICS_OF_KIND = {"label": "accuracy (or f1 where the positive class is rare)", "score": "roc_auc or log_loss",
+                   "value": "rmse or mae"}
+
+
+def check_metric_fits(metric: Metric, task: str, value_columns: dict[str, str]) -> None:
+    """The metric scores what the task predicts and what the submission holds: ROC AUC read off a column of 0/1
+    labels would score the leaderboard on labels, not on the probabilities the CV scored."""
+    if metric.kind not in Task(task).prediction_kinds:
+        raise KbertError(f"metric '{metric.name}' scores {KIND_WORDS[metric.kind]}, which a {task} task does not "
+                         f"produce; pick a metric of kind {' or '.join(Task(task).prediction_kinds)}")
+    kind = submission_kind(task, value_columns)
+    if metric.kind != kind:
+        columns = ", ".join(f"{name} ({dtype})" for name, dtype in value_columns.items())
+        retype = {"label": "int or str to submit labels", "score": "float to submit probabilities",
+                  "value": "float to submit values"}[metric.kind]
+        raise KbertError(f"metric '{metric.name}' scores {KIND_WORDS[metric.kind]}, but the submission column(s) "
+                         f"{columns} hold {KIND_WORDS[kind]}; set metric: {METRICS_OF_KIND[kind]}, or type "
+                         f"submission.columns {retype}")

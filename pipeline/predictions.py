@@ -16,12 +16,6 @@ from kbert.pipeline.metrics import Metric
 from kbert.tasks import Task
 
 
-def check_metric_fits_task(metric: Metric, task: str) -> None:
-    if metric.kind not in Task(task).prediction_kinds:
-        raise KbertError(f"metric '{metric.name}' scores {metric.kind}s, which a {task} task does not produce; "
-                         f"pick a metric of kind {' or '.join(Task(task).prediction_kinds)}")
-
-
 def metric_input(task: str, predictions: np.ndarray, kind: str, threshold: float | np.ndarray = 0.5,
                  classes: list | None = None) -> np.ndarray:
     """Turn predictions into what a metric of ``kind`` scores (labels, scores or values)."""
@@ -62,14 +56,18 @@ def tune_threshold(metric: Metric, targets: np.ndarray, probabilities: np.ndarra
     return float(candidates[best])
 
 
-def tune_label_thresholds(targets: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
-    """Multilabel: one cut-off per label, each maximising that label's F1 on the (OOF) predictions."""
+def tune_label_thresholds(targets: np.ndarray, probabilities: np.ndarray, metric: Metric | None = None) -> np.ndarray:
+    """Multilabel: one cut-off per label, each maximising that label's F1 (or ``metric``, a label metric) on the
+    (OOF) predictions."""
     from sklearn.metrics import f1_score
+
+    def per_label(t, p):
+        return metric(t, p) if metric is not None else f1_score(t, p, zero_division=0)
 
     candidates = np.round(np.linspace(0.05, 0.95, 91), 4)
     thresholds = []
     for j in range(targets.shape[1]):
-        scores = [f1_score(targets[:, j], (probabilities[:, j] >= t).astype(int), zero_division=0) for t in candidates]
+        scores = [per_label(targets[:, j], (probabilities[:, j] >= t).astype(int)) for t in candidates]
         thresholds.append(candidates[int(np.argmax(scores))])
     return np.asarray(thresholds)
 
@@ -110,9 +108,11 @@ def submission_values(task: str, predictions: np.ndarray, columns: dict[str, str
     out = {}
     for j, name in enumerate(names):
         values = table[:, j]
-        if Task(task).probabilities and columns[name] in ("int", "bool"):
+        if Task(task).probabilities and columns[name] != "float":  # labels: 0/1, or a binary task's two classes
             cut = threshold[j] if isinstance(threshold, np.ndarray) else threshold
             values = (values >= cut).astype(int)
+            if task == Task.BINARY and classes is not None:
+                values = np.asarray(classes, dtype=object)[values]
         out[name] = values
     return out
 

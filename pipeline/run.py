@@ -35,9 +35,9 @@ from kbert.pipeline.fold import (EncoderSource, FoldPredictions, FoldSplit, RunI
 from kbert.pipeline.fold_processes import (FoldJob, available_memory, plan_folds, train_folds, usable_cores,
                                            with_streams)
 from kbert.pipeline.folds import fold_rows
-from kbert.pipeline.metrics import get_metric
+from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.pipeline.precision import backend, compute_precision, current_device, resolve_precision, use_device
-from kbert.pipeline.predictions import (average_folds, check_metric_fits_task, metric_targets, score,
+from kbert.pipeline.predictions import (average_folds, metric_targets, score,
                                         tune_label_thresholds, tune_threshold)
 from kbert.pipeline.profile import add_part, set_part, stage
 from kbert.pipeline.pseudo import pseudo_labels
@@ -155,7 +155,7 @@ def prepare_inputs(config: RunConfig) -> RunInputs:
     data files (resuming checks them) and note what in the data deserves a warning."""
     comp = config.competition
     metric = get_metric(comp.metric)
-    check_metric_fits_task(metric, comp.task)
+    check_metric_fits(metric, comp.task, comp.value_columns)
     data = load_competition_data(comp, config.data_dir or None)
     train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows].reset_index(drop=True)
     if config.permute_target:  # a leak-hunting sanity run: with shuffled targets nothing real can be learned

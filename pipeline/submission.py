@@ -49,9 +49,11 @@ def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, compet
             raise KbertError(f"{source}: column '{column}' has missing values")
         if dtype == "int" and not pd.api.types.is_integer_dtype(values):
             raise KbertError(f"{source}: column '{column}' must be integers, found dtype {values.dtype}")
-        if dtype == "int" and competition.task == Task.BINARY and column != id_column and not values.isin([0, 1]).all():
-            raise KbertError(f"{source}: column '{column}' must hold class labels 0 or 1, found "
-                             f"{sorted(set(values) - {0, 1})[:3]}")
+        classes = competition.binary_classes
+        if dtype in ("int", "str") and competition.task == Task.BINARY and column != id_column \
+                and not values.isin(classes).all():
+            raise KbertError(f"{source}: column '{column}' must hold class labels {' or '.join(map(str, classes))}"
+                             f", found {sorted(set(values) - set(classes), key=str)[:3]}")
         if dtype == "bool" and not pd.api.types.is_bool_dtype(values):
             raise KbertError(f"{source}: column '{column}' must be True/False, found dtype {values.dtype}")
         if dtype == "float" and not pd.api.types.is_numeric_dtype(values):
@@ -77,8 +79,7 @@ def write_predictions_submission(competition: CompetitionConfig, predictions: np
                                  path: Path) -> Path:
     """Test predictions (see pipeline/predictions.py) -> the submission's columns and dtypes -> a checked,
     atomic ``write_submission``."""
-    value_columns = {c: t for c, t in competition.submission_columns.items() if c != competition.id_column}
-    values = submission_values(competition.task, predictions, value_columns, competition.target_columns, classes,
-                               threshold)
+    values = submission_values(competition.task, predictions, competition.value_columns, competition.target_columns,
+                               classes, threshold)
     frame = submission_frame(competition.id_column, test_ids, values, competition.submission_columns)
     return write_submission(frame, sample, competition, path, test_ids=test_ids)

@@ -16,7 +16,7 @@ from kbert.tasks import Task
 class Targets:
     values: np.ndarray  # binary: float 0/1 (n,); multiclass/ordinal: class index (n,); regression: float (n,);
     # multilabel: float 0/1 (n, L); timeseries: float (n, H)
-    classes: list | None  # multiclass/ordinal: the original value of each class index
+    classes: list | None  # binary, multiclass, ordinal: the original value of each class index
     stratify: np.ndarray | None  # what the fold split stratifies on (None: plain k-fold)
 
 
@@ -30,12 +30,11 @@ def encode_targets(train: pd.DataFrame, competition: CompetitionConfig) -> Targe
         values = train[columns].to_numpy(dtype=np.float32)
         return Targets(values=values, classes=None, stratify=None)
     raw = train[columns[0]]
-    if task == Task.BINARY:
-        values = raw.to_numpy(dtype=np.float32)
-        return Targets(values=values, classes=[0, 1], stratify=values.astype(int))
     if task == Task.REGRESSION:
         return Targets(values=raw.to_numpy(dtype=np.float32), classes=None, stratify=None)
-    if task == Task.ORDINAL:
+    if task == Task.BINARY:
+        classes = competition.binary_classes
+    elif task == Task.ORDINAL:
         classes = competition.classes or sorted(pd.to_numeric(raw).unique().tolist())
     else:  # multiclass: numbers sort numerically, strings alphabetically
         classes = competition.classes or sorted(raw.unique().tolist(), key=lambda v: (isinstance(v, str), v))
@@ -47,8 +46,8 @@ def encode_targets(train: pd.DataFrame, competition: CompetitionConfig) -> Targe
         codes = [index.get(_python_value(v)) for v in raw]
     if any(c is None for c in codes):
         raise KbertError(f"target '{columns[0]}' has values outside the classes {classes}")
-    values = np.asarray(codes, dtype=np.int32)
-    return Targets(values=values, classes=classes, stratify=values)
+    values = np.asarray(codes, dtype=np.float32 if task == Task.BINARY else np.int32)
+    return Targets(values=values, classes=classes, stratify=values.astype(np.int32))
 
 
 def raw_targets(train: pd.DataFrame, competition: CompetitionConfig) -> np.ndarray | None:

@@ -111,6 +111,71 @@ def test_f1_cut_off_is_tuned_on_the_fitting_rows_only():
     assert again.decision.threshold == blend.decision.threshold
 
 
+def calibrated_members(n: int = 600, rate: float = 0.25, seed: int = 11) -> tuple[np.ndarray, np.ndarray]:
+    """Three members' calibrated probabilities (P(y=1 | the member's score) as they say) of a rare positive class."""
+    rng = np.random.default_rng(seed)
+    y = (rng.random(n) < rate).astype(int)
+    members = []
+    for strength in (2.0, 2.5, 3.0):  # score ~ N(strength * y, 1): its posterior log-odds are exact
+        score = strength * y + rng.normal(size=n)
+        members.append(1 / (1 + np.exp(-(np.log(rate / (1 - rate)) + strength * score - strength ** 2 / 2))))
+    return np.stack(members)[:, :, None], y
+
+
+@pytest.mark.parametrize("method", ["mean", "top-k", "weighted", "rank", "hill", "stack"])
+@pytest.mark.parametrize("setup", ["accuracy", "f1", "roc_auc, label submission", "roc_auc, probability submission"])
+def test_labels_are_cut_where_the_blends_own_fitting_rows_say(method, setup):
+    """Every blend method under every metric kind: a label submission is cut at a cut-off fitted on the blend's
+    own fitting rows for its label metric (accuracy for a ranking metric), never at 0.5 on ranks; only a
+    calibrated blend scored by accuracy keeps 0.5; a probability submission is not cut."""
+    from kbert.ensembles.blend import Decision
+    from kbert.pipeline.predictions import submission_values, tune_threshold
+
+    P, y = calibrated_members()
+    metric, _, submits = setup.partition(", ")
+    problem = Problem("binary", get_metric(metric), y, y, [0, 1],
+                      submits="score" if "probability" in submits else "label")
+    rows = np.arange(400)  # the fitting rows; the cut-off must not read the others
+    blend = fit_blend(method, P, problem, rows)
+    blended = apply_blend(blend, P, "binary")[:, 0]
+    if submits == "probability submission":
+        assert blend.decision == Decision() and problem.cut_metric is None
+        written = submission_values("binary", blended, {"y": "float"}, ["y"], [0, 1], blend.decision.threshold)
+        np.testing.assert_array_equal(written["y"], blended)  # probabilities, as blended
+        return
+    cut_metric = get_metric("accuracy" if metric == "roc_auc" else metric)
+    assert problem.cut_metric == cut_metric
+    if method != "rank" and metric == "accuracy":  # calibrated probabilities: 0.5 is accuracy's best cut-off
+        assert blend.decision.threshold == 0.5
+    else:
+        assert blend.decision.threshold == tune_threshold(cut_metric, y[rows], blended[rows])
+    if method == "rank":  # ranks are uniform in (0, 1): a cut at 0.5 would label half the rows positive
+        assert blend.decision.threshold != 0.5
+    labels = submission_values("binary", blended, {"y": "int"}, ["y"], [0, 1], blend.decision.threshold)["y"]
+    assert abs(labels[rows].mean() - y[rows].mean()) <= 0.1
+    # Nested: the cut-off of each outer fold's blend is fitted on that fold's fitting rows only.
+    folds = np.arange(len(y)) % 4
+    result = nested_cv(method, P, problem, folds)
+    for (fit_rows, _), fold_blend in zip(result.splits, result.blends):
+        table = apply_blend(fold_blend, P, "binary")[:, 0]
+        if method == "rank" or metric != "accuracy":
+            assert fold_blend.decision.threshold == tune_threshold(cut_metric, y[fit_rows], table[fit_rows])
+
+
+def test_multilabel_ranks_get_a_cut_off_per_label_for_accuracy_under_a_ranking_metric():
+    from kbert.pipeline.predictions import tune_label_thresholds
+
+    P, y = calibrated_members()
+    P2, y2 = calibrated_members(seed=12, rate=0.4)
+    both, truth = np.concatenate([P, P2], axis=2), np.stack([y, y2], axis=1)
+    problem = Problem("multilabel", get_metric("roc_auc"), truth, truth, None, submits="label")
+    blend = fit_blend("rank", both, problem, np.arange(400))
+    table = apply_blend(blend, both, "multilabel")
+    expected = tune_label_thresholds(truth[:400], table[:400], get_metric("accuracy"))
+    np.testing.assert_array_equal(blend.decision.threshold, expected)
+    assert (np.asarray(blend.decision.threshold) != 0.5).all()
+
+
 # --- stacking and nested CV ----------------------------------------------------------------------------------------
 
 def test_stacking_nested_cv_never_trains_on_the_fold_it_scores():
@@ -233,12 +298,16 @@ def test_spaceship_ensemble_submission_has_true_false_and_the_sample_ids(spacesh
     assert [m["name"] for m in sidecar["members"]] == ["run-0", "run-1", "study/trial-0004"]
     assert sum(sidecar["weights"].values()) == pytest.approx(1.0, abs=1e-5)
     assert set(sidecar["methods"]) == {"mean", "weighted", "hill"}
-    assert sidecar["honest_cv"] == sidecar["methods"][sidecar["method"]]["honest_cv"]
+    # The honest score is the procedure's, the choice among the three methods made inside each of the 5 x 3 outer
+    # folds (tests/test_ensembles.py::test_the_method_choice_is_nested_inside_each_outer_fold).
+    assert sidecar["method_choice_nested"] and sum(sidecar["chosen_per_outer_fold"].values()) == 15
+    assert set(sidecar["chosen_per_outer_fold"]) <= {"mean", "weighted", "hill"}
+    assert sidecar["honest_cv"] == pytest.approx(np.mean(sidecar["honest_cv_per_split"]))
     best_cv = max(m["cv"] for m in sidecar["members"])
     against = sidecar["honest_cv_minus_best_member"]
     assert against["difference"] == pytest.approx(sidecar["honest_cv"] - best_cv)
     assert against["low_95"] <= against["difference"] <= against["high_95"]
-    assert "(honest) - best member" in printed
+    assert "honest - best member" in printed and "the method chosen inside the nested CV" in printed
     assert main(["validate", "spaceship-titanic", str(path)]) == 0
 
 
@@ -360,6 +429,42 @@ def test_optional_gradient_boosting_baselines(model, titanic_train, titanic_test
                                         False, ("PassengerId",))
     assert predicted.shape == (len(test), 1) and ((predicted > 0) & (predicted < 1)).all()
     assert get_metric("roc_auc")(y[600:], valid[:, 0]) > 0.8
+
+
+def test_the_method_choice_is_nested_inside_each_outer_fold():
+    """Each outer fold chooses its method by the other outer folds (fitted without it): changing the truth of fold 0
+    changes neither what fold 0 chose nor what it predicted, though it changes the other folds' blends."""
+    from kbert.ensembles.blend import nested_choice
+
+    rng = np.random.default_rng(13)
+    n = 200
+    y = rng.normal(size=n)
+    a, b = y + rng.normal(scale=0.1, size=n), y + rng.normal(scale=1.0, size=n)
+    P = np.stack([a, b])[:, :, None]
+    folds = np.stack([np.arange(n) % 4, rng.permutation(n) % 4])
+    options = BlendOptions(top_k=1)
+    changed = y.copy()
+    changed[folds[0] == 0] = b[folds[0] == 0]  # on fold 0 of the first split, member b is right and a is not
+
+    def procedure(truth):
+        problem = regression_problem(truth)
+        results = {m: nested_cv(m, P, problem, folds, options) for m in ("mean", "top-k", "weighted")}
+        return results, nested_choice(results, P, problem, options)
+
+    (results, before), (results_changed, after) = procedure(y), procedure(changed)
+    assert before.blends[0].method in ("top-k", "weighted")  # a alone, or nearly: the mean is far worse
+    assert min(results_changed.values(), key=lambda r: r.score).method == "mean"  # on every row, fold 0 included
+    assert after.blends[0].method == before.blends[0].method
+    fold0 = np.flatnonzero(folds[0] == 0)
+    np.testing.assert_array_equal(after.predictions[0][fold0], before.predictions[0][fold0])
+    assert not np.array_equal(results_changed["weighted"].predictions[0], results["weighted"].predictions[0])
+    # The procedure's score is the metric of what the chosen methods predicted, each on its own fold.
+    for split, predictions in enumerate(before.predictions):
+        assert before.repeat_scores[split] == pytest.approx(regression_problem(y).metric(y, predictions))
+        for f in range(4):
+            rows = np.flatnonzero(folds[split] == f)
+            chosen = before.blends[4 * split + f].method
+            np.testing.assert_array_equal(predictions[rows], results[chosen].predictions[split][rows])
 
 
 def test_repeated_outer_splits_average_their_nested_cv_scores():

@@ -1,5 +1,6 @@
 """`kbert init` on a CSV pair that is none of the bundled competitions, then `kbert run` with no Python written."""
 
+import json
 import re
 import subprocess
 import sys
@@ -111,3 +112,94 @@ def test_default_location_is_the_working_folder(tmp_path, monkeypatch):
     for bad in ("a/b", "..", ""):
         with pytest.raises(KbertError, match="kbert init NAME .* is not a plain name"):
             init_competition(bad, train, test)
+
+
+# --- what the submission holds decides the metric, and kbert auto submits it -----------------------------------------
+
+def synthetic_csvs(folder: Path, sample: str, rows: int = 240, tests: int = 400) -> None:
+    """A binary table with a learnable target (about 35% positive): two numbers and a word per row. ``sample``:
+    "probability" (a sample submission of 0.5), "label" (of 0), "strings" (the target and the sample are the words
+    fresh/rotten)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=rows + tests)
+    z = rng.normal(size=rows + tests)
+    positive = x + 0.3 * z + rng.normal(scale=0.25, size=rows + tests) > 0.45
+    frame = pd.DataFrame({"row_id": np.arange(1, rows + tests + 1), "x": x.round(3), "z": z.round(3),
+                          "word": np.where(x > 0, "bright", "dull"), "target": positive.astype(int)})
+    if sample == "strings":
+        frame["target"] = np.where(positive, "rotten", "fresh")
+    folder.mkdir(parents=True)
+    frame.iloc[:rows].to_csv(folder / "train.csv", index=False)
+    test = frame.iloc[rows:].drop(columns="target")
+    test.to_csv(folder / "test.csv", index=False)
+    value = {"probability": 0.5, "label": 0, "strings": "fresh"}[sample]
+    pd.DataFrame({"row_id": test["row_id"], "target": value}).to_csv(folder / "sample_submission.csv", index=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sample", ["probability", "label", "strings"])
+def test_init_then_auto_submits_what_the_sample_submission_holds(sample, tmp_path, monkeypatch):
+    """kbert init, then kbert auto --time-limit 3m (tiny encoders, no study): (a) probabilities scored by ROC AUC,
+    (b) 0/1 labels scored by a label metric, at about the training rate of positives, (c) the target's strings."""
+    from kbert.auto import AutoOptions, run_auto
+    from tests.test_tasks_end_to_end import TINY
+
+    data = tmp_path / "data"
+    synthetic_csvs(data, sample)
+    made = kbert("init", "table", "--train", str(data / "train.csv"), "--test", str(data / "test.csv"),
+                 "--sample-submission", str(data / "sample_submission.csv"), cwd=tmp_path, timeout=120)
+    assert made.returncode == 0, made.stderr
+    text = (tmp_path / "competitions" / "table.yaml").read_text()
+    spec = yaml.safe_load(text)
+    assert spec["task"] == "binary"
+    expected = {"probability": ("roc_auc", "float"), "label": ("accuracy", "int"), "strings": ("accuracy", "str")}
+    assert (spec["metric"], spec["submission"]["columns"]["target"]) == expected[sample]
+    assert re.search(r"\n# (roc_auc|accuracy): the s.*\nmetric: ", text)  # the YAML says why
+    assert spec.get("classes") == (["fresh", "rotten"] if sample == "strings" else None)
+
+    monkeypatch.chdir(tmp_path)
+    result = run_auto(AutoOptions("table", 180, out_dir="runs", submissions_dir="subs", progress=False,
+                                  study_trials=0, overrides={**TINY, "epochs": 2}), log=lambda _: None)
+    submission = pd.read_csv(result.submission)
+    assert submission["row_id"].tolist() == list(range(241, 641))
+    sidecar = json.loads(result.submission.with_suffix(".json").read_text())
+    assert sidecar["metric"] == spec["metric"] and sidecar["method_choice_nested"]
+    values = submission["target"]
+    train = pd.read_csv(data / "train.csv")["target"]
+    if sample == "probability":
+        assert values.between(0, 1).all() and values.nunique() > 10  # probabilities, not labels
+        return
+    positive = 1 if sample == "label" else "rotten"
+    assert set(values) <= ({0, 1} if sample == "label" else {"fresh", "rotten"})
+    assert abs((values == positive).mean() - (train == positive).mean()) <= 0.05
+
+
+def test_init_reads_one_probability_column_per_class_and_a_rare_positive_class(tmp_path):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rng = np.random.default_rng(1)
+    train = pd.DataFrame({"id": np.arange(300), "x": rng.normal(size=300),
+                          "animal": rng.choice(["cat", "dog", "owl"], 300), "fraud": (rng.random(300) < 0.08).astype(int)})
+    test = train.drop(columns=["animal", "fraud"]).iloc[:40].assign(id=np.arange(300, 340))
+    train.drop(columns="fraud").to_csv(folder / "train.csv", index=False)
+    test.to_csv(folder / "test.csv", index=False)
+    sample = pd.DataFrame({"id": test["id"], "owl": 1 / 3, "cat": 1 / 3, "dog": 1 / 3})
+    sample.to_csv(folder / "sample.csv", index=False)
+    path = init_competition("animals", folder / "train.csv", folder / "test.csv", folder / "sample.csv",
+                            out=tmp_path / "animals.yaml")
+    spec = yaml.safe_load(path.read_text())
+    assert (spec["task"], spec["target"], spec["metric"], spec["classes"]) == ("multiclass", "animal", "log_loss",
+                                                                                ["owl", "cat", "dog"])
+    assert spec["submission"]["columns"] == {"id": "int", "owl": "float", "cat": "float", "dog": "float"}
+    load_competition(str(path))
+    # A rare positive class with a label submission (no sample: labels of the target's type): F1, and why.
+    train.drop(columns="animal").to_csv(folder / "train.csv", index=False)
+    path = init_competition("fraud", folder / "train.csv", folder / "test.csv", out=tmp_path / "fraud.yaml")
+    text = path.read_text()
+    assert yaml.safe_load(text)["metric"] == "f1" and "positive class 1 is 6% of the training rows" in text
+
+
+def test_a_two_valued_target_is_binary_whatever_its_type():
+    assert infer_task(pd.DataFrame({"y": ["fresh", "rotten", "fresh"]})) == "binary"
+    assert infer_task(pd.DataFrame({"y": [3, 7, 7]})) == "binary"
+    assert infer_task(pd.DataFrame({"y": ["a", "b", "c"]})) == "multiclass"

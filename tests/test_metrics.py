@@ -1,5 +1,7 @@
 """Each metric against scikit-learn / scipy or a plain reference loop, on seeded random inputs."""
 
+import warnings
+
 import numpy as np
 import pytest
 from scipy.stats import rankdata, spearmanr
@@ -126,6 +128,42 @@ def test_accuracy(seed):
     assert 0 < subset < 1
     close(get_metric("accuracy")(y, labels), subset)
     close(get_metric("accuracy")(y, labels), skm.accuracy_score(y, labels))
+
+
+def test_accuracy_and_f1_equal_sklearns_on_every_shape_and_degenerate_case():
+    rng = np.random.default_rng(9)
+    y = rng.integers(0, 2, 50)
+    cases = [(y, rng.integers(0, 2, 50)), (y, np.zeros(50, int)), (np.zeros(50, int), np.zeros(50, int)),
+             (y, rng.random(50) >= 0.5), (y.astype(float), rng.integers(0, 2, 50).astype(float)),
+             (y[:1], y[:1]), (np.ones(5, int), np.zeros(5, int))]
+    for targets, predictions in cases:
+        close(get_metric("accuracy")(targets, predictions), skm.accuracy_score(targets, predictions))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # sklearn warns where F1 is 0/0
+            close(get_metric("f1")(targets, predictions), skm.f1_score(targets, predictions, average="binary"))
+    strings = np.array(["a", "b", "a"])
+    close(get_metric("accuracy")(strings, np.array(["a", "a", "a"])), 2 / 3)
+
+
+def test_binary_roc_auc_and_the_rmses_equal_sklearns_with_ties_and_refuse_what_it_refuses():
+    rng = np.random.default_rng(10)
+    y = rng.integers(0, 2, 300)
+    for p in (rng.random(300), np.round(rng.random(300), 1), np.where(y == 1, 0.7, 0.3), np.full(300, 0.5)):
+        close(get_metric("roc_auc")(y, p), skm.roc_auc_score(y, p))
+        close(get_metric("roc_auc")(y.astype(bool), p), skm.roc_auc_score(y.astype(bool), p))
+    with warnings.catch_warnings():  # one class: undefined, as sklearn says (NaN and a warning)
+        warnings.simplefilter("ignore")
+        assert np.isnan(get_metric("roc_auc")(np.ones(5, int), rng.random(5)))
+    with pytest.raises(ValueError):
+        get_metric("roc_auc")(y, np.where(y == 1, np.nan, 0.5))
+    t, p = rng.lognormal(size=300), rng.lognormal(size=300)
+    close(get_metric("rmse")(t, p), skm.root_mean_squared_error(t, p))
+    close(get_metric("rmse_log")(t, p), skm.root_mean_squared_error(np.log(t), np.log(p)))
+    close(get_metric("rmsle")(t, p), skm.root_mean_squared_log_error(t, p))
+    with pytest.raises(ValueError):
+        get_metric("rmse")(t, np.append(p[:-1], np.nan))
+    with pytest.raises(ValueError):
+        get_metric("rmse")(t, p[:-1])
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

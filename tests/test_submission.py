@@ -113,3 +113,18 @@ def test_kbert_validate_exit_codes(titanic, sample, tmp_path, capsys):
     good(titanic, sample).iloc[:-3].to_csv(tmp_path / "short.csv", index=False)
     assert main(["validate", "titanic", str(tmp_path / "short.csv")]) == 2
     assert "short.csv: 415 rows, but the sample submission has 418" in capsys.readouterr().err
+
+
+def test_a_binary_task_of_two_words_submits_the_words_and_refuses_others(titanic, sample, tmp_path):
+    from dataclasses import replace
+
+    words = replace(titanic, classes=["died", "lived"], submission_columns={"PassengerId": "int", "Survived": "str"})
+    probs = np.linspace(0, 1, len(sample))
+    values = submission_values("binary", probs, words.value_columns, ["Survived"], words.binary_classes, 0.25)
+    frame = submission_frame("PassengerId", sample["PassengerId"], values, words.submission_columns)
+    assert (frame["Survived"] == np.where(probs >= 0.25, "lived", "died")).all()  # the positive class at the cut-off
+    written = pd.read_csv(write_submission(frame, sample, words, tmp_path / "sub.csv"))
+    assert set(written["Survived"]) == {"died", "lived"}
+    frame.loc[3, "Survived"] = "survived"
+    with pytest.raises(KbertError, match="must hold class labels died or lived, found \\['survived'\\]"):
+        validate_submission(frame, sample, words)

@@ -228,9 +228,9 @@ def test_a_worker_with_other_settings_is_refused_naming_them(postgres, tmp_path)
     assert "Traceback" not in other.stderr and len(other.stderr.strip().splitlines()) == 1
     edited = tmp_path / "titanic.yaml"
     competition = (REPO / "competitions" / "titanic.yaml").read_text()
-    edited.write_text(competition.replace("metric: accuracy", "metric: roc_auc"))
+    edited.write_text(competition.replace("metric: accuracy", "metric: f1"))
     changed = kbert("tune", str(edited), *common[2:], "--space", str(space), "--folds", "2", cwd=tmp_path)
-    assert changed.returncode == 2 and "competition.metric: 'accuracy' -> 'roc_auc'" in changed.stderr, changed.stderr
+    assert changed.returncode == 2 and "competition.metric: 'accuracy' -> 'f1'" in changed.stderr, changed.stderr
     # a worker that sets none of them takes the study's
     joining = TuneOptions(competition="titanic", study="strict", storage=postgres.url, out_dir=str(tmp_path / "runs"))
     _, _, params, _ = load_study(joining, create=False)

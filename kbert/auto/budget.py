@@ -65,7 +65,8 @@ class Estimator:
         return FIXED_SECONDS + self.rate(kind) * work
 
     def ensemble_estimate(self, members: int) -> float:
-        """The final ensemble (nested CV of every method over 3 outer splits): 3x an interim one (1 split)."""
+        """The final ensemble (nested CV of every method and of the choice among them, over 3 outer splits): about
+        3x an interim one (the same over 1 split; tests/test_auto_budget.py times both)."""
         if self.ensemble_seconds is None:
             return ENSEMBLE_PRIOR
         return 10.0 + 3.5 * self.ensemble_seconds * max(members, 1)

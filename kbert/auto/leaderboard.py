@@ -29,7 +29,9 @@ def leaderboard_frame(rows: list[Row], greater_is_better: bool) -> pd.DataFrame:
 
 
 def leaderboard_text(frame: pd.DataFrame, blends: dict[str, float], chosen: str, metric: str,
-                     best_single: float | None) -> str:
+                     best_single: float | None, honest: float | None = None) -> str:
+    """The members, then each blend's nested-CV score and, with ``honest``, the score of choosing the blend inside
+    the nested CV (what the chosen blend's own score is not: it was picked as the best of several)."""
     lines = [f"{'member':<36} {'kind':<10} {metric + ' CV':>12} {'honest':>8} {'seconds':>8} {'weight':>7}"]
     for row in frame.itertuples():
         lines.append(f"{row.member[:36]:<36} {row.kind:<10} {row.cv:>12.4f} {format_score(row.honest):>8} "
@@ -41,6 +43,8 @@ def leaderboard_text(frame: pd.DataFrame, blends: dict[str, float], chosen: str,
         for name, value in blends.items():
             mark = "  <- chosen" if name == chosen else ""
             lines.append(f"{'blend: ' + name:<60} {value:>8.4f}{mark}")
+        if honest is not None:
+            lines.append(f"{'the blend chosen inside the nested CV (honest)':<60} {honest:>8.4f}")
     return "\n".join(lines)
 
 

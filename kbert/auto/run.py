@@ -357,7 +357,9 @@ def print_leaderboard(auto: Auto, members: list[str], result, final: bool = Fals
     frame = leaderboard_frame(rows, metric.greater_is_better)
     blends = {name: r.score for name, r in result.results.items()} if result is not None else {}
     best_single = result.selected_single.score if result is not None and result.selected_single else None
-    text = leaderboard_text(frame, blends, result.chosen if result is not None else "", metric.name, best_single)
+    honest = result.honest.score if result is not None and len(result.results) > 1 else None
+    text = leaderboard_text(frame, blends, result.chosen if result is not None else "", metric.name, best_single,
+                            honest)
     auto.log(("final leaderboard" if final else "leaderboard") + f" ({len(members)} members):\n{text}")
     write_leaderboard(auto.folder, frame)
     return frame, text, best_single
@@ -436,7 +438,7 @@ def final_ensemble(auto: Auto, members: list[str]) -> AutoResult:
         submission = Path(read_json(auto.comp_dir / members[0] / "metrics.json")["submission"])
     frame, text, best_single = print_leaderboard(auto, members, result, final=True)
     auto.save()
-    honest = result.results[result.chosen].score if result is not None else None
+    honest = result.honest.score if result is not None else None
     facts = [("competition", auto.competition.name), ("preset", auto.options.preset),
              ("time limit", f"{auto.options.time_limit / 60:.1f} min"),
              ("time spent", f"{auto.state['spent_s'] / 60:.1f} min"),

@@ -18,12 +18,14 @@ def add_parser(commands) -> None:
     validate.set_defaults(handler=cmd_validate)
 
     init = add_command(commands, "init", help="write a competition YAML for a new train/test CSV pair",
-                       description="Infer the id, target, task and column types of a CSV pair and write "
-                                   "a competition YAML to edit; `kbert run` works on it as is.")
+                       description="Infer the id, target, task and column types of a CSV pair, what the "
+                                   "submission holds (from the sample submission) and a metric that fits it, and "
+                                   "write a competition YAML to edit; `kbert run` works on it as is.")
     init.add_argument("name", help="the competition's name")
     init.add_argument("--train", required=True, help="training CSV")
     init.add_argument("--test", required=True, help="test CSV (same folder)")
-    init.add_argument("--sample-submission", help="sample submission CSV: names the id and target columns")
+    init.add_argument("--sample-submission", help="sample submission CSV: names the id and target columns, and its "
+                                                  "cells say what to submit (float: probabilities; else labels)")
     init.add_argument("--out", help="where to write the YAML (default: competitions/<name>.yaml in the working folder)")
     init.add_argument("--id", dest="id_column", help="the id column (default: inferred)")
     init.add_argument("--target", help="the target column (default: the training column missing from test)")

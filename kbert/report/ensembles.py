@@ -50,7 +50,9 @@ def ensemble_facts(sidecar: dict) -> list[tuple[str, str]]:
     """The key numbers of an ensemble, for the page's table."""
     best = best_member(sidecar)
     facts = [("competition", str(sidecar.get("competition", "-"))), ("metric", sidecar.get("metric", "score")),
-             ("method", str(sidecar["method"])), ("honest CV (nested)", format_score(sidecar.get("honest_cv"))),
+             ("method", str(sidecar["method"])),
+             ("honest CV (nested, the method choice too)" if sidecar.get("method_choice_nested")
+              else "honest CV (nested)", format_score(sidecar.get("honest_cv"))),
              ("in-sample CV (optimistic)", format_score(sidecar.get("in_sample_cv"))),
              ("outer folds × repeats", f"{sidecar.get('outer_folds', '-')} × {sidecar.get('outer_repeats', '-')}"),
              ("members", str(len(sidecar["members"])))]
@@ -59,6 +61,9 @@ def ensemble_facts(sidecar: dict) -> list[tuple[str, str]]:
     if sidecar.get("best_member_selected_in_nested_cv") is not None:
         facts.append(("best member chosen inside the nested CV",
                       format_score(sidecar["best_member_selected_in_nested_cv"])))
+    if sidecar.get("chosen_per_outer_fold"):
+        facts.append(("methods the outer folds chose",
+                      ", ".join(f"{m} {n}" for m, n in sidecar["chosen_per_outer_fold"].items())))
     if sidecar.get("submission"):
         facts.append(("submission", str(sidecar["submission"])))
     return facts
@@ -170,7 +175,8 @@ def plot_correlations(frames: dict[str, np.ndarray], path: Path) -> Path:
 
 def plot_methods(sidecar: dict, path: Path) -> Path:
     """Honest CV of each method (its outer splits as dots), the submitted one highlighted, with the best single
-    member's own CV and the best member chosen inside the nested CV as reference lines."""
+    member's own CV, the best member chosen inside the nested CV and the method chosen inside it as reference
+    lines."""
     plt = pyplot()
     methods = sidecar["methods"]
     names = list(methods)
@@ -196,11 +202,16 @@ def plot_methods(sidecar: dict, path: Path) -> Path:
         axes.axhline(selected, color="#54a24b", linestyle=":", linewidth=1.5,
                      label=f"best member chosen in nested CV {format_score(selected)}")
         values.append(selected)
+    if sidecar.get("method_choice_nested"):
+        axes.axhline(sidecar["honest_cv"], color="#f58518", linestyle="-.", linewidth=1.2,
+                     label=f"method chosen inside the nested CV {format_score(sidecar['honest_cv'])}")
+        values.append(sidecar["honest_cv"])
     fit_ylim(axes, values)
     axes.set_xticks(x, names)
     metric = sidecar.get("metric", "score")
     axes.set_ylabel(f"honest {metric} ({direction(sidecar.get('greater_is_better', True))})")
-    axes.set_title(f"honest CV per method (submitted: {sidecar['method']} {format_score(sidecar.get('honest_cv'))})")
+    axes.set_title(f"honest CV per method (submitted: {sidecar['method']}; honest CV "
+                   f"{format_score(sidecar.get('honest_cv'))})")
     axes.grid(axis="y", alpha=0.3, zorder=0)
     axes.legend(fontsize=8, loc="upper left", ncol=2)
     return save_figure(figure, path)
