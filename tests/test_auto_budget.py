@@ -105,3 +105,57 @@ def test_the_reserve_from_an_interim_blend_covers_the_final_ensemble(tmp_path):
         seconds[repeats] = time.perf_counter() - began
     assert len(result.honest.blends) == 15  # the final ensemble chose a method in each of its 15 outer folds
     assert seconds[3] <= Estimator(ensemble_seconds=seconds[1] / 4).ensemble_estimate(4)
+
+
+def fake_jobs(monkeypatch, seconds_per_job: float) -> None:
+    """Every job 'takes' ``seconds_per_job`` on a fake clock and writes a metrics.json; no blend, no drift check."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(driver.time, "perf_counter", lambda: clock["now"])
+
+    def execute(auto, job, settings, work):
+        clock["now"] += seconds_per_job
+        folder = auto.comp_dir / job.name
+        folder.mkdir(parents=True)
+        (folder / "metrics.json").write_text(json.dumps({"cv": 0.8, "wall_time_s": seconds_per_job}))
+        return work
+
+    monkeypatch.setattr(driver, "execute", execute)
+    monkeypatch.setattr(driver, "adversarial", lambda auto: None)
+    monkeypatch.setattr(driver, "interim_blend", lambda auto, members: None)
+    monkeypatch.setattr(driver, "final_ensemble", lambda auto, members: members)
+
+
+def test_every_skip_names_what_was_tried_and_what_is_kept_back_and_no_message_prints_inf(tmp_path, monkeypatch):
+    fake_jobs(monkeypatch, 40.0)
+    said = []
+    run_auto(AutoOptions("titanic", 150, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"), study_trials=2),
+             log=said.append)
+    skips = [line for line in said if line.startswith("skip ")]
+    assert skips and not any("inf" in line for line in said)
+    for line in skips:
+        if "no encoder fold has been timed" in line or "no finished" in line:
+            continue
+        assert "final ensemble's reserve ~" in line and "safety margin" in line, line
+    assert any(line.startswith("skip auto-bert-gated: even 3 epochs would take") for line in skips)
+    assert "skip auto-study: no encoder fold has been timed, so no trial can be estimated" in said
+
+
+def test_a_state_that_is_not_what_kbert_auto_wrote_is_refused_and_one_auto_runs_per_folder(tmp_path, monkeypatch):
+    from kbert.errors import KbertError
+    from kbert.io import exclusive_lock
+
+    fake_jobs(monkeypatch, 1.0)
+    options = AutoOptions("titanic", 60, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"), study_trials=0)
+    folder = tmp_path / "titanic" / "auto"
+    folder.mkdir(parents=True)
+    state = {"competition": "titanic", "preset": "fast", "seed": 42, "spent_s": -3000.0, "jobs": {}, "measured": {}}
+    bad = {"spent_s": -3000.0, "measured": {"run:bert": [[1.0, -2.0]]}, "jobs": [], "competition": "house-prices"}
+    for key, value in bad.items():
+        (folder / "state.json").write_text(json.dumps({**state, "spent_s": 10.0, key: value}))
+        with pytest.raises(KbertError, match=f"state.json: .*; delete .* to start this competition's kbert auto over"):
+            run_auto(options, log=lambda _: None)
+    (folder / "state.json").unlink()
+    with exclusive_lock(folder / ".lock", "held by the test"):
+        with pytest.raises(KbertError, match="another kbert auto is running on this folder"):
+            run_auto(options, log=lambda _: None)
+    assert run_auto(options, log=lambda _: None) == []  # the lock went with its holder (and 60 s fit no job)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ from kbert.auto.leaderboard import (Row, leaderboard_frame, leaderboard_text, wr
                                     write_leaderboard_report)
 from kbert.auto.plan import BEST_BASELINE, BEST_RUN, Job, plan_jobs
 from kbert.errors import KbertError
-from kbert.io import read_json, write_json
+from kbert.io import exclusive_lock, read_json, write_json
 from kbert.pipeline.config import RunConfig, load_competition, resolve_run_config
 
 KINDS = {"baseline": "baseline", "run": "encoder", "embedding": "embedding", "tune": "trial"}
@@ -72,7 +73,18 @@ class Auto:
         self.comp_dir = Path(options.out_dir) / self.competition.name
         self.folder = self.comp_dir / "auto"
         self.state_path = self.folder / "state.json"
-        self.state = read_json(self.state_path) if self.state_path.is_file() else {
+        from kbert.features import add_features
+        from kbert.pipeline.data import load_competition_data
+
+        comp = self.competition
+        self.data = load_competition_data(comp, options.data_dir)
+        self.features, _ = add_features(comp.features, self.data.train.drop(columns=comp.target_columns),
+                                        self.data.test)
+
+    def load_state(self) -> None:
+        """The state of the invocations before (checked: ``read_state``), or a new one; the clock starts."""
+        options = self.options
+        self.state = read_state(self.state_path, self.competition.name) if self.state_path.is_file() else {
             "competition": self.competition.name, "preset": options.preset, "seed": options.seed, "spent_s": 0.0,
             "jobs": {}, "measured": {}}
         if self.state["seed"] != options.seed or self.state["preset"] != options.preset:
@@ -82,13 +94,6 @@ class Auto:
         self.estimator = Estimator({kind: [tuple(pair) for pair in pairs]
                                     for kind, pairs in self.state["measured"].items()},
                                    self.state.get("ensemble_s_per_member"))
-        from kbert.features import add_features
-        from kbert.pipeline.data import load_competition_data
-
-        comp = self.competition
-        self.data = load_competition_data(comp, options.data_dir)
-        self.features, _ = add_features(comp.features, self.data.train.drop(columns=comp.target_columns),
-                                        self.data.test)
         self.started = time.perf_counter()
         self.spent_before = float(self.state["spent_s"])
 
@@ -127,6 +132,37 @@ class Auto:
         return max(done, key=lambda name: (sign * self.cv(name), name))
 
 
+def read_state(path: Path, competition: str) -> dict:
+    """state.json, refused in one line unless it reads as kbert auto writes it: the competition's, a preset and
+    seed, a time spent that is a number of seconds >= 0, jobs as a mapping, measured (work, seconds) pairs of
+    positive numbers. A state that lies about its time would let a job start that cannot finish."""
+    state = read_json(path)
+    again = f"; delete {path.parent} to start this competition's kbert auto over, or pass another --out"
+
+    def seconds(value) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+    if not isinstance(state, dict):
+        raise KbertError(f"{path}: not a kbert auto state (expected a mapping){again}")
+    if state.get("competition") != competition:
+        raise KbertError(f"{path}: the state of competition {state.get('competition')!r}, not {competition!r}{again}")
+    if not isinstance(state.get("preset"), str) or not isinstance(state.get("seed"), int):
+        raise KbertError(f"{path}: no preset and seed{again}")
+    if not seconds(state.get("spent_s")):
+        raise KbertError(f"{path}: spent_s {state.get('spent_s')!r} is not a number of seconds >= 0{again}")
+    if not isinstance(state.get("jobs"), dict) or not all(isinstance(job, dict) for job in state["jobs"].values()):
+        raise KbertError(f"{path}: jobs must be a mapping of job names to their records{again}")
+    measured = state.get("measured")
+    if not isinstance(measured, dict) or not all(
+            isinstance(pairs, list) and all(isinstance(pair, list) and len(pair) == 2 and all(map(seconds, pair))
+                                            and pair[1] > 0 for pair in pairs) for pairs in measured.values()):
+        raise KbertError(f"{path}: measured must map each job kind to [work, seconds] pairs of positive numbers{again}")
+    if state.get("ensemble_s_per_member") is not None and not seconds(state["ensemble_s_per_member"]):
+        raise KbertError(f"{path}: ensemble_s_per_member {state['ensemble_s_per_member']!r} is not a number of "
+                         f"seconds >= 0{again}")
+    return state
+
+
 def greater_is_better(auto: Auto) -> bool:
     from kbert.pipeline.metrics import get_metric
 
@@ -136,8 +172,16 @@ def greater_is_better(auto: Auto) -> bool:
 def run_auto(options: AutoOptions, log=print) -> AutoResult:
     """Adversarial validation, the preset's jobs within the time limit, the final honest ensemble."""
     auto = Auto(options, log)
-    comp = auto.competition
     auto.folder.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(auto.folder / ".lock", f"{auto.folder}: another kbert auto is running on this folder; wait "
+                                               "for it to end, or pass another --out"):
+        auto.load_state()
+        return auto_jobs(auto)
+
+
+def auto_jobs(auto: Auto) -> AutoResult:
+    """The stages of ``run_auto`` under its lock."""
+    options, comp, log = auto.options, auto.competition, auto.log
     log(f"kbert auto {comp.name}: preset {options.preset}, time limit {options.time_limit / 60:.1f} min"
         + (f", {auto.spent_before / 60:.1f} min spent before" if auto.spent_before else ""))
     adversarial(auto)
@@ -257,15 +301,16 @@ def run_job(auto: Auto, job: Job, settings: dict, members: int) -> bool:
         epochs = settings["epochs"] if started_before else fitting_epochs(
             auto.estimator, kind, work, settings["epochs"], left, members, limit)
         if epochs == 0:
-            auto.log(f"skip {job.name}: even 3 epochs would take ~{auto.estimator.estimate(kind, 3 * work):.0f}s, "
-                     f"{left:.0f}s left")
+            auto.log(f"skip {job.name}: even 3 epochs would take ~{auto.estimator.estimate(kind, 3 * work):.0f}s; "
+                     f"{kept_back(auto, members + 1, left)}")
             return False
         if epochs < settings["epochs"]:
             auto.log(f"{job.name}: {epochs} epochs (not {settings['epochs']}) to fit the {left:.0f}s left")
         settings = {**settings, "epochs": epochs}
         work *= epochs
     elif not auto.estimator.fits(kind, work, left, members, limit):
-        auto.log(f"skip {job.name}: ~{auto.estimator.estimate(kind, work):.0f}s estimated, {left:.0f}s left")
+        auto.log(f"skip {job.name}: ~{auto.estimator.estimate(kind, work):.0f}s estimated; "
+                 f"{kept_back(auto, members + 1, left)}")
         return False
     auto.state["jobs"][job.name] = {"action": job.action, "settings": settings, "status": "running"}
     auto.save()
@@ -289,6 +334,15 @@ def run_job(auto: Auto, job: Job, settings: dict, members: int) -> bool:
     auto.save()
     auto.log(f"done {job.name}: CV {auto.cv(job.name):.4f} in {seconds:.0f}s")
     return True
+
+
+def kept_back(auto: Auto, members: int, left: float, fold: float = 0.0) -> str:
+    """What the time left holds for a job, in words: the time left less the final ensemble's reserve (for
+    ``members`` members), the safety margin and, for a study, one ``fold`` (it stops between folds)."""
+    reserve, margin = auto.estimator.ensemble_estimate(members), SAFETY * auto.options.time_limit
+    study = f", one ~{fold:.0f}s fold for the study's stop" if fold else ""
+    return (f"{max(left - reserve - margin - fold, 0):.0f}s of the {left:.0f}s left are free (kept back: the final "
+            f"ensemble's reserve ~{reserve:.0f}s, the {margin:.0f}s safety margin{study})")
 
 
 def execute(auto: Auto, job: Job, settings: dict, work: float) -> float:
@@ -398,7 +452,10 @@ def tune_study(auto: Auto, job: Job, members: int) -> list[str]:
     # The slowest fold of any encoder run so far (finished or stopped): a trial must have time for all its folds.
     folds = [read_json(path)["record"]["seconds"] for name, state in auto.state["jobs"].items()
              if state.get("action") == "run" for path in (auto.comp_dir / name).glob("folds/*/fold.json")]
-    fold = max(folds, default=float("inf"))
+    if trials and not folds:
+        auto.log(f"skip {job.name}: no encoder fold has been timed, so no trial can be estimated")
+        trials = 0
+    fold = max(folds, default=0.0)
     seconds = (auto.left() - auto.estimator.ensemble_estimate(members + 3) - SAFETY * auto.options.time_limit
                - fold)
     if trials and seconds >= auto.competition.folds.k * fold:
@@ -414,8 +471,9 @@ def tune_study(auto: Auto, job: Job, members: int) -> list[str]:
             auto.log(f"failed {job.name}: {exc}")
         auto.save()
     elif trials:
-        auto.log(f"skip {job.name}: {max(seconds, 0):.0f}s left for it, less than a trial's "
-                 f"{auto.competition.folds.k} folds of ~{fold:.0f}s (the slowest encoder fold so far)")
+        auto.log(f"skip {job.name}: a trial's {auto.competition.folds.k} folds of ~{fold:.0f}s (the slowest encoder "
+                 f"fold so far) need ~{auto.competition.folds.k * fold:.0f}s; "
+                 f"{kept_back(auto, members + 3, auto.left(), fold)}")
     finished = [p.relative_to(auto.comp_dir).as_posix() for p in member_folders(auto.comp_dir)
                 if p.parent.name == job.name]
     return sorted(finished, key=lambda name: auto.cv(name), reverse=greater_is_better(auto))[:3]
