@@ -11,7 +11,8 @@ Resumable: each job is a member folder ``runs/<competition>/auto-<job>``, done w
 resumed after a SIGKILL keeps the epochs it was started with, so its finished folds are reused) and the measured
 job durations (the estimates of a resumed invocation start from them). The time limit is the total over
 invocations: a rerun with the same limit finishes what was left; with a larger one it adds members. Time spent in a
-job that was killed is not counted (it was never recorded).
+job that was killed is not counted (it was never recorded). The state is checked when read (``read_state``), and
+one invocation at a time holds ``runs/<competition>/auto/.lock``.
 """
 
 from __future__ import annotations
