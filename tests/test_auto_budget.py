@@ -159,3 +159,53 @@ def test_a_state_that_is_not_what_kbert_auto_wrote_is_refused_and_one_auto_runs_
         with pytest.raises(KbertError, match="another kbert auto is running on this folder"):
             run_auto(options, log=lambda _: None)
     assert run_auto(options, log=lambda _: None) == []  # the lock went with its holder (and 60 s fit no job)
+
+
+def test_folds_side_by_side_finish_in_waves():
+    from kbert.auto.run import remaining_seconds
+
+    # One at a time: each remaining fold as long as the mean so far (as before).
+    assert remaining_seconds(100.0, 2, 3, 1) == pytest.approx(150.0)
+    # Five at a time: the first fold done after 47 s leaves one wave for the other four, then one for folds 6-9.
+    assert remaining_seconds(47.0, 1, 8, 5) == pytest.approx(94.0)
+    assert remaining_seconds(50.0, 5, 4, 5) == pytest.approx(50.0)
+    assert remaining_seconds(50.0, 5, 0, 5) == 0.0
+
+
+@pytest.mark.parametrize("limit,stops", [(230.0, False), (160.0, True)])
+def test_a_run_stops_between_folds_only_when_its_remaining_waves_would_not_fit(limit, stops, tmp_path, monkeypatch):
+    """Ten folds (5 x 2 seeds) trained five at a time, each 47 s on a fake clock: after the first, the other nine
+    need two waves (~94 s), not nine folds' time. With the final ensemble's reserve (10 s + 3.5 x 1 s x 8 members)
+    that fits in 230 s and not in 160 s."""
+    import types
+
+    import kbert.pipeline.run as pipeline_run
+    from kbert.pipeline import fold_processes
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(driver.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(fold_processes, "usable_cores", lambda: 2)  # as kbert run lays out 10 folds on 2 cores
+    monkeypatch.setattr(fold_processes, "available_memory", lambda: None)
+    finished = []
+
+    def run_competition(config, run_id, progress, log, on_fold):
+        for wave in range(2):
+            clock["now"] += 47.0
+            for step in range(5 * wave, 5 * wave + 5):
+                on_fold(step, 0.8)
+                finished.append(step)
+        return types.SimpleNamespace(run_dir=tmp_path / "none")
+
+    monkeypatch.setattr(pipeline_run, "run_competition", run_competition)
+    auto = driver.Auto(AutoOptions("titanic", limit, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"),
+                                   progress=False), log=lambda _: None)
+    auto.load_state()
+    auto.estimator.ensemble_seconds = 1.0
+    config = auto.run_config({"seeds": 2, "epochs": 1, "fold_processes": 0})
+    if stops:
+        with pytest.raises(driver.OutOfTime, match=r"9 folds \(5 at a time, ~94s\) would not finish"):
+            driver.run_with_deadline(auto, config, "auto-bert", 1.0)
+        assert finished == []  # stopped at the first fold's report, between folds
+    else:
+        driver.run_with_deadline(auto, config, "auto-bert", 1.0)
+        assert len(finished) == 10

@@ -365,27 +365,45 @@ def execute(auto: Auto, job: Job, settings: dict, work: float) -> float:
 
 def run_with_deadline(auto: Auto, config: RunConfig, name: str, work: float) -> float:
     """``run_competition``, stopped between folds when its remaining folds would not finish before the final
-    ensemble must start; the work it did, from the epochs its folds ran."""
+    ensemble must start; the work it did, from the epochs its folds ran. Folds that train side by side (fold
+    processes on a CPU, laid out as ``kbert run`` lays them out) finish in waves, and are counted so."""
     from kbert.pipeline.artifacts import fold_layout
+    from kbert.pipeline.fold_processes import available_memory, plan_folds, usable_cores
+    from kbert.pipeline.precision import current_device
     from kbert.pipeline.run import run_competition
 
     total = len(fold_layout(config))
+    kept = len(list((auto.comp_dir / name).glob("folds/*/fold.json")))  # finished before (a resume)
     began = time.perf_counter()
+    side_by_side, finished = [], []
 
-    def on_fold(step: int, score: float) -> None:
-        done = step + 1
-        if done == total:
+    def on_fold(step: int, score: float) -> None:  # once per fold, the kept ones first, in the order they finish
+        finished.append(step)
+        done = len(finished)
+        if done == total or done <= kept:
             return
-        per_fold = (time.perf_counter() - began) / done
+        if not side_by_side:  # the device is set once the run has started
+            side_by_side.append(plan_folds(config.train.fold_processes, current_device(), total,
+                                           config.competition.folds.k, total - kept, usable_cores(),
+                                           available=available_memory()).processes)
+        at_once = side_by_side[0]
+        needed = remaining_seconds(time.perf_counter() - began, done - kept, total - done, at_once)
         reserve = auto.estimator.ensemble_estimate(8)
-        if per_fold * (total - done) + reserve > auto.left():
-            raise OutOfTime(f"{total - done} folds of ~{per_fold:.0f}s would not finish in the {auto.left():.0f}s "
-                            "left")
+        if needed + reserve > auto.left():
+            raise OutOfTime(f"{total - done} folds ({at_once} at a time, ~{needed:.0f}s) would not finish in the "
+                            f"{auto.left():.0f}s left with the final ensemble's reserve ~{reserve:.0f}s")
 
     result = run_competition(config, run_id=name, progress=auto.options.progress, log=lambda _: None,
                              on_fold=on_fold)
     ran = sum(len(json.loads(path.read_text())) for path in result.run_dir.glob("folds/*/history.json"))
     return work * ran / (config.train.epochs * total)
+
+
+def remaining_seconds(elapsed: float, trained: int, remaining: int, at_once: int) -> float:
+    """The wall time ``remaining`` folds need, from the ``elapsed`` seconds in which ``trained`` folds finished:
+    folds train ``at_once`` at a time, so they finish in waves of that many, each as long as the waves so far."""
+    wave = elapsed / math.ceil(trained / at_once)
+    return math.ceil(remaining / at_once) * wave
 
 
 def interim_blend(auto: Auto, members: list[str]) -> None:
