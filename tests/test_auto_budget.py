@@ -209,3 +209,21 @@ def test_a_run_stops_between_folds_only_when_its_remaining_waves_would_not_fit(l
     else:
         driver.run_with_deadline(auto, config, "auto-bert", 1.0)
         assert len(finished) == 10
+
+
+def test_a_study_counts_the_encoder_folds_at_one_core_each(tmp_path, monkeypatch):
+    """Five folds that trained side by side on 2 cores took 56 s each: 22.4 s of one core, as a study's worker
+    trains its trial's folds (one after another on its core), not 56 s."""
+    from kbert.pipeline import fold_processes
+
+    monkeypatch.setattr(fold_processes, "usable_cores", lambda: 2)
+    monkeypatch.setattr(fold_processes, "available_memory", lambda: None)
+    auto = driver.Auto(AutoOptions("titanic", 600, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"),
+                                   progress=False), log=lambda _: None)
+    auto.load_state()
+    auto.state["jobs"]["auto-bert-gated"] = {"action": "run", "settings": {"epochs": 3}}
+    for k in range(5):
+        fold = tmp_path / "titanic" / "auto-bert-gated" / "folds" / str(k)
+        fold.mkdir(parents=True)
+        (fold / "fold.json").write_text(json.dumps({"record": {"seconds": 56.0}}))
+    assert driver.one_core_fold_seconds(auto) == pytest.approx([22.4] * 5)

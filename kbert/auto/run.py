@@ -368,8 +368,6 @@ def run_with_deadline(auto: Auto, config: RunConfig, name: str, work: float) -> 
     ensemble must start; the work it did, from the epochs its folds ran. Folds that train side by side (fold
     processes on a CPU, laid out as ``kbert run`` lays them out) finish in waves, and are counted so."""
     from kbert.pipeline.artifacts import fold_layout
-    from kbert.pipeline.fold_processes import available_memory, plan_folds, usable_cores
-    from kbert.pipeline.precision import current_device
     from kbert.pipeline.run import run_competition
 
     total = len(fold_layout(config))
@@ -383,9 +381,7 @@ def run_with_deadline(auto: Auto, config: RunConfig, name: str, work: float) -> 
         if done == total or done <= kept:
             return
         if not side_by_side:  # the device is set once the run has started
-            side_by_side.append(plan_folds(config.train.fold_processes, current_device(), total,
-                                           config.competition.folds.k, total - kept, usable_cores(),
-                                           available=available_memory()).processes)
+            side_by_side.append(folds_at_once(config, total - kept))
         at_once = side_by_side[0]
         needed = remaining_seconds(time.perf_counter() - began, done - kept, total - done, at_once)
         reserve = auto.estimator.ensemble_estimate(8)
@@ -397,6 +393,37 @@ def run_with_deadline(auto: Auto, config: RunConfig, name: str, work: float) -> 
                              on_fold=on_fold)
     ran = sum(len(json.loads(path.read_text())) for path in result.run_dir.glob("folds/*/history.json"))
     return work * ran / (config.train.epochs * total)
+
+
+def folds_at_once(config: RunConfig, to_train: int) -> int:
+    """How many of a run's ``to_train`` folds train side by side, as ``kbert run`` plans them on this machine."""
+    from kbert.pipeline.artifacts import fold_layout
+    from kbert.pipeline.fold_processes import available_memory, plan_folds, usable_cores
+    from kbert.pipeline.precision import current_device
+
+    return plan_folds(config.train.fold_processes, current_device(), len(fold_layout(config)),
+                      config.competition.folds.k, to_train, usable_cores(), available=available_memory()).processes
+
+
+def one_core_fold_seconds(auto: Auto) -> list[float]:
+    """Each encoder fold so far (finished or stopped runs), in seconds on one core, as a study's trial trains its
+    folds (a worker per core, its folds one after another): a fold that trained beside others on a CPU had
+    cores / side-by-side of the cores, so its seconds times that share are one core's."""
+    from kbert.pipeline.artifacts import fold_layout
+    from kbert.pipeline.fold_processes import usable_cores
+    from kbert.pipeline.precision import current_device
+
+    seconds = []
+    for name, state in auto.state["jobs"].items():
+        paths = list((auto.comp_dir / name).glob("folds/*/fold.json")) if state.get("action") == "run" else []
+        if not paths:
+            continue
+        config = auto.run_config(state["settings"])
+        share = 1.0
+        if current_device() == "cpu":  # more than one core each: an upper bound (streams scale below linearly)
+            share = usable_cores() / folds_at_once(config, len(fold_layout(config)))
+        seconds += [read_json(path)["record"]["seconds"] * share for path in paths]
+    return seconds
 
 
 def remaining_seconds(elapsed: float, trained: int, remaining: int, at_once: int) -> float:
@@ -468,9 +495,8 @@ def tune_study(auto: Auto, job: Job, members: int) -> list[str]:
     from kbert.tune import TuneOptions, tune
 
     trials = job.settings["trials"] if auto.options.study_trials is None else auto.options.study_trials
-    # The slowest fold of any encoder run so far (finished or stopped): a trial must have time for all its folds.
-    folds = [read_json(path)["record"]["seconds"] for name, state in auto.state["jobs"].items()
-             if state.get("action") == "run" for path in (auto.comp_dir / name).glob("folds/*/fold.json")]
+    # The slowest fold of any encoder run so far, on one core: a trial must have time for all its folds.
+    folds = one_core_fold_seconds(auto)
     if trials and not folds:
         auto.log(f"skip {job.name}: no encoder fold has been timed, so no trial can be estimated")
         trials = 0
@@ -491,7 +517,7 @@ def tune_study(auto: Auto, job: Job, members: int) -> list[str]:
         auto.save()
     elif trials:
         auto.log(f"skip {job.name}: a trial's {auto.competition.folds.k} folds of ~{fold:.0f}s (the slowest encoder "
-                 f"fold so far) need ~{auto.competition.folds.k * fold:.0f}s; "
+                 f"fold so far, on one core) need ~{auto.competition.folds.k * fold:.0f}s; "
                  f"{kept_back(auto, members + 3, auto.left(), fold)}")
     finished = [p.relative_to(auto.comp_dir).as_posix() for p in member_folders(auto.comp_dir)
                 if p.parent.name == job.name]
