@@ -406,9 +406,10 @@ def folds_at_once(config: RunConfig, to_train: int) -> int:
 
 
 def one_core_fold_seconds(auto: Auto) -> list[float]:
-    """Each encoder fold so far (finished or stopped runs), in seconds on one core, as a study's trial trains its
-    folds (a worker per core, its folds one after another): a fold that trained beside others on a CPU had
-    cores / side-by-side of the cores, so its seconds times that share are one core's."""
+    """Each encoder fold so far (finished or stopped runs), in seconds of one core: a fold that trained beside
+    others on a CPU had cores / side-by-side of the cores, so its seconds times that share are one core's. A
+    trial's folds times these bound its wall time from above whether its worker trains them one after another
+    on one core or side by side on all of them."""
     from kbert.pipeline.artifacts import fold_layout
     from kbert.pipeline.fold_processes import usable_cores
     from kbert.pipeline.precision import current_device
