@@ -488,8 +488,8 @@ def nested_choice(results: dict[str, HonestResult], P: np.ndarray, problem: Prob
         splits = first.splits[done:done + len(first.splits) // len(first.predictions)]
         prediction = np.empty_like(first.predictions[repeat])
         for j, (fit_f, score_f) in enumerate(splits):
-            pairs = [(np.intersect1d(fit_f, fit_g), np.intersect1d(score_g, fit_f)) for g, (fit_g, score_g)
-                     in enumerate(splits) if g != j and np.intersect1d(score_g, fit_f).size]
+            inside = [(fit_g, np.intersect1d(score_g, fit_f)) for g, (fit_g, score_g) in enumerate(splits) if g != j]
+            pairs = [(np.intersect1d(fit_f, fit_g), score) for fit_g, score in inside if score.size]
             inner = {m: inner_score(m, pairs) for m in methods} if pairs else {}
             inner = {m: value for m, value in inner.items() if value is not None and np.isfinite(value)}
             method = pick(inner, key=inner.get) if inner else methods[0]

@@ -164,10 +164,9 @@ def check_targets(train: pd.DataFrame, competition: CompetitionConfig, path: Pat
                 raise KbertError(f"{path}: target column '{column}' has missing values "
                                  f"(row {int(train[column].isna().values.argmax()) + 2})")
         else:
-            two_words = sorted(map(str, train[column].dropna().unique()))
-            if task == Task.BINARY and len(two_words) == 2 and pd.to_numeric(train[column].dropna(),
-                                                                            errors="coerce").isna().any():
-                raise not_zero_one(path, task, column, two_words)
+            given = train[column].dropna()
+            if task == Task.BINARY and given.nunique() == 2 and pd.to_numeric(given, errors="coerce").isna().any():
+                raise not_zero_one(path, task, column, sorted(map(str, given.unique())))
             _check_dtype(train, column, "float", path, allow_missing=False)
         values = train[column] if task == Task.MULTICLASS or named else pd.to_numeric(train[column])
         distinct = sorted((plain(v) for v in values.unique()), key=lambda v: (isinstance(v, str), v))

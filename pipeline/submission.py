@@ -43,13 +43,13 @@ def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, compet
         first = int(np.flatnonzero(frame[id_column].to_numpy() != reference.to_numpy())[0])
         raise KbertError(f"{source}: ids in '{id_column}' are not in the sample submission's order "
                          f"(row {first + 1}: {frame[id_column].iloc[first]}, expected {reference.iloc[first]})")
+    classes = competition.binary_classes
     for column, dtype in competition.submission_columns.items():
         values = frame[column]
         if values.isna().any():
             raise KbertError(f"{source}: column '{column}' has missing values")
         if dtype == "int" and not pd.api.types.is_integer_dtype(values):
             raise KbertError(f"{source}: column '{column}' must be integers, found dtype {values.dtype}")
-        classes = competition.binary_classes
         if dtype in ("int", "str") and competition.task == Task.BINARY and column != id_column \
                 and not values.isin(classes).all():
             raise KbertError(f"{source}: column '{column}' must hold class labels {' or '.join(map(str, classes))}"
