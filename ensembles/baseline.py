@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -270,9 +271,10 @@ def fit_predict_fold(model: str, task: str, train_rows: pd.DataFrame, train_targ
 
 
 def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = None, log=print,
-                 embeddings: str | None = None) -> RunResult:
+                 embeddings: str | None = None, on_fold: Callable[[int, float], None] | None = None) -> RunResult:
     """Train ``model`` on the competition's folds; write a member in the run-artifact format. ``embeddings``: a
-    finished run on the same folds, or a pretrained encoder, whose text embeddings join the raw columns."""
+    finished run on the same folds, or a pretrained encoder, whose text embeddings join the raw columns.
+    ``on_fold(k, seconds)`` is called after each fold's fit; it may raise to stop the baseline (kbert auto)."""
     if model not in MODELS:
         raise KbertError(f"unknown baseline model '{model}'; known: {', '.join(MODELS)}")
     started = time.perf_counter()
@@ -350,6 +352,8 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
                                      "n_valid": len(valid_index),
                                      "seconds": round(time.perf_counter() - fold_started, 2)})
                 log(f"fold {k + 1}/{comp.folds.k}: {comp.metric} {fold_score:.4f}")
+                if on_fold is not None:
+                    on_fold(k, fold_records[-1]["seconds"])
             oof_predictions, test_predictions = native(task, oof), native(task, average_folds(test_tables))
             covered = fold_of_row >= 0
             cv = score(metric, task, truth[covered], oof_predictions[covered], 0.5, targets.classes)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import shutil
 import warnings
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -357,13 +357,24 @@ def report_token_budget(inputs: RunInputs, fit: FoldFit, tokenizer: Tokenizer, l
     return budget
 
 
-def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, fold_dir: Path, cache_dir: Path,
-                   run_tokenizer_path: Path | None, progress, log) -> FoldPredictions:
-    """Fit, tokenize, train and save one fold; fold.json is written last (a fold without it is unfinished).
-    ``progress``: as train_fold's."""
+@dataclass
+class PreparedFold:
+    """A fold ready to train: its fitted transforms, tokens and fresh model (``prepare_fold``)."""
+
+    fit: FoldFit
+    tokenizer_path: Path | None
+    encoder_config: dict
+    data: FoldData
+    model: object  # TaskModel
+    fusion: FusionConfig | None
+    seed: int
+    budget: dict | None  # the first fold's token budget (report_token_budget)
+
+
+def prepare_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, cache_dir: Path,
+                 run_tokenizer_path: Path | None, log) -> PreparedFold:
+    """Fit the fold's transforms on its training rows, tokenize its rows and build its model (seeded)."""
     config, head = inputs.config, inputs.head
-    if fold_dir.exists():  # a fold interrupted half-way is trained again from scratch
-        shutil.rmtree(fold_dir)
     with stage("data and text preparation"):
         fit = fit_fold(config, inputs.features.iloc[split.train_index],
                        None if inputs.raw_targets is None else inputs.raw_targets[split.train_index], cache_dir,
@@ -387,6 +398,19 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
         report = apply_adapters(model, source.adapter)
         if split.first:
             log(report.summary())
+    return PreparedFold(fit, tokenizer_path, encoder_config, data, model, fusion, fold_seed, budget)
+
+
+def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, fold_dir: Path, cache_dir: Path,
+                   run_tokenizer_path: Path | None, progress, log) -> FoldPredictions:
+    """Fit, tokenize, train and save one fold; fold.json is written last (a fold without it is unfinished).
+    ``progress``: as train_fold's."""
+    config, head = inputs.config, inputs.head
+    if fold_dir.exists():  # a fold interrupted half-way is trained again from scratch
+        shutil.rmtree(fold_dir)
+    prepared = prepare_fold(inputs, source, split, cache_dir, run_tokenizer_path, log)
+    fit, model, data, budget, fold_seed = (prepared.fit, prepared.model, prepared.data, prepared.budget,
+                                           prepared.seed)
 
     def evaluate(outputs: np.ndarray) -> float:
         predictions = to_predictions(head, outputs, fit.target_transform)
@@ -409,8 +433,9 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
     )
     comp = config.competition
     with stage("artifact writing"):
-        save_fold_checkpoint(model, config, source, head, encoder_config, fit.target_transform, fold_dir,
-                             tokenizer_path, fit.tokenizer_json if source.from_scratch else None, fusion)
+        save_fold_checkpoint(model, config, source, head, prepared.encoder_config, fit.target_transform, fold_dir,
+                             prepared.tokenizer_path, fit.tokenizer_json if source.from_scratch else None,
+                             prepared.fusion)
         write_csv(fold_dir / "test.csv", predictions_frame(comp, inputs.targets.classes,
                                                           inputs.test_features[comp.id_column], fold.test_predictions))
         write_json(fold_dir / "history.json", result.history)
@@ -422,6 +447,39 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
     log(f"{split.description}: {comp.metric} {result.best_score:.4f} "
         f"(best epoch {result.best_epoch + 1}, {result.seconds:.0f}s)")
     return fold
+
+
+def probe_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, cache_dir: Path,
+               run_tokenizer_path: Path | None, steps: int) -> dict:
+    """``train_one_fold`` timed on a sample, nothing saved: the fold prepared in full (its fit, tokens and model),
+    then two epochs of ``steps`` training steps each on rows drawn from its training rows, each evaluating the
+    same sample of its validation rows. The second epoch sees the shapes the first traced, so its steps time the
+    steady state; pipeline/probe.py turns these figures into a run's seconds."""
+    from kbert.pipeline.profile import profiling
+
+    config = inputs.config.train
+    with profiling() as profile:
+        prepared = prepare_fold(inputs, source, split, cache_dir, run_tokenizer_path, lambda _: None)
+        prep = sum(profile.seconds.get(profile.part, {}).values())
+        data, rng = prepared.data, np.random.default_rng(prepared.seed)
+        rows = rng.permutation(len(data.train_tokens))[: steps * config.batch_size * config.grad_accum]
+        valid = rng.permutation(len(data.valid_tokens))[: 2 * config.eval_batch_size]
+        sample = FoldData(train_tokens=[data.train_tokens[i] for i in rows], train_targets=data.train_targets[rows],
+                          valid_tokens=[data.valid_tokens[i] for i in valid], valid_targets=data.valid_targets[valid],
+                          test_tokens=[], train_columns=tuple(c[rows] for c in data.train_columns),
+                          valid_columns=tuple(c[valid] for c in data.valid_columns))
+        train_fold(prepared.model, sample, replace(config, epochs=2, patience=2), lambda _: 0.0, True,
+                   seed=prepared.seed, description=split.description, progress=False)
+    stages, counts = profile.seconds.get(profile.part, {}), profile.counts.get(profile.part, {})
+    traced = [kind for kind, _ in profile.shapes]
+    return {"prep_s": prep, "tracing_s": stages.get("tracing", 0.0),
+            "train_traced": traced.count("training steps"), "eval_traced": traced.count("evaluation"),
+            "train_s": stages.get("training steps", 0.0), "train_steps": counts.get("training steps", 0),
+            "eval_s": stages.get("evaluation", 0.0), "eval_batches": counts.get("evaluation", 0),
+            "train_lengths": [len(t) for t in data.train_tokens],
+            "eval_lengths": [len(t) for t in data.valid_tokens] + [len(t) for t in data.test_tokens],
+            "train_rows": len(data.train_tokens), "valid_rows": len(data.valid_tokens),
+            "test_rows": len(data.test_tokens)}
 
 
 def save_fold_checkpoint(model, config: RunConfig, source: EncoderSource, head: HeadConfig, encoder_config: dict,

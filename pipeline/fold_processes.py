@@ -101,6 +101,7 @@ class FoldJob:
     fold_dir: Path
     cache_dir: Path
     tokenizer_path: Path | None
+    probe_steps: int = 0  # > 0: time the fold on a sample (pipeline/probe.py), train and save nothing
 
 
 def train_folds(jobs: list[FoldJob], plan: FoldPlan, progress: bool, log: Callable[[str], None],
@@ -219,7 +220,7 @@ def fold_process(job: bytes, index: int, messages) -> None:
 
     runtime.setup()
     try:
-        from kbert.pipeline.fold import load_encoder_source, train_one_fold
+        from kbert.pipeline.fold import load_encoder_source, probe_fold, train_one_fold
         from kbert.pipeline.precision import use_device
         from kbert.pipeline.profile import profiling, set_part
 
@@ -231,6 +232,10 @@ def fold_process(job: bytes, index: int, messages) -> None:
             messages.put(("bar", index, total))
             return QueueBar(messages, index)
 
+        if job.probe_steps:
+            messages.put(("done", index, probe_fold(job.inputs, source, job.split, job.cache_dir, job.tokenizer_path,
+                                                    job.probe_steps), {}))
+            return
         with profiling() as profile:
             set_part(job.split.description)
             fold = train_one_fold(job.inputs, source, job.split, job.fold_dir, job.cache_dir, job.tokenizer_path,

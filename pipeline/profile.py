@@ -23,6 +23,7 @@ STAGES = ("data and text preparation", "tokenization", "batching", "tracing", "t
 @dataclass
 class Profile:
     seconds: dict[str, dict[str, float]] = field(default_factory=dict)  # part ("run", "fold 1/5") -> stage -> s
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)  # part -> stage -> times it ran
     part: str = "run"
     shapes: set = field(default_factory=set)  # (kind, shape) already traced in this part
     started: float = field(default_factory=time.perf_counter)
@@ -36,6 +37,8 @@ class Profile:
     def add(self, stage_name: str, seconds: float) -> None:
         by_stage = self.seconds.setdefault(self.part, {})
         by_stage[stage_name] = by_stage.get(stage_name, 0.0) + seconds
+        counts = self.counts.setdefault(self.part, {})
+        counts[stage_name] = counts.get(stage_name, 0) + 1
 
     def to_dict(self) -> dict:
         wall = time.perf_counter() - self.started

@@ -69,13 +69,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     submission_path = submission_path or Path(config.submissions_dir) / config.competition.name / f"{run_id}.csv"
     check_run_outputs(config, run_dir, submission_path)
     with removed_on_refusal() as created:  # refused before a fold finished: nothing is left behind
-        fold_sets = split_folds(config, inputs.train, inputs.targets, comp_dir)  # one fold-per-row array per repeat
-        splits = fold_splits(config, fold_sets)
-        pseudo = {}
-        if config.train.pseudo_label:  # each fold's teacher is the source's model of that fold
-            pseudo = pseudo_labels(config, comp_dir, inputs.train[config.competition.id_column], inputs.test_ids,
-                                   fold_sets)
-            splits = [replace(split, pseudo=pseudo[(split.repeat, split.k)]) for split in splits]
+        fold_sets, splits, pseudo = run_splits(config, inputs, comp_dir)
         inputs.warnings += fold_warnings(config.competition, inputs.targets,
                                          [(split.description, split.train_index) for split in splits])
         with open_run_folder(config, run_dir, inputs.inputs, log):
@@ -202,6 +196,19 @@ def log_run_header(inputs: RunInputs, source: EncoderSource, run_id: str, run_di
         f", BLAS {runtime.status().blas.name}")
     for warning in inputs.warnings:
         log(f"warning: {warning}")
+
+
+def run_splits(config: RunConfig, inputs: RunInputs, comp_dir: Path) -> tuple[list[np.ndarray], list[FoldSplit], dict]:
+    """Each training row's fold (one array per repeat), every fold's split in training order, and with
+    --pseudo-label each fold's pseudo-labelled test rows (its teacher: the source run's model of that fold)."""
+    fold_sets = split_folds(config, inputs.train, inputs.targets, comp_dir)
+    splits = fold_splits(config, fold_sets)
+    pseudo = {}
+    if config.train.pseudo_label:
+        pseudo = pseudo_labels(config, comp_dir, inputs.train[config.competition.id_column], inputs.test_ids,
+                               fold_sets)
+        splits = [replace(split, pseudo=pseudo[(split.repeat, split.k)]) for split in splits]
+    return fold_sets, splits, pseudo
 
 
 def fold_splits(config: RunConfig, fold_sets: list[np.ndarray]) -> list[FoldSplit]:

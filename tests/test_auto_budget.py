@@ -1,6 +1,8 @@
-"""kbert auto's scheduler (kbert/auto/budget.py, kbert/auto/run.py) with fake job durations: estimates come from
-the finished jobs, and no job starts that cannot finish inside the limit; and the final ensemble's reserve, timed."""
+"""kbert auto's scheduler (kbert/auto/budget.py, kbert/auto/run.py) with fake job durations and fake probes:
+estimates come from probes and finished jobs, a run is shrunk before it is skipped, and no job starts that cannot
+finish inside the limit; the final ensemble's reserve, timed; the state, checked when read."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -8,75 +10,119 @@ import pandas as pd
 import pytest
 
 from kbert.auto import run as driver
-from kbert.auto.budget import FIXED_SECONDS, PRIOR_RATE, Estimator, encoder_work, fitting_epochs
+from kbert.auto.budget import FIXED_SECONDS, PRIOR_RATE, Estimator
 from kbert.auto.run import AutoOptions, run_auto
+from kbert.auto.state import JobState, Status
+from kbert.pipeline.probe import RunProbe
 
 
-def test_rates_come_from_the_finished_jobs_of_the_same_kind_then_family():
+def fake_probe(epoch_seconds: float, max_length: int = 64, startup: float = 5.0) -> RunProbe:
+    """A probe whose run takes ``startup`` + epochs x ``epoch_seconds`` (five folds side by side, one wave)."""
+    return RunProbe(at_once=5, folds=5, startup_s=startup, prep_s=0.0, train_step_s=epoch_seconds / 10,
+                    eval_batch_s=0.0, trace_s=0.0, steps_per_epoch=10, valid_batches=0, test_batches=0, shapes=0,
+                    lengths={"p50": max_length // 4, "p75": max_length // 2, "p90": 3 * max_length // 4,
+                             "p95": max_length - 1, "max": max_length}, seconds=1.0)
+
+
+def probe_by_length(monkeypatch, seconds_per_token: float) -> list[int]:
+    """Probes priced by max length (an epoch: ``seconds_per_token`` x max length); the lengths probed, in order."""
+    import kbert.pipeline.probe as probe
+
+    probed = []
+
+    def probe_run(config, log=None):
+        probed.append(config.train.max_length)
+        return fake_probe(seconds_per_token * config.train.max_length, max_length=64)
+
+    monkeypatch.setattr(probe, "probe_run", probe_run)
+    return probed
+
+
+def test_baseline_rates_come_from_the_finished_baselines_and_runs_are_corrected_by_their_own():
     estimator = Estimator()
-    assert estimator.estimate("run:bert", 10) == pytest.approx(FIXED_SECONDS + 10 * PRIOR_RATE["run"])
+    assert estimator.estimate("baseline:hgb", 10) == pytest.approx(FIXED_SECONDS + 10 * PRIOR_RATE["baseline:hgb"])
     estimator.record("baseline:hgb", 100_000, FIXED_SECONDS + 5)  # baselines 3x faster than their priors here
     assert estimator.rate("baseline:hgb") == pytest.approx(5 / 100_000)
     assert estimator.rate("baseline:catboost") == pytest.approx(PRIOR_RATE["baseline:catboost"] / 3)
-    assert estimator.rate("run:bert") == PRIOR_RATE["run"]  # a GBM's speed says nothing of an encoder's
-    estimator.record("run:bert", 10, FIXED_SECONDS + 70)
-    assert estimator.rate("run:bert") == pytest.approx(7.0)
-    assert estimator.rate("run:minilm-l6") == pytest.approx(7.0)  # 2x the prior, like the measured encoder
-    assert estimator.estimate("run:bert", 20) == pytest.approx(FIXED_SECONDS + 140)
+    assert estimator.correction("bert") == 1.0  # no encoder run measured: the probe as it is
+    estimator.record_run("bert", 20.0, 10.0)
+    estimator.record_run("bert", 5.0, 10.0)
+    assert estimator.correction("bert") == pytest.approx(1.0)  # the geometric mean of 2 and 1/2
+    estimator.record_run("minilm-l6", 30.0, 10.0)
+    assert estimator.correction("minilm-l6") == pytest.approx(3.0)
+    assert estimator.correction("electra") == pytest.approx((2 * 0.5 * 3) ** (1 / 3))  # every encoder's
 
 
-def test_epochs_are_lowered_until_the_run_fits_and_a_run_that_cannot_is_skipped():
-    estimator = Estimator(ensemble_seconds=1.0)  # the final ensemble: 10 + 3.5 s a member
-    estimator.record("run:bert", 1, FIXED_SECONDS + 10)  # 10 s an epoch
-    # 400 s left, 2 members: 3% of a 1000 s limit and 20.5 s of ensemble leave 349.5 s: 34 epochs fit, not 35.
-    assert fitting_epochs(estimator, "run:bert", 1.0, 50, 400, 2, 1000) == 34
-    assert fitting_epochs(estimator, "run:bert", 1.0, 20, 400, 2, 1000) == 20
-    assert fitting_epochs(estimator, "run:bert", 1.0, 20, 80, 2, 1000) == 0  # 3 epochs need 33 s + 20.5 + 30
+def test_a_run_is_shrunk_epochs_first_then_max_length_and_skipped_only_when_no_form_fits(tmp_path, monkeypatch):
+    probed = probe_by_length(monkeypatch, 0.5)  # an epoch: 32 s at max length 64, 24 s at 48, 16 s at 32
+    said = []
+    auto = driver.Auto(AutoOptions("titanic", 1000, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"),
+                                   progress=False), log=said.append)
+    auto.load_state()
+    auto.estimator.ensemble_seconds = 1.0  # the final ensemble: 10 + 3.5 s a member
+    job = driver.Job("auto-bert", "run", {"epochs": 10, "patience": 3, "max_length": 64})
+    auto.started -= 1000 - 400  # 400 s left: 3% of 1000 s and 20.5 s of ensemble (2 members) leave 349.5 s
+    form = driver.plan_run(auto, job, job.settings, 2)
+    assert form.settings["epochs"] == 10 and form.estimate_s == pytest.approx(5 + 320)
+    auto.started -= 150  # 250 s left, 199.5 s free: 6 epochs of 32 s (197 s)
+    form = driver.plan_run(auto, job, job.settings, 2)
+    assert form.settings["epochs"] == 6 and "shrunk to fit" in form.words
+    auto.started -= 150  # 100 s left, 49.5 s free: 3 epochs need 101 s at 64 tokens, 77 s at 48, 53 s at 32
+    assert probed[-1] == 64
+    said.clear()
+    assert driver.plan_run(auto, job, job.settings, 2) is None
+    assert probed[-3:] == [64, 48, 32]  # the 90th, then the 75th percentile of the training lengths
+    skip = said[-1]
+    assert skip.startswith("skip auto-bert: no form fits (3 epochs at max length 64 ~101s; 3 epochs at max length "
+                           "48 ~77s; 3 epochs at max length 32 ~53s)"), skip
+    assert "final ensemble's reserve ~20s" in skip and "safety margin" in skip
+    assert auto.state.jobs["auto-bert"].status is Status.SKIPPED
 
 
-def test_encoder_work_counts_rows_folds_seeds_epochs_tokens_and_size():
-    one = encoder_work(rows=1000, test_rows=500, folds=5, seeds=1, epochs=1, tokens=50, layers=2, hidden=128)
-    assert one == pytest.approx((800 + (200 + 500) / 3) * 5 * 50 * 2 * 128 ** 2 / 1e9)
-    assert encoder_work(1000, 500, 5, 3, 10, 50, 2, 128) == pytest.approx(30 * one)
-
-
-def test_the_driver_never_starts_a_job_that_cannot_finish(tmp_path, monkeypatch):
-    """The real driver on titanic's plan, with a fake clock: every job takes 'true' seconds proportional to its
-    work, at rates unknown to the estimator (3x its priors for encoders), and records a metrics.json."""
-    clock = {"now": 0.0}
-    monkeypatch.setattr(driver.time, "perf_counter", lambda: clock["now"])
-    started = []
-
-    def execute(auto, job, settings, work):
-        kind, _ = driver.job_work(auto, job, settings)
-        true_rate = 3 * PRIOR_RATE["run"] if kind.startswith("run") else PRIOR_RATE.get(kind, 1e-3) / 2
-        seconds = FIXED_SECONDS + true_rate * work
+def fake_execute(clock: dict, started: list, true_epoch: float, true_baseline: float):
+    """Every job 'takes' its time on the fake clock: an encoder run ``true_epoch`` a fold-epoch, a baseline
+    ``true_baseline``; each writes a metrics.json (and a run, its folds' records)."""
+    def execute(auto, job, record, members):
+        epochs = record.settings.get("epochs", 0)
+        seconds = 5 + epochs * true_epoch if job.action == "run" else true_baseline
         started.append((job.name, clock["now"], seconds, auto.left()))
         clock["now"] += seconds
         folder = auto.comp_dir / job.name
         folder.mkdir(parents=True)
-        (folder / "metrics.json").write_text(json.dumps({"cv": 0.8 - 0.01 * len(started), "wall_time_s": seconds,
-                                                         "folds": [{"seconds": seconds / 5}] * 5}))
-        return work
+        (folder / "metrics.json").write_text(json.dumps({"cv": 0.8 - 0.01 * len(started), "wall_time_s": seconds}))
+        for k in range(5 if job.action == "run" else 0):
+            (folder / "folds" / str(k)).mkdir(parents=True)
+            (folder / "folds" / str(k) / "fold.json").write_text(json.dumps({"record": {"seconds": epochs * true_epoch}}))
+            (folder / "folds" / str(k) / "history.json").write_text(json.dumps([{}] * epochs))
+    return execute
 
-    monkeypatch.setattr(driver, "execute", execute)
+
+def test_the_driver_never_starts_a_job_that_cannot_finish(tmp_path, monkeypatch):
+    """The real driver on titanic's plan, with a fake clock: encoder runs take 1.5x what their probes say (the
+    first run's correction prices the later ones), baselines what the priors say."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(driver.time, "perf_counter", lambda: clock["now"])
+    probe_by_length(monkeypatch, 0.5)  # 32 s a fold-epoch at the default max length 64
+    started = []
+    monkeypatch.setattr(driver, "execute", fake_execute(clock, started, true_epoch=48.0, true_baseline=4.0))
     monkeypatch.setattr(driver, "adversarial", lambda auto: None)
     monkeypatch.setattr(driver, "interim_blend", lambda auto, members: setattr(auto.estimator, "ensemble_seconds",
                                                                               2.0))
     monkeypatch.setattr(driver, "final_ensemble", lambda auto, members: members)
-    limit = 900.0
+    limit = 1500.0
     members = run_auto(AutoOptions("titanic", limit, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"),
-                                   study_trials=0), log=lambda _: None)
+                                   study_trials=0, overrides={"max_length": 64}), log=lambda _: None)
     assert [name for name, *_ in started] == members
     assert members[:2] == ["auto-baseline-hgb", "auto-baseline-logreg"]
-    assert "auto-bert-gated" in members  # the first encoder run fits, with its epochs lowered if need be
+    assert "auto-bert-gated" in members
     for name, at, seconds, left in started:
         assert at + seconds <= limit, name  # each started job finished inside the limit
-    # The encoder runs after the first are estimated from it (3x the prior): none was started that could not finish.
     state = json.loads((tmp_path / "titanic" / "auto" / "state.json").read_text())
-    assert state["measured"]["run:bert"]
-    skipped = [job for job in state["jobs"] if job not in members]
-    assert not skipped  # a job is recorded in the state only once it starts
+    assert state["corrections"]["bert"][0] == pytest.approx(1.5)
+    later = [state["jobs"][name] for name in members[members.index("auto-bert-gated") + 1:]
+             if state["jobs"][name]["action"] == "run"]
+    assert later and all(job["epoch_estimate_s"] == pytest.approx(48.0) for job in later)  # corrected by 1.5
+    assert all(job["epoch_seconds"] == pytest.approx(48.0) for job in later)
     assert clock["now"] <= limit
 
 
@@ -108,16 +154,19 @@ def test_the_reserve_from_an_interim_blend_covers_the_final_ensemble(tmp_path):
 
 
 def fake_jobs(monkeypatch, seconds_per_job: float) -> None:
-    """Every job 'takes' ``seconds_per_job`` on a fake clock and writes a metrics.json; no blend, no drift check."""
+    """Every job 'takes' ``seconds_per_job`` on a fake clock and writes a metrics.json; every probe says 40 s a
+    fold-epoch; no blend, no drift check."""
     clock = {"now": 0.0}
     monkeypatch.setattr(driver.time, "perf_counter", lambda: clock["now"])
+    import kbert.pipeline.probe as probe
 
-    def execute(auto, job, settings, work):
+    monkeypatch.setattr(probe, "probe_run", lambda config, log=None: fake_probe(40.0))
+
+    def execute(auto, job, record, members):
         clock["now"] += seconds_per_job
         folder = auto.comp_dir / job.name
         folder.mkdir(parents=True)
         (folder / "metrics.json").write_text(json.dumps({"cv": 0.8, "wall_time_s": seconds_per_job}))
-        return work
 
     monkeypatch.setattr(driver, "execute", execute)
     monkeypatch.setattr(driver, "adversarial", lambda auto: None)
@@ -128,16 +177,21 @@ def fake_jobs(monkeypatch, seconds_per_job: float) -> None:
 def test_every_skip_names_what_was_tried_and_what_is_kept_back_and_no_message_prints_inf(tmp_path, monkeypatch):
     fake_jobs(monkeypatch, 40.0)
     said = []
-    run_auto(AutoOptions("titanic", 150, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"), study_trials=2),
-             log=said.append)
+    options = AutoOptions("titanic", 150, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"), study_trials=2)
+    run_auto(options, log=said.append)
     skips = [line for line in said if line.startswith("skip ")]
     assert skips and not any("inf" in line for line in said)
     for line in skips:
         if "no encoder fold has been timed" in line or "no finished" in line:
             continue
         assert "final ensemble's reserve ~" in line and "safety margin" in line, line
-    assert any(line.startswith("skip auto-bert-gated: even 3 epochs would take") for line in skips)
+    assert any(line.startswith("skip auto-bert-gated: no form fits (3 epochs at max length") for line in skips)
     assert "skip auto-study: no encoder fold has been timed, so no trial can be estimated" in said
+    # The plan's decisions are kept: a rerun under the same limit does not try the skipped run again.
+    said.clear()
+    run_auto(options, log=said.append)
+    assert any(line.startswith("skip auto-bert-gated: skipped before under this time limit (no form fits")
+               for line in said), said
 
 
 def test_a_state_that_is_not_what_kbert_auto_wrote_is_refused_and_one_auto_runs_per_folder(tmp_path, monkeypatch):
@@ -148,17 +202,21 @@ def test_a_state_that_is_not_what_kbert_auto_wrote_is_refused_and_one_auto_runs_
     options = AutoOptions("titanic", 60, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"), study_trials=0)
     folder = tmp_path / "titanic" / "auto"
     folder.mkdir(parents=True)
-    state = {"competition": "titanic", "preset": "fast", "seed": 42, "spent_s": -3000.0, "jobs": {}, "measured": {}}
-    bad = {"spent_s": -3000.0, "measured": {"run:bert": [[1.0, -2.0]]}, "jobs": [], "competition": "house-prices"}
-    for key, value in bad.items():
-        (folder / "state.json").write_text(json.dumps({**state, "spent_s": 10.0, key: value}))
-        with pytest.raises(KbertError, match=f"state.json: .*; delete .* to start this competition's kbert auto over"):
+    state = {"competition": "titanic", "preset": "fast", "seed": 42, "spent_s": 10.0, "jobs": {}, "measured": {}}
+    job = {"action": "run", "settings": {}, "status": "done"}
+    bad = {"spent_s": -3000.0, "measured": {"baseline:hgb": [[1.0, -2.0]]}, "jobs": [], "competition": "house-prices",
+           "corrections": {"bert": [0.0]}, "surprise": 1}
+    bad_jobs = [{**job, "status": "finished"}, {**job, "seconds": -1.0}, {"action": "run"}, {**job, "settings": []}]
+    for change in [{key: value} for key, value in bad.items()] + [{"jobs": {"auto-bert": j}} for j in bad_jobs]:
+        (folder / "state.json").write_text(json.dumps({**state, **change}))
+        with pytest.raises(KbertError, match="state.json: .*; delete .* to start this competition's kbert auto over"):
             run_auto(options, log=lambda _: None)
     (folder / "state.json").unlink()
     with exclusive_lock(folder / ".lock", "held by the test"):
         with pytest.raises(KbertError, match="another kbert auto is running on this folder"):
             run_auto(options, log=lambda _: None)
     assert run_auto(options, log=lambda _: None) == []  # the lock went with its holder (and 60 s fit no job)
+    assert json.loads((folder / "state.json").read_text())["jobs"]["auto-baseline-hgb"]["status"] == "skipped"
 
 
 def test_folds_side_by_side_finish_in_waves():
@@ -166,17 +224,18 @@ def test_folds_side_by_side_finish_in_waves():
 
     # One at a time: each remaining fold as long as the mean so far (as before).
     assert remaining_seconds(100.0, 2, 3, 1) == pytest.approx(150.0)
-    # Five at a time: the first fold done after 47 s leaves one wave for the other four, then one for folds 6-9.
-    assert remaining_seconds(47.0, 1, 8, 5) == pytest.approx(94.0)
+    # Five at a time: the first fold done after 47 s leaves a quarter wave for the other four of its wave (they
+    # have run as long), then one wave for folds 6-9.
+    assert remaining_seconds(47.0, 1, 8, 5) == pytest.approx(1.25 * 47.0)
     assert remaining_seconds(50.0, 5, 4, 5) == pytest.approx(50.0)
     assert remaining_seconds(50.0, 5, 0, 5) == 0.0
 
 
-@pytest.mark.parametrize("limit,stops", [(230.0, False), (160.0, True)])
+@pytest.mark.parametrize("limit,stops", [(230.0, False), (130.0, True)])
 def test_a_run_stops_between_folds_only_when_its_remaining_waves_would_not_fit(limit, stops, tmp_path, monkeypatch):
     """Ten folds (5 x 2 seeds) trained five at a time, each 47 s on a fake clock: after the first, the other nine
-    need two waves (~94 s), not nine folds' time. With the final ensemble's reserve (10 s + 3.5 x 1 s x 8 members)
-    that fits in 230 s and not in 160 s."""
+    need the rest of its wave and one more (~59 s), not nine folds' time. With the final ensemble's reserve (10 s +
+    3.5 x 1 s x 8 members) that fits in 230 s and not in 130 s."""
     import types
 
     import kbert.pipeline.run as pipeline_run
@@ -184,6 +243,7 @@ def test_a_run_stops_between_folds_only_when_its_remaining_waves_would_not_fit(l
 
     clock = {"now": 0.0}
     monkeypatch.setattr(driver.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(pipeline_run, "plan_folds", fold_processes.plan_folds)  # not one at a time (conftest)
     monkeypatch.setattr(fold_processes, "usable_cores", lambda: 2)  # as kbert run lays out 10 folds on 2 cores
     monkeypatch.setattr(fold_processes, "available_memory", lambda: None)
     finished = []
@@ -203,27 +263,97 @@ def test_a_run_stops_between_folds_only_when_its_remaining_waves_would_not_fit(l
     auto.estimator.ensemble_seconds = 1.0
     config = auto.run_config({"seeds": 2, "epochs": 1, "fold_processes": 0})
     if stops:
-        with pytest.raises(driver.OutOfTime, match=r"9 folds \(5 at a time, ~94s\) would not finish"):
-            driver.run_with_deadline(auto, config, "auto-bert", 1.0)
+        with pytest.raises(driver.OutOfTime, match=r"9 folds \(5 at a time, ~59s\) would not finish"):
+            driver.run_with_deadline(auto, config, "auto-bert", 7)
         assert finished == []  # stopped at the first fold's report, between folds
     else:
-        driver.run_with_deadline(auto, config, "auto-bert", 1.0)
+        driver.run_with_deadline(auto, config, "auto-bert", 7)
         assert len(finished) == 10
 
 
 def test_a_study_counts_the_encoder_folds_at_one_core_each(tmp_path, monkeypatch):
     """Five folds that trained side by side on 2 cores took 56 s each: 22.4 s of one core, as a study's worker
     trains its trial's folds (one after another on its core), not 56 s."""
+    import kbert.pipeline.run as pipeline_run
     from kbert.pipeline import fold_processes
 
+    monkeypatch.setattr(pipeline_run, "plan_folds", fold_processes.plan_folds)  # not one at a time (conftest)
     monkeypatch.setattr(fold_processes, "usable_cores", lambda: 2)
     monkeypatch.setattr(fold_processes, "available_memory", lambda: None)
     auto = driver.Auto(AutoOptions("titanic", 600, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"),
                                    progress=False), log=lambda _: None)
     auto.load_state()
-    auto.state["jobs"]["auto-bert-gated"] = {"action": "run", "settings": {"epochs": 3}}
+    auto.state.jobs["auto-bert-gated"] = JobState("run", {"epochs": 3}, Status.DONE)
     for k in range(5):
         fold = tmp_path / "titanic" / "auto-bert-gated" / "folds" / str(k)
         fold.mkdir(parents=True)
         (fold / "fold.json").write_text(json.dumps({"record": {"seconds": 56.0}}))
     assert driver.one_core_fold_seconds(auto) == pytest.approx([22.4] * 5)
+
+
+@pytest.mark.slow
+def test_a_deadline_on_the_real_clock_stops_a_run_between_folds_and_a_resume_ends_it_as_if_never_stopped(
+        tmp_path, monkeypatch):
+    """Real training, real clock. The run's probe is made 20x too optimistic, so it starts with 1 s free; its
+    first fold (30 epochs: over a second) shows the other four will not fit (they would if it took under 0.44 s),
+    and it stops
+    between folds: kbert auto then ends inside its limit with the baseline as its member. A rerun with a larger
+    limit finishes the run from its kept fold, and its OOF file is byte for byte an uninterrupted run's."""
+    import time
+
+    import kbert.pipeline.probe as probe
+    from kbert.auto.budget import SAFETY
+    from kbert.pipeline.run import run_competition
+    from tests.test_auto import small_titanic
+    from tests.test_tasks_end_to_end import TINY
+
+    data = small_titanic(tmp_path / "data")
+    overrides = {**TINY, "folds": 5, "epochs": 30, "patience": 30}
+    real_probe = probe.probe_run
+    monkeypatch.setattr(probe, "probe_run", lambda config, log=None: optimistic(real_probe(config)))
+    monkeypatch.setattr(driver, "plan", lambda auto: [driver.Job("auto-baseline-hgb", "baseline", {"model": "hgb"}),
+                                                      driver.Job("auto-bert", "run", {"epochs": 30})])
+    monkeypatch.setattr(driver, "MORE_SEEDS", 0)
+    limit = 40.0
+
+    def interim_blend(auto, members):  # a reserve that leaves 1 s free when the run is planned
+        auto.estimator.ensemble_seconds = (auto.left() - 1 - 10 - SAFETY * limit) / (3.5 * (len(members) + 1))
+
+    monkeypatch.setattr(driver, "interim_blend", interim_blend)
+    folder = tmp_path / "runs" / "titanic" / "auto"
+    folder.mkdir(parents=True)
+    (folder / "state.json").write_text(json.dumps({"competition": "titanic", "preset": "fast", "seed": 42,
+                                                   "ensemble_s_per_member": 0.1,  # the baseline's reserve ~11 s
+                                                   "adversarial": {"auc": 0.5, "verdict": "none", "seconds": 0}}))
+
+    def options(limit: float) -> AutoOptions:
+        return AutoOptions("titanic", limit, data_dir=str(data), out_dir=str(tmp_path / "runs"),
+                           submissions_dir=str(tmp_path / "subs"), progress=False, overrides=overrides,
+                           study_trials=0)
+
+    said = []
+    began = time.perf_counter()
+    run_auto(options(limit), log=said.append)
+    wall = time.perf_counter() - began
+    state = json.loads((folder / "state.json").read_text())
+    assert state["jobs"]["auto-bert"]["status"] == "stopped", said
+    assert any(line.startswith("stopped auto-bert: 4 folds (1 at a time") for line in said), said
+    run_dir = tmp_path / "runs" / "titanic" / "auto-bert"
+    assert len(list(run_dir.glob("folds/*/fold.json"))) == 1 and not (run_dir / "metrics.json").exists()
+    assert wall <= limit + 5 and state["spent_s"] <= limit + 5
+
+    monkeypatch.setattr(driver, "interim_blend", lambda auto, members: None)
+    said.clear()
+    run_auto(options(limit + 600), log=said.append)
+    assert any(line.startswith("start auto-bert (30 epochs, max length 64, resumed)") for line in said), said
+    assert json.loads((folder / "state.json").read_text())["jobs"]["auto-bert"]["status"] == "done"
+    config = driver.Auto(options(limit), log=lambda _: None).run_config({"epochs": 30})
+    whole = run_competition(dataclasses.replace(config, out_dir=str(tmp_path / "whole")), run_id="auto-bert",
+                            progress=False, log=lambda _: None)
+    assert (run_dir / "oof.csv").read_bytes() == (whole.run_dir / "oof.csv").read_bytes()
+
+
+def optimistic(probe: RunProbe) -> RunProbe:
+    return dataclasses.replace(probe, startup_s=probe.startup_s / 20, prep_s=probe.prep_s / 20,
+                               train_step_s=probe.train_step_s / 20, eval_batch_s=probe.eval_batch_s / 20,
+                               trace_s=probe.trace_s / 20)

@@ -1,18 +1,27 @@
 """``kbert auto``: from the competition's CSVs to the best honest ensemble, within a time limit.
 
 The stages, in order: adversarial validation (drift between train and test, printed first); the jobs of the preset
-(kbert/auto/plan.py), each started only when its estimate fits in the time left (kbert/auto/budget.py), an encoder
-run's epochs lowered until it fits; after each finished member, a quick blend (one outer split) and the live
-leaderboard; at the end, ``kbert ensemble`` over every member (nested CV, three outer splits), whose best honest
-blend is the submission (validated, with its sidecar), and leaderboard.csv with its report.
+(kbert/auto/plan.py), each started only when its estimate fits in the time left (kbert/auto/budget.py); after
+each finished member, a quick blend (one outer split) and the live leaderboard; a tuning study in the time left,
+then more seeds of the best encoder configuration while one fits; at the end, ``kbert ensemble`` over every
+member (nested CV, three outer splits), whose best honest blend is the submission (validated, with its sidecar),
+and leaderboard.csv with its report.
+
+An encoder run is priced before it starts by a probe on this machine (pipeline/probe.py), in the fold layout it
+will train in. When it does not fit it is shrunk before it is skipped: fewer epochs (down to ``LEAST_EPOCHS``),
+then a shorter max length (the 90th, then the 75th percentile of the training rows' token lengths), each priced
+by its own probe; a skip names every form tried and what is kept back. A baseline is priced from its kind's
+rate, then again from its first fold's fit. Each job's estimate and, when it ends, its actual seconds go to the
+log and the state.
 
 Resumable: each job is a member folder ``runs/<competition>/auto-<job>``, done when it holds a metrics.json.
-``runs/<competition>/auto/state.json`` keeps the time spent by finished work, each job's settings (an encoder run
-resumed after a SIGKILL keeps the epochs it was started with, so its finished folds are reused) and the measured
-job durations (the estimates of a resumed invocation start from them). The time limit is the total over
-invocations: a rerun with the same limit finishes what was left; with a larger one it adds members. Time spent in a
-job that was killed is not counted (it was never recorded). The state is checked when read (``read_state``), and
-one invocation at a time holds ``runs/<competition>/auto/.lock``.
+``runs/<competition>/auto/state.json`` (kbert/auto/state.py) keeps the time spent by finished work and each job's
+record: the settings and form the plan chose (an encoder run resumed after a SIGKILL keeps its epochs and max
+length, so its finished folds are reused; a job skipped under a time limit is not tried again under the same
+one), its estimate and its actual seconds. The time limit is the total over invocations: a rerun with the same
+limit finishes what was left; with a larger one it adds members. Time spent in a job that was killed is not
+counted (it was never recorded). One invocation at a time holds ``runs/<competition>/auto/.lock``. Which members
+a run ends with depends on this machine's speed: the same seed on another machine may plan other forms.
 """
 
 from __future__ import annotations
@@ -25,19 +34,23 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kbert.auto.budget import SAFETY, Estimator, encoder_work, fitting_epochs
+from kbert.auto.budget import SAFETY, Estimator
 from kbert.auto.leaderboard import (Row, leaderboard_frame, leaderboard_text, write_leaderboard,
                                     write_leaderboard_report)
 from kbert.auto.plan import BEST_BASELINE, BEST_RUN, Job, plan_jobs
+from kbert.auto.state import AutoState, JobState, Status, read_state
 from kbert.errors import KbertError
-from kbert.io import exclusive_lock, read_json, write_json
+from kbert.io import exclusive_lock, read_json
 from kbert.pipeline.config import RunConfig, load_competition, resolve_run_config
 
 KINDS = {"baseline": "baseline", "run": "encoder", "embedding": "embedding", "tune": "trial"}
+LEAST_EPOCHS = 3  # an encoder run shrunk below this is skipped (its warm-up and early stopping need epochs)
+SHORTER = (90, 75)  # the percentiles of the training token lengths a run's max length is shrunk to, in turn
+MORE_SEEDS = 3  # the most extra-seed members added with the time left after the study
 
 
 class OutOfTime(Exception):
-    """An encoder run's remaining folds would not finish inside the limit: stopped between folds (resumable)."""
+    """A job's remaining folds would not finish inside the limit: stopped between folds (resumable)."""
 
 
 @dataclass
@@ -65,6 +78,17 @@ class AutoResult:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Form:
+    """An encoder run as planned: its settings (epochs, max length), the estimate and its words."""
+
+    settings: dict
+    estimate_s: float
+    epoch_estimate_s: float
+    probe_s: float
+    words: str
+
+
 class Auto:
     """One invocation: the state, the clock, the estimator, and the jobs run so far."""
 
@@ -85,29 +109,29 @@ class Auto:
     def load_state(self) -> None:
         """The state of the invocations before (checked: ``read_state``), or a new one; the clock starts."""
         options = self.options
-        self.state = read_state(self.state_path, self.competition.name) if self.state_path.is_file() else {
-            "competition": self.competition.name, "preset": options.preset, "seed": options.seed, "spent_s": 0.0,
-            "jobs": {}, "measured": {}}
-        if self.state["seed"] != options.seed or self.state["preset"] != options.preset:
+        self.state = (read_state(self.state_path, self.competition.name) if self.state_path.is_file() else
+                      AutoState(self.competition.name, options.preset, options.seed))
+        if self.state.seed != options.seed or self.state.preset != options.preset:
             raise KbertError(f"{self.state_path}: this competition's kbert auto was started with --preset "
-                             f"{self.state['preset']} --seed {self.state['seed']}; rerun with those, or pass another "
+                             f"{self.state.preset} --seed {self.state.seed}; rerun with those, or pass another "
                              "--out")
-        self.estimator = Estimator({kind: [tuple(pair) for pair in pairs]
-                                    for kind, pairs in self.state["measured"].items()},
-                                   self.state.get("ensemble_s_per_member"))
+        self.estimator = Estimator(self.state.measured, self.state.corrections, self.state.ensemble_s_per_member)
         self.started = time.perf_counter()
-        self.spent_before = float(self.state["spent_s"])
+        self.spent_before = float(self.state.spent_s)
 
     # --- the clock --------------------------------------------------------------------------------------------
     def left(self) -> float:
         return self.options.time_limit - self.spent_before - (time.perf_counter() - self.started)
 
+    def free(self, members: int) -> float:
+        """The seconds one more job may take: the time left less the final ensemble's reserve and the margin."""
+        return self.estimator.free(self.left(), members, self.options.time_limit)
+
     def save(self) -> None:
-        self.state["spent_s"] = round(self.spent_before + time.perf_counter() - self.started, 2)
-        self.state["time_limit_s"] = self.options.time_limit
-        self.state["measured"] = self.estimator.measured
-        self.state["ensemble_s_per_member"] = self.estimator.ensemble_seconds
-        write_json(self.state_path, self.state)
+        self.state.spent_s = round(self.spent_before + time.perf_counter() - self.started, 2)
+        self.state.time_limit_s = self.options.time_limit
+        self.state.ensemble_s_per_member = self.estimator.ensemble_seconds
+        self.state.write(self.state_path)
 
     # --- configs ------------------------------------------------------------------------------------------------
     def base_overrides(self) -> dict:
@@ -131,37 +155,6 @@ class Auto:
             return None
         sign = 1 if greater_is_better(self) else -1
         return max(done, key=lambda name: (sign * self.cv(name), name))
-
-
-def read_state(path: Path, competition: str) -> dict:
-    """state.json, refused in one line unless it reads as kbert auto writes it: the competition's, a preset and
-    seed, a time spent that is a number of seconds >= 0, jobs as a mapping, measured (work, seconds) pairs of
-    positive numbers. A state that lies about its time would let a job start that cannot finish."""
-    state = read_json(path)
-    again = f"; delete {path.parent} to start this competition's kbert auto over, or pass another --out"
-
-    def seconds(value) -> bool:
-        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-
-    if not isinstance(state, dict):
-        raise KbertError(f"{path}: not a kbert auto state (expected a mapping){again}")
-    if state.get("competition") != competition:
-        raise KbertError(f"{path}: the state of competition {state.get('competition')!r}, not {competition!r}{again}")
-    if not isinstance(state.get("preset"), str) or not isinstance(state.get("seed"), int):
-        raise KbertError(f"{path}: no preset and seed{again}")
-    if not seconds(state.get("spent_s")):
-        raise KbertError(f"{path}: spent_s {state.get('spent_s')!r} is not a number of seconds >= 0{again}")
-    if not isinstance(state.get("jobs"), dict) or not all(isinstance(job, dict) for job in state["jobs"].values()):
-        raise KbertError(f"{path}: jobs must be a mapping of job names to their records{again}")
-    measured = state.get("measured")
-    if not isinstance(measured, dict) or not all(
-            isinstance(pairs, list) and all(isinstance(pair, list) and len(pair) == 2 and all(map(seconds, pair))
-                                            and pair[1] > 0 for pair in pairs) for pairs in measured.values()):
-        raise KbertError(f"{path}: measured must map each job kind to [work, seconds] pairs of positive numbers{again}")
-    if state.get("ensemble_s_per_member") is not None and not seconds(state["ensemble_s_per_member"]):
-        raise KbertError(f"{path}: ensemble_s_per_member {state['ensemble_s_per_member']!r} is not a number of "
-                         f"seconds >= 0{again}")
-    return state
 
 
 def greater_is_better(auto: Auto) -> bool:
@@ -196,13 +189,13 @@ def auto_jobs(auto: Auto) -> AutoResult:
         settings = resolve_settings(auto, job)
         if settings is None:
             continue
-        ran = run_job(auto, job, settings, len(members))
-        if ran:
+        if run_job(auto, job, settings, len(members)):
             members.append(job.name)
             interim_blend(auto, members)
     tuned = [job for job in jobs if job.action == "tune"]
     if tuned:
         members += tune_study(auto, tuned[0], len(members))
+    members += more_seeds(auto, members)
     return final_ensemble(auto, members)
 
 
@@ -210,8 +203,8 @@ def adversarial(auto: Auto) -> None:
     """Drift between train and test, printed first (kept in runs/<competition>/adversarial.json)."""
     from kbert.ensembles.adversarial import adversarial_validation, write_adversarial
 
-    if auto.state.get("adversarial"):
-        found = auto.state["adversarial"]
+    if auto.state.adversarial:
+        found = auto.state.adversarial
         auto.log(f"adversarial validation (before): AUC {found['auc']:.3f}, {found['verdict']}")
         return
     started = time.perf_counter()
@@ -219,8 +212,8 @@ def adversarial(auto: Auto) -> None:
     write_adversarial(auto.run_config({}), result)
     top = ", ".join(f"{c.column} {c.importance:.3f}" for c in result.importances[:3])
     auto.log(f"adversarial validation: train vs test AUC {result.auc:.3f}, {result.verdict}; drivers: {top}")
-    auto.state["adversarial"] = {"auc": result.auc, "verdict": result.verdict,
-                                 "seconds": round(time.perf_counter() - started, 1)}
+    auto.state.adversarial = {"auc": result.auc, "verdict": result.verdict,
+                              "seconds": round(time.perf_counter() - started, 1)}
     auto.save()
 
 
@@ -240,11 +233,11 @@ def plan(auto: Auto) -> list[Job]:
 def resolve_settings(auto: Auto, job: Job) -> dict | None:
     """The job's settings with its sources decided (the best baseline, the best encoder run); a job started before
     keeps the settings it was started with."""
-    kept = auto.state["jobs"].get(job.name, {}).get("settings")
-    if kept is not None and (auto.comp_dir / job.name).exists():
-        return kept
+    kept = auto.state.jobs.get(job.name)
+    if kept is not None and kept.status in (Status.RUNNING, Status.STOPPED) and (auto.comp_dir / job.name).exists():
+        return kept.settings
     settings = dict(job.settings)
-    done = {action: [name for name in job.needs if auto.state["jobs"].get(name, {}).get("action") == action]
+    done = {action: [name for name in job.needs if getattr(auto.state.jobs.get(name), "action", None) == action]
             for action in ("baseline", "run")}
     if BEST_RUN in (settings.get("from"), settings.get("embeddings")):
         best = auto.best(done["run"])
@@ -254,7 +247,7 @@ def resolve_settings(auto: Auto, job: Job) -> dict | None:
         if settings.get("embeddings") == BEST_RUN:
             settings["embeddings"] = best
         else:  # the best run's settings, with this job's changes
-            settings = {**auto.state["jobs"][best]["settings"], **{k: v for k, v in settings.items() if k != "from"}}
+            settings = {**auto.state.jobs[best].settings, **{k: v for k, v in settings.items() if k != "from"}}
             settings["source"] = best
     if settings.get("pseudo_label") == BEST_BASELINE:
         teacher = auto.best(done["baseline"])
@@ -265,108 +258,182 @@ def resolve_settings(auto: Auto, job: Job) -> dict | None:
     return settings
 
 
-def job_work(auto: Auto, job: Job, settings: dict) -> tuple[str, float]:
-    """The estimator's kind and the job's work units (for an encoder run: per epoch)."""
+def baseline_work(auto: Auto, job: Job) -> tuple[str, float]:
+    """A baseline's estimator kind and work units (training rows x feature columns, plus its embeddings')."""
     cells = len(auto.features) * len(auto.features.columns)
-    if job.action == "baseline":
-        return f"baseline:{settings['model']}", cells
     if job.action == "embedding":
         return "embedding", cells + (len(auto.features) + len(auto.data.test)) * 10
-    config = auto.run_config(settings)
-    return f"run:{config.model.encoder}", run_work_per_epoch(auto, config)
-
-
-def run_work_per_epoch(auto: Auto, config: RunConfig) -> float:
-    from kbert.models.encoders import trains_from_scratch
-    from kbert.pipeline.fold import make_serializer, scratch_encoder_config
-
-    sample = auto.features.iloc[:200]
-    texts = make_serializer(config).fit(sample).transform(sample)
-    tokens = min(sum(map(len, texts)) / len(texts) / 4.0, config.train.max_length)  # about 4 characters a token
-    if trains_from_scratch(config.model.encoder):
-        size = scratch_encoder_config(config, config.model.vocab_size)
-    else:
-        from kbert.models.encoders import read_config, resolve_encoder_path
-
-        size = read_config(resolve_encoder_path(config.model.encoder))
-    return encoder_work(len(auto.features), len(auto.data.test), config.competition.folds.k, config.seeds, 1, tokens,
-                        int(size["num_hidden_layers"]), int(size["hidden_size"]))
+    return f"baseline:{job.settings['model']}", cells
 
 
 def run_job(auto: Auto, job: Job, settings: dict, members: int) -> bool:
-    """Estimate, then run (or skip) one job; record its time. True when it finished."""
-    kind, work = job_work(auto, job, settings)
-    left, limit = auto.left(), auto.options.time_limit
-    started_before = job.name in auto.state["jobs"] and (auto.comp_dir / job.name).exists()
-    if job.action == "run":
-        epochs = settings["epochs"] if started_before else fitting_epochs(
-            auto.estimator, kind, work, settings["epochs"], left, members, limit)
-        if epochs == 0:
-            auto.log(f"skip {job.name}: even 3 epochs would take ~{auto.estimator.estimate(kind, 3 * work):.0f}s; "
-                     f"{kept_back(auto, members + 1, left)}")
-            return False
-        if epochs < settings["epochs"]:
-            auto.log(f"{job.name}: {epochs} epochs (not {settings['epochs']}) to fit the {left:.0f}s left")
-        settings = {**settings, "epochs": epochs}
-        work *= epochs
-    elif not auto.estimator.fits(kind, work, left, members, limit):
-        auto.log(f"skip {job.name}: ~{auto.estimator.estimate(kind, work):.0f}s estimated; "
-                 f"{kept_back(auto, members + 1, left)}")
+    """Plan, start (if it fits) and finish (or stop) one job; record its estimate and actual time. True when it
+    finished."""
+    kept = auto.state.jobs.get(job.name)
+    if kept is not None and kept.status in (Status.FAILED, Status.SKIPPED) and kept.limit_s >= auto.options.time_limit:
+        auto.log(f"skip {job.name}: {kept.status.value} before under this time limit ({kept.form or kept.error})")
         return False
-    auto.state["jobs"][job.name] = {"action": job.action, "settings": settings, "status": "running"}
+    resumed = kept is not None and kept.status in (Status.RUNNING, Status.STOPPED) and (
+        auto.comp_dir / job.name).exists()
+    record = JobState(job.action, settings, Status.RUNNING, limit_s=auto.options.time_limit)
+    if job.action == "run":
+        form = kept_form(auto, kept) if resumed else plan_run(auto, job, settings, members)
+        if form is None:
+            return False
+        settings = record.settings = form.settings
+        record.form, record.estimate_s, record.epoch_estimate_s, record.probe_s = (
+            form.words, form.estimate_s, form.epoch_estimate_s, form.probe_s)
+    else:
+        kind, work = baseline_work(auto, job)
+        record.estimate_s = auto.estimator.estimate(kind, work)
+        if not auto.estimator.fits(record.estimate_s, auto.left(), members, auto.options.time_limit):
+            record.status, record.form = Status.SKIPPED, f"~{record.estimate_s:.0f}s estimated"
+            auto.state.jobs[job.name] = record
+            auto.save()
+            auto.log(f"skip {job.name}: ~{record.estimate_s:.0f}s estimated; {kept_back(auto, members + 1)}")
+            return False
+    auto.state.jobs[job.name] = record
     auto.save()
-    auto.log(f"start {job.name} (~{auto.estimator.estimate(kind, work):.0f}s estimated, {left:.0f}s left)")
+    auto.log(f"start {job.name}" + (f" ({record.form})" if record.form else "") +
+             f": ~{record.estimate_s:.0f}s estimated, {auto.left():.0f}s left")
     began = time.perf_counter()
     try:
-        measured = execute(auto, job, settings, work)
+        execute(auto, job, record, members)
     except OutOfTime as exc:
-        auto.state["jobs"][job.name]["status"] = "stopped"
+        record.status = Status.STOPPED
+        if job.action != "run":  # a baseline is never resumed
+            shutil.rmtree(auto.comp_dir / job.name, ignore_errors=True)
+            record.status, record.form = Status.SKIPPED, str(exc)
         auto.save()
-        auto.log(f"stopped {job.name}: {exc}; a rerun with a larger --time-limit finishes it")
+        auto.log(f"stopped {job.name}: {exc}" + ("; a rerun with a larger --time-limit finishes it"
+                                                 if job.action == "run" else ""))
         return False
     except KbertError as exc:  # one member's refusal (too few rows for a fold, a missing library) ends that job only
-        auto.state["jobs"][job.name]["status"] = f"failed: {exc}"
+        record.status, record.error = Status.FAILED, str(exc)
         auto.save()
         auto.log(f"failed {job.name}: {exc}")
         return False
-    seconds = time.perf_counter() - began
-    auto.estimator.record(kind, measured, seconds)
-    auto.state["jobs"][job.name].update(status="done", seconds=round(seconds, 1), cv=auto.cv(job.name))
+    record.seconds = round(time.perf_counter() - began, 1)
+    if job.action == "run":
+        record.epoch_seconds = measured_epoch_seconds(auto.comp_dir / job.name)
+        if record.epoch_seconds and record.epoch_estimate_s:
+            auto.estimator.record_run(settings.get("encoder", "bert"), record.epoch_seconds,
+                                      record.epoch_estimate_s / auto.estimator.correction(
+                                          settings.get("encoder", "bert")))
+    else:
+        auto.estimator.record(*baseline_work(auto, job), record.seconds)
+    record.status, record.cv = Status.DONE, auto.cv(job.name)
     auto.save()
-    auto.log(f"done {job.name}: CV {auto.cv(job.name):.4f} in {seconds:.0f}s")
+    epoch = (f"; a fold-epoch {record.epoch_seconds:.1f}s (~{record.epoch_estimate_s:.1f}s estimated)"
+             if record.epoch_seconds and record.epoch_estimate_s else "")
+    auto.log(f"done {job.name}: CV {record.cv:.4f} in {record.seconds:.0f}s (~{record.estimate_s:.0f}s "
+             f"estimated){epoch}")
     return True
 
 
-def kept_back(auto: Auto, members: int, left: float, fold: float = 0.0) -> str:
+def plan_run(auto: Auto, job: Job, settings: dict, members: int) -> Form | None:
+    """The largest form of an encoder run that fits: its epochs lowered to ``LEAST_EPOCHS``, then its max length
+    shortened (``SHORTER``), each form priced by a probe. None (and a skip that names every form tried) when none
+    fits."""
+    from kbert.pipeline.probe import probe_run
+
+    tried, lengths, seen = [], [None], set()  # None: the run's own max length; then shorter ones from its probe
+    while lengths:
+        max_length = lengths.pop(0)
+        form = {**settings, **({"max_length": max_length} if max_length else {})}
+        config = auto.run_config(form)
+        if config.train.max_length in seen:  # a length the overrides pin
+            continue
+        seen.add(config.train.max_length)
+        began = time.perf_counter()
+        probe = probe_run(config, log=auto.log)
+        probe_s = 0.0 if probe.cached else time.perf_counter() - began
+        if max_length is None:
+            lengths = sorted({probe.lengths[f"p{q}"] for q in SHORTER if 8 <= probe.lengths[f"p{q}"]
+                              < config.train.max_length}, reverse=True)
+        correction = auto.estimator.correction(config.model.encoder)
+        free = auto.free(members)
+        words = f"max length {config.train.max_length}"
+        auto.log(f"probe {job.name} ({words}, {probe.at_once} folds side by side): a fold-epoch "
+                 f"~{probe.epoch_seconds() * correction:.1f}s" + (" (cached)" if probe.cached else
+                                                                   f", probed in {probe_s:.0f}s"))
+        for epochs in range(config.train.epochs, LEAST_EPOCHS - 1, -1):
+            seconds = probe.run_seconds(epochs) * correction
+            if seconds <= free:
+                changed = ", shrunk to fit" if epochs < settings["epochs"] or max_length else ""
+                return Form({**form, "epochs": epochs}, seconds, probe.epoch_seconds() * correction, probe_s,
+                            f"{epochs} epochs, {words}{changed}")
+        tried.append(f"{LEAST_EPOCHS} epochs at {words} ~{probe.run_seconds(LEAST_EPOCHS) * correction:.0f}s")
+    record = JobState(job.action, settings, Status.SKIPPED, form="no form fits: " + "; ".join(tried),
+                      limit_s=auto.options.time_limit)
+    auto.state.jobs[job.name] = record
+    auto.save()
+    auto.log(f"skip {job.name}: no form fits ({'; '.join(tried)}); {kept_back(auto, members + 1)}")
+    return None
+
+
+def kept_form(auto: Auto, kept: JobState) -> Form:
+    """A resumed run keeps the form it was started with (its finished folds are reused)."""
+    return Form(kept.settings, kept.estimate_s or 0.0, kept.epoch_estimate_s or 0.0, kept.probe_s or 0.0,
+                (kept.form + ", resumed").lstrip(", "))
+
+
+def measured_epoch_seconds(run_dir: Path) -> float | None:
+    """A finished run's seconds a fold-epoch: each fold's training seconds over the epochs it ran, averaged."""
+    rates = []
+    for path in run_dir.glob("folds/*/fold.json"):
+        history = path.parent / "history.json"
+        epochs = len(json.loads(history.read_text())) if history.is_file() else 0
+        if epochs:
+            rates.append(read_json(path)["record"]["seconds"] / epochs)
+    return sum(rates) / len(rates) if rates else None
+
+
+def kept_back(auto: Auto, members: int, fold: float = 0.0) -> str:
     """What the time left holds for a job, in words: the time left less the final ensemble's reserve (for
     ``members`` members), the safety margin and, for a study, one ``fold`` (it stops between folds)."""
+    left = auto.left()
     reserve, margin = auto.estimator.ensemble_estimate(members), SAFETY * auto.options.time_limit
     study = f", one ~{fold:.0f}s fold for the study's stop" if fold else ""
     return (f"{max(left - reserve - margin - fold, 0):.0f}s of the {left:.0f}s left are free (kept back: the final "
             f"ensemble's reserve ~{reserve:.0f}s, the {margin:.0f}s safety margin{study})")
 
 
-def execute(auto: Auto, job: Job, settings: dict, work: float) -> float:
-    """Run the job; returns the work it did (an encoder run: the epochs each fold ran, not the most it could)."""
+def execute(auto: Auto, job: Job, record: JobState, members: int) -> None:
+    """Run the job. A baseline is priced again from its first fold's fit and stopped there when the rest would
+    not fit; an encoder run is stopped between folds when its remaining folds would not."""
     from kbert.ensembles.baseline import run_baseline
 
+    settings = record.settings
     folder = auto.comp_dir / job.name
-    if job.action in ("baseline", "embedding"):
-        if folder.exists() and not auto.done(job.name):  # a baseline killed half-way: never resumed, made anew
-            shutil.rmtree(folder)
-        source = settings.get("embeddings")
-        if source and source.startswith("auto-"):
-            source = str(auto.comp_dir / source)
-        run_baseline(auto.run_config({}), settings["model"], run_id=job.name, log=lambda _: None, embeddings=source)
-        return work
-    config = auto.run_config(settings)
-    return run_with_deadline(auto, config, job.name, work)
+    if job.action == "run":
+        run_with_deadline(auto, auto.run_config(settings), job.name, members)
+        return
+    if folder.exists() and not auto.done(job.name):  # a baseline killed half-way: never resumed, made anew
+        shutil.rmtree(folder)
+    began = time.perf_counter()
+    k = auto.competition.folds.k
+
+    def on_fold(fold: int, seconds: float) -> None:
+        if fold == 0:  # priced again from its first fit: the rest of its folds as long as the first
+            record.estimate_s = round(time.perf_counter() - began + (k - 1) * seconds, 1)
+            record.form = f"~{record.estimate_s:.0f}s from its first fold's {seconds:.1f}s"
+            auto.save()
+            if (k - 1) * seconds > auto.free(members):
+                raise OutOfTime(f"its first fold took {seconds:.1f}s, so its {k} folds need ~{record.estimate_s:.0f}s; "
+                                f"{kept_back(auto, members + 1)}")
+
+    source = settings.get("embeddings")
+    if source and source.startswith("auto-"):
+        source = str(auto.comp_dir / source)
+    run_baseline(auto.run_config({}), settings["model"], run_id=job.name, log=lambda _: None, embeddings=source,
+                 on_fold=on_fold)
 
 
-def run_with_deadline(auto: Auto, config: RunConfig, name: str, work: float) -> float:
+def run_with_deadline(auto: Auto, config: RunConfig, name: str, members: int) -> None:
     """``run_competition``, stopped between folds when its remaining folds would not finish before the final
-    ensemble must start; the work it did, from the epochs its folds ran. Folds that train side by side (fold
-    processes on a CPU, laid out as ``kbert run`` lays them out) finish in waves, and are counted so."""
+    ensemble must start. Folds that train side by side (fold processes on a CPU, laid out as ``kbert run`` lays
+    them out) finish in waves, and are counted so."""
     from kbert.pipeline.artifacts import fold_layout
     from kbert.pipeline.run import run_competition
 
@@ -384,22 +451,20 @@ def run_with_deadline(auto: Auto, config: RunConfig, name: str, work: float) -> 
             side_by_side.append(folds_at_once(config, total - kept))
         at_once = side_by_side[0]
         needed = remaining_seconds(time.perf_counter() - began, done - kept, total - done, at_once)
-        reserve = auto.estimator.ensemble_estimate(8)
+        reserve = auto.estimator.ensemble_estimate(members + 1)
         if needed + reserve > auto.left():
             raise OutOfTime(f"{total - done} folds ({at_once} at a time, ~{needed:.0f}s) would not finish in the "
                             f"{auto.left():.0f}s left with the final ensemble's reserve ~{reserve:.0f}s")
 
-    result = run_competition(config, run_id=name, progress=auto.options.progress, log=lambda _: None,
-                             on_fold=on_fold)
-    ran = sum(len(json.loads(path.read_text())) for path in result.run_dir.glob("folds/*/history.json"))
-    return work * ran / (config.train.epochs * total)
+    run_competition(config, run_id=name, progress=auto.options.progress, log=lambda _: None, on_fold=on_fold)
 
 
 def folds_at_once(config: RunConfig, to_train: int) -> int:
     """How many of a run's ``to_train`` folds train side by side, as ``kbert run`` plans them on this machine."""
     from kbert.pipeline.artifacts import fold_layout
-    from kbert.pipeline.fold_processes import available_memory, plan_folds, usable_cores
+    from kbert.pipeline.fold_processes import available_memory, usable_cores
     from kbert.pipeline.precision import current_device
+    from kbert.pipeline.run import plan_folds
 
     return plan_folds(config.train.fold_processes, current_device(), len(fold_layout(config)),
                       config.competition.folds.k, to_train, usable_cores(), available=available_memory()).processes
@@ -415,11 +480,11 @@ def one_core_fold_seconds(auto: Auto) -> list[float]:
     from kbert.pipeline.precision import current_device
 
     seconds = []
-    for name, state in auto.state["jobs"].items():
-        paths = list((auto.comp_dir / name).glob("folds/*/fold.json")) if state.get("action") == "run" else []
+    for name, job in auto.state.jobs.items():
+        paths = list((auto.comp_dir / name).glob("folds/*/fold.json")) if job.action == "run" else []
         if not paths:
             continue
-        config = auto.run_config(state["settings"])
+        config = auto.run_config(job.settings)
         share = 1.0
         if current_device() == "cpu":  # more than one core each: an upper bound (streams scale below linearly)
             share = usable_cores() / folds_at_once(config, len(fold_layout(config)))
@@ -429,9 +494,13 @@ def one_core_fold_seconds(auto: Auto) -> list[float]:
 
 def remaining_seconds(elapsed: float, trained: int, remaining: int, at_once: int) -> float:
     """The wall time ``remaining`` folds need, from the ``elapsed`` seconds in which ``trained`` folds finished:
-    folds train ``at_once`` at a time, so they finish in waves of that many, each as long as the waves so far."""
-    wave = elapsed / math.ceil(trained / at_once)
-    return math.ceil(remaining / at_once) * wave
+    folds start ``at_once`` at a time and a fold starts as one ends, so they finish in waves of that many, each as
+    long as the waves so far. The folds of the wave under way have run as long as the finished ones: a quarter of
+    a wave is kept for their stragglers; every wave not started yet counts whole."""
+    waves_done = math.ceil(trained / at_once)
+    wave = elapsed / waves_done
+    waves_left = math.ceil((trained + remaining) / at_once) - waves_done
+    return (waves_left + (0.25 if trained % at_once else 0.0)) * wave if remaining else 0.0
 
 
 def interim_blend(auto: Auto, members: list[str]) -> None:
@@ -471,9 +540,10 @@ def leaderboard_rows(auto: Auto, members: list[str], result) -> list[Row]:
     weights = member_weights(result) if result is not None else {}
     rows = []
     for name in members:
-        job = auto.state["jobs"].get(name, {})
-        kind = KINDS.get(job.get("action", ""), "trial" if "/" in name else "baseline")
-        seconds = job.get("seconds") or read_json(auto.comp_dir / name / "metrics.json").get("wall_time_s", 0.0)
+        job = auto.state.jobs.get(name)
+        kind = KINDS.get(job.action, "baseline") if job is not None else "trial" if "/" in name else "encoder"
+        seconds = (job.seconds if job is not None and job.seconds else
+                   read_json(auto.comp_dir / name / "metrics.json").get("wall_time_s", 0.0))
         rows.append(Row(name, kind, auto.cv(name), honest.get(name), float(seconds or 0.0), weights.get(name)))
     return rows
 
@@ -519,10 +589,31 @@ def tune_study(auto: Auto, job: Job, members: int) -> list[str]:
     elif trials:
         auto.log(f"skip {job.name}: a trial's {auto.competition.folds.k} folds of ~{fold:.0f}s (the slowest encoder "
                  f"fold so far, on one core) need ~{auto.competition.folds.k * fold:.0f}s; "
-                 f"{kept_back(auto, members + 3, auto.left(), fold)}")
+                 f"{kept_back(auto, members + 3, fold)}")
     finished = [p.relative_to(auto.comp_dir).as_posix() for p in member_folders(auto.comp_dir)
                 if p.parent.name == job.name]
     return sorted(finished, key=lambda name: auto.cv(name), reverse=greater_is_better(auto))[:3]
+
+
+def more_seeds(auto: Auto, members: list[str]) -> list[str]:
+    """The time left after the study, spent on what the nested CV rewards most cheaply: the best encoder
+    configuration again with other seeds, one member each (up to ``MORE_SEEDS``), each planned like any encoder
+    run (shrunk to fit, skipped when no form does)."""
+    runs = [name for name in members if getattr(auto.state.jobs.get(name), "action", None) == "run"]
+    best = auto.best(runs)
+    added: list[str] = []
+    for n in range(1, MORE_SEEDS + 1 if best is not None else 1):
+        name = f"auto-more-seeds-{n}"
+        if auto.done(name):
+            added.append(name)
+            continue
+        settings = {**auto.state.jobs[best].settings, "seed": auto.options.seed + 100 * n, "seeds": 1,
+                    "source": best}
+        if not run_job(auto, Job(name, "run", settings), settings, len(members) + len(added)):
+            break
+        added.append(name)
+        interim_blend(auto, members + added)
+    return added
 
 
 def final_ensemble(auto: Auto, members: list[str]) -> AutoResult:
@@ -545,7 +636,7 @@ def final_ensemble(auto: Auto, members: list[str]) -> AutoResult:
     honest = result.honest.score if result is not None else None
     facts = [("competition", auto.competition.name), ("preset", auto.options.preset),
              ("time limit", f"{auto.options.time_limit / 60:.1f} min"),
-             ("time spent", f"{auto.state['spent_s'] / 60:.1f} min"),
+             ("time spent", f"{auto.state.spent_s / 60:.1f} min"),
              ("chosen blend", result.chosen if result is not None else members[0]),
              ("its honest CV", "-" if honest is None else f"{honest:.4f}"),
              ("submission", str(submission))]
@@ -556,4 +647,4 @@ def final_ensemble(auto: Auto, members: list[str]) -> AutoResult:
     auto.log(f"submission: {submission}")
     return AutoResult(leaderboard=auto.folder / "leaderboard.csv", report=report, submission=submission,
                       chosen=result.chosen if result is not None else members[0], honest=honest,
-                      best_single=best_single, seconds=auto.state["spent_s"])
+                      best_single=best_single, seconds=auto.state.spent_s)
