@@ -134,15 +134,13 @@ def column_kinds(rows: pd.DataFrame, exclude: tuple[str, ...]) -> ColumnKinds:
 
 def prepare(rows: pd.DataFrame, kinds: ColumnKinds) -> pd.DataFrame:
     """Numbers as float (booleans 0/1), categories as strings with NaN kept, text with NaN as ''."""
-    out = pd.DataFrame(index=rows.index)
-    for column in kinds.numeric:
-        out[column] = pd.to_numeric(rows[column].astype("float64"), errors="raise")
+    out = {column: pd.to_numeric(rows[column].astype("float64"), errors="raise") for column in kinds.numeric}
     for column in kinds.categorical:
         values = rows[column]
         out[column] = values.where(values.isna(), values.astype(str)).astype(object)
     for column in kinds.text:
         out[column] = rows[column].fillna("").astype(str)
-    return out
+    return pd.DataFrame(out, index=rows.index)  # at once: one column at a time fragments a wide frame
 
 
 def missing_as_category() -> SimpleImputer:

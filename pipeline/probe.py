@@ -49,7 +49,7 @@ class RunProbe:
     valid_batches: int
     test_batches: int
     shapes: int  # distinct padded shapes a fold traces
-    lengths: dict  # the training rows' token lengths: p50, p75, p90, p95, max
+    lengths: dict  # the training rows' token lengths: p50, p75, p90, p95, max; kept_p75, kept_p90 (kept_tokens)
     seconds: float  # the probe's own wall time
     cached: bool = False
 
@@ -121,9 +121,17 @@ def summarize(folds: list[dict], config: RunConfig, at_once: int, total: int, wa
         valid_batches=math.ceil(mean("valid_rows") / train.eval_batch_size),
         test_batches=math.ceil(mean("test_rows") / train.eval_batch_size),
         shapes=widths(folds[0]["train_lengths"], train) + widths(folds[0]["eval_lengths"], train),
-        lengths={name: int(np.percentile(lengths, q)) for name, q in (("p50", 50), ("p75", 75), ("p90", 90),
-                                                                      ("p95", 95), ("max", 100))},
+        lengths={**{name: int(np.percentile(lengths, q)) for name, q in (("p50", 50), ("p75", 75), ("p90", 90),
+                                                                         ("p95", 95), ("max", 100))},
+                 **{f"kept_p{q}": kept_tokens(lengths, int(np.percentile(lengths, q)), train.max_length)
+                    for q in (75, 90)}},
         seconds=round(wall, 3))
+
+
+def kept_tokens(lengths: np.ndarray, shorter: int, max_length: int) -> float:
+    """The share of the training tokens a max length of ``shorter`` keeps of what ``max_length`` keeps: what a
+    step at that length costs against one at ``max_length``, about (rows are padded to their batch's longest)."""
+    return round(float(np.minimum(lengths, shorter).sum() / np.minimum(lengths, max_length).sum()), 4)
 
 
 def widths(lengths: list[int], train) -> int:

@@ -21,7 +21,8 @@ def fake_probe(epoch_seconds: float, max_length: int = 64, startup: float = 5.0)
     return RunProbe(at_once=5, folds=5, startup_s=startup, prep_s=0.0, train_step_s=epoch_seconds / 10,
                     eval_batch_s=0.0, trace_s=0.0, steps_per_epoch=10, valid_batches=0, test_batches=0, shapes=0,
                     lengths={"p50": max_length // 4, "p75": max_length // 2, "p90": 3 * max_length // 4,
-                             "p95": max_length - 1, "max": max_length}, seconds=1.0)
+                             "p95": max_length - 1, "max": max_length, "kept_p75": 0.5, "kept_p90": 0.75},
+                    seconds=1.0)
 
 
 def probe_by_length(monkeypatch, seconds_per_token: float) -> list[int]:
@@ -67,16 +68,54 @@ def test_a_run_is_shrunk_epochs_first_then_max_length_and_skipped_only_when_no_f
     auto.started -= 150  # 250 s left, 199.5 s free: 6 epochs of 32 s (197 s)
     form = driver.plan_run(auto, job, job.settings, 2)
     assert form.settings["epochs"] == 6 and "shrunk to fit" in form.words
-    auto.started -= 150  # 100 s left, 49.5 s free: 3 epochs need 101 s at 64 tokens, 77 s at 48, 53 s at 32
+    # 102.5 s left, 52 s free: 3 epochs need 101 s at 64 tokens; scaled by the tokens they keep, ~76 s at 48 (the
+    # 90th percentile: not probed) and ~50.5 s at 32 (the 75th: probed, 53 s).
+    auto.started -= 147.5
     assert probed[-1] == 64
     said.clear()
     assert driver.plan_run(auto, job, job.settings, 2) is None
-    assert probed[-3:] == [64, 48, 32]  # the 90th, then the 75th percentile of the training lengths
+    assert probed[-2:] == [64, 32]
     skip = said[-1]
     assert skip.startswith("skip auto-bert: no form fits (3 epochs at max length 64 ~101s; 3 epochs at max length "
-                           "48 ~77s; 3 epochs at max length 32 ~53s)"), skip
+                           "32 ~53s)"), skip
     assert "final ensemble's reserve ~20s" in skip and "safety margin" in skip
     assert auto.state.jobs["auto-bert"].status is Status.SKIPPED
+    # Under half the least form probed so far (53 s) free: not even probed.
+    auto.started -= 30
+    assert driver.plan_run(auto, job, job.settings, 2) is None and probed[-2:] == [64, 32]
+    assert said[-1].startswith("skip auto-bert: no form fits (not probed: the least form of bert probed so far "
+                               "needs ~53s)"), said[-1]
+
+
+def test_shorter_lengths_are_probed_only_when_they_cut_enough_and_a_refused_probe_fails_that_job_alone(
+        tmp_path, monkeypatch):
+    import kbert.pipeline.probe as probe
+    from kbert.errors import KbertError
+    from kbert.pipeline.probe import kept_tokens
+
+    assert kept_tokens(np.array([10, 20, 100]), 20, 100) == pytest.approx(50 / 130, abs=1e-4)
+    probed, said = [], []
+
+    def probe_run(config, log=None):  # the 90th and 75th percentiles keep 95% and 90% of the tokens: not worth it
+        probed.append(config.train.max_length)
+        found = fake_probe(40.0)
+        return dataclasses.replace(found, lengths={**found.lengths, "kept_p90": 0.95, "kept_p75": 0.9})
+
+    monkeypatch.setattr(probe, "probe_run", probe_run)
+    auto = driver.Auto(AutoOptions("titanic", 200, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"),
+                                   progress=False), log=said.append)
+    auto.load_state()
+    job = driver.Job("auto-bert", "run", {"epochs": 10, "patience": 3})
+    assert driver.plan_run(auto, job, job.settings, 2) is None and len(probed) == 1
+    assert said[-1].startswith("skip auto-bert: no form fits (3 epochs at max length 96 ~125s)"), said[-1]
+
+    def refused(config, log=None):
+        raise KbertError("fold 1/5: too few rows")
+
+    monkeypatch.setattr(probe, "probe_run", refused)
+    assert not driver.run_job(auto, driver.Job("auto-bert-2", "run", job.settings), job.settings, 2)
+    assert said[-1] == "failed auto-bert-2: fold 1/5: too few rows"
+    assert auto.state.jobs["auto-bert-2"].status is Status.FAILED
 
 
 def fake_execute(clock: dict, started: list, true_epoch: float, true_baseline: float):
@@ -224,9 +263,10 @@ def test_folds_side_by_side_finish_in_waves():
 
     # One at a time: each remaining fold as long as the mean so far (as before).
     assert remaining_seconds(100.0, 2, 3, 1) == pytest.approx(150.0)
-    # Five at a time: the first fold done after 47 s leaves a quarter wave for the other four of its wave (they
-    # have run as long), then one wave for folds 6-9.
-    assert remaining_seconds(47.0, 1, 8, 5) == pytest.approx(1.25 * 47.0)
+    # Five at a time: the first fold done after 47 s leaves a fifth of a wave for the other four of its wave
+    # (they have run as long), then one wave for folds 6-9; the last of a wave, a twentieth.
+    assert remaining_seconds(47.0, 1, 8, 5) == pytest.approx(1.2 * 47.0)
+    assert remaining_seconds(190.0, 4, 1, 5) == pytest.approx(190.0 / 20)
     assert remaining_seconds(50.0, 5, 4, 5) == pytest.approx(50.0)
     assert remaining_seconds(50.0, 5, 0, 5) == 0.0
 
@@ -234,7 +274,7 @@ def test_folds_side_by_side_finish_in_waves():
 @pytest.mark.parametrize("limit,stops", [(230.0, False), (130.0, True)])
 def test_a_run_stops_between_folds_only_when_its_remaining_waves_would_not_fit(limit, stops, tmp_path, monkeypatch):
     """Ten folds (5 x 2 seeds) trained five at a time, each 47 s on a fake clock: after the first, the other nine
-    need the rest of its wave and one more (~59 s), not nine folds' time. With the final ensemble's reserve (10 s +
+    need the rest of its wave and one more (~56 s), not nine folds' time. With the final ensemble's reserve (10 s +
     3.5 x 1 s x 8 members) that fits in 230 s and not in 130 s."""
     import types
 
@@ -263,7 +303,7 @@ def test_a_run_stops_between_folds_only_when_its_remaining_waves_would_not_fit(l
     auto.estimator.ensemble_seconds = 1.0
     config = auto.run_config({"seeds": 2, "epochs": 1, "fold_processes": 0})
     if stops:
-        with pytest.raises(driver.OutOfTime, match=r"9 folds \(5 at a time, ~59s\) would not finish"):
+        with pytest.raises(driver.OutOfTime, match=r"9 folds \(5 at a time, ~56s\) would not finish"):
             driver.run_with_deadline(auto, config, "auto-bert", 7)
         assert finished == []  # stopped at the first fold's report, between folds
     else:

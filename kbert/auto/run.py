@@ -46,6 +46,8 @@ from kbert.pipeline.config import RunConfig, load_competition, resolve_run_confi
 KINDS = {"baseline": "baseline", "run": "encoder", "embedding": "embedding", "tune": "trial"}
 LEAST_EPOCHS = 3  # an encoder run shrunk below this is skipped (its warm-up and early stopping need epochs)
 SHORTER = (90, 75)  # the percentiles of the training token lengths a run's max length is shrunk to, in turn
+SHORTEN_WHEN = 0.8  # ... when that keeps at most this share of the tokens (else it saves too little to probe)
+FLOOR_SHARE = 0.5  # a run is not probed when the time free is under this share of its encoder's least form so far
 MORE_SEEDS = 3  # the most extra-seed members added with the time left after the study
 
 
@@ -102,6 +104,7 @@ class Auto:
         from kbert.pipeline.data import load_competition_data
 
         comp = self.competition
+        self.floors: dict[str, float] = {}  # by encoder: FLOOR_SHARE x its least form's seconds probed so far
         self.data = load_competition_data(comp, options.data_dir)
         self.features, _ = add_features(comp.features, self.data.train.drop(columns=comp.target_columns),
                                         self.data.test)
@@ -277,7 +280,14 @@ def run_job(auto: Auto, job: Job, settings: dict, members: int) -> bool:
         auto.comp_dir / job.name).exists()
     record = JobState(job.action, settings, Status.RUNNING, limit_s=auto.options.time_limit)
     if job.action == "run":
-        form = kept_form(auto, kept) if resumed else plan_run(auto, job, settings, members)
+        try:
+            form = kept_form(auto, kept) if resumed else plan_run(auto, job, settings, members)
+        except KbertError as exc:  # refused while it was probed (too few rows for a fold, ...): that job only
+            auto.state.jobs[job.name] = JobState(job.action, settings, Status.FAILED, error=str(exc),
+                                                 limit_s=auto.options.time_limit)
+            auto.save()
+            auto.log(f"failed {job.name}: {exc}")
+            return False
         if form is None:
             return False
         settings = record.settings = form.settings
@@ -337,6 +347,12 @@ def plan_run(auto: Auto, job: Job, settings: dict, members: int) -> Form | None:
     fits."""
     from kbert.pipeline.probe import probe_run
 
+    encoder = auto.run_config(settings).model.encoder
+    floor = auto.floors.get(encoder, 0.0)
+    if auto.free(members) <= floor:  # not even worth its probe
+        return skip_run(auto, job, settings, members, ["not probed: no time is free" if not floor else
+                                                       f"not probed: the least form of {encoder} probed so far "
+                                                       f"needs ~{floor / FLOOR_SHARE:.0f}s"])
     tried, lengths, seen = [], [None], set()  # None: the run's own max length; then shorter ones from its probe
     while lengths:
         max_length = lengths.pop(0)
@@ -348,11 +364,14 @@ def plan_run(auto: Auto, job: Job, settings: dict, members: int) -> Form | None:
         began = time.perf_counter()
         probe = probe_run(config, log=auto.log)
         probe_s = 0.0 if probe.cached else time.perf_counter() - began
-        if max_length is None:
-            lengths = sorted({probe.lengths[f"p{q}"] for q in SHORTER if 8 <= probe.lengths[f"p{q}"]
-                              < config.train.max_length}, reverse=True)
         correction = auto.estimator.correction(config.model.encoder)
         free = auto.free(members)
+        least = probe.run_seconds(LEAST_EPOCHS) * correction
+        auto.floors[encoder] = min(auto.floors.get(encoder, math.inf), FLOOR_SHARE * least)
+        if max_length is None:  # shorter lengths worth a probe: a fifth of the tokens cut, and it might fit
+            lengths = sorted({probe.lengths[f"p{q}"] for q in SHORTER if 8 <= probe.lengths[f"p{q}"]
+                              < config.train.max_length and probe.lengths.get(f"kept_p{q}", 1.0) <= SHORTEN_WHEN
+                              and least * probe.lengths[f"kept_p{q}"] <= free}, reverse=True)
         words = f"max length {config.train.max_length}"
         auto.log(f"probe {job.name} ({words}, {probe.at_once} folds side by side): a fold-epoch "
                  f"~{probe.epoch_seconds() * correction:.1f}s" + (" (cached)" if probe.cached else
@@ -363,13 +382,16 @@ def plan_run(auto: Auto, job: Job, settings: dict, members: int) -> Form | None:
                 changed = ", shrunk to fit" if epochs < settings["epochs"] or max_length else ""
                 return Form({**form, "epochs": epochs}, seconds, probe.epoch_seconds() * correction, probe_s,
                             f"{epochs} epochs, {words}{changed}")
-        tried.append(f"{LEAST_EPOCHS} epochs at {words} ~{probe.run_seconds(LEAST_EPOCHS) * correction:.0f}s")
-    record = JobState(job.action, settings, Status.SKIPPED, form="no form fits: " + "; ".join(tried),
-                      limit_s=auto.options.time_limit)
-    auto.state.jobs[job.name] = record
+        tried.append(f"{LEAST_EPOCHS} epochs at {words} ~{least:.0f}s")
+    return skip_run(auto, job, settings, members, tried)
+
+
+def skip_run(auto: Auto, job: Job, settings: dict, members: int, tried: list[str]) -> None:
+    """Record and say that no form of an encoder run fits, naming each form tried and what is kept back."""
+    auto.state.jobs[job.name] = JobState(job.action, settings, Status.SKIPPED, form="no form fits: " +
+                                         "; ".join(tried), limit_s=auto.options.time_limit)
     auto.save()
     auto.log(f"skip {job.name}: no form fits ({'; '.join(tried)}); {kept_back(auto, members + 1)}")
-    return None
 
 
 def kept_form(auto: Auto, kept: JobState) -> Form:
@@ -400,8 +422,9 @@ def kept_back(auto: Auto, members: int, fold: float = 0.0) -> str:
 
 
 def execute(auto: Auto, job: Job, record: JobState, members: int) -> None:
-    """Run the job. A baseline is priced again from its first fold's fit and stopped there when the rest would
-    not fit; an encoder run is stopped between folds when its remaining folds would not."""
+    """Run the job. A baseline is priced again from its first fold's fit (its second's, on a pretrained encoder's
+    embeddings) and stopped there when the rest would not fit; an encoder run is stopped between folds when its
+    remaining folds would not."""
     from kbert.ensembles.baseline import run_baseline
 
     settings = record.settings
@@ -412,18 +435,20 @@ def execute(auto: Auto, job: Job, record: JobState, members: int) -> None:
     if folder.exists() and not auto.done(job.name):  # a baseline killed half-way: never resumed, made anew
         shutil.rmtree(folder)
     began = time.perf_counter()
-    k = auto.competition.folds.k
+    k, source = auto.competition.folds.k, settings.get("embeddings")
+    # A pretrained encoder's embeddings are computed once, in the first fold: the second one prices the rest.
+    pricing = 1 if source and not source.startswith("auto-") and k > 2 else 0
+    which = ("first", "second")[pricing]
 
     def on_fold(fold: int, seconds: float) -> None:
-        if fold == 0:  # priced again from its first fit: the rest of its folds as long as the first
-            record.estimate_s = round(time.perf_counter() - began + (k - 1) * seconds, 1)
-            record.form = f"~{record.estimate_s:.0f}s from its first fold's {seconds:.1f}s"
+        if fold == pricing:  # priced again from a fit: the rest of its folds as long as this one
+            record.estimate_s = round(time.perf_counter() - began + (k - 1 - fold) * seconds, 1)
+            record.form = f"~{record.estimate_s:.0f}s from its {which} fold's {seconds:.1f}s"
             auto.save()
-            if (k - 1) * seconds > auto.free(members):
-                raise OutOfTime(f"its first fold took {seconds:.1f}s, so its {k} folds need ~{record.estimate_s:.0f}s; "
-                                f"{kept_back(auto, members + 1)}")
+            if (k - 1 - fold) * seconds > auto.free(members):
+                raise OutOfTime(f"its {which} fold took {seconds:.1f}s, so its {k} folds need "
+                                f"~{record.estimate_s:.0f}s; {kept_back(auto, members + 1)}")
 
-    source = settings.get("embeddings")
     if source and source.startswith("auto-"):
         source = str(auto.comp_dir / source)
     run_baseline(auto.run_config({}), settings["model"], run_id=job.name, log=lambda _: None, embeddings=source,
@@ -495,12 +520,14 @@ def one_core_fold_seconds(auto: Auto) -> list[float]:
 def remaining_seconds(elapsed: float, trained: int, remaining: int, at_once: int) -> float:
     """The wall time ``remaining`` folds need, from the ``elapsed`` seconds in which ``trained`` folds finished:
     folds start ``at_once`` at a time and a fold starts as one ends, so they finish in waves of that many, each as
-    long as the waves so far. The folds of the wave under way have run as long as the finished ones: a quarter of
-    a wave is kept for their stragglers; every wave not started yet counts whole."""
+    long as the waves so far. The folds still running in the wave under way have run as long as the finished
+    ones: each is allowed a quarter of a wave's share (a fifth of the wave for four of five still running, a
+    twentieth for the last); every wave not started yet counts whole."""
     waves_done = math.ceil(trained / at_once)
     wave = elapsed / waves_done
     waves_left = math.ceil((trained + remaining) / at_once) - waves_done
-    return (waves_left + (0.25 if trained % at_once else 0.0)) * wave if remaining else 0.0
+    running = min(remaining, (at_once - trained % at_once) % at_once)
+    return (waves_left + 0.25 * running / at_once) * wave if remaining else 0.0
 
 
 def interim_blend(auto: Auto, members: list[str]) -> None:
