@@ -68,23 +68,23 @@ def test_a_run_is_shrunk_epochs_first_then_max_length_and_skipped_only_when_no_f
     auto.started -= 150  # 250 s left, 199.5 s free: 6 epochs of 32 s (197 s)
     form = driver.plan_run(auto, job, job.settings, 2)
     assert form.settings["epochs"] == 6 and "shrunk to fit" in form.words
-    # 102.5 s left, 52 s free: 3 epochs need 101 s at 64 tokens; scaled by the tokens they keep, ~76 s at 48 (the
-    # 90th percentile: not probed) and ~50.5 s at 32 (the 75th: probed, 53 s).
-    auto.started -= 147.5
+    # 86.5 s left, 36 s free: 2 epochs need 69 s at 64 tokens; scaled by the tokens they keep, ~52 s at 48 (the
+    # 90th percentile: not probed) and ~34.5 s at 32 (the 75th: probed, 37 s).
+    auto.started -= 163.5
     assert probed[-1] == 64
     said.clear()
     assert driver.plan_run(auto, job, job.settings, 2) is None
     assert probed[-2:] == [64, 32]
     skip = said[-1]
-    assert skip.startswith("skip auto-bert: no form fits (3 epochs at max length 64 ~101s; 3 epochs at max length "
-                           "32 ~53s)"), skip
+    assert skip.startswith("skip auto-bert: no form fits (2 epochs at max length 64 ~69s; 2 epochs at max length "
+                           "32 ~37s)"), skip
     assert "final ensemble's reserve ~20s" in skip and "safety margin" in skip
     assert auto.state.jobs["auto-bert"].status is Status.SKIPPED
-    # Under half the least form probed so far (53 s) free: not even probed.
-    auto.started -= 30
+    # Under half the least form probed so far (37 s) free: not even probed.
+    auto.started -= 20
     assert driver.plan_run(auto, job, job.settings, 2) is None and probed[-2:] == [64, 32]
     assert said[-1].startswith("skip auto-bert: no form fits (not probed: the least form of bert probed so far "
-                               "needs ~53s)"), said[-1]
+                               "needs ~37s)"), said[-1]
 
 
 def test_shorter_lengths_are_probed_only_when_they_cut_enough_and_a_refused_probe_fails_that_job_alone(
@@ -102,12 +102,12 @@ def test_shorter_lengths_are_probed_only_when_they_cut_enough_and_a_refused_prob
         return dataclasses.replace(found, lengths={**found.lengths, "kept_p90": 0.95, "kept_p75": 0.9})
 
     monkeypatch.setattr(probe, "probe_run", probe_run)
-    auto = driver.Auto(AutoOptions("titanic", 200, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"),
+    auto = driver.Auto(AutoOptions("titanic", 180, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"),
                                    progress=False), log=said.append)
     auto.load_state()
     job = driver.Job("auto-bert", "run", {"epochs": 10, "patience": 3})
     assert driver.plan_run(auto, job, job.settings, 2) is None and len(probed) == 1
-    assert said[-1].startswith("skip auto-bert: no form fits (3 epochs at max length 96 ~125s)"), said[-1]
+    assert said[-1].startswith("skip auto-bert: no form fits (2 epochs at max length 96 ~85s)"), said[-1]
 
     def refused(config, log=None):
         raise KbertError("fold 1/5: too few rows")
@@ -224,7 +224,7 @@ def test_every_skip_names_what_was_tried_and_what_is_kept_back_and_no_message_pr
         if "no encoder fold has been timed" in line or "no finished" in line:
             continue
         assert "final ensemble's reserve ~" in line and "safety margin" in line, line
-    assert any(line.startswith("skip auto-bert-gated: no form fits (3 epochs at max length") for line in skips)
+    assert any(line.startswith("skip auto-bert-gated: no form fits (2 epochs at max length") for line in skips)
     assert "skip auto-study: no encoder fold has been timed, so no trial can be estimated" in said
     # The plan's decisions are kept: a rerun under the same limit does not try the skipped run again.
     said.clear()

@@ -44,7 +44,7 @@ from kbert.io import exclusive_lock, read_json
 from kbert.pipeline.config import RunConfig, load_competition, resolve_run_config
 
 KINDS = {"baseline": "baseline", "run": "encoder", "embedding": "embedding", "tune": "trial"}
-LEAST_EPOCHS = 3  # an encoder run shrunk below this is skipped (its warm-up and early stopping need epochs)
+LEAST_EPOCHS = 2  # an encoder run shrunk below this is skipped (its warm-up and early stopping need epochs)
 SHORTER = (90, 75)  # the percentiles of the training token lengths a run's max length is shrunk to, in turn
 SHORTEN_WHEN = 0.8  # ... when that keeps at most this share of the tokens (else it saves too little to probe)
 FLOOR_SHARE = 0.5  # a run is not probed when the time free is under this share of its encoder's least form so far
@@ -326,10 +326,10 @@ def run_job(auto: Auto, job: Job, settings: dict, members: int) -> bool:
     record.seconds = round(time.perf_counter() - began, 1)
     if job.action == "run":
         record.epoch_seconds = measured_epoch_seconds(auto.comp_dir / job.name)
-        if record.epoch_seconds and record.epoch_estimate_s:
-            auto.estimator.record_run(settings.get("encoder", "bert"), record.epoch_seconds,
-                                      record.epoch_estimate_s / auto.estimator.correction(
-                                          settings.get("encoder", "bert")))
+        encoder = auto.run_config(settings).model.encoder
+        if record.epoch_seconds and record.epoch_estimate_s:  # against the probe's own figure
+            auto.estimator.record_run(encoder, record.epoch_seconds,
+                                      record.epoch_estimate_s / auto.estimator.correction(encoder))
     else:
         auto.estimator.record(*baseline_work(auto, job), record.seconds)
     record.status, record.cv = Status.DONE, auto.cv(job.name)

@@ -28,7 +28,7 @@ class JobState:
     action: str  # baseline | embedding | run
     settings: dict
     status: Status
-    form: str = ""  # the plan's decision, in words: "10 epochs", "3 epochs, max length 48", or why it was skipped
+    form: str = ""  # the plan's decision, in words: "10 epochs", "2 epochs, max length 48", or why it was skipped
     limit_s: float = 0.0  # the time limit it was planned under
     estimate_s: float | None = None  # the job's seconds, as planned (an encoder run: its epochs in every fold)
     epoch_estimate_s: float | None = None  # an encoder run: a fold's epoch, from the probe
