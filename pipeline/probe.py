@@ -68,23 +68,22 @@ def probe_run(config: RunConfig, steps: int = PROBE_STEPS, log=lambda _: None) -
     """``config``'s run, probed on this machine (or read from the cache)."""
     from kbert.pipeline.artifacts import fold_layout
     from kbert.pipeline.fold import load_encoder_source, probe_fold
-    from kbert.pipeline.fold_processes import FoldJob, available_memory, train_folds, usable_cores, with_streams
-    from kbert.pipeline.precision import current_device, use_device
-    from kbert.pipeline.run import plan_folds, prepare_inputs, run_splits  # the plan kbert run follows
+    from kbert.pipeline.fold_processes import FoldJob, train_folds, with_streams
+    from kbert.pipeline.precision import use_device
+    from kbert.pipeline.run import fold_plan, prepare_inputs, run_splits  # the plan kbert run follows
 
     started = time.perf_counter()
     use_device(config.train.device)
     inputs = prepare_inputs(config)
     source = load_encoder_source(config)
-    comp_dir = Path(config.out_dir) / config.competition.name
-    _, splits, _ = run_splits(config, inputs, comp_dir)
-    weights = sum(value.nbytes for value in source.weights.values()) if source.weights else 0
-    plan = plan_folds(config.train.fold_processes, current_device(), len(splits), config.competition.folds.k,
-                      len(splits), usable_cores(), weights, available_memory())
+    total = len(fold_layout(config))
+    plan = fold_plan(config, source, total, total)
     key = probe_key(config, inputs.inputs, plan.processes, plan.streams)
     cached = read_cache().get(key)
     if cached is not None:
         return RunProbe(**{**cached, "cached": True})
+    comp_dir = Path(config.out_dir) / config.competition.name
+    _, splits, _ = run_splits(config, inputs, comp_dir)  # after the cache: pseudo-labels read their teacher
     fold_inputs = with_streams(inputs, plan.streams)
     jobs = [FoldJob(fold_inputs, split, comp_dir, comp_dir / "cache", None, probe_steps=steps)
             for split in splits[: plan.processes]]
@@ -94,7 +93,7 @@ def probe_run(config: RunConfig, steps: int = PROBE_STEPS, log=lambda _: None) -
 
     folds = [fold for _, fold, _ in train_folds(jobs, plan, False, log, here)]
     wall = time.perf_counter() - started
-    probe = summarize(folds, config, plan.processes, len(fold_layout(config)), wall)
+    probe = summarize(folds, config, plan.processes, total, wall)
     write_cache(key, probe)
     return probe
 

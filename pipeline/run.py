@@ -32,8 +32,8 @@ from kbert.pipeline.config import RunConfig
 from kbert.pipeline.data import data_warnings, load_competition_data
 from kbert.pipeline.fold import (EncoderSource, FoldPredictions, FoldSplit, RunInputs, fold_warnings,
                                  load_encoder_source, make_head_config, make_serializer, split_folds, train_one_fold)
-from kbert.pipeline.fold_processes import (FoldJob, available_memory, plan_folds, train_folds, usable_cores,
-                                           with_streams)
+from kbert.pipeline.fold_processes import (FoldJob, FoldPlan, available_memory, plan_folds, train_folds,
+                                           usable_cores, with_streams)
 from kbert.pipeline.folds import fold_rows
 from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.pipeline.precision import backend, compute_precision, current_device, resolve_precision, use_device
@@ -122,9 +122,7 @@ def train_or_keep(inputs: RunInputs, source: EncoderSource, splits: list[FoldSpl
                 "(finished before; kept)")
             done(split, finished[split.name])
     to_train = [split for split in splits if finished[split.name] is None]
-    weights = sum(value.nbytes for value in source.weights.values()) if source.weights else 0
-    plan = plan_folds(config.train.fold_processes, current_device(), len(splits), config.competition.folds.k,
-                      len(to_train), usable_cores(), weights, available_memory())
+    plan = fold_plan(config, source, len(splits), len(to_train))
     fold_inputs = with_streams(inputs, plan.streams)
     jobs = [FoldJob(fold_inputs, split, run_dir / "folds" / split.name, cache_dir, tokenizer_path)
             for split in to_train]
@@ -142,6 +140,14 @@ def train_or_keep(inputs: RunInputs, source: EncoderSource, splits: list[FoldSpl
                 add_part(to_train[index].description, seconds)
             done(to_train[index], fold)
     return [folds[split.name] for split in splits]
+
+
+def fold_plan(config: RunConfig, source: EncoderSource, total: int, to_train: int) -> FoldPlan:
+    """How ``to_train`` of a run's ``total`` folds train on this machine (``plan_folds``: side by side on a CPU,
+    as many as the free memory holds with the encoder's weights)."""
+    weights = sum(value.nbytes for value in source.weights.values()) if source.weights else 0
+    return plan_folds(config.train.fold_processes, current_device(), total, config.competition.folds.k, to_train,
+                      usable_cores(), weights, available_memory())
 
 
 def prepare_inputs(config: RunConfig) -> RunInputs:

@@ -283,11 +283,7 @@ def run_job(auto: Auto, job: Job, settings: dict, members: int) -> bool:
         try:
             form = kept_form(auto, kept) if resumed else plan_run(auto, job, settings, members)
         except KbertError as exc:  # refused while it was probed (too few rows for a fold, ...): that job only
-            auto.state.jobs[job.name] = JobState(job.action, settings, Status.FAILED, error=str(exc),
-                                                 limit_s=auto.options.time_limit)
-            auto.save()
-            auto.log(f"failed {job.name}: {exc}")
-            return False
+            return failed(auto, job.name, record, exc)
         if form is None:
             return False
         settings = record.settings = form.settings
@@ -319,10 +315,7 @@ def run_job(auto: Auto, job: Job, settings: dict, members: int) -> bool:
                                                  if job.action == "run" else ""))
         return False
     except KbertError as exc:  # one member's refusal (too few rows for a fold, a missing library) ends that job only
-        record.status, record.error = Status.FAILED, str(exc)
-        auto.save()
-        auto.log(f"failed {job.name}: {exc}")
-        return False
+        return failed(auto, job.name, record, exc)
     record.seconds = round(time.perf_counter() - began, 1)
     if job.action == "run":
         record.epoch_seconds = measured_epoch_seconds(auto.comp_dir / job.name)
@@ -339,6 +332,15 @@ def run_job(auto: Auto, job: Job, settings: dict, members: int) -> bool:
     auto.log(f"done {job.name}: CV {record.cv:.4f} in {record.seconds:.0f}s (~{record.estimate_s:.0f}s "
              f"estimated){epoch}")
     return True
+
+
+def failed(auto: Auto, name: str, record: JobState, exc: KbertError) -> bool:
+    """Record and say a job's refusal; it ends that job only (False: no member)."""
+    record.status, record.error = Status.FAILED, str(exc)
+    auto.state.jobs[name] = record
+    auto.save()
+    auto.log(f"failed {name}: {exc}")
+    return False
 
 
 def plan_run(auto: Auto, job: Job, settings: dict, members: int) -> Form | None:
