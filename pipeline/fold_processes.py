@@ -27,6 +27,7 @@ import os
 import pickle
 import queue as queues
 import signal
+import sys
 import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -215,6 +216,8 @@ class QueueBar:
 def fold_process(job: bytes, index: int, messages) -> None:
     """A spawned fold process: bind the fast BLAS, then unpickle its job (which loads MLX), train and report."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which ends the fold processes
+    # ... with SIGTERM: exit through Python, so that a write under way removes its temp file (kbert.io)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     end_with_parent()
     from kbert.models import runtime
 
@@ -243,6 +246,8 @@ def fold_process(job: bytes, index: int, messages) -> None:
         messages.put(("done", index, fold, profile.seconds.get(job.split.description, {})))
     except KbertError as exc:
         messages.put(("error", index, str(exc), False))
+    except SystemExit:  # ended by the parent (SIGTERM): nothing to report
+        raise
     except BaseException:  # noqa: BLE001: a bug: the parent shows its traceback
         messages.put(("error", index, traceback.format_exc(), True))
 
