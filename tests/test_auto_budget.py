@@ -233,6 +233,39 @@ def test_every_skip_names_what_was_tried_and_what_is_kept_back_and_no_message_pr
                for line in said), said
 
 
+def test_the_time_no_encoder_run_fits_goes_to_the_seeded_baselines_best_first_while_one_fits(tmp_path, monkeypatch):
+    """After the study: the best encoder configuration's least form (2 epochs of 60 s) does not fit in the 58 s
+    free, so the time goes to CatBoost and HGB again with other seeds, the better CV first, round by round, each
+    10 s, until none fits; logistic regression (no randomness) gets none."""
+    fake_jobs(monkeypatch, 10.0)
+    import kbert.pipeline.probe as probe
+
+    monkeypatch.setattr(probe, "probe_run", lambda config, log=None: fake_probe(60.0))
+    said = []
+    auto = driver.Auto(AutoOptions("titanic", 70, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s")),
+                       log=said.append)
+    auto.load_state()
+    auto.estimator.ensemble_seconds = 0.0  # the final ensemble's reserve: 10 s
+    members = {"auto-baseline-hgb": 0.80, "auto-baseline-logreg": 0.84, "auto-baseline-catboost": 0.83,
+               "auto-bert-gated": 0.79}
+    for name, cv in members.items():
+        action, settings = (("run", {"encoder": "bert", "fusion": "gated", "epochs": 10}) if "bert" in name else
+                            ("baseline", {"model": name.rsplit("-", 1)[1]}))
+        auto.state.jobs[name] = JobState(action, settings, Status.DONE)
+        (tmp_path / "titanic" / name).mkdir(parents=True)
+        (tmp_path / "titanic" / name / "metrics.json").write_text(json.dumps({"cv": cv}))
+        if action == "baseline":  # each measured at 10 s
+            auto.estimator.record(*driver.baseline_work(auto, driver.Job(name, action, settings)), 10.0)
+    added = driver.more_seeds(auto, list(members))
+    assert added == ["auto-baseline-catboost-seed142", "auto-baseline-hgb-seed142", "auto-baseline-catboost-seed242",
+                     "auto-baseline-hgb-seed242", "auto-baseline-catboost-seed342"]
+    assert any(line.startswith("skip auto-more-seeds-1: no form fits (2 epochs at max length 96 ~125s)")
+               for line in said), said
+    assert any(line.startswith("skip auto-baseline-hgb-seed342: ~10s estimated; 8s of the 20s left are free")
+               for line in said), said
+    assert auto.state.jobs["auto-baseline-hgb-seed242"].settings == {"model": "hgb", "seed": 242}
+
+
 def test_a_state_that_is_not_what_kbert_auto_wrote_is_refused_and_one_auto_runs_per_folder(tmp_path, monkeypatch):
     from kbert.errors import KbertError
     from kbert.io import exclusive_lock

@@ -11,6 +11,8 @@
 6. Extra seeds of the best encoder configuration (``--seeds``), one member.
 7. A tuning study (``kbert tune``) in the time left; its three best trials join. ``balanced`` and ``best`` also run
    more epochs and more trials.
+8. In the time left after the study (kbert/auto/run.py ``more_seeds``): the best encoder configuration with other
+   seeds, then the gradient-boosted baselines with other seeds, each while it fits.
 
 Every job is a member folder named ``auto-<job>`` under ``runs/<competition>/``: a job whose folder holds a
 metrics.json is done, which is what makes ``kbert auto`` resumable. Sources that depend on results ("the best

@@ -48,7 +48,8 @@ LEAST_EPOCHS = 2  # an encoder run shrunk below this is skipped (its warm-up and
 SHORTER = (90, 75)  # the percentiles of the training token lengths a run's max length is shrunk to, in turn
 SHORTEN_WHEN = 0.8  # ... when that keeps at most this share of the tokens (else it saves too little to probe)
 FLOOR_SHARE = 0.5  # a run is not probed when the time free is under this share of its encoder's least form so far
-MORE_SEEDS = 3  # the most extra-seed members added with the time left after the study
+MORE_SEEDS = 3  # the most extra-seed members added with the time left after the study (each, for baselines)
+SEEDED = ("hgb", "lgbm", "catboost")  # the baselines another seed changes (logreg's fit draws nothing at random)
 
 
 class OutOfTime(Exception):
@@ -453,7 +454,8 @@ def execute(auto: Auto, job: Job, record: JobState, members: int) -> None:
 
     if source and source.startswith("auto-"):
         source = str(auto.comp_dir / source)
-    run_baseline(auto.run_config({}), settings["model"], run_id=job.name, log=lambda _: None, embeddings=source,
+    seed = {"seed": settings["seed"]} if "seed" in settings else {}  # a baseline again with another seed
+    run_baseline(auto.run_config(seed), settings["model"], run_id=job.name, log=lambda _: None, embeddings=source,
                  on_fold=on_fold)
 
 
@@ -627,22 +629,38 @@ def tune_study(auto: Auto, job: Job, members: int) -> list[str]:
 def more_seeds(auto: Auto, members: list[str]) -> list[str]:
     """The time left after the study, spent on what the nested CV rewards most cheaply: the best encoder
     configuration again with other seeds, one member each (up to ``MORE_SEEDS``), each planned like any encoder
-    run (shrunk to fit, skipped when no form does)."""
+    run (shrunk to fit, skipped when no form does); then, in what no encoder run fits, the baselines a seed
+    changes (``SEEDED``), best CV first, again with other seeds, round by round, each while it fits."""
     runs = [name for name in members if getattr(auto.state.jobs.get(name), "action", None) == "run"]
     best = auto.best(runs)
     added: list[str] = []
     for n in range(1, MORE_SEEDS + 1 if best is not None else 1):
-        name = f"auto-more-seeds-{n}"
-        if auto.done(name):
-            added.append(name)
-            continue
         settings = {**auto.state.jobs[best].settings, "seed": auto.options.seed + 100 * n, "seeds": 1,
                     "source": best}
-        if not run_job(auto, Job(name, "run", settings), settings, len(members) + len(added)):
+        if not member_added(auto, Job(f"auto-more-seeds-{n}", "run", settings), members, added):
             break
-        added.append(name)
-        interim_blend(auto, members + added)
+    seeded = [name for name in members if getattr(auto.state.jobs.get(name), "action", None) in
+              ("baseline", "embedding") and auto.state.jobs[name].settings.get("model") in SEEDED]
+    sign = 1 if greater_is_better(auto) else -1
+    seeded.sort(key=lambda name: -sign * auto.cv(name))
+    for n in range(1, MORE_SEEDS + 1):
+        for name in list(seeded):
+            job = auto.state.jobs[name]
+            seed = auto.options.seed + 100 * n
+            if not member_added(auto, Job(f"{name}-seed{seed}", job.action, {**job.settings, "seed": seed}),
+                                members, added):
+                seeded.remove(name)  # it will not fit later either
     return added
+
+
+def member_added(auto: Auto, job: Job, members: list[str], added: list[str]) -> bool:
+    """Run one of the jobs made with the time left (done before: kept); True, with it added, when it finished."""
+    if not auto.done(job.name):
+        if not run_job(auto, job, job.settings, len(members) + len(added)):
+            return False
+        interim_blend(auto, members + added + [job.name])
+    added.append(job.name)
+    return True
 
 
 def final_ensemble(auto: Auto, members: list[str]) -> AutoResult:
