@@ -34,7 +34,6 @@ from sklearn.model_selection import KFold, StratifiedKFold
 from sklearn.pipeline import make_pipeline as chain
 from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler, TargetEncoder
 
-from kbert.ensembles.blend import native
 from kbert.ensembles.embedding_features import open_embedding_source, source_name, with_embeddings
 from kbert.errors import KbertError
 from kbert.features import add_features
@@ -47,8 +46,8 @@ from kbert.pipeline.data import data_warnings, load_competition_data
 from kbert.pipeline.fold import fold_warnings, split_folds
 from kbert.pipeline.folds import fold_rows
 from kbert.pipeline.metrics import check_metric_fits, get_metric
-from kbert.pipeline.predictions import (average_folds, metric_targets, predictions_frame,
-                                        score)
+from kbert.pipeline.predictions import average_folds, metric_targets, native, predictions_frame, score
+from kbert.pipeline.provenance import Expected
 from kbert.pipeline.submission import write_predictions_submission
 from kbert.pipeline.targets import encode_targets, raw_targets
 from kbert.tasks import Task
@@ -303,8 +302,10 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
         rows = [fold_rows(fold_of_row, k, comp.folds) for k in range(comp.folds.k)]
         warnings += fold_warnings(comp, targets, [(f"fold {k + 1}/{comp.folds.k}", rows[k][0])
                                                   for k in range(comp.folds.k)])
-        source = None if not embeddings else open_embedding_source(
-            embeddings, config, comp_dir, train[comp.id_column], fold_of_row, input_fingerprint(comp, data.data_dir))
+        expected = Expected(comp, input_fingerprint(comp, data.data_dir), train[comp.id_column],
+                            data.test[comp.id_column], truth, targets.classes)
+        source = None if not embeddings else open_embedding_source(embeddings, config, comp_dir, expected,
+                                                                   fold_of_row)
         try:
             make_folder(run_dir)
         except FileExistsError:  # another process made it after the check above
@@ -362,7 +363,7 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
                                                            submission_path)
             seconds = time.perf_counter() - started
             write_json(run_dir / "metrics.json", {
-                **score_summary(run_id, comp, metric, cv, fold_records), "baseline": model,
+                **score_summary(run_id, comp, metric, cv, 0.5, fold_records), "baseline": model,
                 "wall_time_s": round(seconds, 2), "submission": str(submission_path),
                 "inputs": input_fingerprint(comp, data.data_dir), "config_sha256": config_fingerprint(config),
                 "warnings": warnings})

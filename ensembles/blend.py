@@ -33,7 +33,7 @@ from kbert.models.heads import ordinal_class_probabilities
 from kbert.pipeline.config import FoldConfig
 from kbert.pipeline.folds import purge_training_rows
 from kbert.pipeline.metrics import Metric, get_metric
-from kbert.pipeline.predictions import metric_input, tune_label_thresholds, tune_threshold
+from kbert.pipeline.predictions import metric_input, native, tune_label_thresholds, tune_threshold
 from kbert.tasks import Task
 
 METHODS = ("mean", "top-k", "weighted", "rank", "hill", "stack")
@@ -87,15 +87,6 @@ def from_space(table: np.ndarray, space: str) -> np.ndarray:
         return np.exp(table)
     if space == "log1p":
         return np.expm1(table)
-    return table
-
-
-def native(task: str, table: np.ndarray) -> np.ndarray:
-    """A prediction table -> the task's prediction form (see pipeline/predictions.py)."""
-    if task in (Task.BINARY, Task.REGRESSION):  # one column: a probability or a value
-        return table[:, 0]
-    if task == Task.ORDINAL:  # class probabilities -> cumulative P(y > k)
-        return np.clip(1.0 - np.cumsum(table, axis=1)[:, :-1], 0.0, 1.0)
     return table
 
 

@@ -34,15 +34,14 @@ import pandas as pd
 from sklearn.decomposition import PCA
 
 from kbert.errors import KbertError
-from kbert.io import read_json, read_table, write_json
-from kbert.models.checkpoints import TOKENIZER_FILE, load_checkpoint
+from kbert.io import write_json
 from kbert.models.encoders import load_encoder, max_tokens, trains_from_scratch
 from kbert.models.pooling import Pooler
-from kbert.models.tokenizer import read_tokenizer, special_token_id
-from kbert.pipeline.artifacts import INPUTS_FILE
+from kbert.models.tokenizer import special_token_id
 from kbert.pipeline.config import RunConfig, read_yaml, run_config_from_file
 from kbert.pipeline.fold import make_serializer, tokenize
-from kbert.pipeline.predict import check_fold_models, refitted
+from kbert.pipeline.predict import check_fold_models, load_fold_model, refitted
+from kbert.pipeline.provenance import Expected, check_member
 from kbert.pipeline.train import pad_batch
 
 COMPONENTS = 32  # PCA components kept per fold: enough for the text signal, few enough for trees on 1-10k rows
@@ -90,13 +89,14 @@ def run_folder(spec: str, comp_dir: Path) -> Path | None:
     return None
 
 
-def open_embedding_source(spec: str, config: RunConfig, comp_dir: Path, train_ids: pd.Series,
-                          fold_of_row: np.ndarray, inputs: dict[str, str]) -> EmbeddingSource:
-    """The checked source, before the baseline writes anything: a run must be a finished kbert run on this
-    competition, these data files and these folds, with every fold model; an encoder must load."""
+def open_embedding_source(spec: str, config: RunConfig, comp_dir: Path, expected: Expected,
+                          fold_of_row: np.ndarray) -> EmbeddingSource:
+    """The checked source, before the baseline writes anything: a run must be a finished kbert run made for this
+    competition and these data files (pipeline/provenance.py), on these folds, with every fold model; an encoder
+    must load."""
     run_dir = run_folder(spec, comp_dir)
     if run_dir is not None:
-        return open_run_source(spec, run_dir, config, train_ids, fold_of_row, inputs)
+        return open_run_source(spec, run_dir, config, expected, fold_of_row)
     if trains_from_scratch(spec):
         raise KbertError(f"--embeddings {spec}: a from-scratch encoder has no trained weights; pass a finished run "
                          "(its folder, or its id under --out) or a pretrained encoder such as minilm-l6")
@@ -111,38 +111,25 @@ def open_embedding_source(spec: str, config: RunConfig, comp_dir: Path, train_id
                            max_length=max_length)
 
 
-def open_run_source(spec: str, run_dir: Path, config: RunConfig, train_ids: pd.Series, fold_of_row: np.ndarray,
-                    inputs: dict[str, str]) -> EmbeddingSource:
+def open_run_source(spec: str, run_dir: Path, config: RunConfig, expected: Expected,
+                    fold_of_row: np.ndarray) -> EmbeddingSource:
     comp = config.competition
     saved = read_yaml(run_dir / "config.yaml")
     if isinstance(saved, dict) and "baseline" in saved:
         raise KbertError(f"--embeddings {run_dir}: a baseline has no fold models to embed with; pass a kbert run")
+    if not (run_dir / "metrics.json").is_file():
+        raise KbertError(f"--embeddings {run_dir}: an unfinished run (no metrics.json); finish it first")
+    checked = check_member(run_dir, expected, f"--embeddings {spec}")
+    if not np.array_equal(checked.folds, np.asarray(fold_of_row)):
+        raise KbertError(f"--embeddings: the source run's folds ({run_dir / 'folds.csv'}) differ from this "
+                         f"baseline's ({comp.folds.k} folds of {len(fold_of_row)} rows, fold seed {comp.folds.seed}, "
+                         f"under {Path(config.out_dir) / comp.name / 'folds'}); fold k's model would have trained on "
+                         "fold k's validation rows: give the baseline the run's --folds and --limit-rows, or use a "
+                         "run on these folds")
     source_config = run_config_from_file(run_dir / "config.yaml")
-    if source_config.competition.name != comp.name:
-        raise KbertError(f"--embeddings {run_dir}: a run on '{source_config.competition.name}', not on '{comp.name}'")
-    recorded = read_json(run_dir / INPUTS_FILE) if (run_dir / INPUTS_FILE).is_file() else inputs
-    changed = sorted(name for name in {**recorded, **inputs} if recorded.get(name) != inputs.get(name))
-    if changed:
-        raise KbertError(f"--embeddings {run_dir}: the run read other data files ({', '.join(changed)} differ); "
-                         "its fold models would embed rows they were not split on")
-    check_same_folds(run_dir / "folds.csv", comp.id_column, train_ids, fold_of_row,
-                     f"{comp.folds.k} folds of {len(train_ids)} rows, fold seed {comp.folds.seed}, "
-                     f"under {Path(config.out_dir) / comp.name / 'folds'}")
     fold_dirs = [fold_dir for fold_dir, repeat, _ in check_fold_models(run_dir, source_config) if repeat == 0]
     return EmbeddingSource(spec=spec, name=source_name(run_dir.name), run_dir=run_dir, run_config=source_config,
                            fold_dirs=fold_dirs)
-
-
-def check_same_folds(path: Path, id_column: str, ids: pd.Series, fold_of_row: np.ndarray, ours: str) -> None:
-    """The run's folds.csv puts every training row in the fold this baseline does; else one error naming both."""
-    table = read_table(path, required=(id_column, "fold"))
-    same = (len(table) == len(ids) and not table[id_column].duplicated().any()
-            and set(table[id_column]) == set(ids)
-            and (table.set_index(id_column).loc[ids.to_numpy(), "fold"].to_numpy() == fold_of_row).all())
-    if not same:
-        raise KbertError(f"--embeddings: the source run's folds ({path}) differ from this baseline's ({ours}); fold "
-                         "k's model would have trained on fold k's validation rows: give the baseline the run's "
-                         "--folds and --limit-rows, or use a run on these folds")
 
 
 def pooled_vectors(encoder: nn.Module, pooler: Pooler, tokens: list[np.ndarray], pad_id: int, normalize: bool,
@@ -184,8 +171,7 @@ def fold_embeddings(source: EmbeddingSource, config: RunConfig, k: int, train_ro
     if source.run_dir is not None:  # fold k's fine-tuned model, its serializer and tokenizer as the run used them
         fold_dir, run_config = source.fold_dirs[k], source.run_config
         serializer = refitted(make_serializer(run_config), train_rows, fold_dir / "serializer.json")
-        tokenizer = read_tokenizer(fold_dir / TOKENIZER_FILE)
-        model, _ = load_checkpoint(fold_dir)
+        model, _, tokenizer = load_fold_model(fold_dir)
         encoder, pooler, normalize, cache = model.encoder, model.pooler, False, {}
     else:  # the fixed encoder on the competition's text, serialized as this fold's training rows fit it
         run_config = replace(config, train=replace(config.train, max_length=source.max_length))

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kbert.ensembles.blend import (METHODS, BlendOptions, HonestResult, Problem, applicable_methods, apply_blend,
-                                   apply_decision, fit_blend, metric_predictions, native, nested_choice, nested_cv,
+                                   apply_decision, fit_blend, metric_predictions, nested_choice, nested_cv,
                                    paired_bootstrap, score_table)
 from kbert.ensembles.members import Member, common_rows, select_members
 from kbert.errors import KbertError
@@ -23,7 +23,8 @@ from kbert.pipeline.config import CompetitionConfig
 from kbert.pipeline.data import load_competition_data
 from kbert.pipeline.folds import fold_groups, make_folds
 from kbert.pipeline.metrics import check_metric_fits, get_metric
-from kbert.pipeline.predictions import metric_targets
+from kbert.pipeline.predictions import metric_targets, native
+from kbert.pipeline.provenance import expected_of
 from kbert.pipeline.submission import write_predictions_submission
 from kbert.pipeline.targets import encode_targets, raw_targets
 from kbert.tasks import Task, submission_kind
@@ -85,7 +86,7 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
     data, targets, problem = load_problem(competition, data_dir)
     id_column = competition.id_column
     competition_dir = Path(runs_dir) / competition.name
-    members = select_members(competition_dir, members_spec, id_column, data.train[id_column], data.test[id_column],
+    members = select_members(competition_dir, members_spec, expected_of(competition, data),
                              problem.metric.greater_is_better, log=log)
     rows = common_rows(members)  # all rows, unless a member has time-series folds (no OOF for their first block)
     if len(rows) < len(data.train):

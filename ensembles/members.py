@@ -1,8 +1,9 @@
 """Ensemble members: any folder that follows the run-artifact contract (``kbert run``, a tuning trial,
 ``kbert baseline``), read back as OOF and test prediction tables aligned to the competition's rows.
 
-A member folder holds metrics.json (metric, cv), config.yaml, oof.csv (id + prediction columns) and
-test.csv (id + fold-averaged prediction columns); see pipeline/artifacts.py. A member trained on forward-chaining
+A member folder holds metrics.json (metric, cv), config.yaml, folds.csv, oof.csv (id + prediction columns) and
+test.csv (id + fold-averaged prediction columns); see pipeline/artifacts.py. Each is checked where it is read
+(pipeline/provenance.py), and members blended together must share their folds. A member trained on forward-chaining
 time-series folds has no OOF prediction for the first block (empty cells in oof.csv, NaN rows in ``oof``): its
 ``covered`` rows are the others, and ensembles blend on the rows every member covers.
 """
@@ -13,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from kbert.errors import KbertError
-from kbert.io import read_json
+from kbert.pipeline.provenance import Expected, Partial, check_member
 
 
 @dataclass
@@ -27,6 +27,7 @@ class Member:
     oof: np.ndarray  # (n_train, columns) in the competition's training row order; NaN rows: no OOF prediction
     test: np.ndarray  # (n_test, columns) in the test file's row order
     columns: list[str]
+    folds: np.ndarray  # (n_train,) the fold of each training row (its folds.csv, repeat 0)
 
     @property
     def covered(self) -> np.ndarray:
@@ -53,53 +54,31 @@ def member_folders(competition_dir: Path) -> list[Path]:
     return found
 
 
-def _aligned(path: Path, id_column: str, ids: pd.Series,
-             empty_rows: bool = False) -> tuple[np.ndarray, list[str]] | None:
-    """The prediction columns of ``path`` in the order of ``ids``; None when its ids are not exactly those.
-    ``empty_rows``: rows whose cells are all empty (no OOF prediction) are kept as NaN."""
-    frame = pd.read_csv(path)
-    if id_column not in frame.columns:
-        raise KbertError(f"{path}: no id column '{id_column}'")
-    if len(frame) != len(ids) or frame[id_column].duplicated().any() or set(frame[id_column]) != set(ids):
-        return None
-    columns = [c for c in frame.columns if c != id_column]
-    table = frame.set_index(id_column).loc[ids.to_numpy(), columns].to_numpy(dtype=np.float64)
-    empty = np.isnan(table).all(axis=1) if empty_rows else np.zeros(len(table), dtype=bool)
-    if not np.isfinite(table[~empty]).all():
-        raise KbertError(f"{path}: predictions contain NaN or infinite values")
-    if empty.all():
-        raise KbertError(f"{path}: no row has a prediction")
-    return table, columns
+def load_member(folder: Path, competition_dir: Path, expected: Expected) -> Member:
+    """The member in ``folder``, checked against the competition and its data (pipeline/provenance.py): a
+    ``--limit-rows`` run raises ``Partial``, anything else that does not belong is one error naming it."""
+    name = folder.relative_to(competition_dir).as_posix()
+    checked = check_member(folder, expected, f"member {name}")
+    return Member(name=name, path=folder, cv=float(checked.metrics["cv"]), oof=checked.oof, test=checked.test,
+                  columns=expected.columns, folds=checked.folds)
 
 
-def load_member(folder: Path, competition_dir: Path, id_column: str, train_ids: pd.Series,
-                test_ids: pd.Series) -> Member | None:
-    """The member in ``folder``, or None when its rows are not the whole training and test set (a
-    ``--limit-rows`` run)."""
-    metrics = read_json(folder / "metrics.json", required=("cv",))
-    oof = _aligned(folder / "oof.csv", id_column, train_ids, empty_rows=True)
-    test = _aligned(folder / "test.csv", id_column, test_ids)
-    if oof is None or test is None:
-        return None
-    if oof[1] != test[1]:
-        raise KbertError(f"{folder}: oof.csv columns {oof[1]} differ from test.csv columns {test[1]}")
-    return Member(name=folder.relative_to(competition_dir).as_posix(), path=folder, cv=float(metrics["cv"]),
-                  oof=oof[0], test=test[0], columns=oof[1])
-
-
-def select_members(competition_dir: Path, spec: str, id_column: str, train_ids: pd.Series, test_ids: pd.Series,
-                   greater_is_better: bool, log=print) -> list[Member]:
+def select_members(competition_dir: Path, spec: str, expected: Expected, greater_is_better: bool,
+                   log=print) -> list[Member]:
     """``spec``: ``all``, ``top:K`` (the K best by their own CV) or comma-separated member names
-    (run ids, ``<study>/trial-NNNN``). Named members must exist and cover every row; ``all`` and ``top:K``
-    skip partial runs with a note."""
+    (run ids, ``<study>/trial-NNNN``). Every member is checked (``load_member``) and all must share one split of
+    the training rows; named members must cover every row, ``all`` and ``top:K`` skip partial runs with a
+    note."""
     if not competition_dir.is_dir():
         raise KbertError(f"{competition_dir}: no runs for this competition yet; run kbert run or kbert baseline first")
     spec = spec.strip()
     if spec == "all" or spec.startswith("top:"):
         members, skipped = [], []
         for folder in member_folders(competition_dir):
-            member = load_member(folder, competition_dir, id_column, train_ids, test_ids)
-            (members.append(member) if member is not None else skipped.append(folder.name))
+            try:
+                members.append(load_member(folder, competition_dir, expected))
+            except Partial:
+                skipped.append(folder.name)
         if skipped:
             log(f"skipped {len(skipped)} run(s) that do not cover every training and test row: "
                 f"{', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}")
@@ -114,15 +93,12 @@ def select_members(competition_dir: Path, spec: str, id_column: str, train_ids: 
             folder = competition_dir / name
             if not (folder / "metrics.json").is_file():
                 raise KbertError(f"--members: no finished run '{name}' in {competition_dir} (no metrics.json)")
-            member = load_member(folder, competition_dir, id_column, train_ids, test_ids)
-            if member is None:
-                raise KbertError(f"--members: {folder} does not cover every training and test row "
-                                 "(a --limit-rows run?)")
-            members.append(member)
+            members.append(load_member(folder, competition_dir, expected))
     if len(members) < 1:
         raise KbertError(f"--members {spec}: no usable members in {competition_dir}")
-    widths = {len(m.columns) for m in members}
-    if len(widths) > 1 or len({tuple(m.columns) for m in members}) > 1:
-        raise KbertError("members predict different columns: " +
-                         "; ".join(f"{m.name}: {m.columns}" for m in members[:4]))
+    for member in members[1:]:
+        moved = int((member.folds != members[0].folds).sum())
+        if moved:
+            raise KbertError(f"member {member.name}: split into other folds than {members[0].name} ({moved} training "
+                             "rows in another fold); blend members trained on the same folds")
     return members

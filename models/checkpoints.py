@@ -17,8 +17,9 @@ from kbert.errors import KbertError
 from kbert.io import atomic_write, read_json, write_json, write_text
 from kbert.models.adapters import (ADAPTER_CONFIG_FILE, AdapterConfig, apply_adapters, load_adapter_weights,
                                    read_adapter_config, save_adapters, weights_fingerprint)
-from kbert.models.encoders import architecture, read_weights, resolve_encoder_path
+from kbert.models.encoders import architecture, check_limits, read_weights, resolve_encoder_path
 from kbert.models.task_model import TaskModel, build_task_model
+from kbert.models.tokenizer import read_tokenizer
 from kbert.models.weights import load_state_strict, load_weights_strict, write_safetensors
 
 WEIGHTS_FILE = "model.safetensors"
@@ -63,6 +64,8 @@ def load_checkpoint(folder: Path) -> tuple[TaskModel, dict[str, Any]]:
     folder = Path(folder)
     config = read_json(folder / CONFIG_FILE, required=("encoder_config", "head", "pooling"))
     model = build_checkpoint_model(folder / CONFIG_FILE, config)
+    if (folder / TOKENIZER_FILE).is_file():  # the tokenizer the fold model reads with must fit its embedding table
+        check_limits(config["encoder_config"], read_tokenizer(folder / TOKENIZER_FILE), None, str(folder))
     if (folder / ADAPTER_CONFIG_FILE).is_file():
         saved = read_adapter_config(folder)
         base = resolve_encoder_path(saved["base_encoder"])

@@ -189,21 +189,39 @@ def build_encoder(values: dict[str, Any]) -> tuple[nn.Module, Any]:
     return arch.model(config), config
 
 
-def load_encoder(name_or_path: str | Path,
-                 spm_normalization: str = "sentencepiece") -> tuple[nn.Module, Any, Tokenizer]:
+def check_limits(values: dict[str, Any], tokenizer: Tokenizer | None, max_length: int | None, where: str) -> None:
+    """What will be fed to an encoder against its tables (config.json ``values``): every id its tokenizer gives has
+    a row of the embedding table, and ``max_length`` tokens fit the position table. Past either, a lookup reads
+    outside its table and gives NaN or plausible wrong vectors, silently; so it is checked where a model is
+    loaded (``load_encoder``, ``models/checkpoints.py load_checkpoint``)."""
+    rows = values.get("vocab_size")
+    if tokenizer is not None and rows is not None:
+        top = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
+        if top >= rows:
+            raise KbertError(f"{where}: its tokenizer gives ids up to {top}, its embedding table has {rows} rows "
+                             "(vocab_size in config.json): the tokenizer is not this model's")
+    limit = max_tokens(values)
+    if max_length is not None and limit is not None and max_length > limit:
+        raise KbertError(f"--max-length {max_length} exceeds the encoder's max_position_embeddings {limit}")
+
+
+def load_encoder(name_or_path: str | Path, spm_normalization: str = "sentencepiece",
+                 max_length: int | None = None) -> tuple[nn.Module, Any, Tokenizer]:
     """Encoder with its pretrained weights (strictly checked), its config and its tokenizer (``load_tokenizer``, which
-    ``spm_normalization`` goes to). A checkpoint without pooler weights gets an encoder without a pooler
-    (``add_pooling_layer`` false in the returned config); pass ``config.to_dict()`` to ``build_encoder`` to build the
-    same encoder again."""
+    ``spm_normalization`` goes to), checked to fit each other and ``max_length`` (``check_limits``). A checkpoint
+    without pooler weights gets an encoder without a pooler (``add_pooling_layer`` false in the returned config);
+    pass ``config.to_dict()`` to ``build_encoder`` to build the same encoder again."""
     folder = resolve_encoder_path(name_or_path)
     values = read_config(folder)
+    tokenizer = load_tokenizer(folder, spm_normalization)
+    check_limits(values, tokenizer, max_length, str(folder))
     weights = architecture(values["model_type"]).sanitize(read_weights(folder))
     if "pooler.dense.weight" not in weights:  # RoBERTa/XLM-R and MLM checkpoints ship no pooler: build none
         values = {**values, "add_pooling_layer": False}
     encoder, config = build_encoder(values)
     load_state_strict(encoder, weights, f"{folder} (a {values['model_type']} model per its config.json)")
     encoder.eval()
-    return encoder, config, load_tokenizer(folder, spm_normalization)
+    return encoder, config, tokenizer
 
 
 def save_encoder(encoder: nn.Module, config: Any, tokenizer: Tokenizer, folder: Path) -> Path:

@@ -46,6 +46,11 @@ from kbert.pipeline.metrics import Metric
 from kbert.pipeline.predictions import predictions_frame
 
 
+# A finished fold's model files, whose sha256 its fold.json records.
+MODEL_FILES = (WEIGHTS_FILE, ADAPTER_WEIGHTS_FILE, ADAPTER_CONFIG_FILE, CHECKPOINT_CONFIG_FILE, TOKENIZER_FILE)
+SCHEMA = 2  # metrics.json's "schema": what a member folder holds (folders from before it was recorded: schema 1)
+
+
 @dataclass
 class RunResult:
     run_id: str
@@ -189,21 +194,42 @@ def write_predictions(run_dir: Path, comp: CompetitionConfig, classes: list | No
     write_csv(run_dir / "test.csv", predictions_frame(comp, classes, test_ids, test))
 
 
-def score_summary(run_id: str, comp: CompetitionConfig, metric: Metric, cv: float, records: list[dict]) -> dict:
-    """The head of metrics.json that every member shares: the CV, the fold scores and their spread."""
+def score_summary(run_id: str, comp: CompetitionConfig, metric: Metric, cv: float, threshold: float | np.ndarray,
+                  records: list[dict]) -> dict:
+    """The head of metrics.json that every member shares: the artifact schema, what it was made for, the CV (and
+    the cut-off it was scored at), the fold scores and their spread (pipeline/provenance.py checks them)."""
     scores = [record["score"] for record in records]
-    return {"run_id": run_id, "task": comp.task, "metric": comp.metric, "greater_is_better": metric.greater_is_better,
-            "cv": cv, "fold_mean": float(np.mean(scores)), "fold_std": float(np.std(scores)), "folds": records}
+    return {"schema": SCHEMA, "run_id": run_id, "competition": comp.name, "task": comp.task, "metric": comp.metric,
+            "greater_is_better": metric.greater_is_better, "cv": cv,
+            "cv_threshold": np.asarray(threshold, dtype=float).tolist(), "fold_mean": float(np.mean(scores)),
+            "fold_std": float(np.std(scores)), "folds": records}
 
 
 def write_finished_fold(fold_dir: Path, valid_outputs: np.ndarray, valid_predictions: np.ndarray,
                         test_outputs: np.ndarray, test_predictions: np.ndarray, record: dict,
                         tokens: dict | None) -> None:
-    """The fold's predictions, then fold.json: the marker that the fold is complete."""
+    """The fold's predictions, then fold.json: the marker that the fold is complete, with the sha256 of each of
+    its model files (``MODEL_FILES``), which resuming and predicting verify (``verify_fold_files``)."""
     arrays = {"valid_outputs": valid_outputs, "valid_predictions": valid_predictions, "test_outputs": test_outputs,
               "test_predictions": test_predictions}
     write_npz(fold_dir / "outputs.npz", **arrays)
-    write_json(fold_dir / "fold.json", {"record": record, "tokens": tokens})
+    files = {name: file_sha256(fold_dir / name) for name in MODEL_FILES if (fold_dir / name).is_file()}
+    write_json(fold_dir / "fold.json", {"record": record, "tokens": tokens, "files": files})
+
+
+def verify_fold_files(fold_dir: Path) -> None:
+    """Each model file of a finished fold is the one its fold.json recorded (sha256): a damaged or swapped weights
+    file is refused, naming it, before it predicts plausible numbers. A file the fold no longer keeps (a tuning
+    trial outside the top-N) is not checked; ``missing_fold_part`` says when it is needed."""
+    recorded = read_json(fold_dir / "fold.json").get("files")
+    if not isinstance(recorded, dict):
+        raise KbertError(f"{fold_dir / 'fold.json'}: no checksums of the fold's model files (written by another "
+                         "kbert); rerun it")
+    for name, digest in recorded.items():
+        path = fold_dir / name
+        if path.is_file() and file_sha256(path) != digest:
+            raise KbertError(f"{path}: not the file this fold was trained to (its sha256 differs from the one "
+                             "fold.json recorded): damaged or swapped")
 
 
 def read_finished_fold(fold_dir: Path) -> dict | None:
@@ -216,6 +242,7 @@ def read_finished_fold(fold_dir: Path) -> dict | None:
     if not isinstance(record, dict) or isinstance(record.get("score"), bool) or \
             not isinstance(record.get("score"), (int, float)):
         raise KbertError(f"{fold_dir / 'fold.json'}: 'record' must be a mapping with a numeric 'score'")
+    verify_fold_files(fold_dir)
     return {**read_npz(fold_dir / "outputs.npz", required=FOLD_ARRAYS), **finished}
 
 

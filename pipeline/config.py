@@ -592,6 +592,8 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         raise KbertError(f"calibrate applies to binary and multiclass tasks, not '{competition.task}'")
     if train.pseudo_label and competition.task not in (Task.BINARY, Task.MULTICLASS):
         raise KbertError(f"--pseudo-label applies to binary and multiclass tasks, not '{competition.task}'")
+    if "pseudo_threshold" in merged and not train.pseudo_label:
+        raise KbertError("--pseudo-threshold picks the teacher's confident test rows: it needs --pseudo-label")
     if competition.text.numbers == "omit" and head.fusion == "none":
         raise KbertError("text.numbers omit leaves the numbers out of the text, and with --fusion none nothing else "
                          "reads them; choose --fusion concat or gated, or text.numbers both")

@@ -36,7 +36,7 @@ from kbert.io import write_csv, write_json
 from kbert.models.adapters import AdapterConfig, apply_adapters, merge_adapters, weights_fingerprint
 from kbert.models.bert import BertConfig
 from kbert.models.checkpoints import save_checkpoint
-from kbert.models.encoders import (SHIPPED, is_preset, load_encoder, max_tokens, preset_config, read_config,
+from kbert.models.encoders import (SHIPPED, is_preset, load_encoder, preset_config, read_config,
                                    resolve_encoder_path, trains_from_scratch)
 from kbert.models.fusion import FusionConfig
 from kbert.models.heads import HeadConfig, check_head_config, predict
@@ -255,12 +255,9 @@ def load_encoder_source(config: RunConfig) -> EncoderSource:
     # A Hub id is fetched here (or found in the Hugging Face cache) and pinned to the commit it resolved to.
     hub = fetch(config.model.encoder) if is_hub_name(config.model.encoder) else None
     folder = hub.folder if hub is not None else resolve_encoder_path(config.model.encoder)
-    pretrained, loaded_config, tokenizer = load_encoder(folder, config.model.spm_normalization)
+    pretrained, loaded_config, tokenizer = load_encoder(folder, config.model.spm_normalization,
+                                                        config.train.max_length)
     encoder_config = {**read_config(folder), **loaded_config.to_dict()}  # as loaded: without a pooler it has none
-    limit = max_tokens(encoder_config)
-    if limit is not None and config.train.max_length > limit:
-        raise KbertError(f"--max-length {config.train.max_length} exceeds the encoder's "
-                         f"max_position_embeddings {limit}")
     return EncoderSource(name=hub.pinned if hub is not None else config.model.encoder, from_scratch=False,
                          folder=folder, config=encoder_config, tokenizer=tokenizer,
                          weights=dict(tree_flatten(pretrained.parameters())), adapter=adapter,

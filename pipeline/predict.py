@@ -16,14 +16,16 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pandas as pd
+from tokenizers import Tokenizer
 
 from kbert.errors import KbertError
 from kbert.features import add_features
 from kbert.io import check_writable_folder, read_json, read_table, write_csv
 from kbert.models.checkpoints import CONFIG_FILE, TOKENIZER_FILE, load_checkpoint
 from kbert.models.heads import HeadConfig
+from kbert.models.task_model import TaskModel
 from kbert.models.tokenizer import read_tokenizer
-from kbert.pipeline.artifacts import fold_layout, fold_name, missing_fold_part
+from kbert.pipeline.artifacts import fold_layout, fold_name, missing_fold_part, verify_fold_files
 from kbert.pipeline.calibration import apply_temperature
 from kbert.pipeline.config import RunConfig, run_config_from_file
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
@@ -77,13 +79,15 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
         columns = ()
         if tabular is not None:
             columns = refitted(tabular, features.iloc[train_index], fold_dir / "tabular.json").transform(new_features)
-        model, checkpoint = load_checkpoint(fold_dir)
-        tokenizer = read_tokenizer(fold_dir / TOKENIZER_FILE)
+        model, checkpoint, tokenizer = load_fold_model(fold_dir)
         variants = [predict_outputs(model, tokenize(config, tokenizer, serializer, new_features, repeat, k, variant),
                                     config.train, columns=columns) for variant in range(max(1, tta))]
         fold_outputs = np.mean(variants, axis=0)
         head = HeadConfig.from_dict(checkpoint["head"])
         transform = saved_target_transform(fold_dir / CONFIG_FILE, checkpoint)
+        if not np.isfinite(fold_outputs).all():
+            raise KbertError(f"{fold_dir}: its model predicts NaN or infinite values (damaged weights?); nothing "
+                             "was written")
         outputs.append(fold_outputs)
         predictions.append(to_predictions(head, fold_outputs, transform))
         del model
@@ -120,6 +124,15 @@ def check_fold_models(run_dir: Path, config: RunConfig) -> list[tuple[Path, int,
             raise KbertError(f"{fold_dir}: {state}; the run's config lists {len(listed)} folds and kbert predict "
                              "uses every one")
     return listed
+
+
+def load_fold_model(fold_dir: Path) -> tuple[TaskModel, dict, Tokenizer]:
+    """A finished fold's model, checkpoint config and tokenizer, read (a damaged file: its own error) and then
+    verified against the checksums its fold.json recorded (a swapped or altered one: refused)."""
+    model, checkpoint = load_checkpoint(fold_dir)
+    tokenizer = read_tokenizer(fold_dir / TOKENIZER_FILE)
+    verify_fold_files(fold_dir)
+    return model, checkpoint, tokenizer
 
 
 def check_output_file(path: Path) -> None:

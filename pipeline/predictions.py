@@ -86,6 +86,15 @@ def prediction_table(task: str, predictions: np.ndarray) -> np.ndarray:
     return predictions.reshape(len(predictions), -1)
 
 
+def native(task: str, table: np.ndarray) -> np.ndarray:
+    """A prediction table (``prediction_table``) -> the task's prediction form."""
+    if task in (Task.BINARY, Task.REGRESSION):  # one column: a probability or a value
+        return table[:, 0]
+    if task == Task.ORDINAL:  # class probabilities -> cumulative P(y > k)
+        return np.clip(1.0 - np.cumsum(table, axis=1)[:, :-1], 0.0, 1.0)
+    return table
+
+
 def submission_values(task: str, predictions: np.ndarray, columns: dict[str, str], target_columns: list[str],
                       classes: list | None, threshold: float | np.ndarray = 0.5) -> dict[str, np.ndarray]:
     """Values for each submission column (besides the id), following the column dtypes in the YAML:

@@ -25,6 +25,7 @@ from kbert.errors import KbertError
 from kbert.io import read_table
 from kbert.names import check_name
 from kbert.pipeline.config import RunConfig
+from kbert.pipeline.provenance import Expected, check_member
 from kbert.tasks import Task
 
 
@@ -41,14 +42,16 @@ class PseudoLabels:
                 "per_class": {str(int(c)): int(n) for c, n in zip(*counts)}}
 
 
-def source_folder(config: RunConfig, comp_dir: Path) -> Path:
-    """``--pseudo-label``: a member under ``runs/<competition>/`` (a run id or <study>/trial-NNNN)."""
+def source_folder(config: RunConfig, comp_dir: Path, expected: Expected) -> Path:
+    """``--pseudo-label``: a member under ``runs/<competition>/`` (a run id or <study>/trial-NNNN) made for this
+    competition, task and data (pipeline/provenance.py)."""
     name = config.train.pseudo_label
     for part in name.split("/"):
         check_name(part, f"--pseudo-label {name!r}: part")
     folder = comp_dir / name
     if not (folder / "metrics.json").is_file():
         raise KbertError(f"--pseudo-label: no finished run '{name}' in {comp_dir} (no metrics.json)")
+    check_member(folder, expected, f"--pseudo-label {name}")
     return folder
 
 
@@ -97,12 +100,13 @@ def choose(task: str, probabilities: np.ndarray, threshold: float) -> PseudoLabe
     return PseudoLabels(test_index=rows, targets=labels[rows])
 
 
-def pseudo_labels(config: RunConfig, comp_dir: Path, ids: pd.Series, test_ids: pd.Series,
+def pseudo_labels(config: RunConfig, comp_dir: Path, expected: Expected,
                   fold_sets: list[np.ndarray]) -> dict[tuple[int, int], PseudoLabels]:
     """Each (repeat, fold)'s pseudo-labels, from SOURCE's models of that fold alone."""
     comp = config.competition
-    source = source_folder(config, comp_dir)
-    check_same_folds(source, comp.id_column, ids, fold_sets)
+    source = source_folder(config, comp_dir, expected)
+    test_ids = expected.test_ids
+    check_same_folds(source, comp.id_column, expected.train_ids, fold_sets)
     chosen = {}
     for r in range(len(fold_sets)):
         for k in range(comp.folds.k):

@@ -41,6 +41,7 @@ from kbert.pipeline.predictions import (average_folds, metric_targets, score,
                                         tune_label_thresholds, tune_threshold)
 from kbert.pipeline.profile import add_part, set_part, stage
 from kbert.pipeline.pseudo import pseudo_labels
+from kbert.pipeline.provenance import Expected
 from kbert.pipeline.submission import write_predictions_submission
 from kbert.pipeline.targets import encode_targets, num_outputs, raw_targets
 from kbert.tasks import Task
@@ -211,8 +212,9 @@ def run_splits(config: RunConfig, inputs: RunInputs, comp_dir: Path) -> tuple[li
     splits = fold_splits(config, fold_sets)
     pseudo = {}
     if config.train.pseudo_label:
-        pseudo = pseudo_labels(config, comp_dir, inputs.train[config.competition.id_column], inputs.test_ids,
-                               fold_sets)
+        expected = Expected(config.competition, inputs.inputs, inputs.train[config.competition.id_column],
+                            inputs.test_ids, inputs.truth, inputs.targets.classes)
+        pseudo = pseudo_labels(config, comp_dir, expected, fold_sets)
         splits = [replace(split, pseudo=pseudo[(split.repeat, split.k)]) for split in splits]
     return fold_sets, splits, pseudo
 
@@ -346,7 +348,7 @@ def write_run_artifacts(inputs: RunInputs, run_id: str, run_dir: Path, folds: li
     records = [fold.record for fold in folds]
     budget = next((fold.tokens for fold in folds if fold.tokens), {})
     write_json(run_dir / "metrics.json", {
-        **score_summary(run_id, comp, inputs.metric, final["cv"], records), **final["extra"], "tokens": budget,
+        **score_summary(run_id, comp, inputs.metric, final["cv"], inputs.threshold, records), **final["extra"], "tokens": budget,
         "head": inputs.head.to_dict(), "wall_time_s": round(seconds, 2), "blas": runtime.status().blas.name,
         "device": current_device(), "backend": backend(),
         "precision": compute_precision(config.train.precision),

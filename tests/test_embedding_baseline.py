@@ -1,6 +1,7 @@
 """``kbert baseline --embeddings``: encoder embeddings next to the raw columns, reduced per fold on its training rows
 only, from a pretrained encoder or a finished run's fine-tuned fold models on the same folds."""
 
+import dataclasses
 import json
 import shutil
 
@@ -17,6 +18,7 @@ from kbert.models.encoders import build_encoder, save_encoder
 from kbert.models.tokenizer import train_wordpiece
 from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition, resolve_run_config
 from kbert.pipeline.run import run_competition
+from tests.test_ensembles import expected_for
 
 NAME = "nlp-getting-started"
 TINY = {"folds": 2, "epochs": 1, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -93,7 +95,7 @@ def test_a_fine_tuned_source_on_other_folds_is_refused(tmp_path, fine_tuned, cap
     assert str(source_dir / "folds.csv") in error and "3 folds of 100 rows" in error  # both folds named
     assert len(error.strip().splitlines()) == 1
     assert main([*args, "--folds", "2", "--limit-rows", "80"]) == 2  # other rows: other folds
-    assert "differ" in capsys.readouterr().err
+    assert "a --limit-rows 100 run: its 100 training rows are not the 80 read now" in capsys.readouterr().err
     assert not (tmp_path / "runs" / NAME / "baseline-hgb-emb-tuned-seed42").exists()  # refused before writing
     config = baseline_config(tmp_path, "unknown")
     with pytest.raises(KbertError, match="not a finished run"):
@@ -119,7 +121,9 @@ def test_a_fine_tuned_source_gives_a_member_in_the_run_format(fine_tuned, capsys
 
     data_dir = BUNDLED_DATA_DIR / NAME
     train_ids = pd.read_csv(data_dir / "train.csv")["id"].head(100)  # --limit-rows: the member's rows
-    member = load_member(member_dir, runs / NAME, "id", train_ids, pd.read_csv(data_dir / "test.csv")["id"])
+    whole = expected_for(NAME)
+    expected = dataclasses.replace(whole, train_ids=train_ids, truth=whole.truth[:100])
+    member = load_member(member_dir, runs / NAME, expected)
     assert member is not None and member.columns == ["target"] and member.covered.all()
     assert member.cv == json.loads((member_dir / "metrics.json").read_text())["cv"]
     assert ((member.oof >= 0) & (member.oof <= 1)).all() and np.isfinite(member.test).all()

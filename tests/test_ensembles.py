@@ -1,5 +1,6 @@
 """Ensembles: blending methods, their nested CV, members on disk, baselines and `kbert ensemble` submissions."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -11,8 +12,12 @@ from kbert.ensembles.blend import (BlendOptions, Problem, apply_blend, fit_blend
                                    paired_bootstrap, score_table)
 from kbert.ensembles.members import select_members
 from kbert.errors import KbertError
+from kbert.pipeline.artifacts import SCHEMA
 from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition
+from kbert.pipeline.data import load_competition_data
 from kbert.pipeline.metrics import get_metric
+from kbert.pipeline.predictions import native, score
+from kbert.pipeline.provenance import Expected, expected_of
 
 
 def regression_problem(y: np.ndarray, metric: str = "rmse") -> Problem:
@@ -233,49 +238,67 @@ def test_every_method_runs_for_each_task():
 
 # --- members on disk and kbert ensemble ----------------------------------------------------------------------------
 
-def write_member(folder, id_column, train_ids, test_ids, column, oof, test, cv):
+def expected_for(name: str) -> Expected:
+    """What a member of a bundled (or benchmark) competition must match."""
+    comp = load_competition(name)
+    return expected_of(comp, load_competition_data(comp))
+
+
+def write_member(folder, expected: Expected, oof, test, rows: int | None = None) -> None:
+    """A member as kbert writes one: oof.csv and test.csv, folds.csv (one split shared by every member written
+    here), config.yaml and a metrics.json recording the competition, its data files and the CV its oof.csv scores.
+    ``rows``: the first rows only, as a ``--limit-rows`` run."""
+    comp, rows = expected.competition, rows or len(expected.train_ids)
+    ids, columns = expected.train_ids[:rows], expected.columns
+    oof, test = np.asarray(oof, float).reshape(rows, -1), np.asarray(test, float).reshape(len(expected.test_ids), -1)
     folder.mkdir(parents=True)
-    pd.DataFrame({id_column: train_ids, column: oof}).to_csv(folder / "oof.csv", index=False)
-    pd.DataFrame({id_column: test_ids, column: test}).to_csv(folder / "test.csv", index=False)
-    (folder / "metrics.json").write_text(json.dumps({"cv": cv}))
-    (folder / "config.yaml").write_text("seed: 1\n")
+    for name, frame_ids, table in (("oof.csv", ids, oof), ("test.csv", expected.test_ids, test)):
+        frame = pd.concat([pd.DataFrame({comp.id_column: frame_ids.to_numpy()}), pd.DataFrame(table, columns=columns)],
+                          axis=1)
+        frame.to_csv(folder / name, index=False)
+    pd.DataFrame({comp.id_column: ids.to_numpy(), "fold": np.arange(rows) % 5}).to_csv(folder / "folds.csv",
+                                                                                       index=False)
+    covered = ~np.isnan(oof).all(axis=1)
+    cv = (score(get_metric(comp.metric), comp.task, expected.truth[:rows][covered], native(comp.task, oof[covered]),
+                0.5, expected.classes) if np.isfinite(oof[covered]).all() else 0.0)  # (a damaged file's)
+    (folder / "metrics.json").write_text(json.dumps({
+        "schema": SCHEMA, "competition": comp.name, "task": comp.task, "metric": comp.metric, "cv": cv,
+        "cv_threshold": 0.5, "inputs": expected.inputs}))
+    (folder / "config.yaml").write_text(f"seed: 1\nlimit_rows: {rows if rows < len(expected.train_ids) else 'null'}\n")
 
 
 @pytest.fixture
 def spaceship_members(tmp_path):
-    train = pd.read_csv(BUNDLED_DATA_DIR / "spaceship-titanic" / "train.csv", usecols=["PassengerId", "Transported"])
-    test = pd.read_csv(BUNDLED_DATA_DIR / "spaceship-titanic" / "test.csv", usecols=["PassengerId"])
+    expected = expected_for("spaceship-titanic")
     rng = np.random.default_rng(7)
-    y = train["Transported"].to_numpy().astype(float)
+    y = expected.truth.astype(float)
     runs = tmp_path / "runs" / "spaceship-titanic"
     for i, noise in enumerate((0.3, 0.4, 0.5)):
         oof = np.clip(0.5 + (y - 0.5) * 0.4 + rng.normal(scale=noise, size=len(y)), 0.01, 0.99)
-        write_member(runs / (f"run-{i}" if i < 2 else "study/trial-0004"), "PassengerId", train["PassengerId"],
-                     test["PassengerId"], "Transported", oof, rng.random(len(test)), cv=0.7 - noise / 10)
+        write_member(runs / (f"run-{i}" if i < 2 else "study/trial-0004"), expected, oof,
+                     rng.random(len(expected.test_ids)))
     # A --limit-rows run covers fewer rows: skipped by `all`, an error when named.
-    write_member(runs / "partial", "PassengerId", train["PassengerId"][:100], test["PassengerId"], "Transported",
-                 np.full(100, 0.5), np.full(len(test), 0.5), cv=0.9)
+    write_member(runs / "partial", expected, np.full(100, 0.5), np.full(len(expected.test_ids), 0.5), rows=100)
     return tmp_path
 
 
 def test_member_selection(spaceship_members):
-    spaceship = load_competition("spaceship-titanic")
+    expected = expected_for("spaceship-titanic")
     runs = spaceship_members / "runs" / "spaceship-titanic"
-    train = pd.read_csv(BUNDLED_DATA_DIR / "spaceship-titanic" / "train.csv", usecols=["PassengerId"])["PassengerId"]
-    test = pd.read_csv(BUNDLED_DATA_DIR / "spaceship-titanic" / "test.csv", usecols=["PassengerId"])["PassengerId"]
     notes = []
-    members = select_members(runs, "all", spaceship.id_column, train, test, True, log=notes.append)
+    members = select_members(runs, "all", expected, True, log=notes.append)
     assert [m.name for m in members] == ["run-0", "run-1", "study/trial-0004"]
     assert "partial" in notes[0]
-    assert [m.name for m in select_members(runs, "top:2", "PassengerId", train, test, True)] == ["run-0", "run-1"]
-    assert [m.name for m in select_members(runs, "study/trial-0004,run-1", "PassengerId", train, test, True)] == \
+    assert [m.name for m in select_members(runs, "top:2", expected, True)] == ["run-0", "run-1"]
+    assert [m.name for m in select_members(runs, "study/trial-0004,run-1", expected, True)] == \
         ["study/trial-0004", "run-1"]
-    with pytest.raises(KbertError, match="does not cover every training and test row"):
-        select_members(runs, "partial", "PassengerId", train, test, True)
+    with pytest.raises(KbertError, match=r"^member partial: a --limit-rows 100 run: its 100 training rows are not the 8693 "
+                                         r"read now$"):
+        select_members(runs, "partial", expected, True)
     with pytest.raises(KbertError, match="no finished run 'nope'"):
-        select_members(runs, "nope", "PassengerId", train, test, True)
+        select_members(runs, "nope", expected, True)
     with pytest.raises(KbertError, match="K in top:K must be an integer"):
-        select_members(runs, "top:x", "PassengerId", train, test, True)
+        select_members(runs, "top:x", expected, True)
 
 
 def test_spaceship_ensemble_submission_has_true_false_and_the_sample_ids(spaceship_members, capsys):
@@ -531,31 +554,22 @@ def test_forward_chaining_nested_cv_fits_each_blend_on_earlier_rows_only():
     assert result.score == pytest.approx(get_metric("rmse")(y[len(first):], predictions))
 
 
-def write_series_member(folder, ids, test_ids, oof, test, cv):
-    folder.mkdir(parents=True)
-    columns = ["h1", "h2", "h3"]
-    pd.concat([pd.DataFrame({"id": ids}), pd.DataFrame(oof, columns=columns)], axis=1).to_csv(folder / "oof.csv",
-                                                                                             index=False)
-    pd.concat([pd.DataFrame({"id": test_ids}), pd.DataFrame(test, columns=columns)], axis=1).to_csv(
-        folder / "test.csv", index=False)
-    (folder / "metrics.json").write_text(json.dumps({"cv": cv}))
-
-
 def test_kbert_ensemble_blends_time_series_members_on_the_rows_both_cover(tmp_path, capsys):
     from pathlib import Path
 
     from kbert.cli import main
 
     heads = Path(__file__).resolve().parent.parent / "benchmarks" / "heads"
+    expected = expected_for(str(heads / "elnino.yaml"))
     train = pd.read_csv(heads / "data" / "elnino" / "train.csv")
-    test_ids = pd.read_csv(heads / "data" / "elnino" / "test.csv")["id"]
+    test_ids = expected.test_ids
     truth = train[["h1", "h2", "h3"]].to_numpy()
     rng = np.random.default_rng(10)
     runs = tmp_path / "runs" / "elnino"
     for name, empty, noise in (("series-a", 116, 0.4), ("series-b", 140, 0.6)):  # forward-chaining: no OOF at first
         oof = truth + rng.normal(scale=noise, size=truth.shape)
         oof[:empty] = np.nan
-        write_series_member(runs / name, train["id"], test_ids, oof, rng.normal(25, 1, (len(test_ids), 3)), noise)
+        write_member(runs / name, expected, oof, rng.normal(25, 1, (len(test_ids), 3)))
     lines = (runs / "series-a" / "oof.csv").read_text().splitlines()
     assert lines[1] == "0,,," and lines[117].count(",,") == 0  # empty cells, then predictions
 
@@ -574,18 +588,22 @@ def test_kbert_ensemble_blends_time_series_members_on_the_rows_both_cover(tmp_pa
 
 
 def test_a_member_row_with_some_empty_cells_is_refused(tmp_path):
+    from pathlib import Path
+
     from kbert.ensembles.members import load_member
 
-    ids, test_ids = pd.Series(np.arange(6)), pd.Series(np.arange(2))
+    heads = Path(__file__).resolve().parent.parent / "benchmarks" / "heads"
+    expected = dataclasses.replace(expected_for(str(heads / "elnino.yaml")), train_ids=pd.Series(np.arange(6)),
+                                   test_ids=pd.Series(np.arange(2)), truth=np.ones((6, 3)))
     oof = np.ones((6, 3))
     oof[:2] = np.nan  # no OOF prediction for rows 0 and 1: fine
-    write_series_member(tmp_path / "m", ids, test_ids, oof, np.ones((2, 3)), 0.5)
-    member = load_member(tmp_path / "m", tmp_path, "id", ids, test_ids)
+    write_member(tmp_path / "m", expected, oof, np.ones((2, 3)))
+    member = load_member(tmp_path / "m", tmp_path, expected)
     assert member.covered.tolist() == [False, False, True, True, True, True]
     oof[3, 1] = np.nan  # one cell of a predicted row missing: corrupt
-    write_series_member(tmp_path / "n", ids, test_ids, oof, np.ones((2, 3)), 0.5)
-    with pytest.raises(KbertError, match=r"oof.csv: predictions contain NaN or infinite values$"):
-        load_member(tmp_path / "n", tmp_path, "id", ids, test_ids)
-    write_series_member(tmp_path / "t", ids, test_ids, np.ones((6, 3)), np.full((2, 3), np.nan), 0.5)
-    with pytest.raises(KbertError, match=r"test.csv: predictions contain NaN or infinite values$"):
-        load_member(tmp_path / "t", tmp_path, "id", ids, test_ids)
+    write_member(tmp_path / "n", expected, oof, np.ones((2, 3)))
+    with pytest.raises(KbertError, match=r"^member n: oof.csv holds empty, NaN or infinite predictions$"):
+        load_member(tmp_path / "n", tmp_path, expected)
+    write_member(tmp_path / "t", expected, np.ones((6, 3)), np.full((2, 3), np.nan))
+    with pytest.raises(KbertError, match=r"^member t: test.csv holds empty, NaN or infinite predictions$"):
+        load_member(tmp_path / "t", tmp_path, expected)

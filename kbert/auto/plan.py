@@ -9,8 +9,8 @@
 5. Pseudo-labels (binary and multiclass): the best encoder run again, with confident test rows labelled by the best
    baseline's model of each fold.
 6. Extra seeds of the best encoder configuration (``--seeds``), one member.
-7. A tuning study (``kbert tune``) in the time left; its three best trials join. ``balanced`` and ``best`` also run
-   more epochs and more trials.
+7. A tuning study (``kbert tune``) in the time left; its best three trials join when they beat the best encoder
+   run. ``balanced`` and ``best`` also run more epochs and more trials.
 8. In the time left after the study (kbert/auto/run.py ``more_seeds``): the best encoder configuration with other
    seeds, then the gradient-boosted baselines with other seeds, each while it fits.
 

@@ -7,6 +7,8 @@ import argparse
 
 from kbert.cli.common import add_command, add_number, add_out, check_run_id
 
+EMBED_LENGTH = 256  # kbert embed's default --max-length (the encoder's positions when it has fewer)
+
 
 def add_parser(commands) -> None:
     predict = add_command(commands, "predict", help="predict a CSV with a finished run's fold models",
@@ -31,7 +33,9 @@ def add_parser(commands) -> None:
     embed.add_argument("--normalize", action="store_true", help="L2-normalise each embedding")
     embed.add_argument("--spm-normalization", choices=("sentencepiece", "transformers"), default="sentencepiece",
                        help="text normalisation of an spm.model-only (DeBERTa-v2/v3) checkpoint, as in kbert run")
-    add_number(embed, "--max-length", int, "max_length", default=256, help="maximum tokens per text (default 256)")
+    add_number(embed, "--max-length", int, "max_length", default=None,
+               help=f"maximum tokens per text (default {EMBED_LENGTH}, or the encoder's positions if fewer; more "
+                    "than its positions is refused)")
     add_number(embed, "--batch-size", int, "batch_size", default=64)
     embed.set_defaults(handler=cmd_embed)
 
@@ -51,15 +55,22 @@ def cmd_predict(args: argparse.Namespace) -> int:
 def cmd_embed(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kbert.io import write_npy
-    from kbert.models.encoders import load_encoder
+    from kbert.errors import KbertError
+    from kbert.io import check_writable_folder, write_npy
+    from kbert.models.encoders import load_encoder, max_tokens, read_config, resolve_encoder_path
     from kbert.pipeline.embed import embed_texts
 
-    texts = _read_lines(Path(args.texts))
-    encoder, _, tokenizer = load_encoder(args.model, args.spm_normalization)
-    vectors = embed_texts(encoder, tokenizer, texts, args.pooling, args.normalize, args.max_length, args.batch_size)
     out = Path(args.out)
     with_suffix = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")
+    for path in {out, with_suffix}:
+        if path.is_dir():
+            raise KbertError(f"--out {path}: a folder; give the .npy file to write")
+    check_writable_folder(with_suffix.parent, f"--out {args.out}")
+    texts = _read_lines(Path(args.texts))
+    folder = resolve_encoder_path(args.model)
+    max_length = args.max_length or min(EMBED_LENGTH, max_tokens(read_config(folder)) or EMBED_LENGTH)
+    encoder, _, tokenizer = load_encoder(folder, args.spm_normalization, max_length)
+    vectors = embed_texts(encoder, tokenizer, texts, args.pooling, args.normalize, max_length, args.batch_size)
     write_npy(with_suffix, vectors)
     print(f"{with_suffix}: {vectors.shape[0]} x {vectors.shape[1]} embeddings")
     return 0

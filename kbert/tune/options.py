@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kbert.errors import KbertError
@@ -14,6 +15,8 @@ from kbert.errors import KbertError
 DEFAULT_STUDY = "tune"
 PRUNERS = ("wilcoxon", "median", "none")
 DEFAULT_PRUNER, DEFAULT_PRUNE_P = "wilcoxon", 0.2
+DIALECTS = ("postgresql", "mysql", "sqlite")  # the RDB URLs --storage takes (SQLAlchemy's dialect names)
+URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 STALE_HEARTBEATS = 4  # a running trial whose worker was silent for this many heartbeat intervals is stale
 
 
@@ -38,6 +41,9 @@ class TuneOptions:
     overrides: dict[str, Any] = field(default_factory=dict)  # fixed run settings for every trial (unset: the study's)
     out_dir: str = "runs"
 
+    def __post_init__(self) -> None:
+        check_storage(self.storage)
+
     @property
     def grace(self) -> float:
         """Seconds without a heartbeat after which a running trial is stale."""
@@ -47,6 +53,21 @@ class TuneOptions:
     def rdb(self) -> bool:
         """The storage is an RDB URL (postgresql://, mysql://, sqlite:///), not a journal file."""
         return "://" in self.storage
+
+
+def check_storage(storage: str) -> None:
+    """``--storage``: a database URL of a known dialect (``postgresql://user@host/db``, ``mysql://...``,
+    ``sqlite:///file.db``) or a journal file's path. A string with a URL's scheme that is not such a URL (one slash,
+    an unknown dialect) is refused rather than taken as a file name: a "shared" study would silently be private."""
+    scheme = URL_SCHEME.match(storage)
+    if scheme and len(scheme.group(1)) > 1:  # (one letter: a Windows drive)
+        dialect, rest = scheme.group(1).split("+")[0].lower(), storage[scheme.end():]
+        if dialect not in DIALECTS or not rest.startswith("//"):
+            shown = re.sub(r"([/:][^:/@]*:)[^@/]*@", r"\1***@", storage)  # no password in the message
+            raise KbertError(f"--storage {shown}: not a database URL of a known kind ({', '.join(DIALECTS)}: "
+                             "postgresql://user@host/db) nor a journal file path")
+    elif storage and Path(storage).is_dir():
+        raise KbertError(f"--storage {storage}: a folder; give the journal file's path (or a database URL)")
 
 
 def parse_duration(text: str | float | None) -> float | None:

@@ -24,7 +24,7 @@ from kbert.pipeline.config import CompetitionConfig, RunConfig, load_competition
 from kbert.pipeline.fold_processes import usable_cores
 from kbert.tune.options import DEFAULT_PRUNE_P, DEFAULT_PRUNER, PRUNERS, TuneOptions
 from kbert.tune.space import Param, default_params, parse_space, space_entries, to_overrides
-from kbert.tune.storage import open_storage, storage_label
+from kbert.tune.storage import journal_path, open_storage, storage_label
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
 
@@ -83,6 +83,8 @@ def load_study(options: TuneOptions, create: bool, check: bool = True
     if create:  # the study's fixed settings (--folds, --limit-rows) are refused before its folder is made
         resolve_trial_config(competition, options, {})
     directory = study_dir(options, competition)
+    if not create and not options.rdb and not journal_path(options, directory).is_file():  # nothing made for a typo
+        raise KbertError(f"no study '{options.study}' for {competition.name}: no {journal_path(options, directory)}")
     storage = open_storage(options, directory)
     names = optuna.study.get_all_study_names(storage)
     if not create and options.study not in names:

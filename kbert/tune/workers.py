@@ -60,6 +60,12 @@ def tune(options: TuneOptions) -> tuple[optuna.Study, int]:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if options.workers < 1:
         raise KbertError(f"--workers must be at least 1, got {options.workers}")
+    cores, memory = usable_cores(), available_memory()
+    most = memory_holds(cores, WORKER_MEMORY, memory)
+    if options.workers > most:
+        held = "" if most == cores else f", and memory for {most}"
+        raise KbertError(f"--workers {options.workers}: this machine runs at most {most} (one per core: {cores} "
+                         f"cores{held})")
     if options.trials is not None and options.trials < 1:
         raise KbertError(f"--trials must be at least 1, got {options.trials}")
     study, competition, _, directory = load_study(options, create=True)
@@ -71,6 +77,7 @@ def tune(options: TuneOptions) -> tuple[optuna.Study, int]:
     if options.workers == 1:
         if run_worker(options, 0) == INTERRUPTED:
             raise KeyboardInterrupt
+        check_completed(study)
         return study, 0
     codes = run_processes(options, started_wall=time.time())
     killed = [(worker, code) for worker, code in enumerate(codes) if code not in (0, INTERRUPTED)]
@@ -79,6 +86,7 @@ def tune(options: TuneOptions) -> tuple[optuna.Study, int]:
               f"on the next `kbert tune`", file=sys.stderr)
     if INTERRUPTED in codes:
         raise KeyboardInterrupt
+    check_completed(study)
     return study, 1 if killed else 0
 
 
@@ -206,12 +214,30 @@ def trial_room(study: optuna.Study, target: int | None) -> str:
     if not target:
         return "go"
     trials = study.get_trials(deepcopy=False)
-    finished = sum(t.state in FINISHED for t in trials)
+    finished = counted(trials)
     if finished >= target:
         return "done"
     waiting = sum(t.state == TrialState.WAITING for t in trials)
     running = sum(t.state == TrialState.RUNNING for t in trials)
     return "go" if waiting or finished + running < target else "wait"
+
+
+def counted(trials: list[FrozenTrial]) -> int:
+    """The trials that count toward --trials: completed, pruned and failed ones (a failed trial is a trial run;
+    one queued again counts once, as its retry)."""
+    retried = queued_again(trials)
+    return sum(t.state in FINISHED or (t.state == TrialState.FAIL and t.number not in retried) for t in trials)
+
+
+def check_completed(study: optuna.Study) -> None:
+    """A study with no completed trial is no result: refused with the first failure's reason."""
+    trials = study.get_trials(deepcopy=False)
+    if any(t.state == TrialState.COMPLETE for t in trials):
+        return
+    failures = [t for t in trials if t.state == TrialState.FAIL and t.user_attrs.get("error")]
+    reason = (f"trial {failures[0].number}: {failures[0].user_attrs['error']}" if failures else
+              "none finished in the time given")
+    raise KbertError(f"study '{study.study_name}': no trial completed; {reason}")
 
 
 def with_heartbeat(objective: Callable[[optuna.Trial], float], heartbeats: Heartbeats):

@@ -1,0 +1,175 @@
+"""Where artifacts meet: a finished member (a kbert run, a baseline, a tuning trial) is blended (``kbert ensemble``,
+``ensemble --study``, ``kbert auto`` and its resume), taught from (``--pseudo-label``) or embedded with
+(``--embeddings``) only if it belongs with what it is combined with, and what it says about itself is true:
+
+- its metrics.json carries this kbert's artifact schema (``SCHEMA``; a folder written before is refused: rerun it);
+- it was made for the same competition, task and metric, from the same data files (their sha256);
+- its oof.csv and test.csv hold exactly the competition's training and test ids, the task's prediction columns and
+  finite values in the task's range (probabilities in [0, 1]);
+- its folds.csv splits the same training ids; what it is combined with compares the split itself;
+- its oof.csv reproduces the CV its metrics.json records, and an encoder run's oof.csv is the mean of its folds'
+  own predictions (each fold's outputs.npz): an edited, permuted or swapped file is caught.
+
+Anything else is one line naming the member and what differs. A ``--limit-rows`` run is ``Partial``: ``--members
+all`` passes it by with a note.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kbert.errors import KbertError
+from kbert.io import read_json, read_npz, read_table
+from kbert.pipeline.artifacts import SCHEMA, input_fingerprint
+from kbert.pipeline.config import CompetitionConfig, read_yaml
+from kbert.pipeline.data import CompetitionData
+from kbert.pipeline.metrics import get_metric
+from kbert.pipeline.predictions import metric_targets, native, prediction_columns, prediction_table, score
+from kbert.pipeline.targets import encode_targets, raw_targets
+from kbert.tasks import Task
+
+FOLD_FOLDER = re.compile(r"^(?:r(\d+)-)?(\d+)(?:-s\d+)?$")  # pipeline/artifacts.py fold_name: k, r<r>-<k>, <k>-s<i>
+
+
+class Partial(KbertError):
+    """A member trained on part of the training rows (``--limit-rows``)."""
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a member must match: the competition, the sha256 of its data files, its rows, and its targets as the
+    metric reads them."""
+
+    competition: CompetitionConfig
+    inputs: dict[str, str]
+    train_ids: pd.Series
+    test_ids: pd.Series
+    truth: np.ndarray
+    classes: list | None
+
+    @property
+    def columns(self) -> list[str]:
+        comp = self.competition
+        return prediction_columns(comp.task, comp.target_columns, self.classes)
+
+
+@dataclass
+class Checked:
+    """A member that passed: its metrics.json, prediction tables in the competition's row order (NaN rows: no OOF
+    prediction) and the fold of each training row (repeat 0)."""
+
+    metrics: dict
+    oof: np.ndarray
+    test: np.ndarray
+    folds: np.ndarray
+
+
+def expected_of(comp: CompetitionConfig, data: CompetitionData) -> Expected:
+    metric = get_metric(comp.metric)
+    targets = encode_targets(data.train, comp)
+    truth = metric_targets(comp.task, targets.values, raw_targets(data.train, comp), metric.kind, targets.classes)
+    return Expected(comp, input_fingerprint(comp, data.data_dir), data.train[comp.id_column],
+                    data.test[comp.id_column], truth, targets.classes)
+
+
+def check_member(folder: Path, expected: Expected, who: str) -> Checked:
+    """The member in ``folder``, checked as the module says; ``who`` names it in the one-line refusal."""
+    comp = expected.competition
+    metrics = read_json(folder / "metrics.json", required=("cv",))
+    if metrics.get("schema") != SCHEMA:
+        raise KbertError(f"{who}: written by another kbert (artifact schema {metrics.get('schema', 1)}, this kbert "
+                         f"reads {SCHEMA}); rerun it")
+    for key, ours in (("competition", comp.name), ("task", comp.task), ("metric", comp.metric)):
+        if metrics.get(key) != ours:
+            raise KbertError(f"{who}: made for {key} {metrics.get(key)!r}, not {ours!r}")
+    recorded = metrics.get("inputs") if isinstance(metrics.get("inputs"), dict) else {}
+    changed = sorted(name for name in {**recorded, **expected.inputs} if recorded.get(name) != expected.inputs.get(name))
+    if changed:
+        raise KbertError(f"{who}: trained on other data ({', '.join(changed)} differ from the files read now); "
+                         "rerun it on these files")
+    oof = aligned(folder / "oof.csv", expected, expected.train_ids, "training", who, empty_rows=True)
+    test = aligned(folder / "test.csv", expected, expected.test_ids, "test", who)
+    folds = read_table(folder / "folds.csv", required=(comp.id_column, "fold"))
+    if len(folds) != len(expected.train_ids) or set(folds[comp.id_column]) != set(expected.train_ids):
+        raise KbertError(f"{who}: its folds.csv does not split this competition's training ids")
+    fold_of_row = folds.set_index(comp.id_column).loc[expected.train_ids.to_numpy(), "fold"].to_numpy()
+    check_cv(folder, metrics, oof, expected, who)
+    check_fold_outputs(folder, metrics, oof, folds.set_index(comp.id_column).loc[expected.train_ids.to_numpy()],
+                       expected, who)
+    return Checked(metrics, oof, test, fold_of_row)
+
+
+def aligned(path: Path, expected: Expected, ids: pd.Series, rows: str, who: str,
+            empty_rows: bool = False) -> np.ndarray:
+    """The prediction table of ``path`` in the order of ``ids``. ``empty_rows``: rows whose cells are all empty (a
+    time-series run's first block, never validated) are kept as NaN."""
+    comp = expected.competition
+    frame = read_table(path, required=(comp.id_column,))
+    found = frame[comp.id_column]
+    if len(frame) != len(ids) or found.duplicated().any() or set(found) != set(ids):
+        config = read_yaml(path.parent / "config.yaml") if (path.parent / "config.yaml").is_file() else {}
+        limit = config.get("limit_rows") if isinstance(config, dict) else None
+        if limit:
+            raise Partial(f"{who}: a --limit-rows {limit} run: its {len(frame)} {rows} rows are not the "
+                          f"{len(ids)} read now")
+        unknown, missing = len(set(found) - set(ids)), len(set(ids) - set(found))
+        raise KbertError(f"{who}: {path.name} does not hold this competition's {rows} ids ({missing} missing, "
+                         f"{unknown} unknown, {int(found.duplicated().sum())} repeated)")
+    columns = [c for c in frame.columns if c != comp.id_column]
+    if columns != expected.columns:
+        raise KbertError(f"{who}: {path.name} predicts {columns}; this {comp.task} task's columns are "
+                         f"{expected.columns}")
+    table = frame.set_index(comp.id_column).loc[ids.to_numpy(), columns].to_numpy(dtype=np.float64)
+    empty = np.isnan(table).all(axis=1) if empty_rows else np.zeros(len(table), dtype=bool)
+    values = table[~empty]
+    if empty.all() or not np.isfinite(values).all():
+        raise KbertError(f"{who}: {path.name} holds empty, NaN or infinite predictions")
+    if Task(comp.task).probabilities and (values.min() < 0 or values.max() > 1):
+        extreme = values.min() if values.min() < 0 else values.max()
+        raise KbertError(f"{who}: {path.name} holds values outside [0, 1] (as far as {extreme:g}), not probabilities")
+    return table
+
+
+def check_cv(folder: Path, metrics: dict, oof: np.ndarray, expected: Expected, who: str) -> None:
+    """The CV that metrics.json records, recomputed from oof.csv at the cut-off it was scored at."""
+    comp = expected.competition
+    covered = ~np.isnan(oof).all(axis=1)
+    threshold = np.asarray(metrics.get("cv_threshold", 0.5), dtype=np.float64)
+    found = score(get_metric(comp.metric), comp.task, expected.truth[covered], native(comp.task, oof[covered]),
+                  threshold if threshold.ndim else float(threshold), expected.classes)
+    if not math.isclose(found, float(metrics["cv"]), rel_tol=1e-6, abs_tol=1e-9):
+        raise KbertError(f"{who}: its oof.csv scores {comp.metric} {found:.6g}, its metrics.json records "
+                         f"{float(metrics['cv']):.6g}; the files do not belong together")
+
+
+def check_fold_outputs(folder: Path, metrics: dict, oof: np.ndarray, folds: pd.DataFrame, expected: Expected,
+                       who: str) -> None:
+    """An encoder run's oof.csv is each row's mean over the folds that validated it (each fold's own
+    outputs.npz), before calibration: compared where it was not calibrated."""
+    found = sorted(folder.glob("folds/*/outputs.npz"))
+    if not found or "calibration" in metrics:
+        return
+    total, count = None, np.zeros(len(oof))
+    for path in found:
+        match = FOLD_FOLDER.match(path.parent.name)
+        column = "fold" if match is None or match.group(1) in (None, "0") else f"fold_repeat{match.group(1)}"
+        if match is None or column not in folds.columns:
+            raise KbertError(f"{who}: {path.parent} is not a fold of its folds.csv")
+        rows = np.flatnonzero(folds[column].to_numpy() == int(match.group(2)))
+        predictions = read_npz(path, required=("valid_predictions",))["valid_predictions"].astype(np.float64)
+        if len(predictions) != len(rows):
+            raise KbertError(f"{who}: {path} holds {len(predictions)} validation rows, its fold has {len(rows)}")
+        total = np.zeros((len(oof),) + predictions.shape[1:]) if total is None else total
+        total[rows] += predictions
+        count[rows] += 1
+    covered = count > 0
+    mean = total[covered] / count[covered].reshape((-1,) + (1,) * (total.ndim - 1))
+    if not np.allclose(prediction_table(expected.competition.task, mean), oof[covered], rtol=1e-6, atol=1e-7):
+        raise KbertError(f"{who}: its oof.csv is not the mean of its folds' predictions (folds/*/outputs.npz); "
+                         "the files do not belong together")

@@ -1,0 +1,105 @@
+"""Where artifacts meet (pipeline/provenance.py): a member is blended, resumed, taught from or embedded with only if
+it was made for this competition, task and data, and its files say what its metrics.json says."""
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kbert.auto import run as driver
+from kbert.auto.run import AutoOptions, run_auto
+from kbert.auto.state import JobState, Status
+from kbert.ensembles.members import select_members
+from kbert.errors import KbertError
+from kbert.pipeline.config import BUNDLED_DATA_DIR
+from tests.test_ensembles import expected_for, write_member
+
+
+def members(tmp_path, expected, count=2):
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        oof = np.clip(0.5 + (expected.truth - 0.5) * 0.4 + rng.normal(scale=0.3, size=len(expected.truth)), 0, 1)
+        write_member(tmp_path / f"m{i}", expected, oof, rng.random(len(expected.test_ids)))
+
+
+def test_a_member_of_another_competition_or_with_edited_predictions_is_refused_naming_it(tmp_path):
+    titanic = expected_for("titanic")
+    members(tmp_path, titanic)
+    assert [m.name for m in select_members(tmp_path, "all", titanic, True)] == ["m0", "m1"]
+
+    write_member(tmp_path / "other", expected_for("spaceship-titanic"), np.full(8693, 0.5), np.full(4277, 0.5))
+    with pytest.raises(KbertError, match=r"^member other: made for competition 'spaceship-titanic', not 'titanic'$"):
+        select_members(tmp_path, "all", titanic, True)
+    shutil.rmtree(tmp_path / "other")
+
+    oof = pd.read_csv(tmp_path / "m1" / "oof.csv")
+    oof["Survived"] = 1 - oof["Survived"]  # every prediction turned around: the recorded CV no longer holds
+    oof.to_csv(tmp_path / "m1" / "oof.csv", index=False)
+    with pytest.raises(KbertError, match=r"^member m1: its oof.csv scores accuracy 0\.\d+, its metrics.json records "
+                                         r"0\.\d+; the files do not belong together$"):
+        select_members(tmp_path, "m0,m1", titanic, True)
+
+    metrics = json.loads((tmp_path / "m0" / "metrics.json").read_text())
+    (tmp_path / "m0" / "metrics.json").write_text(json.dumps({**metrics, "schema": None}))
+    with pytest.raises(KbertError, match=r"^member m0: written by another kbert \(artifact schema None, this kbert "
+                                         r"reads 2\); rerun it$"):
+        select_members(tmp_path, "m0", titanic, True)
+
+
+def test_members_split_into_other_folds_are_not_blended_together(tmp_path):
+    titanic = expected_for("titanic")
+    members(tmp_path, titanic)
+    folds = pd.read_csv(tmp_path / "m1" / "folds.csv")
+    folds["fold"] = (folds["fold"] + 1) % 5
+    folds.to_csv(tmp_path / "m1" / "folds.csv", index=False)
+    with pytest.raises(KbertError, match=r"^member m1: split into other folds than m0 \(891 training rows in another "
+                                         r"fold\); blend members trained on the same folds$"):
+        select_members(tmp_path, "all", titanic, True)
+
+
+def test_a_resume_on_changed_training_labels_is_refused_naming_the_member(tmp_path):
+    from kbert.ensembles.baseline import run_baseline
+
+    data = tmp_path / "data"
+    shutil.copytree(BUNDLED_DATA_DIR / "titanic", data)
+    options = AutoOptions("titanic", 600, data_dir=str(data), out_dir=str(tmp_path / "runs"),
+                          submissions_dir=str(tmp_path / "subs"), progress=False)
+    auto = driver.Auto(options, log=lambda _: None)
+    auto.folder.mkdir(parents=True)
+    auto.load_state()
+    run_baseline(auto.run_config({}), "logreg", run_id="auto-baseline-logreg", log=lambda _: None)
+    auto.state.jobs["auto-baseline-logreg"] = JobState("baseline", {"model": "logreg"}, Status.DONE)
+    auto.save()
+    driver.check_kept_members(auto)  # the data as it was: kept
+
+    train = pd.read_csv(data / "train.csv")
+    train["Survived"] = 1 - train["Survived"]
+    train.to_csv(data / "train.csv", index=False)
+    with pytest.raises(KbertError, match=r"^kbert auto titanic: member auto-baseline-logreg: trained on other data "
+                                         r"\(train.csv differ from the files read now\); rerun it on these files; or "
+                                         r"pass another --out to start over$"):
+        run_auto(options, log=lambda _: None)
+
+
+@pytest.mark.slow
+def test_an_encoder_runs_oof_is_the_mean_of_its_folds_own_predictions(tmp_path):
+    """A change too small to move the recorded CV (one probability nudged) is still caught: the run's oof.csv must
+    be its folds' outputs.npz predictions."""
+    from kbert.pipeline.config import load_competition, resolve_run_config
+    from kbert.pipeline.run import run_competition
+    from tests.test_tasks_end_to_end import TINY
+
+    config = resolve_run_config(load_competition("titanic"), {**TINY, "epochs": 1, "out_dir": str(tmp_path),
+                                                              "submissions_dir": str(tmp_path / "subs")})
+    run_dir = run_competition(config, run_id="x", progress=False, log=lambda _: None).run_dir
+    titanic = expected_for("titanic")
+    assert select_members(tmp_path / "titanic", "x", titanic, True)[0].name == "x"
+    oof = pd.read_csv(run_dir / "oof.csv")
+    row = oof.index[(oof["Survived"] > 0.02) & (oof["Survived"] < 0.48)][0]
+    oof.loc[row, "Survived"] *= 0.99  # still below the 0.5 cut-off: the accuracy is the same
+    oof.to_csv(run_dir / "oof.csv", index=False)
+    with pytest.raises(KbertError, match=r"^member x: its oof.csv is not the mean of its folds' predictions "
+                                         r"\(folds/\*/outputs.npz\); the files do not belong together$"):
+        select_members(tmp_path / "titanic", "x", titanic, True)
