@@ -25,7 +25,7 @@ from kbert.io import read_json, write_json, write_text
 from kbert.models.bert import BertForMaskedLM
 from kbert.models.deberta_v2 import DebertaV2ForMaskedLM
 from kbert.models.electra import ElectraForMaskedLM
-from kbert.models.encoders import architecture, load_tokenizer, read_weights, resolve_encoder_path
+from kbert.models.encoders import architecture, check_limits, load_tokenizer, read_weights, resolve_encoder_path
 from kbert.models.modernbert import ModernBertForMaskedLM
 from kbert.models.neobert import NeoBertForMaskedLM
 from kbert.models.roberta import RobertaForMaskedLM
@@ -185,22 +185,25 @@ def _read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, mx.array]]:
     return {"model_type": "bert", **values["encoder_config"]}, weights
 
 
-def load_masked_lm(name_or_path: str | Path,
-                   log: Callable[[str], None] | None = print) -> tuple[nn.Module, Any, Tokenizer]:
-    """MLM model, its config and tokenizer from a shipped name or a model folder, strictly checked.
+def load_masked_lm(name_or_path: str | Path, log: Callable[[str], None] | None = print,
+                   max_length: int | None = None) -> tuple[nn.Module, Any, Tokenizer]:
+    """MLM model, its config and tokenizer from a shipped name or a model folder, strictly checked, and checked to
+    fit each other and ``max_length`` (models/encoders.py ``check_limits``).
 
     A checkpoint with the MLM head (Hugging Face names) loads whole; an encoder-only one loads the encoder and
     keeps a freshly initialised head. ``log`` is told which. The model is returned in eval mode.
     """
     folder = resolve_encoder_path(name_or_path)
     values, weights = _read_folder(folder)
+    tokenizer = load_tokenizer(folder)
+    check_limits(values, tokenizer, max_length, str(folder))
     model, config = build_masked_lm(values)
     with_head = load_masked_lm_weights(model, weights, f"{folder} (a {config.model_type} model per its config.json)")
     if log is not None:
         log(f"{name_or_path}: masked-LM head loaded from the checkpoint" if with_head else
             f"{name_or_path}: encoder-only checkpoint; the masked-LM head is freshly initialised")
     model.eval()
-    return model, config, load_tokenizer(folder)
+    return model, config, tokenizer
 
 
 def config_values(model: nn.Module) -> dict[str, Any]:

@@ -41,13 +41,11 @@ import pandas as pd
 from kbert.errors import KbertError
 from kbert.features import Serializer, TableSerializer
 from kbert.io import check_writable_folder, read_json, write_json
-from kbert.models.checkpoints import TOKENIZER_FILE, load_checkpoint
 from kbert.models.heads import HeadConfig
-from kbert.models.tokenizer import read_tokenizer
 from kbert.pipeline.config import RunConfig, read_run_file, run_config_from_file
 from kbert.pipeline.fold import RunInputs, make_serializer, make_tabular, to_predictions, tokenize
 from kbert.pipeline.folds import fold_rows
-from kbert.pipeline.predict import check_fold_models, read_fold_table, refitted, saved_target_transform
+from kbert.pipeline.predict import check_fold_models, load_fold_model, read_fold_table, refitted, saved_target_transform
 from kbert.pipeline.predictions import score
 from kbert.pipeline.run import prepare_inputs
 from kbert.pipeline.streams import cpu_streams
@@ -127,8 +125,7 @@ def fold_predictor(config: RunConfig, inputs: RunInputs, fold_dir: Path, repeat:
     serializer = refitted(make_serializer(config), train_rows, fold_dir / "serializer.json")
     tabular = make_tabular(config, inputs.train, inputs.features)
     columns = () if tabular is None else refitted(tabular, train_rows, fold_dir / "tabular.json").transform(valid_rows)
-    model, checkpoint = load_checkpoint(fold_dir)
-    tokenizer = read_tokenizer(fold_dir / TOKENIZER_FILE)
+    model, checkpoint, tokenizer = load_fold_model(fold_dir)
     head = HeadConfig.from_dict(checkpoint["head"])
     transform = saved_target_transform(fold_dir / "config.json", checkpoint)
     forward = make_forward(model, config.train.compile, streams=cpu_streams(config.train.cpu_streams))

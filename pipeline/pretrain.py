@@ -238,7 +238,7 @@ def masked_lm_to_train(config: RunConfig, settings: PretrainConfig, corpus: Corp
     """(model, its config.json values, tokenizer): from scratch, sized as ``kbert run`` sizes it with a
     vocabulary trained on the corpus; else the pretrained encoder with its MLM head and tokenizer."""
     if not trains_from_scratch(settings.encoder):
-        return load_masked_lm(settings.encoder)
+        return load_masked_lm(settings.encoder, max_length=config.train.max_length)
     cache_dir = Path(config.out_dir) / config.competition.name / "cache"
     tokenizer, _ = load_or_train_tokenizer(corpus.train_texts, config.model.vocab_size, cache_dir)
     config = replace(config, model=replace(config.model, encoder=settings.encoder))

@@ -103,3 +103,36 @@ def test_an_encoder_runs_oof_is_the_mean_of_its_folds_own_predictions(tmp_path):
     with pytest.raises(KbertError, match=r"^member x: its oof.csv is not the mean of its folds' predictions "
                                          r"\(folds/\*/outputs.npz\); the files do not belong together$"):
         select_members(tmp_path / "titanic", "x", titanic, True)
+
+
+def test_a_teacher_an_embedding_source_and_a_kept_auto_member_of_another_competition_are_refused(tmp_path):
+    """The other three places members meet, each with a member of another competition in this one's folder."""
+    from kbert.ensembles.embedding_features import open_embedding_source
+    from kbert.pipeline.config import load_competition, resolve_run_config
+    from kbert.pipeline.pseudo import pseudo_labels
+
+    titanic = expected_for("titanic")
+    houses = expected_for("house-prices-advanced-regression-techniques")
+    folder = tmp_path / "titanic" / "auto-baseline-hgb"
+    write_member(folder, houses, np.full(len(houses.train_ids), 1e5), np.full(len(houses.test_ids), 1e5))
+    (folder / "config.yaml").write_text("baseline: hgb\nlimit_rows: null\n")
+    refusal = "made for competition 'house-prices-advanced-regression-techniques', not 'titanic'"
+    config = resolve_run_config(load_competition("titanic"), {"out_dir": str(tmp_path),
+                                                             "pseudo_label": "auto-baseline-hgb"})
+    folds = [np.arange(len(titanic.train_ids)) % 5]
+    with pytest.raises(KbertError, match=rf"^--pseudo-label auto-baseline-hgb: {refusal}$"):
+        pseudo_labels(config, tmp_path / "titanic", titanic, folds)
+    (folder / "config.yaml").write_text("seed: 1\nlimit_rows: null\n")  # as a run's: embedded with
+    with pytest.raises(KbertError, match=rf"^--embeddings auto-baseline-hgb: {refusal}$"):
+        open_embedding_source("auto-baseline-hgb", config, tmp_path / "titanic", titanic, folds[0])
+
+    options = AutoOptions("titanic", 600, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "subs"),
+                          progress=False)
+    auto = driver.Auto(options, log=lambda _: None)
+    auto.folder.mkdir(parents=True)
+    auto.load_state()
+    auto.state.jobs["auto-baseline-hgb"] = JobState("baseline", {"model": "hgb"}, Status.DONE)
+    auto.save()
+    with pytest.raises(KbertError, match=rf"^kbert auto titanic: member auto-baseline-hgb: {refusal}; or pass "
+                                         "another --out to start over$"):
+        run_auto(options, log=lambda _: None)
