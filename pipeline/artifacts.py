@@ -4,11 +4,13 @@
 config.yaml (the resolved config), written first, in that order; .lock (locked while a process writes the
 folder); folds.csv (id, fold, and fold_repeat<r> per extra repeat), oof.csv and test.csv (id, then the
 prediction columns of pipeline/predictions.py), outputs.npz (raw OOF and fold-averaged test head outputs),
-metrics.json (the scores, the inputs' hashes and the config's, the warnings; written last), and ``folds/<k>/``
-per fold (``fold_name``: ``r<repeat>-<k>`` with repeated k-fold, ``<k>-s<i>`` for the i-th extra seed): model.safetensors (or adapter.safetensors +
-adapter_config.json), config.json, tokenizer.json, test.csv, history.json, serializer.json (the serializer's
+metrics.json (the artifact schema, what the run was made for, the scores, the inputs' hashes and the config's,
+the warnings; written last), and ``folds/<k>/`` per fold (``fold_name``: ``r<repeat>-<k>`` with repeated k-fold,
+``<k>-s<i>`` for the i-th extra seed): model.safetensors (or adapter.safetensors + adapter_config.json), config.json, tokenizer.json, test.csv, history.json, serializer.json (the serializer's
 fitted statistics), outputs.npz (the fold's raw and final validation and test predictions) and fold.json (its
-record; written last: a fold without it is unfinished). Every file is written to a temp file and renamed
+record and the sha256 of each model file, verified when the fold is read back; written last: a fold without it
+is unfinished). Where a finished run meets others (an ensemble, a teacher, an embedding source, a resumed kbert
+auto), pipeline/provenance.py checks that it belongs. Every file is written to a temp file and renamed
 (kbert.io) and read back through a checked reader (kbert.io, models/weights.py, models/tokenizer.py): a damaged
 file is one error naming it.
 

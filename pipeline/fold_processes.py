@@ -250,6 +250,8 @@ def fold_process(job: bytes, index: int, messages) -> None:
         raise
     except BaseException:  # noqa: BLE001: a bug: the parent shows its traceback
         messages.put(("error", index, traceback.format_exc(), True))
+    finally:  # nothing is being written now: a SIGTERM during the interpreter's shutdown must not raise in it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def end_with_parent() -> None:

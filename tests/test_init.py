@@ -158,6 +158,9 @@ def test_init_then_auto_submits_what_the_sample_submission_holds(sample, tmp_pat
     assert spec.get("classes") == (["fresh", "rotten"] if sample == "strings" else None)
 
     monkeypatch.chdir(tmp_path)
+    from kbert.auto import run as driver
+
+    monkeypatch.setattr(driver, "SEEDED", ())  # not the seeded baselines that fill the time left
     result = run_auto(AutoOptions("table", 180, out_dir="runs", submissions_dir="subs", progress=False,
                                   study_trials=0, overrides={**TINY, "epochs": 2}), log=lambda _: None)
     submission = pd.read_csv(result.submission)
