@@ -98,11 +98,10 @@ def check_member(folder: Path, expected: Expected, who: str) -> Checked:
     folds = read_table(folder / "folds.csv", required=(comp.id_column, "fold"))
     if len(folds) != len(expected.train_ids) or set(folds[comp.id_column]) != set(expected.train_ids):
         raise KbertError(f"{who}: its folds.csv does not split this competition's training ids")
-    fold_of_row = folds.set_index(comp.id_column).loc[expected.train_ids.to_numpy(), "fold"].to_numpy()
-    check_cv(folder, metrics, oof, expected, who)
-    check_fold_outputs(folder, metrics, oof, folds.set_index(comp.id_column).loc[expected.train_ids.to_numpy()],
-                       expected, who)
-    return Checked(metrics, oof, test, fold_of_row)
+    folds = folds.set_index(comp.id_column).loc[expected.train_ids.to_numpy()]
+    check_cv(metrics, oof, expected, who)
+    check_fold_outputs(folder, metrics, oof, folds, expected, who)
+    return Checked(metrics, oof, test, folds["fold"].to_numpy())
 
 
 def aligned(path: Path, expected: Expected, ids: pd.Series, rows: str, who: str,
@@ -136,7 +135,7 @@ def aligned(path: Path, expected: Expected, ids: pd.Series, rows: str, who: str,
     return table
 
 
-def check_cv(folder: Path, metrics: dict, oof: np.ndarray, expected: Expected, who: str) -> None:
+def check_cv(metrics: dict, oof: np.ndarray, expected: Expected, who: str) -> None:
     """The CV that metrics.json records, recomputed from oof.csv at the cut-off it was scored at."""
     comp = expected.competition
     covered = ~np.isnan(oof).all(axis=1)
@@ -151,7 +150,8 @@ def check_cv(folder: Path, metrics: dict, oof: np.ndarray, expected: Expected, w
 def check_fold_outputs(folder: Path, metrics: dict, oof: np.ndarray, folds: pd.DataFrame, expected: Expected,
                        who: str) -> None:
     """An encoder run's oof.csv is each row's mean over the folds that validated it (each fold's own
-    outputs.npz), before calibration: compared where it was not calibrated."""
+    outputs.npz; ``folds``: its folds.csv in the competition's row order), compared where it was not
+    calibrated."""
     found = sorted(folder.glob("folds/*/outputs.npz"))
     if not found or "calibration" in metrics:
         return
