@@ -315,7 +315,7 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
                                        "seed": config.seed, "folds": comp.folds.k, "data_dir": config.data_dir,
                                        "limit_rows": config.limit_rows, "log_target": log_target,
                                        **({"embeddings": source.describe()} if source is not None else {})},
-                             input_fingerprint(comp, data.data_dir))
+                             expected.inputs)
             write_folds_table(run_dir, comp, train[comp.id_column], [fold_of_row])
             for warning in warnings:
                 log(f"warning: {warning}")
@@ -365,7 +365,7 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
             write_json(run_dir / "metrics.json", {
                 **score_summary(run_id, comp, metric, cv, 0.5, fold_records), "baseline": model,
                 "wall_time_s": round(seconds, 2), "submission": str(submission_path),
-                "inputs": input_fingerprint(comp, data.data_dir), "config_sha256": config_fingerprint(config),
+                "inputs": expected.inputs, "config_sha256": config_fingerprint(config),
                 "warnings": warnings})
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=fold_scores, cv_score=cv, metric=comp.metric,
                           submission_path=submission_path, seconds=seconds)

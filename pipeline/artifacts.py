@@ -6,8 +6,9 @@ folder); folds.csv (id, fold, and fold_repeat<r> per extra repeat), oof.csv and 
 prediction columns of pipeline/predictions.py), outputs.npz (raw OOF and fold-averaged test head outputs),
 metrics.json (the artifact schema, what the run was made for, the scores, the inputs' hashes and the config's,
 the warnings; written last), and ``folds/<k>/`` per fold (``fold_name``: ``r<repeat>-<k>`` with repeated k-fold,
-``<k>-s<i>`` for the i-th extra seed): model.safetensors (or adapter.safetensors + adapter_config.json), config.json, tokenizer.json, test.csv, history.json, serializer.json (the serializer's
-fitted statistics), outputs.npz (the fold's raw and final validation and test predictions) and fold.json (its
+``<k>-s<i>`` for the i-th extra seed): model.safetensors (or adapter.safetensors + adapter_config.json),
+config.json, tokenizer.json, test.csv, history.json, serializer.json (the serializer's fitted statistics),
+outputs.npz (the fold's raw and final validation and test predictions) and fold.json (its
 record and the sha256 of each model file, verified when the fold is read back; written last: a fold without it
 is unfinished). Where a finished run meets others (an ensemble, a teacher, an embedding source, a resumed kbert
 auto), pipeline/provenance.py checks that it belongs. Every file is written to a temp file and renamed
