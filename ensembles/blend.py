@@ -301,7 +301,7 @@ def fit_stack(P: np.ndarray, problem: Problem, rows: np.ndarray, options: BlendO
     models = []
     if Task(problem.task).classes:
         model = GridSearchCV(LogisticRegression(max_iter=2000), {"C": LOGISTIC_C}, cv=local_splits,
-                             scoring="neg_log_loss")
+                             scoring=log_loss_of(range(P.shape[2])))
         models.append(model.fit(stack_features(P, problem.task)[rows], problem.labels[rows].astype(int)))
     else:
         for column in range(P.shape[2]):
@@ -309,13 +309,21 @@ def fit_stack(P: np.ndarray, problem: Problem, rows: np.ndarray, options: BlendO
             if Task(problem.task).probabilities:
                 y = problem.labels.reshape(len(problem.labels), -1)[rows, column].astype(int)
                 model = GridSearchCV(LogisticRegression(max_iter=2000), {"C": LOGISTIC_C}, cv=local_splits,
-                                     scoring="neg_log_loss")
+                                     scoring=log_loss_of((0, 1)))
             else:
                 truth = np.asarray(problem.truth, dtype=np.float64).reshape(len(problem.truth), -1)
                 y = to_space(truth, problem.space)[rows, column]
                 model = GridSearchCV(Ridge(), {"alpha": RIDGE_ALPHA}, cv=local_splits, scoring="neg_mean_squared_error")
             models.append(model.fit(X, y))
     return Blend(method="stack", space=problem.space, meta=models, fitted_rows=rows, inner_splits=inner)
+
+
+def log_loss_of(classes) -> Callable:
+    """The inner CV's score, told every class: an inner validation fold holding one class (small data) is scored,
+    not failed with a warning and a traceback on stderr."""
+    from sklearn.metrics import log_loss, make_scorer
+
+    return make_scorer(log_loss, greater_is_better=False, response_method="predict_proba", labels=list(classes))
 
 
 def apply_stack(blend: Blend, P: np.ndarray, task: str) -> np.ndarray:

@@ -18,7 +18,7 @@ from kbert.ensembles.blend import (METHODS, BlendOptions, HonestResult, Problem,
                                    paired_bootstrap, score_table)
 from kbert.ensembles.members import Member, common_rows, select_members
 from kbert.errors import KbertError
-from kbert.io import write_json
+from kbert.io import write_json, written_together
 from kbert.pipeline.config import CompetitionConfig
 from kbert.pipeline.data import load_competition_data
 from kbert.pipeline.folds import fold_groups, make_folds
@@ -139,10 +139,7 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
     test_table = apply_decision(problem.task, apply_blend(final, T, problem.task), final.decision)
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}"
     path = Path(submissions_dir) / competition.name / f"{name or f'ensemble-{chosen}-{stamp}'}.csv"
-    result.submission_path = write_predictions_submission(competition, native(problem.task, test_table),
-                                                          targets.classes, final.decision.threshold,
-                                                          data.test[id_column], data.sample_submission, path)
-    result.sidecar_path = write_json(path.with_suffix(".json"), {
+    record = {
         "competition": competition.name, "metric": problem.metric.name,
         "greater_is_better": problem.metric.greater_is_better, "method": chosen,
         "honest_cv": honest.score, "honest_cv_per_split": honest.repeat_scores,
@@ -160,8 +157,13 @@ def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", me
         "best_member_selected_in_nested_cv": selected_single.score,
         "honest_cv_minus_best_member": (None if against_best is None else
                                         dict(zip(("difference", "low_95", "high_95"), against_best))),
-        "submission": str(result.submission_path),
-    })
+        "submission": str(path),
+    }
+    with written_together():  # the record and the submission it describes appear together, or neither does
+        result.sidecar_path = write_json(path.with_suffix(".json"), record)
+        result.submission_path = write_predictions_submission(competition, native(problem.task, test_table),
+                                                              targets.classes, final.decision.threshold,
+                                                              data.test[id_column], data.sample_submission, path)
     return result
 
 

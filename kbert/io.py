@@ -2,10 +2,14 @@
 command created.
 
 Writes go to a temp file beside the target, then a rename: nothing is ever half-written. Reads of the artifacts
-kbert writes itself (``read_json``, ``read_npz``, ``read_table``) turn a missing, truncated or edited file into one
-KbertError line naming the file; safetensors and tokenizer files have their checked readers beside their formats
-(models/weights.py ``read_safetensors``, models/tokenizer.py ``read_tokenizer``), YAML in pipeline/config.py
-(``read_yaml``) and the user's data CSVs in pipeline/data.py (``read_csv``).
+kbert writes itself (``read_json``, ``read_npz``, ``read_table``, ``read_predictions``) turn a missing, truncated
+or edited file into one KbertError line naming the file; safetensors and tokenizer files have their checked
+readers beside their formats (models/weights.py ``read_safetensors``, models/tokenizer.py ``read_tokenizer``), YAML
+in pipeline/config.py (``read_yaml``) and the user's data CSVs in pipeline/data.py (``read_csv``).
+
+An OS error while writing (no space, read-only, quota) is one KbertError line naming the file, and the file
+keeps its previous content. ``written_together()`` publishes several files at once: a record and the file it
+describes appear together or not at all.
 
 ``removed_on_refusal()`` records every file and folder that the writes in its block create (not those they
 replace); a KbertError leaving the block removes them again, so a refused command leaves nothing behind.
@@ -31,7 +35,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, WriteError, os_error_line
 
 try:
     import fcntl
@@ -109,7 +113,7 @@ def _make_folders(folder: Path, path: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise KbertError(f"cannot write {path}: {exc.strerror or exc} ({exc.filename or folder})") from None
+        raise WriteError(f"cannot write {path}: {exc.strerror or exc} ({exc.filename or folder})") from None
     created = _CREATED.get()
     if created is not None:
         created.folders += missing
@@ -120,37 +124,100 @@ def make_folder(folder: Path) -> Path:
     refusal removes it with everything in it."""
     folder = Path(folder)
     _make_folders(folder.parent, folder)
-    folder.mkdir()
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        raise WriteError(os_error_line(exc, folder)) from None
     created = _CREATED.get()
     if created is not None:
         created.trees.append(folder)
     return folder
 
 
+@dataclass
+class Pending:
+    """A temp file written in a ``written_together`` block, moved onto its target when the block ends."""
+
+    tmp: Path
+    path: Path
+    existed: bool
+
+
+_TOGETHER: ContextVar[list[Pending] | None] = ContextVar("kbert_together", default=None)
+
+
+@contextmanager
+def written_together() -> Iterator[None]:
+    """The files that the block's writes produce appear together: each write fills its temp file as usual, and
+    only when the whole block has succeeded are they moved into place, in the order written. A full disk (or any
+    error) in the block leaves every target as it was: a record (metrics.json, a submission's .json) and the file
+    it describes are published together or not at all. Renames need no space, so the moves do not fail for it."""
+    pending: list[Pending] = []
+    token = _TOGETHER.set(pending)
+    try:
+        yield
+    except BaseException:
+        for item in pending:
+            item.tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        _TOGETHER.reset(token)
+    for index, item in enumerate(pending):
+        try:
+            _publish(item)
+        except KbertError:  # a folder in the way of one: the others' temp files go too
+            for rest in pending[index + 1:]:
+                rest.tmp.unlink(missing_ok=True)
+            raise
+
+
+def _fill(tmp: Path, write: Callable[[Path], None]) -> None:
+    """Where the bytes of every kbert file are written (the fault tests inject their OS errors here)."""
+    write(tmp)
+
+
 def atomic_write(path: Path, write: Callable[[Path], None]) -> Path:
-    """Call ``write(tmp_path)``, then move the temp file onto ``path``."""
+    """Call ``write(tmp_path)``, then move the temp file onto ``path`` (in a ``written_together`` block: when the
+    block ends). An OS error (no space, read-only, quota) is a KbertError naming ``path``; the target is untouched."""
     path = Path(path)
     _make_folders(path.parent, path)
     existed = path.exists()
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as exc:
-        raise KbertError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise WriteError(os_error_line(exc, path)) from None
     os.close(fd)
-    tmp_path = Path(tmp)
+    item = Pending(Path(tmp), path, existed)
+    together = _TOGETHER.get()
     try:
-        write(tmp_path)
-        os.chmod(tmp_path, 0o666 & ~UMASK)  # mkstemp creates 0600; give the file the usual mode
-        try:
-            os.replace(tmp_path, path)
-        except OSError as exc:  # e.g. a folder of that name is in the way
-            raise KbertError(f"cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        tmp_path.unlink(missing_ok=True)
-    created = _CREATED.get()
-    if created is not None and not existed:
-        created.files.append(path)
+        _fill(item.tmp, write)
+        os.chmod(item.tmp, 0o666 & ~UMASK)  # mkstemp creates 0600; give the file the usual mode
+    except OSError as exc:
+        item.tmp.unlink(missing_ok=True)
+        raise WriteError(os_error_line(exc, path)) from None
+    except BaseException:
+        item.tmp.unlink(missing_ok=True)
+        raise
+    if together is not None:
+        together.append(item)
+    else:
+        _publish(item)
     return path
+
+
+def _publish(item: Pending) -> None:
+    """Move a written temp file onto its target; record it when it is new and a ``removed_on_refusal`` block is
+    active."""
+    try:
+        os.replace(item.tmp, item.path)
+    except OSError as exc:  # e.g. a folder of that name is in the way
+        item.tmp.unlink(missing_ok=True)
+        raise WriteError(os_error_line(exc, item.path)) from None
+    created = _CREATED.get()
+    if created is not None and not item.existed:
+        created.files.append(item.path)
 
 
 def _read_umask() -> int:
@@ -210,16 +277,27 @@ def read_text(path: Path) -> str:
         raise KbertError(f"{path}: not valid UTF-8 (byte {exc.start}); the file is damaged") from None
 
 
-def read_json(path: Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A JSON object from ``path``; a missing, empty, truncated or invalid file, another JSON value than an
-    object, or a missing ``required`` key is an error naming the file."""
+def read_json_value(path: Path) -> Any:
+    """Any JSON value from ``path`` (history.json holds a list); a missing, empty, truncated or invalid file is
+    an error naming the file. The caller checks the value's shape."""
     text = read_text(path)
     if not text.strip():
         raise KbertError(f"{path}: file is empty")
     try:
-        values = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise KbertError(f"{path}: not valid JSON (truncated or edited?): {exc}") from None
+
+
+def is_number(value: Any) -> bool:
+    """A JSON number (NaN included), not a boolean: what the checks of kbert's own JSON files accept as one."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def read_json(path: Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A JSON object from ``path``; a missing, empty, truncated or invalid file, another JSON value than an
+    object, or a missing ``required`` key is an error naming the file."""
+    values = read_json_value(path)
     if not isinstance(values, dict):
         raise KbertError(f"{path}: expected a JSON object, found {type(values).__name__}")
     for key in required:
@@ -266,6 +344,33 @@ def read_table(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame:
     if missing:
         raise KbertError(f"{path}: missing column(s) {', '.join(map(repr, missing))}")
     return frame
+
+
+def read_predictions(path: Path, id_column: str | None = None, empty_rows: bool = False) -> pd.DataFrame:
+    """A prediction table kbert wrote (a run's oof.csv or test.csv, a fold's test.csv): the id column (``None``:
+    the first), then prediction columns of finite numbers, as floats. A text, infinite or empty cell (an edited
+    or damaged file) is an error naming the file, the column and the row, before any caller does arithmetic on
+    it. ``empty_rows``: rows whose predictions are all empty (a time-series run's first block has no OOF
+    prediction) are kept as NaN."""
+    frame = read_table(path, required=() if id_column is None else (id_column,))
+    id_column = frame.columns[0] if id_column is None else id_column
+    columns = [c for c in frame.columns if c != id_column]
+    values = frame[columns].apply(pd.to_numeric, errors="coerce").astype(np.float64)  # text: NaN, found below
+    empty = frame[columns].isna().all(axis=1).to_numpy() & empty_rows
+    bad = np.argwhere(~np.isfinite(values.to_numpy()) & ~empty[:, None])
+    if len(bad):
+        row, column = int(bad[0][0]), columns[bad[0][1]]  # the first in the file's order
+        found = shown_cell(frame[column].iloc[row])
+        raise KbertError(f"{path}: column {column!r} must hold finite numbers, found {found} (row {row + 2}); the "
+                         "file was edited or damaged")
+    return pd.concat([frame[[id_column]], values], axis=1)
+
+
+def shown_cell(value: Any) -> str:
+    """A CSV cell as an error message shows it: text quoted, a number as written, an empty cell in words."""
+    if pd.isna(value):
+        return "an empty or NaN cell"
+    return repr(value) if isinstance(value, str) else str(value)
 
 
 def file_sha256(path: Path) -> str:

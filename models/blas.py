@@ -11,8 +11,16 @@ library opened with ``RTLD_GLOBAL`` first takes over every matmul. Order of pref
    ``cblas_sgemm`` is built once with the system C compiler (0.2 s) and cached under
    ``~/.cache/kbert/blas-shim/``. Measured on 2 cores (AMD EPYC): 194-198 GFLOP/s against MKL's
    115-139 in MLX, for 1024^3 and BERT's FFN shapes;
-4. Intel MKL's ``libmkl_rt`` from the PyPI ``mkl`` package (a Linux x86-64 dependency of kbert), where
-   there is no C compiler.
+4. Intel MKL's ``libmkl_rt`` from the PyPI ``mkl`` package (``pip install "kbert[mkl]"``: 691 MB, so an extra),
+   where there is no C compiler. Without either, MLX keeps its reference BLAS and the command line says so.
+
+One seed, one answer: the bound BLAS always runs one thread (``bind_fast_blas`` pins it). OpenBLAS splits a
+product differently for another thread count, and the split changes the sums' order: measured on 2 cores, 124
+of 2,520 product shapes gave other bits with 2 threads than with 1, and 392 with its Haswell kernels
+(``OPENBLAS_CORETYPE=Haswell``), which made folds trained side by side (a thread each) differ from the same
+folds one after another (two threads). kbert's cores are used by its MLX streams and fold processes instead
+(pipeline/streams.py, pipeline/fold_processes.py). The kernel (OpenBLAS's core type) still changes the bits,
+so a run records it (``BlasStatus.identity``) and a resume under another one is warned about.
 
 Does nothing on macOS, where MLX uses Accelerate and Metal. ``cache_root`` and ``build_library`` build
 kbert's small native libraries (this shim, models/cpu_kernels.py's kernels) into its cache atomically.
@@ -46,6 +54,20 @@ class BlasStatus:
     name: str  # "openblas", "mkl", "custom", "reference", "platform" (macOS) or "unbound"
     path: str | None
     note: str = ""
+    core: str = ""  # the kernels it runs: OpenBLAS's core type (SkylakeX, Haswell...), MKL's MKL_CBWR branch
+
+    def identity(self) -> dict[str, str]:
+        """What the bits of a product depend on, for a run's record: the library and its kernels."""
+        return {"library": self.name, "core": self.core}
+
+    @property
+    def slow(self) -> bool:
+        """MLX's reference BLAS on Linux (about 5 GFLOP/s), not chosen with KBERT_BLAS=reference."""
+        return self.name in ("reference", "unbound") and "KBERT_BLAS=reference" not in self.note
+
+
+SLOW_BLAS_REMEDY = ("apt install gcc (kbert then binds numpy's OpenBLAS), apt install libopenblas0-pthread, or "
+                    'pip install "kbert[mkl]"')
 
 
 def _mkl_candidates() -> list[str]:
@@ -92,6 +114,9 @@ __attribute__((visibility("default"))) void cblas_sgemm(int order, int transa, i
 """
 
 
+SHIM_NAME = "libkbert_sgemm.so"
+
+
 def _numpy_openblas() -> str | None:
     """Path of the OpenBLAS inside numpy's wheel, found without importing numpy."""
     import importlib.util
@@ -133,7 +158,7 @@ def _numpy_openblas_shim() -> str | None:
         return None
     stat = os.stat(openblas)
     key = hashlib.sha256(f"{_SHIM_SOURCE}|{openblas}|{stat.st_size}|{stat.st_mtime_ns}|{compiler}".encode())
-    target = cache_root() / "blas-shim" / key.hexdigest()[:16] / "libkbert_sgemm.so"
+    target = cache_root() / "blas-shim" / key.hexdigest()[:16] / SHIM_NAME
     if not target.exists():
         try:
             build_library(target, lambda output: [compiler, "-O2", "-shared", "-fPIC", "-fvisibility=hidden",
@@ -145,7 +170,16 @@ def _numpy_openblas_shim() -> str | None:
 
 
 def bind_fast_blas() -> BlasStatus:
-    """Load the best available BLAS into the global scope and say which; models/runtime.py calls it once."""
+    """Load the best available BLAS into the global scope, pinned to one thread, and say which; models/runtime.py
+    calls it once."""
+    status = _bind()
+    if status.path is not None:
+        _set_threads(status.path, 1)
+        status.core = _core_name(status)
+    return status
+
+
+def _bind() -> BlasStatus:
     if sys.platform != "linux":
         return BlasStatus("platform", None, "MLX uses Accelerate/Metal here")
     if "mlx.core" in sys.modules:
@@ -170,24 +204,39 @@ def bind_fast_blas() -> BlasStatus:
     for path in _mkl_candidates():
         if _try_load(path):
             return BlasStatus("mkl", path)
-    return BlasStatus("reference", None, "no fast BLAS found: pip install mkl, or apt install libopenblas0-pthread")
+    return BlasStatus("reference", None, f"MLX runs on its reference BLAS (about 5 GFLOP/s): {SLOW_BLAS_REMEDY}")
 
 
 # The thread-count setters of the libraries bind_fast_blas may bind (the shim forwards to numpy's OpenBLAS).
 _THREAD_SETTERS = ("kbert_set_threads", "openblas_set_num_threads", "MKL_Set_Num_Threads")
 
 
-def set_blas_threads(status: BlasStatus, n: int) -> bool:
-    """Let the bound BLAS use ``n`` threads from now on (pipeline/streams.py: one per stream when each core runs
-    its own stream); False where the library has no setter."""
-    if status.path is None:
-        return False
-    lib = ctypes.CDLL(status.path, mode=ctypes.RTLD_GLOBAL | os.RTLD_NOLOAD)
+def _set_threads(path: str, n: int) -> bool:
+    """Let the library at ``path`` (bound already) use ``n`` threads from now on; False without a setter."""
+    lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL | os.RTLD_NOLOAD)
     for name in _THREAD_SETTERS:
         if hasattr(lib, name):
             getattr(lib, name)(ctypes.c_int(n))
             return True
     return False
+
+
+def _core_name(status: BlasStatus) -> str:
+    """OpenBLAS's core type (numpy's through its own prefixed symbol), MKL's CBWR branch, else ''."""
+    target = _numpy_openblas() if Path(status.path).name == SHIM_NAME else status.path
+    try:
+        lib = ctypes.CDLL(target)  # already loaded: this opens the same copy, locally
+    except (OSError, TypeError):
+        return ""
+    if status.name == "mkl":  # the code path MKL_CBWR=AUTO chose for this CPU
+        branch = lib.MKL_CBWR_Get_Auto_Branch() if hasattr(lib, "MKL_CBWR_Get_Auto_Branch") else "?"
+        return f"MKL_CBWR={os.environ.get('MKL_CBWR', '')}, branch {branch}"
+    for name in ("scipy_openblas_get_corename64_", "openblas_get_corename"):
+        if hasattr(lib, name):
+            getter = getattr(lib, name)
+            getter.restype = ctypes.c_char_p
+            return getter().decode()
+    return ""
 
 
 def measure_sgemm_gflops(n: int = 1024, repeats: int = 5, calls: int = 4) -> float:

@@ -65,7 +65,11 @@ def save_safetensors(path: Path, weights: dict[str, mx.array], metadata: dict[st
     def save(tmp: Path) -> None:
         # mx.save_safetensors appends ".safetensors" to names without it; write there, then move.
         target = tmp.with_name(tmp.name + ".safetensors")
-        mx.save_safetensors(str(target), weights, metadata={"format": "mlx", **(metadata or {})})
+        try:
+            mx.save_safetensors(str(target), weights, metadata={"format": "mlx", **(metadata or {})})
+        except RuntimeError as exc:  # MLX says "[write] Unable to write N bytes" and no errno
+            target.unlink(missing_ok=True)
+            raise OSError(f"{exc} (is the disk full?)") from None
         target.replace(tmp)
 
     return atomic_write(Path(path), save)

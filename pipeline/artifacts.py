@@ -39,14 +39,15 @@ import pandas as pd
 import yaml
 
 from kbert.errors import KbertError
-from kbert.io import (check_writable_folder, exclusive_lock, file_sha256, read_json, read_npz, write_csv, write_json,
-                      write_npz, write_yaml)
+from kbert.io import (check_writable_folder, exclusive_lock, file_sha256, is_number, read_json, read_json_value,
+                      read_npz, read_table, write_csv, write_json, write_npz, write_yaml)
 from kbert.models.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from kbert.models.checkpoints import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
 from kbert.models.checkpoints import TOKENIZER_FILE, WEIGHTS_FILE
 from kbert.pipeline.config import CompetitionConfig, RunConfig, read_yaml
 from kbert.pipeline.metrics import Metric
 from kbert.pipeline.predictions import predictions_frame
+from kbert.tasks import Task
 
 
 # A finished fold's model files, whose sha256 its fold.json records.
@@ -190,6 +191,16 @@ def write_folds_table(run_dir: Path, comp: CompetitionConfig, ids: pd.Series, fo
     write_csv(run_dir / "folds.csv", table)
 
 
+def read_folds_table(path: Path, id_column: str) -> pd.DataFrame:
+    """A member's folds.csv (id, fold, fold_repeat<r> per extra repeat), its fold columns whole numbers: an edited
+    cell is one line naming the file and the column, not a split that matches nothing further on."""
+    folds = read_table(path, required=(id_column, "fold"))
+    for column in folds.columns.drop(id_column):
+        if not pd.api.types.is_integer_dtype(folds[column]):
+            raise KbertError(f"{path}: column {column!r} must hold whole fold numbers; the file was edited or damaged")
+    return folds
+
+
 def write_predictions(run_dir: Path, comp: CompetitionConfig, classes: list | None, train_ids: pd.Series,
                       oof: np.ndarray, test_ids: pd.Series, test: np.ndarray) -> None:
     """oof.csv and test.csv: the id, then the task's prediction columns."""
@@ -247,6 +258,67 @@ def read_finished_fold(fold_dir: Path) -> dict | None:
         raise KbertError(f"{fold_dir / 'fold.json'}: 'record' must be a mapping with a numeric 'score'")
     verify_fold_files(fold_dir)
     return {**read_npz(fold_dir / "outputs.npz", required=FOLD_ARRAYS), **finished}
+
+
+def read_metrics(path: Path, required: tuple[str, ...] = ("cv",)) -> dict:
+    """A member's metrics.json, what is read of it in the shapes kbert writes it (``score_summary``, the run's
+    threshold and calibration): ``cv`` a number, the cut-off a number or a list of them, ``task`` and ``metric``
+    names, each fold record's numbers. An edited one is one line naming the file and the key, before a blend, a
+    plot or a budget reads it."""
+    metrics = read_json(path, required=required)
+
+    def check(key: str, value, fits: bool, shape: str) -> None:
+        if not fits:
+            raise KbertError(f"{path}: '{key}' must be {shape}, found {value!r}; the file was edited or damaged")
+
+    def numbers(value) -> bool:
+        return isinstance(value, list) and all(map(is_number, value))
+
+    for key in ("cv", "fold_mean", "fold_std", "wall_time_s"):
+        if key in metrics:
+            check(key, metrics[key], is_number(metrics[key]), "a number")
+    threshold = metrics.get("cv_threshold", 0.5)
+    check("cv_threshold", threshold, is_number(threshold) or numbers(threshold), "a number or a list of numbers")
+    if "task" in metrics:
+        check("task", metrics["task"], metrics["task"] in [t.value for t in Task],
+              f"one of {', '.join(t.value for t in Task)}")
+    if "metric" in metrics:
+        check("metric", metrics["metric"], isinstance(metrics["metric"], str), "a metric's name")
+    folds = metrics.get("folds") or []
+    check("folds", folds, isinstance(folds, list), "a list of fold records")
+    for i, record in enumerate(folds):
+        check(f"folds[{i}]", record, isinstance(record, dict), "a fold record")
+        for key in ("score", "best_epoch", "n_train", "n_valid", "seconds"):  # only the score is always there
+            if key == "score" or record.get(key) is not None:
+                check(f"folds[{i}].{key}", record.get(key), is_number(record.get(key)), "a number")
+    for key, inner, fits, shape in (("threshold", "tuned_on_oof", numbers, "a list of numbers"),
+                                    ("calibration", "temperature", is_number, "a number")):
+        part = metrics.get(key) or {}
+        check(key, part, isinstance(part, dict), "a mapping")
+        if inner in part:
+            check(f"{key}.{inner}", part[inner], fits(part[inner]), shape)
+    return metrics
+
+
+HISTORY_KEYS = ("epoch", "train_loss", "valid_loss", "valid_score")  # one record an epoch (pipeline/train.py)
+
+
+def read_history(path: Path, keys: tuple[str, ...] = HISTORY_KEYS) -> list[dict]:
+    """A fold's history.json: a list of one record an epoch, each with ``keys``: a whole ``epoch``, numeric losses
+    and score (NaN where every fp16 step of an epoch overflowed); ``keys=()`` when only the epochs are counted. A
+    truncated or edited file is one line naming it and the entry, before a plot or an estimate reads it."""
+    history = read_json_value(path)
+    if not isinstance(history, list):
+        raise KbertError(f"{path}: expected a JSON list of epochs, found {type(history).__name__}")
+    for i, record in enumerate(history):
+        if not isinstance(record, dict):
+            raise KbertError(f"{path}: entry {i} is not an epoch's record (a JSON object)")
+        for key in keys:
+            value = record.get(key)
+            if not is_number(value) or (key == "epoch" and not isinstance(value, int)):
+                raise KbertError(f"{path}: entry {i}: {key!r} must be a{' whole' if key == 'epoch' else ''} number, "
+                                 f"found {value!r}")
+    return history
 
 
 def missing_fold_part(fold_dir: Path) -> str | None:

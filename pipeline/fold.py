@@ -33,6 +33,7 @@ from kbert.errors import KbertError
 from kbert.features import GENERIC_SERIALIZERS, SERIALIZERS, Serializer
 from kbert.features.tabular import TabularFeatures
 from kbert.io import write_csv, write_json
+from kbert.models import runtime
 from kbert.models.adapters import AdapterConfig, apply_adapters, merge_adapters, weights_fingerprint
 from kbert.models.bert import BertConfig
 from kbert.models.checkpoints import save_checkpoint
@@ -425,7 +426,7 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
         record={"fold": split.k, "repeat": split.repeat, "seed": config.seed + split.seed_index,
                 "score": result.best_score, "best_epoch": result.best_epoch,
                 "n_train": len(split.train_index), "n_valid": len(split.valid_index),
-                "seconds": round(result.seconds, 2)},
+                "seconds": round(result.seconds, 2), "blas": runtime.status().blas.identity()},
         tokens=budget,
     )
     comp = config.competition

@@ -1,7 +1,7 @@
 """Folds trained side by side on a CPU, one process each (``--fold-processes``).
 
 The folds of a run are independent, so on a CPU they train at the same time in spawned processes, each fold on
-``FoldPlan.streams`` MLX streams (pipeline/streams.py) with as many BLAS and kernel threads. A small encoder keeps a
+``FoldPlan.streams`` MLX streams (pipeline/streams.py) with as many kernel threads. A small encoder keeps a
 core busier this way than by splitting every batch over the cores: on 2 cores, a from-scratch Titanic step took
 54 ms split over two streams, and 42 ms per step with two processes each training its own fold on one core
 (benchmarks/NOTES.md). Every fold of a run starts at once (up to ``max(cores, k)`` of them) and the operating

@@ -24,7 +24,7 @@ import pandas as pd
 from sklearn.model_selection import GroupKFold, KFold, StratifiedGroupKFold, StratifiedKFold, TimeSeriesSplit
 
 from kbert.errors import KbertError
-from kbert.io import write_csv
+from kbert.io import read_table, write_csv
 from kbert.pipeline.config import FoldConfig, RunConfig
 from kbert.pipeline.targets import Targets
 
@@ -127,7 +127,7 @@ def load_or_make_folds(path: Path, ids: pd.Series, targets: pd.Series | None, co
                        groups: np.ndarray | None = None) -> pd.DataFrame:
     """Reuse the fold file at ``path`` when it matches ``ids`` exactly; otherwise create it."""
     if path.exists():
-        folds = pd.read_csv(path)
+        folds = read_table(path)
         if list(folds.columns) != [ids.name, "fold"]:
             raise KbertError(f"{path}: expected columns [{ids.name!r}, 'fold'], found {list(folds.columns)}")
         if set(folds[ids.name]) != set(ids) or len(folds) != len(ids):

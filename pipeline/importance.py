@@ -42,6 +42,7 @@ from kbert.errors import KbertError
 from kbert.features import Serializer, TableSerializer
 from kbert.io import check_writable_folder, read_json, write_json
 from kbert.models.heads import HeadConfig
+from kbert.pipeline.artifacts import read_metrics
 from kbert.pipeline.config import RunConfig, read_run_file, run_config_from_file
 from kbert.pipeline.fold import RunInputs, make_serializer, make_tabular, to_predictions, tokenize
 from kbert.pipeline.folds import fold_rows
@@ -91,7 +92,7 @@ def column_importance(run_dir: Path, log=print) -> dict:
     run_dir = Path(run_dir)
     check_encoder_run(run_dir)
     config = run_config_from_file(run_dir / "config.yaml")
-    metrics = read_json(run_dir / "metrics.json", required=("cv",))
+    metrics = read_metrics(run_dir / "metrics.json")
     fold_models = check_fold_models(run_dir, config)
     check_writable_folder(run_dir, f"{run_dir / IMPORTANCE_FILE}")
     inputs = prepare_inputs(config)

@@ -25,7 +25,7 @@ from kbert.models.checkpoints import CONFIG_FILE, TOKENIZER_FILE, load_checkpoin
 from kbert.models.heads import HeadConfig
 from kbert.models.task_model import TaskModel
 from kbert.models.tokenizer import read_tokenizer
-from kbert.pipeline.artifacts import fold_layout, fold_name, missing_fold_part, verify_fold_files
+from kbert.pipeline.artifacts import fold_layout, fold_name, missing_fold_part, read_metrics, verify_fold_files
 from kbert.pipeline.calibration import apply_temperature
 from kbert.pipeline.config import RunConfig, run_config_from_file
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
@@ -59,7 +59,7 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     comp = config.competition
     rows = read_csv(Path(data_path))  # the user's file first: its mistakes are the likeliest
     check_feature_rows(rows, comp, Path(data_path))
-    metrics = read_json(run_dir / "metrics.json", required=("cv",))
+    metrics = read_metrics(run_dir / "metrics.json")
     fold_models = check_fold_models(run_dir, config)
     out = Path(out) if out else run_dir / "predictions" / f"{Path(data_path).stem}.csv"
     check_output_file(out)

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 
 from kbert.errors import KbertError
-from kbert.io import read_json, read_npz, read_table
-from kbert.pipeline.artifacts import SCHEMA, input_fingerprint
+from kbert.io import read_npz, read_predictions
+from kbert.pipeline.artifacts import SCHEMA, input_fingerprint, read_folds_table, read_metrics
 from kbert.pipeline.config import CompetitionConfig, read_yaml
 from kbert.pipeline.data import CompetitionData
 from kbert.pipeline.metrics import get_metric
@@ -81,7 +81,7 @@ def expected_of(comp: CompetitionConfig, data: CompetitionData) -> Expected:
 def check_member(folder: Path, expected: Expected, who: str) -> Checked:
     """The member in ``folder``, checked as the module says; ``who`` names it in the one-line refusal."""
     comp = expected.competition
-    metrics = read_json(folder / "metrics.json", required=("cv",))
+    metrics = read_metrics(folder / "metrics.json")
     if metrics.get("schema") != SCHEMA:
         raise KbertError(f"{who}: written by another kbert (artifact schema {metrics.get('schema', 1)}, this kbert "
                          f"reads {SCHEMA}); rerun it")
@@ -95,7 +95,7 @@ def check_member(folder: Path, expected: Expected, who: str) -> Checked:
                          "rerun it on these files")
     oof = aligned(folder / "oof.csv", expected, expected.train_ids, "training", who, empty_rows=True)
     test = aligned(folder / "test.csv", expected, expected.test_ids, "test", who)
-    folds = read_table(folder / "folds.csv", required=(comp.id_column, "fold"))
+    folds = read_folds_table(folder / "folds.csv", comp.id_column)
     if len(folds) != len(expected.train_ids) or set(folds[comp.id_column]) != set(expected.train_ids):
         raise KbertError(f"{who}: its folds.csv does not split this competition's training ids")
     folds = folds.set_index(comp.id_column).loc[expected.train_ids.to_numpy()]
@@ -109,7 +109,7 @@ def aligned(path: Path, expected: Expected, ids: pd.Series, rows: str, who: str,
     """The prediction table of ``path`` in the order of ``ids``. ``empty_rows``: rows whose cells are all empty (a
     time-series run's first block, never validated) are kept as NaN."""
     comp = expected.competition
-    frame = read_table(path, required=(comp.id_column,))
+    frame = read_predictions(path, comp.id_column, empty_rows=empty_rows)
     found = frame[comp.id_column]
     if len(frame) != len(ids) or found.duplicated().any() or set(found) != set(ids):
         config = read_yaml(path.parent / "config.yaml") if (path.parent / "config.yaml").is_file() else {}

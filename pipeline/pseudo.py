@@ -22,8 +22,9 @@ import numpy as np
 import pandas as pd
 
 from kbert.errors import KbertError
-from kbert.io import read_table
+from kbert.io import read_predictions
 from kbert.names import check_name
+from kbert.pipeline.artifacts import read_folds_table
 from kbert.pipeline.config import RunConfig
 from kbert.pipeline.provenance import Expected, check_member
 from kbert.tasks import Task
@@ -65,7 +66,7 @@ def fold_teachers(source: Path, repeat: int, k: int) -> list[Path]:
 def check_same_folds(source: Path, id_column: str, ids: pd.Series, fold_sets: list[np.ndarray]) -> None:
     """SOURCE must have split the training rows exactly as this run does, repeat by repeat."""
     columns = ["fold", *(f"fold_repeat{r}" for r in range(1, len(fold_sets)))]
-    table = read_table(source / "folds.csv", required=(id_column,))
+    table = read_folds_table(source / "folds.csv", id_column)
     missing = [c for c in columns if c not in table.columns]
     if missing or len(table) != len(ids) or set(table[id_column]) != set(ids):
         raise KbertError(f"--pseudo-label {source.name}: its folds.csv is not a split of this run's training rows "
@@ -77,15 +78,24 @@ def check_same_folds(source: Path, id_column: str, ids: pd.Series, fold_sets: li
                              f" column '{column}'); pseudo-labels need a teacher trained on the same folds")
 
 
-def teacher_probabilities(folders: list[Path], id_column: str, test_ids: pd.Series) -> np.ndarray:
-    """(test rows, columns) mean of the teachers' test predictions, in the test file's row order."""
+def teacher_probabilities(folders: list[Path], expected: Expected) -> np.ndarray:
+    """(test rows, columns) mean of the teachers' test predictions, in the test file's row order. Each fold's
+    test.csv is checked as the member's own test.csv was (pipeline/provenance.py): the test ids, the task's
+    columns, probabilities."""
+    id_column, test_ids = expected.competition.id_column, expected.test_ids
     tables = []
     for folder in folders:
-        frame = read_table(folder / "test.csv", required=(id_column,))
+        path = folder / "test.csv"
+        frame = read_predictions(path, id_column)
         if len(frame) != len(test_ids) or set(frame[id_column]) != set(test_ids):
-            raise KbertError(f"{folder / 'test.csv'}: its ids are not this competition's test rows")
+            raise KbertError(f"{path}: its ids are not this competition's test rows")
         columns = [c for c in frame.columns if c != id_column]
-        tables.append(frame.set_index(id_column).loc[test_ids.to_numpy(), columns].to_numpy(np.float64))
+        if columns != expected.columns:
+            raise KbertError(f"{path}: predicts {columns}; this task's columns are {expected.columns}")
+        table = frame.set_index(id_column).loc[test_ids.to_numpy(), columns].to_numpy(np.float64)
+        if np.any(table < 0) or np.any(table > 1):
+            raise KbertError(f"{path}: holds values outside [0, 1], not probabilities")
+        tables.append(table)
     return np.mean(tables, axis=0)
 
 
@@ -105,7 +115,6 @@ def pseudo_labels(config: RunConfig, comp_dir: Path, expected: Expected,
     """Each (repeat, fold)'s pseudo-labels, from SOURCE's models of that fold alone."""
     comp = config.competition
     source = source_folder(config, comp_dir, expected)
-    test_ids = expected.test_ids
     check_same_folds(source, comp.id_column, expected.train_ids, fold_sets)
     chosen = {}
     for r in range(len(fold_sets)):
@@ -114,6 +123,6 @@ def pseudo_labels(config: RunConfig, comp_dir: Path, expected: Expected,
             if not teachers:
                 raise KbertError(f"--pseudo-label {source.name}: no per-fold test predictions for fold {k} "
                                  f"({source / 'folds'}); rerun it with this version of kbert")
-            probabilities = teacher_probabilities(teachers, comp.id_column, test_ids)
+            probabilities = teacher_probabilities(teachers, expected)
             chosen[(r, k)] = choose(comp.task, probabilities, config.train.pseudo_threshold)
     return chosen

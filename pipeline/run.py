@@ -20,7 +20,7 @@ import numpy as np
 
 from kbert.errors import KbertError
 from kbert.features import add_features
-from kbert.io import make_folder, removed_on_refusal, write_json, write_npz, write_text
+from kbert.io import make_folder, removed_on_refusal, write_json, write_npz, write_text, written_together
 from kbert.models import runtime
 from kbert.models.heads import predict
 from kbert.pipeline.artifacts import (RunResult, check_resumable, check_run_outputs, config_fingerprint, fold_layout,
@@ -122,6 +122,10 @@ def train_or_keep(inputs: RunInputs, source: EncoderSource, splits: list[FoldSpl
             log(f"{split.description}: {config.competition.metric} {finished[split.name].record['score']:.4f} "
                 "(finished before; kept)")
             done(split, finished[split.name])
+    kept_blas = [fold.record.get("blas") for fold in finished.values() if fold is not None]
+    warning = blas_change_warning(kept_blas, runtime.status().blas.identity())
+    if warning:
+        log(f"warning: {warning}")
     to_train = [split for split in splits if finished[split.name] is None]
     plan = fold_plan(config, source, len(splits), len(to_train))
     fold_inputs = with_streams(inputs, plan.streams)
@@ -234,6 +238,17 @@ def fold_splits(config: RunConfig, fold_sets: list[np.ndarray]) -> list[FoldSpli
     return splits
 
 
+def blas_change_warning(kept: list[dict | None], current: dict) -> str | None:
+    """A resume whose kept folds were trained on another BLAS library or kernel than the folds it trains now: the
+    run is no longer what one seed gives on one machine (a product's bits depend on the kernel)."""
+    other = {f"{b.get('library')} {b.get('core')}".strip() for b in kept if b and b != current}
+    if not other:
+        return None
+    return (f"the kept folds were trained with BLAS {', '.join(sorted(other))}, the others now with "
+            f"{current['library']} {current['core']}".rstrip() + "; the run will not match a rerun on one machine "
+            "bit for bit")
+
+
 def read_back_fold(fold_dir: Path, split: FoldSplit, inputs: RunInputs) -> FoldPredictions | None:
     """A fold finished before an interruption (resume), or None when it must be trained; its saved predictions
     must have the fold's validation rows and the test rows. Every finished fold is read before anything is
@@ -339,21 +354,22 @@ def write_run_artifacts(inputs: RunInputs, run_id: str, run_dir: Path, folds: li
     """oof.csv, test.csv, outputs.npz, the validated submission, then metrics.json (with the inputs' hashes and
     the warnings)."""
     config, comp, classes = inputs.config, inputs.config.competition, inputs.targets.classes
-    write_predictions(run_dir, comp, classes, inputs.train[comp.id_column], final["oof"], inputs.test_ids,
-                      final["test"])
-    write_npz(run_dir / "outputs.npz", oof=oof_outputs, test=test_outputs)
-    submission_path = write_predictions_submission(
-        comp, final["test"], classes, final["threshold"], inputs.test_ids, inputs.sample_submission, submission_path)
     seconds = time.perf_counter() - started
     records = [fold.record for fold in folds]
     budget = next((fold.tokens for fold in folds if fold.tokens), {})
-    write_json(run_dir / "metrics.json", {
-        **score_summary(run_id, comp, inputs.metric, final["cv"], inputs.threshold, records), **final["extra"], "tokens": budget,
-        "head": inputs.head.to_dict(), "wall_time_s": round(seconds, 2), "blas": runtime.status().blas.name,
-        "device": current_device(), "backend": backend(),
-        "precision": compute_precision(config.train.precision),
-        "submission": str(submission_path), "inputs": inputs.inputs, "config_sha256": config_fingerprint(config),
-        "warnings": inputs.warnings,
-    })
+    with written_together():  # metrics.json, the predictions and the submission appear together, or none does
+        write_predictions(run_dir, comp, classes, inputs.train[comp.id_column], final["oof"], inputs.test_ids,
+                          final["test"])
+        write_npz(run_dir / "outputs.npz", oof=oof_outputs, test=test_outputs)
+        submission_path = write_predictions_submission(comp, final["test"], classes, final["threshold"],
+                                                       inputs.test_ids, inputs.sample_submission, submission_path)
+        write_json(run_dir / "metrics.json", {
+            **score_summary(run_id, comp, inputs.metric, final["cv"], inputs.threshold, records), **final["extra"],
+            "tokens": budget, "head": inputs.head.to_dict(), "wall_time_s": round(seconds, 2),
+            "blas": runtime.status().blas.identity(), "device": current_device(), "backend": backend(),
+            "precision": compute_precision(config.train.precision),
+            "submission": str(submission_path), "inputs": inputs.inputs, "config_sha256": config_fingerprint(config),
+            "warnings": inputs.warnings,
+        })
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=[r["score"] for r in records], cv_score=final["cv"],
                      metric=comp.metric, submission_path=submission_path, seconds=seconds)

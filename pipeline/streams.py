@@ -1,9 +1,8 @@
 """One MLX stream per CPU core: each training or evaluation batch split into row shards, one per stream.
 
-MLX runs the operations of one stream one after another on one thread. Only its matmuls (the BLAS) and kbert's
-CPU kernels use more cores, and a small encoder's matmuls are mostly too small for the BLAS to split: measured
-on 2 cores, a from-scratch encoder's training step kept the second core spinning in OpenBLAS's thread pool. With
-one stream per core each core runs a whole shard (its forward, backward or evaluation) with one BLAS thread, the
+MLX runs the operations of one stream one after another on one thread, and the BLAS runs one thread too
+(models/blas.py: a product's bits must not depend on the thread count). Only kbert's CPU kernels use more cores
+by themselves. With one stream per core each core runs a whole shard (its forward, backward or evaluation), the
 data parallelism of a multi-GPU trainer inside one process. The shards' gradients are summed weighted by their
 share of the rows, which is the gradient of the batch's mean loss (as ``--grad-accum`` already assumes).
 
@@ -19,8 +18,7 @@ import functools
 
 import mlx.core as mx
 
-from kbert.models import cpu_kernels, runtime
-from kbert.models.blas import set_blas_threads
+from kbert.models import cpu_kernels
 from kbert.pipeline.fold_processes import usable_cores
 
 
@@ -32,13 +30,11 @@ def _streams(count: int) -> tuple[mx.Stream, ...]:
 
 def cpu_streams(requested: int = 0) -> tuple[mx.Stream, ...]:
     """The streams a batch is sharded over: ``requested`` of them (0: one per usable core) when MLX's default
-    device is the CPU, else none. With more than one, the BLAS and the CPU kernels get the cores' share per stream."""
+    device is the CPU, else none. With more than one, the CPU kernels get the cores' share per stream."""
     if mx.default_device() != mx.cpu:
         return ()
     count = requested or usable_cores()
-    threads = max(1, usable_cores() // count)
-    set_blas_threads(runtime.status().blas, threads)
-    cpu_kernels.set_threads(threads)
+    cpu_kernels.set_threads(max(1, usable_cores() // count))
     return _streams(count) if count > 1 else ()
 
 

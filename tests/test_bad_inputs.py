@@ -13,6 +13,7 @@ files laid over it, plus ``case.yaml``:
     edit:                                # then these edits, in order (optional); a path may be a glob
     - {path: runs/mini-titanic/x/folds/0/fold.json, truncate: 20}   # keep the first 20 bytes
     - {path: runs/mini-titanic/x/folds/1/config.json, content: "{"}   # replace (or create) the file
+    - {path: runs/mini-titanic/s/journal.log, append: '{"op_code":6'}  # add these bytes at the end (a torn write)
     - {path: runs/mini-titanic/x/folds/1, delete: true}             # delete a file or a folder
     - {path: data/train.csv, row: 0, column: Age, value: 23}         # change one cell of a CSV
 
@@ -77,6 +78,9 @@ def apply_edit(folder: Path, edit: dict) -> None:
     for path in edit_paths(folder, edit["path"]):
         if "truncate" in edit:
             path.write_bytes(path.read_bytes()[: edit["truncate"]])
+        elif "append" in edit:
+            with path.open("ab") as handle:
+                handle.write(edit["append"].encode("utf-8"))
         elif "content" in edit:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(edit["content"], encoding="utf-8")

@@ -2,11 +2,17 @@
 (pipeline/train.py ``epoch_batches``)."""
 
 import multiprocessing
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from kbert.errors import KbertError
+from kbert.io import read_json
 from kbert.pipeline.config import resolve_run_config
 from kbert.pipeline.fold_processes import FoldPlan, plan_folds
 from kbert.pipeline.profile import profiling
@@ -50,7 +56,23 @@ def small_config(tmp_path, **overrides):
     return resolve_run_config(load_competition("titanic"), values)
 
 
-def test_folds_in_processes_give_the_same_predictions_as_one_after_another_on_one_stream(tmp_path):
+OPENBLAS_CORES = ("", "Haswell")  # OpenBLAS's own choice for this CPU, and the kernels some machines set
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("core", OPENBLAS_CORES, ids=["openblas-default", "openblas-haswell"])
+def test_folds_in_processes_give_the_same_predictions_as_one_after_another_on_one_stream(tmp_path, core, request):
+    """One seed, one answer, whatever the process layout and thread count, under each OpenBLAS kernel. OpenBLAS
+    reads OPENBLAS_CORETYPE when it loads, so a core type this process was not started with is tested in a
+    process of its own, running this test."""
+    if os.environ.get("OPENBLAS_CORETYPE", "") != core:
+        if core and not avx2():
+            pytest.skip(f"OPENBLAS_CORETYPE={core} needs AVX2")
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", request.node.nodeid],
+                              env={**os.environ, "OPENBLAS_CORETYPE": core}, capture_output=True, text=True,
+                              cwd=request.config.rootpath)
+        assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+        return
     logged = []
     with profiling() as profile:
         side_by_side = run_competition(small_config(tmp_path, fold_processes=0), run_id="p", progress=False,
@@ -66,6 +88,14 @@ def test_folds_in_processes_give_the_same_predictions_as_one_after_another_on_on
                                                                                     "fold 3/3"]
     summary = profile.to_dict()
     assert summary["other_s"] is None and summary["parts"]["fold 2/3"]["training steps"] > 0
+    # The run records the BLAS kernels its bits came from.
+    blas = read_json(one_by_one.run_dir / "metrics.json")["blas"]
+    if blas["library"] == "openblas" and core:
+        assert blas["core"] == core
+
+
+def avx2() -> bool:
+    return platform.machine() == "x86_64" and " avx2" in Path("/proc/cpuinfo").read_text()
 
 
 def test_a_fold_that_fails_in_its_process_fails_the_run_with_its_own_message_and_leaves_nothing(tmp_path):

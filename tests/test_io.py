@@ -1,3 +1,4 @@
+import json
 import os
 import re
 import stat
@@ -6,8 +7,8 @@ import numpy as np
 import pytest
 
 from kbert.errors import KbertError
-from kbert.io import (atomic_write, check_writable_folder, exclusive_lock, make_folder, read_json, read_npz, read_table,
-                      removed_on_refusal, write_npz, write_text)
+from kbert.io import (atomic_write, check_writable_folder, exclusive_lock, make_folder, read_json, read_npz,
+                      read_predictions, read_table, removed_on_refusal, write_npz, write_text)
 
 
 def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path):
@@ -60,6 +61,43 @@ def test_checked_readers_name_the_file_for_every_kind_of_damage(tmp_path):
         table.write_text(content)
         with pytest.raises(KbertError, match=re.escape(f"{table}: {message}")):
             read_table(table, required=("id", "fold"))
+
+
+def test_prediction_tables_hold_finite_numbers_and_say_where_one_does_not(tmp_path):
+    path = tmp_path / "oof.csv"
+    path.write_text("id,a,b\n1,0.25,0.75\n2,,\n3,0.5,0.5\n")
+    frame = read_predictions(path, "id", empty_rows=True)  # a time-series run's first block: no prediction
+    assert frame["a"].dtype == np.float64 and np.isnan(frame.loc[1, "b"]) and frame["id"].tolist() == [1, 2, 3]
+    cases = {"id,a,b\n1,0.25,abc\n": "column 'b' must hold finite numbers, found 'abc' (row 2)",
+             "id,a,b\n1,0.25,0.75\n2,inf,0.5\n": "column 'a' must hold finite numbers, found inf (row 3)",
+             "id,a,b\n1,0.25,\n": "column 'b' must hold finite numbers, found an empty or NaN cell (row 2)",
+             "a,b\n0.5,0.5\n": "missing column(s) 'id'"}
+    for content, message in cases.items():
+        path.write_text(content)
+        with pytest.raises(KbertError, match=re.escape(f"{path}: {message}")):
+            read_predictions(path, "id", empty_rows=True)
+    path.write_text("id,a\n1,0.5\n2,\n")
+    with pytest.raises(KbertError, match=re.escape(f"{path}: column 'a' must hold finite numbers, found an empty")):
+        read_predictions(path)  # the first column is the id; without empty_rows an empty row is refused too
+
+
+def test_a_fold_history_is_a_list_of_epoch_records(tmp_path):
+    from kbert.pipeline.artifacts import read_history
+
+    path = tmp_path / "history.json"
+    epoch = {"epoch": 0, "train_loss": float("nan"), "valid_loss": 0.7, "valid_score": 0.5}
+    path.write_text(json.dumps([epoch]))
+    assert read_history(path)[0]["valid_loss"] == 0.7
+    cases = {'[{"epoch": 0, "tra': "not valid JSON (truncated or edited?)", "{}": "expected a JSON list of epochs",
+             "[1]": "entry 0 is not an epoch's record", json.dumps([{**epoch, "epoch": 0.5}]):
+             "entry 0: 'epoch' must be a whole number, found 0.5",
+             json.dumps([epoch, {**epoch, "valid_score": "x"}]): "entry 1: 'valid_score' must be a number, found 'x'"}
+    for content, message in cases.items():
+        path.write_text(content)
+        with pytest.raises(KbertError, match=re.escape(f"{path}: {message}")):
+            read_history(path)
+    path.write_text("[{}, {}]")
+    assert len(read_history(path, keys=())) == 2  # kbert auto counts the epochs only
 
 
 def test_output_folders_are_checked_without_creating_anything(tmp_path):

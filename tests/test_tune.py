@@ -420,7 +420,7 @@ def test_sigkill_one_of_two_workers_then_resume(tmp_path):
     for trial in trials:
         assert (directory / f"trial-{trial.number:04d}").is_dir() == (trial.state == TrialState.COMPLETE)
     if sys.platform == "linux":  # a spawned worker binds the fast BLAS before MLX loads
-        blas = {read_json(directory / f"trial-{t.number:04d}" / "metrics.json")["blas"] for t in trials
+        blas = {read_json(directory / f"trial-{t.number:04d}" / "metrics.json")["blas"]["library"] for t in trials
                 if t.state == TrialState.COMPLETE}
         assert blas and not blas & {"reference", "unbound"}, blas
 

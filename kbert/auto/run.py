@@ -27,7 +27,6 @@ a run ends with depends on this machine's speed: the same seed on another machin
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import shutil
 import time
@@ -39,6 +38,7 @@ from kbert.auto.leaderboard import (Row, leaderboard_frame, leaderboard_text, wr
                                     write_leaderboard_report)
 from kbert.auto.plan import BEST_BASELINE, BEST_RUN, Job, plan_jobs
 from kbert.auto.state import AutoState, JobState, Status, read_state
+from kbert.auto.state import seconds as valid_seconds
 from kbert.errors import KbertError
 from kbert.io import check_writable_folder, exclusive_lock, read_json
 from kbert.pipeline.config import RunConfig, load_competition, resolve_run_config
@@ -152,7 +152,9 @@ class Auto:
         return (self.comp_dir / name / "metrics.json").is_file()
 
     def cv(self, name: str) -> float:
-        return float(read_json(self.comp_dir / name / "metrics.json", required=("cv",))["cv"])
+        from kbert.pipeline.artifacts import read_metrics
+
+        return float(read_metrics(self.comp_dir / name / "metrics.json")["cv"])
 
     def best(self, names: list[str]) -> str | None:
         done = [name for name in names if self.done(name)]
@@ -424,13 +426,26 @@ def kept_form(auto: Auto, kept: JobState) -> Form:
 
 def measured_epoch_seconds(run_dir: Path) -> float | None:
     """A finished run's seconds a fold-epoch: each fold's training seconds over the epochs it ran, averaged."""
+    from kbert.pipeline.artifacts import read_history
+
     rates = []
     for path in run_dir.glob("folds/*/fold.json"):
         history = path.parent / "history.json"
-        epochs = len(json.loads(history.read_text())) if history.is_file() else 0
+        epochs = len(read_history(history, keys=())) if history.is_file() else 0
         if epochs:
-            rates.append(read_json(path)["record"]["seconds"] / epochs)
+            rates.append(fold_seconds(path) / epochs)
     return sum(rates) / len(rates) if rates else None
+
+
+def fold_seconds(path: Path) -> float:
+    """A finished fold's training seconds, as its fold.json records them; an edited record is one line naming the
+    file, not a traceback in the middle of the time budget."""
+    record = read_json(path, required=("record",))["record"]
+    value = record.get("seconds") if isinstance(record, dict) else None
+    if not valid_seconds(value):
+        raise KbertError(f"{path}: 'record' must be a mapping with the fold's 'seconds' (a number >= 0), found "
+                         f"{value!r}")
+    return float(value)
 
 
 def kept_back(auto: Auto, members: int, fold: float = 0.0) -> str:
@@ -536,7 +551,7 @@ def one_core_fold_seconds(auto: Auto) -> list[float]:
         share = 1.0
         if current_device() == "cpu":  # more than one core each: an upper bound (streams scale below linearly)
             share = usable_cores() / folds_at_once(config, len(fold_layout(config)))
-        seconds += [read_json(path)["record"]["seconds"] * share for path in paths]
+        seconds += [fold_seconds(path) * share for path in paths]
     return seconds
 
 
@@ -586,6 +601,8 @@ def print_leaderboard(auto: Auto, members: list[str], result, final: bool = Fals
 
 
 def leaderboard_rows(auto: Auto, members: list[str], result) -> list[Row]:
+    from kbert.pipeline.artifacts import read_metrics
+
     honest = dict(zip([m.name for m in result.members], result.member_honest)) if result is not None else {}
     weights = member_weights(result) if result is not None else {}
     rows = []
@@ -593,8 +610,9 @@ def leaderboard_rows(auto: Auto, members: list[str], result) -> list[Row]:
         job = auto.state.jobs.get(name)
         kind = KINDS.get(job.action, "baseline") if job is not None else "trial" if "/" in name else "encoder"
         seconds = (job.seconds if job is not None and job.seconds else
-                   read_json(auto.comp_dir / name / "metrics.json").get("wall_time_s", 0.0))
-        rows.append(Row(name, kind, auto.cv(name), honest.get(name), float(seconds or 0.0), weights.get(name)))
+                   read_metrics(auto.comp_dir / name / "metrics.json").get("wall_time_s"))
+        rows.append(Row(name, kind, auto.cv(name), honest.get(name), float(seconds if valid_seconds(seconds) else 0.0),
+                        weights.get(name)))
     return rows
 
 
@@ -710,7 +728,8 @@ def final_ensemble(auto: Auto, members: list[str]) -> AutoResult:
                                 log=lambda _: None, name="auto-ensemble")
         submission = result.submission_path
     else:
-        submission = Path(read_json(auto.comp_dir / members[0] / "metrics.json")["submission"])
+        submission = Path(read_json(auto.comp_dir / members[0] / "metrics.json", required=("submission",))
+                          ["submission"])
     frame, text, best_single = print_leaderboard(auto, members, result, final=True)
     auto.save()
     honest = result.honest.score if result is not None else None

@@ -66,6 +66,10 @@ def seconds(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
+def share(value) -> bool:
+    return seconds(value) and value <= 1
+
+
 def read_state(path: Path, competition: str) -> AutoState:
     """state.json, refused in one line naming the key unless it reads as kbert auto writes it."""
     data = read_json(path)
@@ -97,6 +101,10 @@ def read_state(path: Path, competition: str) -> AutoState:
     if not isinstance(corrections, dict) or not all(
             isinstance(ratios, list) and all(seconds(r) and r > 0 for r in ratios) for ratios in corrections.values()):
         raise refuse("corrections must map each encoder to positive ratios")
+    adversarial = data.get("adversarial")
+    if adversarial is not None and not (isinstance(adversarial, dict) and share(adversarial.get("auc"))
+                                        and isinstance(adversarial.get("verdict"), str)):
+        raise refuse("adversarial must be the drift check's result (an auc in [0, 1] and a verdict)")
     if not isinstance(data.get("jobs", {}), dict):
         raise refuse("jobs must be a mapping of job names to their records")
     jobs = {name: read_job(name, job, refuse) for name, job in data.get("jobs", {}).items()}

@@ -30,7 +30,7 @@ import sys
 from kbert.cli import (adversarial, auto, baseline, competition, doctor, ensemble, kaggle, predict, pretrain, report, run,
                        show_text, tune)
 from kbert.cli.common import check_numbers
-from kbert.errors import KbertError
+from kbert.errors import KbertError, os_error_line
 
 DESCRIPTION = """kbert: fine-tune BERT-family encoders in MLX on Kaggle competitions.
 
@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from kbert.models import runtime
 
-    runtime.setup()  # before any command imports mlx.core
+    blas = runtime.setup().blas  # before any command imports mlx.core
+    if blas.slow and args.command != "doctor":  # doctor says it in its own words
+        print(f"kbert: warning: {blas.note}", file=sys.stderr)
     if getattr(args, "no_progress", False):  # huggingface_hub's download bars too (models/hub.py imports it late)
         os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     try:
@@ -90,3 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("kbert: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # from a file no kbert writer names (a library's own: Optuna's journal, a download)
+        print(f"kbert: error: {os_error_line(exc)}", file=sys.stderr)
+        return 2

@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from kbert.cli.common import add_command
+from kbert.models.blas import SLOW_BLAS_REMEDY
 
 SLOW_BLAS_NAMES = ("reference", "unbound")  # what runtime.status().blas.name is when no fast BLAS is bound
 SLOW_BLAS_GFLOPS = 20.0  # the reference netlib BLAS measures ~5; OpenBLAS and MKL 100+ on an idle machine
@@ -44,8 +45,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"warning: less than {LOW_DISK_GB:.0f} GB free; fold checkpoints and tuning trials need room",
               file=sys.stderr)
     if not fast:
-        print("warning: MLX is using a slow BLAS; pip install mkl, or apt install libopenblas0-pthread, "
-              "or set KBERT_BLAS=/path/to/libblas.so", file=sys.stderr)
+        print(f"warning: MLX is using a slow BLAS; {SLOW_BLAS_REMEDY}, or set KBERT_BLAS=/path/to/libblas.so",
+              file=sys.stderr)
         code = 1
     elif platform.system() == "Linux" and gflops < SLOW_BLAS_GFLOPS:
         print(f"note: the sgemm timing ({gflops:.1f} GFLOP/s) is low for a fast BLAS; the machine may be busy",
@@ -76,11 +77,13 @@ def _print_platform_mlx_and_blas() -> tuple[bool, float]:
     print(f"mlx: {mx.__version__}, default device {mx.default_device()}, GPU backends: {', '.join(backends) or 'none'}")
     _print_device()
     blas = runtime.status().blas
-    print(f"BLAS: {blas.name}" + (f" ({blas.path})" if blas.path else "") + (f"; {blas.note}" if blas.note else ""))
+    print(f"BLAS: {blas.name}" + (f" ({blas.path})" if blas.path else "") + (f"; {blas.note}" if blas.note else "") +
+          (f"; kernels {blas.core}, one thread (a product's bits do not depend on the thread count)"
+           if blas.path else ""))
     with mx.stream(mx.cpu):
         gflops = measure_sgemm_gflops()
     fast = fast_blas_bound(blas.name, platform.system())
-    print(f"sgemm 1024^3 float32 on CPU: {gflops:.1f} GFLOP/s (fast BLAS bound: {'yes' if fast else 'no'}, "
+    print(f"sgemm 1024^3 float32 on one CPU core: {gflops:.1f} GFLOP/s (fast BLAS bound: {'yes' if fast else 'no'}, "
           f"{blas.name})")
     if platform.system() == "Linux":
         cpu_kernels.kernels()

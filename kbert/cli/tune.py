@@ -38,7 +38,9 @@ def add_parser(commands) -> None:
     tune.add_argument("--storage", help="journal file (default runs/<competition>/<study>/journal.log) or an RDB "
                       "URL such as postgresql://user@host/db for several machines")
     tune.add_argument("--artifacts", help="a shared artifact store for the trials' run folders, so that any machine "
-                      "can blend or rerun any trial: a folder every machine mounts, or s3://BUCKET")
+                      "can blend or rerun any trial: a folder every machine mounts, or s3://BUCKET (an existing "
+                      "bucket; pip install \"kbert[distributed]\"; endpoint and keys from boto3's variables: "
+                      "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)")
     add_number(tune, "--db-wait", float, {"at_least": 0}, default=600.0,
                help="seconds a worker waits for a lost database (restart, network) before it gives up "
                     "(default 600)")

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kbert.io import write_text
+from kbert.io import removed_on_refusal, write_text
 from kbert.report.ensembles import ensemble_report
 from kbert.report.page import Page, format_score, render_html
 from kbert.report.plots import pyplot
@@ -49,7 +49,8 @@ def write_report(target: str, runs_dir: str = "runs", output: str | None = None)
     kind, path = resolve_target(target, runs_dir)
     pyplot()  # fail before anything is written when matplotlib is missing
     out = Path(output) if output else output_folder(kind, path)
-    page = REPORTS[kind](path, out)
-    page.notes += [f"{name} was not written" for name, _ in page.figures if not (out / name).is_file()]
-    page.figures = [(name, caption) for name, caption in page.figures if (out / name).is_file()]
-    return write_text(out / "index.html", render_html(page, source=path))
+    with removed_on_refusal():  # each report reads its files before it draws; this takes back any plot drawn anyway
+        page = REPORTS[kind](path, out)
+        page.notes += [f"{name} was not written" for name, _ in page.figures if not (out / name).is_file()]
+        page.figures = [(name, caption) for name, caption in page.figures if (out / name).is_file()]
+        return write_text(out / "index.html", render_html(page, source=path))

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
-from kbert.io import read_json
+from kbert.errors import KbertError
+from kbert.io import is_number, read_json, read_predictions
 from kbert.report.page import Page, direction, format_score
 from kbert.report.plots import LOG_METRICS, fit_ylim, pyplot, save_figure
 from kbert.report.target import ENSEMBLE_KEYS
@@ -17,7 +17,8 @@ from kbert.report.target import ENSEMBLE_KEYS
 
 def ensemble_report(path: Path, out: Path) -> Page:
     """Member weights, the correlations of the members' OOF predictions and the honest CV of each method."""
-    sidecar = read_json(path, required=ENSEMBLE_KEYS)
+    sidecar = check_sidecar(path, read_json(path, required=ENSEMBLE_KEYS))
+    frames, missing = read_member_predictions(sidecar["members"], path)  # checked before anything is drawn
     page = Page(title=f"Ensemble {path.stem}",
                 subtitle=f"{path} - {sidecar.get('competition', '')}, {sidecar.get('metric', 'score')} "
                          f"({direction(sidecar.get('greater_is_better', True))})")
@@ -28,7 +29,7 @@ def ensemble_report(path: Path, out: Path) -> Page:
                                             "last, in grey)."))
     else:
         page.notes.append(f"method '{sidecar['method']}' has no member weights (stacking: see stack_coefficients)")
-    correlation_figure(page, sidecar, path, out)
+    correlation_figure(page, sidecar, frames, missing, out)
     if sidecar.get("methods"):
         plot_methods(sidecar, out / "methods.png")
         page.figures.append(("methods.png", "Honest (nested CV) score of each method, its outer splits as dots; the "
@@ -44,6 +45,38 @@ def ensemble_report(path: Path, out: Path) -> Page:
                           "-" if m["name"] not in sidecar["weights"] else f"{sidecar['weights'][m['name']]:.3f}"]
                          for m in sidecar["members"]]))
     return page
+
+
+def check_sidecar(path: Path, sidecar: dict) -> dict:
+    """The sidecar's fields that the page reads, in the shapes kbert ensemble writes them: an edited sidecar is one
+    line naming the file and the key, not a traceback halfway through the plots."""
+    def check(key: str, fits: bool, shape: str) -> None:
+        if not fits:
+            raise KbertError(f"{path}: '{key}' must be {shape}; the file was edited or damaged")
+
+    def numbers(value) -> bool:
+        return isinstance(value, list) and all(map(is_number, value))
+
+    def member(m) -> bool:
+        return isinstance(m, dict) and isinstance(m.get("name"), str) and isinstance(m.get("path", ""), str) \
+            and is_number(m.get("cv"))
+
+    def method(r) -> bool:
+        return isinstance(r, dict) and is_number(r.get("honest_cv")) and numbers(r.get("honest_cv_per_split") or [])
+
+    members, weights, methods = sidecar["members"], sidecar["weights"], sidecar.get("methods") or {}
+    check("method", isinstance(sidecar["method"], str), "a method's name")
+    check("members", isinstance(members, list) and all(map(member, members)),
+          "a list of records with a 'name', a 'path' and a numeric 'cv'")
+    check("weights", isinstance(weights, dict) and all(map(is_number, weights.values())),
+          "a mapping of member names to numbers")
+    check("methods", isinstance(methods, dict) and all(map(method, methods.values())),
+          "a mapping of method names to records with a numeric 'honest_cv'")
+    for key in ("honest_cv", "in_sample_cv", "best_member_selected_in_nested_cv"):
+        check(key, sidecar.get(key) is None or is_number(sidecar[key]), "a number")
+    check("chosen_per_outer_fold", isinstance(sidecar.get("chosen_per_outer_fold") or {}, dict),
+          "a mapping of method names to counts")
+    return sidecar
 
 
 def ensemble_facts(sidecar: dict) -> list[tuple[str, str]]:
@@ -77,10 +110,10 @@ def best_member(sidecar: dict) -> dict | None:
     return (max if sidecar.get("greater_is_better", True) else min)(members, key=lambda m: m["cv"])
 
 
-def correlation_figure(page: Page, sidecar: dict, path: Path, out: Path) -> None:
-    """correlations.png on ``page``, or the note why it could not be drawn (and which members' OOF predictions
-    are missing)."""
-    frames, missing = read_member_predictions(sidecar["members"], path)
+def correlation_figure(page: Page, sidecar: dict, frames: dict[str, np.ndarray], missing: list[str],
+                       out: Path) -> None:
+    """correlations.png of the members' OOF predictions (``read_member_predictions``) on ``page``, or the note why
+    it could not be drawn (and which members' OOF predictions are missing)."""
     if missing:
         page.notes.append("OOF predictions not found for: " + ", ".join(missing))
     log = sidecar.get("metric", "score") in LOG_METRICS and all((v > -1).all() for v in frames.values())
@@ -115,7 +148,7 @@ def read_member_predictions(members: list[dict], sidecar: Path) -> tuple[dict[st
         if folder is None:
             missing.append(member["name"])
             continue
-        oof = pd.read_csv(folder / "oof.csv")
+        oof = read_predictions(folder / "oof.csv", empty_rows=True)
         table = oof.set_index(oof.columns[0])
         if ids is None:
             ids = table.index

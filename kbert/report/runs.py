@@ -6,14 +6,13 @@ the task asks."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from kbert.errors import KbertError
-from kbert.io import read_json
+from kbert.io import is_number, read_json, read_predictions
 from kbert.report.page import Page, direction, format_score
 from kbert.report.plots import (fold_label, plot_binary_calibration, plot_confusion, plot_curves, plot_fold_scores,
                                 plot_importance, plot_label_calibration, plot_label_confusion, plot_residuals,
@@ -33,24 +32,28 @@ REMOVALS = {"dropped": "left out of the text", "missing": "written as missing"}
 
 
 def run_report(run_dir: Path, out: Path) -> Page:
-    """Fold scores, training curves and the OOF predictions against the truth, for one run folder."""
-    metrics = read_json(run_dir / "metrics.json", required=("cv", "metric", "task"))
+    """Fold scores, training curves and the OOF predictions against the truth, for one run folder. What the plots
+    draw is read and checked first: a damaged file is refused before any plot is written."""
+    from kbert.pipeline.artifacts import read_metrics
+
+    metrics = read_metrics(run_dir / "metrics.json", required=("cv", "metric", "task"))
     task, metric = metrics["task"], metrics["metric"]
+    histories = read_histories(run_dir)
+    oof_path = run_dir / "oof.csv"
+    oof = read_oof(oof_path, task) if oof_path.is_file() else None
     page = Page(title=f"Run {metrics.get('run_id', run_dir.name)}",
                 subtitle=f"{run_dir} - {task}, {metric} ({direction(metrics.get('greater_is_better', True))})")
     page.facts = run_facts(run_dir, metrics)
-    page.figures = fold_figures(run_dir, metrics, out, RUN_FOLD_CAPTIONS)
+    page.figures = fold_figures(metrics, histories, out, RUN_FOLD_CAPTIONS)
     if metrics.get("folds"):
         page.tables.append(fold_table(metrics))
     if "curves.png" not in dict(page.figures):
         page.notes.append("no folds/<k>/history.json (a baseline run): no training curves")
     importance_section(run_dir, metrics, out, page)
 
-    oof_path = run_dir / "oof.csv"
-    if not oof_path.is_file():
+    if oof is None:
         page.notes.append(f"{oof_path} is missing: no OOF plots")
         return page
-    oof = pd.read_csv(oof_path)
     columns = [str(c) for c in oof.columns[1:]]
     predictions = oof.iloc[:, 1:].to_numpy(dtype=np.float64)
     try:
@@ -61,6 +64,16 @@ def run_report(run_dir: Path, out: Path) -> Page:
     covered = ~np.isnan(predictions).all(axis=1)  # time-series folds: the first block has no OOF prediction
     page.figures += oof_plots(task, metric, metrics, truth[covered], classes, predictions[covered], columns, out)
     return page
+
+
+def read_oof(path: Path, task: str) -> pd.DataFrame:
+    """A run's oof.csv, its cells checked (kbert.io ``read_predictions``) and, where the task predicts them,
+    probabilities in [0, 1]: an edited file is one line naming it, not a plotting library's traceback."""
+    oof = read_predictions(path, empty_rows=True)
+    values = oof.iloc[:, 1:].to_numpy(dtype=np.float64)
+    if Task(task).probabilities and (np.any(values < 0) or np.any(values > 1)):
+        raise KbertError(f"{path}: holds values outside [0, 1], not probabilities; the file was edited or damaged")
+    return oof
 
 
 def run_facts(run_dir: Path, metrics: dict) -> list[tuple[str, str]]:
@@ -105,7 +118,7 @@ def importance_section(run_dir: Path, metrics: dict, out: Path, page: Page) -> N
                               "column's words")
         return
     try:
-        importance = read_json(path, required=("metric", "greater_is_better", "baseline_cv", "columns"))
+        importance = check_importance(path, read_json(path, required=IMPORTANCE_KEYS))
     except KbertError as exc:
         page.notes.append(f"column importance skipped: {exc}")
         return
@@ -119,6 +132,31 @@ def importance_section(run_dir: Path, metrics: dict, out: Path, page: Page) -> N
                    for column, reason in (importance.get("skipped") or {}).items()]
     if importance.get("not_in_text"):
         page.notes.append(f"column importance: not in the text: {', '.join(importance['not_in_text'])}")
+
+
+IMPORTANCE_KEYS = ("metric", "greater_is_better", "baseline_cv", "columns")
+
+
+def check_importance(path: Path, importance: dict) -> dict:
+    """What the page reads of importance.json, in the shapes pipeline/importance.py writes it; else one line naming
+    the key (the page notes it and goes on without the section)."""
+    def check(key: str, fits: bool, shape: str) -> None:
+        if not fits:
+            raise KbertError(f"{path}: '{key}' must be {shape}; the file was edited or damaged")
+
+    def entry(e) -> bool:
+        return isinstance(e, dict) and isinstance(e.get("column"), str) and is_number(e.get("cv")) \
+            and is_number(e.get("drop"))
+
+    columns, not_in_text = importance["columns"], importance.get("not_in_text") or []
+    check("columns", isinstance(columns, list) and all(map(entry, columns)), "a list of {column, cv, drop} records")
+    for key in ("baseline_cv", "run_cv", "run_cv_uncalibrated"):
+        check(key, key not in importance or is_number(importance[key]), "a number")
+    check("metric", isinstance(importance["metric"], str), "a metric's name")
+    check("skipped", isinstance(importance.get("skipped") or {}, dict), "a mapping of columns to reasons")
+    check("not_in_text", isinstance(not_in_text, list) and all(isinstance(c, str) for c in not_in_text),
+          "a list of column names")
+    return importance
 
 
 def importance_table(importance: dict) -> tuple[str, list[str], list[list[str]]]:
@@ -160,7 +198,9 @@ def model_description(run_dir: Path, metrics: dict) -> str:
         config = read_yaml(path) or {}
     except (OSError, KbertError):
         return "-"
-    model = config.get("model") or {}
+    model = config.get("model") if isinstance(config, dict) else None
+    if not isinstance(model, dict):  # an edited config.yaml: the report still draws what it can
+        return "-"
     text = str(model.get("encoder", "-"))
     if text == "bert" and "hidden_size" in model:
         text += f" from scratch (hidden {model['hidden_size']}, {model.get('num_hidden_layers', '?')} layers)"
@@ -182,23 +222,27 @@ def fold_table(metrics: dict) -> tuple[str, list[str], list[list[str]]]:
               str(r.get("n_valid", "-")), str(r.get("seconds", "-"))] for r in records])
 
 
-def fold_figures(run_dir: Path, metrics: dict, out: Path, captions: dict[str, str]) -> list[tuple[str, str]]:
+def fold_figures(metrics: dict, histories: dict[str, list[dict]], out: Path,
+                 captions: dict[str, str]) -> list[tuple[str, str]]:
     """fold_scores.png (when metrics.json has the folds' records) and curves.png (when the folds kept a
-    history.json) of one run folder, written to ``out``; (file name, caption from ``captions``) of each drawn."""
+    history.json: ``read_histories``) of one run folder, written to ``out``; (file name, caption from
+    ``captions``) of each drawn."""
     drawn = []
     if metrics.get("folds"):
         drawn.append(plot_fold_scores(metrics, out / "fold_scores.png").name)
-    histories = read_histories(run_dir)
     if histories:
         drawn.append(plot_curves(histories, metrics, out / "curves.png").name)
     return [(name, captions[name]) for name in drawn]
 
 
 def read_histories(run_dir: Path) -> dict[str, list[dict]]:
-    """Each fold folder's history.json (epoch, train_loss, valid_loss, valid_score), by folder name."""
+    """Each fold folder's history.json (epoch, train_loss, valid_loss, valid_score), by folder name; a damaged one is
+    refused, naming it (pipeline/artifacts.py ``read_history``)."""
+    from kbert.pipeline.artifacts import read_history
+
     found = {}
     for path in sorted((run_dir / "folds").glob("*/history.json"), key=lambda p: _fold_order(p.parent.name)):
-        history = json.loads(path.read_text(encoding="utf-8"))
+        history = read_history(path)
         if history:
             found[path.parent.name] = history
     return found

@@ -7,9 +7,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from kbert.io import atomic_write, read_json
+from kbert.io import atomic_write
 from kbert.report.page import Page, direction, format_score
-from kbert.report.runs import fold_figures
+from kbert.report.runs import fold_figures, read_histories
 from kbert.report.target import REPORT_FOLDER
 
 STUDY_PLOTS = ("history.png", "importances.png", "parallel_coordinate.png")  # drawn by kbert.tune.write_report
@@ -26,11 +26,14 @@ def study_report(directory: Path, out: Path) -> Page:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     options = TuneOptions(competition=directory.parent.name, study=directory.name, out_dir=str(directory.parent.parent))
     study, competition, _, _ = load_study(options, create=False, check=False)
+    ranked = ranked_trials(study)
+    best_run = read_best_trial(trial_dir(directory, ranked[0].number)) if ranked else None  # before any drawing
     tune_dir = directory / REPORT_FOLDER
-    write_tune_plots(options, tune_dir, out)
+    write_tune_plots(options, tune_dir, out)  # refuses a study without a completed trial
+    best = ranked[0]
+    best_dir = trial_dir(directory, best.number)
 
     trials = study.get_trials(deepcopy=False)
-    best = ranked_trials(study)[0]
     default = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("default")]
     metric = f"{competition.metric} ({direction(study.direction.name == 'MAXIMIZE')})"
     page = Page(title=f"Study {directory.name} ({competition.name})",
@@ -41,15 +44,13 @@ def study_report(directory: Path, out: Path) -> Page:
                   ("best trial's CV (all OOF rows)", format_score(best.user_attrs.get("oof_cv")))]
     if default:
         page.facts.append(("default configuration (trial 0)", format_score(default[0].value)))
-    best_dir = trial_dir(directory, best.number)
     page.facts.append(("reproduce", f"kbert run --config {tune_dir / 'best.yaml'}"))
     page.facts.append(("the best trial's confusion/residual plots", f"kbert report {best_dir}"))
     page.figures = [("history.png", "Objective (mean fold score) of every trial and the best so far."),
                     ("importances.png", "How much each parameter explains of the objective (fANOVA)."),
                     ("parallel_coordinate.png", "Each completed trial's parameters and objective.")]
-    if (best_dir / "metrics.json").is_file():
-        metrics = read_json(best_dir / "metrics.json", required=("cv", "metric"))
-        page.figures += fold_figures(best_dir, metrics, out, {
+    if best_run is not None:
+        page.figures += fold_figures(*best_run, out, {
             "fold_scores.png": f"Best trial {best.number}: score of each fold.",
             "curves.png": f"Best trial {best.number}: loss and validation score per epoch."})
     else:
@@ -58,6 +59,15 @@ def study_report(directory: Path, out: Path) -> Page:
     if (out / "best.yaml").is_file():
         page.text.append(("best.yaml (the best trial's run config)", (out / "best.yaml").read_text(encoding="utf-8")))
     return page
+
+
+def read_best_trial(best_dir: Path) -> tuple[dict, dict[str, list[dict]]] | None:
+    """The best trial's metrics.json and its folds' histories, checked; None when it kept no metrics.json."""
+    from kbert.pipeline.artifacts import read_metrics
+
+    if not (best_dir / "metrics.json").is_file():
+        return None
+    return read_metrics(best_dir / "metrics.json", required=("cv", "metric")), read_histories(best_dir)
 
 
 def write_tune_plots(options, tune_dir: Path, out: Path) -> None:

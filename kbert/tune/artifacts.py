@@ -2,8 +2,9 @@
 that every machine reaches, so that any machine can blend every trial and rerun the best one.
 
 The store is Optuna's artifact store API: ``FileSystemArtifactStore`` for a folder every machine mounts, or
-``Boto3ArtifactStore`` for ``s3://bucket`` (S3-compatible storage through boto3; endpoint and keys from boto3's
-usual environment variables). A trial uploads two archives before it is told:
+``Boto3ArtifactStore`` for ``s3://bucket`` (S3-compatible storage through boto3, the ``distributed`` extra; endpoint
+and keys from boto3's usual environment variables; tests/test_tune_s3.py runs it against moto's S3 server). A trial
+uploads two archives before it is told:
 
 - ``run.tar.gz``: the run folder without weights (config.yaml, folds.csv, oof.csv, test.csv, submission.csv,
   metrics.json, inputs.json, each fold's history, predictions, serializer and tokenizer);
@@ -22,7 +23,10 @@ from __future__ import annotations
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import optuna
 from optuna.artifacts import Boto3ArtifactStore, FileSystemArtifactStore, download_artifact, upload_artifact
@@ -30,6 +34,7 @@ from optuna.artifacts.exceptions import ArtifactNotFound
 from optuna.trial import FrozenTrial, TrialState
 
 from kbert.errors import KbertError
+from kbert.io import check_writable_folder, make_folder
 
 RUN_ARCHIVE = "run.tar.gz"
 WEIGHTS_ARCHIVE = "weights.tar"
@@ -37,7 +42,8 @@ ATTRIBUTE = "artifacts"  # trial user attribute: {"run": artifact id, "weights":
 
 
 def open_artifact_store(spec: str) -> FileSystemArtifactStore | Boto3ArtifactStore:
-    """``--artifacts``: a folder (made if missing) or ``s3://bucket``."""
+    """``--artifacts``: a folder (made if missing) or ``s3://bucket``, whose bucket is checked here, so that a
+    missing bucket or an unreachable endpoint is one line before any trial trains, not a failed upload after it."""
     if spec.startswith("s3://"):
         bucket = spec[len("s3://"):].strip("/")
         if not bucket or "/" in bucket:
@@ -45,15 +51,58 @@ def open_artifact_store(spec: str) -> FileSystemArtifactStore | Boto3ArtifactSto
         try:
             import boto3  # noqa: F401
         except ImportError:
-            raise KbertError(f"--artifacts {spec}: S3 needs boto3; pip install boto3") from None
-        return Boto3ArtifactStore(bucket)
+            raise KbertError(f'--artifacts {spec}: S3 needs boto3; pip install "kbert[distributed]"') from None
+        with s3_errors(spec):
+            store = Boto3ArtifactStore(bucket)
+            store.client.head_bucket(Bucket=bucket)
+        return store
     if "://" in spec:
         raise KbertError(f"--artifacts {spec}: a folder every machine mounts, or s3://BUCKET")
     folder = Path(spec)
     if folder.exists() and not folder.is_dir():
         raise KbertError(f"--artifacts {spec}: not a folder")
-    folder.mkdir(parents=True, exist_ok=True)
+    check_writable_folder(folder, f"--artifacts {spec}")
+    if not folder.is_dir():
+        make_folder(folder)  # recorded: a refusal right after this takes it back
     return FileSystemArtifactStore(folder)
+
+
+@contextmanager
+def s3_errors(spec: str) -> Iterator[None]:
+    """boto3's errors as one line naming ``--artifacts`` (its own messages name neither the option nor what to
+    check)."""
+    try:
+        from botocore.exceptions import BotoCoreError, ClientError
+    except ImportError:  # a folder store: nothing of boto3's can be raised
+        yield
+        return
+    try:
+        yield
+    except (BotoCoreError, ClientError) as error:
+        raise KbertError(f"--artifacts {spec}: {s3_reason(error)}") from None
+
+
+def s3_reason(error: Exception) -> str:
+    """What went wrong with the bucket, and what to check, in a few words."""
+    from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+    if isinstance(error, ClientError):
+        code = str(error.response.get("Error", {}).get("Code", ""))
+        if code in ("404", "NoSuchBucket"):
+            return "no such bucket (create it first)"
+        if code in ("403", "AccessDenied"):
+            return "access denied (check the keys: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
+    if isinstance(error, EndpointConnectionError):
+        url = urlsplit(str(error.kwargs.get("endpoint_url", "")))  # the request's URL: bucket and key after the host
+        return f"cannot reach the endpoint {url.scheme}://{url.netloc} (check AWS_ENDPOINT_URL)"
+    if isinstance(error, NoCredentialsError):
+        return "no credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
+    return f"{type(error).__name__}: {error}"
+
+
+def store_label(store) -> str:
+    """The store as ``--artifacts`` names it, for messages."""
+    return f"s3://{store.bucket}" if isinstance(store, Boto3ArtifactStore) else "(a folder)"
 
 
 def is_weights(path: Path) -> bool:
@@ -79,7 +128,8 @@ def upload_trial(trial: optuna.Trial, folder: Path, store) -> dict[str, str]:
         for key, name, weights in (("run", RUN_ARCHIVE, False), ("weights", WEIGHTS_ARCHIVE, True)):
             archive = Path(tmp) / name
             if pack(folder, archive, weights):
-                ids[key] = upload_artifact(artifact_store=store, file_path=str(archive), study_or_trial=trial)
+                with s3_errors(store_label(store)):
+                    ids[key] = upload_artifact(artifact_store=store, file_path=str(archive), study_or_trial=trial)
     trial.set_user_attr(ATTRIBUTE, ids)
     return ids
 
@@ -90,7 +140,8 @@ def drop_weights(trials: list[FrozenTrial], store) -> None:
         artifact = trial.user_attrs.get(ATTRIBUTE, {}).get("weights")
         if artifact:
             try:
-                store.remove(artifact)
+                with s3_errors(store_label(store)):
+                    store.remove(artifact)
             except ArtifactNotFound:  # removed before, by this worker or another
                 pass
 
@@ -130,7 +181,8 @@ def unpack(store, artifact: str, target: Path, directory: Path) -> bool:
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=directory) as tmp:
         archive = Path(tmp) / "archive"
         try:
-            download_artifact(artifact_store=store, file_path=str(archive), artifact_id=artifact)
+            with s3_errors(store_label(store)):
+                download_artifact(artifact_store=store, file_path=str(archive), artifact_id=artifact)
         except ArtifactNotFound:
             return False
         unpacked = Path(tmp) / "unpacked"

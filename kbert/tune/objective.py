@@ -28,6 +28,7 @@ import numpy as np
 import optuna
 from optuna.trial import TrialState
 
+from kbert.errors import WriteError
 from kbert.pipeline.config import CompetitionConfig
 from kbert.tune.artifacts import open_artifact_store, upload_trial
 from kbert.tune.options import TuneOptions, format_duration
@@ -123,8 +124,9 @@ def start_trial(trial: optuna.Trial, context: TrialContext) -> Path:
     shutil.rmtree(folder, ignore_errors=True)
     trial.set_user_attr("pid", os.getpid())
     trial.set_user_attr("worker", context.worker)
-    if trial.user_attrs.get("error"):  # a retry inherits its failed original's attributes
-        trial.set_user_attr("error", "")
+    for name in ("error", "write_error"):  # a retry inherits its failed original's attributes
+        if trial.user_attrs.get(name):
+            trial.set_user_attr(name, "")
     return folder
 
 
@@ -155,6 +157,11 @@ def trial_outcome(trial: optuna.Trial, context: TrialContext, folder: Path, scor
         shutil.rmtree(folder, ignore_errors=True)
         trial.set_user_attr("error", str(exc))
         context.log(f"trial {trial.number:4d} w{context.worker}: {exc}")
+        raise
+    except WriteError as exc:  # a full or read-only disk: not the trial's fault; it runs again, the worker stops
+        shutil.rmtree(folder, ignore_errors=True)
+        trial.set_user_attr("error", f"{exc}; queued again")
+        trial.set_user_attr("write_error", str(exc))
         raise
     except Exception as exc:  # out of memory, a bad setting: this trial fails, the study goes on
         shutil.rmtree(folder, ignore_errors=True)

@@ -5,6 +5,7 @@ Standard library only: a spawned worker process rebuilds its ``TuneOptions`` fro
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,8 +67,24 @@ def check_storage(storage: str) -> None:
             shown = re.sub(r"([/:][^:/@]*:)[^@/]*@", r"\1***@", storage)  # no password in the message
             raise KbertError(f"--storage {shown}: not a database URL of a known kind ({', '.join(DIALECTS)}: "
                              "postgresql://user@host/db) nor a journal file path")
-    elif storage and Path(storage).is_dir():
+    elif storage:
+        check_journal_path(storage)
+
+
+def check_journal_path(storage: str) -> None:
+    """``--storage`` as a journal file: a file, or a path where one can be made. Checked when the options are
+    made, before anything is created: a folder there, a file where a folder should be, or a folder nobody may write
+    in ended in Optuna's traceback."""
+    from kbert.io import check_writable_folder  # here: the module itself imports the standard library only
+
+    path = Path(storage)
+    if storage.endswith(("/", os.sep)) or path.is_dir():
         raise KbertError(f"--storage {storage}: a folder; give the journal file's path (or a database URL)")
+    if path.exists() or path.is_symlink():
+        if not path.is_file():
+            raise KbertError(f"--storage {storage}: not a file; give the journal file's path (or a database URL)")
+        return
+    check_writable_folder(path.parent, f"--storage {storage}")
 
 
 def parse_duration(text: str | float | None) -> float | None:

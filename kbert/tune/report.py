@@ -70,11 +70,10 @@ def write_report(options: TuneOptions) -> Path:
     if options.artifacts and study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         fetch_trials(study, open_artifact_store(options.artifacts), directory, {study.best_trial.number}, weights=True)
     print(trials_table(study))
-    report_dir = directory / "report"
-    report_dir.mkdir(parents=True, exist_ok=True)
     completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if not completed:
         raise KbertError(f"study '{options.study}' has no completed trial yet")
+    report_dir = directory / "report"  # made by its first write: a refused report leaves no empty folder
     best_yaml = write_best_yaml(study, options, competition.name, competition.metric, directory, report_dir)
     plots = write_plots(study, report_dir, len(completed))
     if plots is not None:
@@ -139,7 +138,7 @@ def serve_dashboard(options: TuneOptions, host: str, port: int) -> int:
     import subprocess
 
     from kbert.pipeline.config import load_competition
-    from kbert.tune.storage import journal_path, rdb_url
+    from kbert.tune.storage import journal_path, rdb_url, repair_journal
     from kbert.tune.study import study_dir
 
     program = shutil.which("optuna-dashboard", path=os.pathsep.join([str(Path(sys.executable).parent),
@@ -152,6 +151,7 @@ def serve_dashboard(options: TuneOptions, host: str, port: int) -> int:
         journal = journal_path(options, study_dir(options, load_competition(options.competition)))
         if not journal.is_file():
             raise KbertError(f"--dashboard: no study journal at {journal}; start the study first, or give --storage")
+        repair_journal(journal)  # a record torn by a kill is cut before the dashboard reads (or writes) the file
         storage = str(journal)
     command = [program, storage, "--host", host, "--port", str(port), "--quiet"]
     if options.artifacts and "://" not in options.artifacts:

@@ -12,6 +12,14 @@ Two storages:
   was lost waits and tries again with backoff (pooled connections are pinged before use), so a worker goes on
   and a trial that finished while the database was down is recorded when it comes back.
 
+A journal file is checked before Optuna reads it and before the first append (``open_journal``): a kill in the
+middle of an append leaves a torn last line, which Optuna's reader skips but which the next append is glued onto,
+breaking the file for good. Under the journal's own lock (Optuna's ``JournalFileSymlinkLock``, the one its backend
+appends under) the torn bytes are cut back to the last newline, and a torn fragment that an older append was
+glued onto is cut from the front of that line; the warning says so once. A line that is neither is refused in
+one line. A journal (and its folder) that this opening creates is taken back when the command is refused
+(``kbert.io.removed_on_refusal``).
+
 Optuna implements heartbeats for ``RDBStorage`` only, so for a journal file ``Heartbeats`` does the same with
 public calls: while a trial runs, a daemon thread of its worker rewrites
 ``<study folder>/journal.log.heartbeats/<trial number>`` every interval; a worker, when it starts and after each
@@ -25,6 +33,7 @@ Imports no MLX: a spawned worker imports this before ``runtime.setup()``.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -36,11 +45,11 @@ from pathlib import Path
 
 import optuna
 from optuna.storages import JournalStorage
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import FrozenTrial, TrialState
 
 from kbert.errors import KbertError
-from kbert.io import write_text
+from kbert.io import atomic_write, make_folder, removed_on_refusal, write_text
 from kbert.tune.options import TuneOptions
 
 # Optuna >= 4.9 names the callback RetryHeartbeatStaleTrialCallback (and RDBStorage's argument
@@ -176,12 +185,157 @@ def heartbeats_of(options: TuneOptions, directory: Path) -> Heartbeats | None:
 
 
 def open_storage(options: TuneOptions, directory: Path) -> optuna.storages.BaseStorage:
+    """The study's storage: an RDB URL, or its journal file (created, and repaired, by ``open_journal``). The
+    heartbeat folder is made by the first heartbeat, not here: a command that only reads makes nothing."""
     if options.rdb:
         return open_rdb(options)
-    path = journal_path(options, directory)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    (directory / HEARTBEATS).mkdir(parents=True, exist_ok=True)
-    return JournalStorage(JournalFileBackend(str(path)))
+    return open_journal(journal_path(options, directory))
+
+
+# --------------------------------------------------------------------------- journal files
+
+RECORD_START = b'{"op_code":'  # how every record Optuna's JournalStorage appends begins (one JSON object a line)
+
+
+@dataclass(frozen=True)
+class Mend:
+    """A journal with its torn records cut: the bytes to keep, how many were cut, and from which lines."""
+
+    text: bytes
+    cut: int
+    lines: tuple[int, ...]  # the numbers of the mended lines (from 1)
+    torn_tail: bool  # the last of them had no newline
+
+    def places(self) -> str:
+        return ", ".join(f"line {n}" + (", the last" if self.torn_tail and n == self.lines[-1] else "")
+                         for n in self.lines)
+
+
+def open_journal(path: Path) -> JournalStorage:
+    """Optuna's JournalStorage on ``path``: the file (and its folder) made when missing, recorded so that a
+    refused command takes them back, and mended before Optuna reads it or appends to it."""
+    with removed_on_refusal() as created:  # inside the caller's block: a refusal after this takes them back too
+        if not path.parent.is_dir():
+            make_journal_folder(path)
+        if create_journal(path):
+            created.files.append(path)
+        lock = JournalFileSymlinkLock(str(path))  # the lock Optuna's backend appends under, given to it below
+        repair_journal(path, lock)
+        return JournalStorage(JournalFileBackend(str(path), lock_obj=lock))
+
+
+def make_journal_folder(path: Path) -> None:
+    try:
+        make_folder(path.parent)  # owned whole: a refusal removes it
+    except FileExistsError:  # another worker made it first
+        pass
+    except OSError as exc:
+        raise KbertError(f"cannot create {path.parent}: {exc.strerror or exc}") from None
+
+
+def create_journal(path: Path) -> bool:
+    """Create an empty journal unless one exists (O_EXCL: never replacing what another worker just made);
+    True when this call created it."""
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise KbertError(f"cannot create {path}: {exc.strerror or exc}") from None
+    return True
+
+
+def repair_journal(path: Path, lock: JournalFileSymlinkLock | None = None) -> None:
+    """Cut the records torn by a kill, under the journal's lock (``lock``: the one its backend is given), so
+    that no append lands on one; a warning says where and how many bytes, once (the next opening finds the file
+    whole). An intact journal is only read: a tail without its newline may be an append in flight, so what to
+    cut is decided again under the lock."""
+    if mend_journal(read_journal(path), path) is None:
+        return
+    lock = lock or JournalFileSymlinkLock(str(path))
+    try:
+        lock.acquire()
+    except OSError as exc:
+        raise KbertError(f"{path}: cannot lock the journal to repair it: {exc.strerror or exc}") from None
+    try:
+        data = read_journal(path)
+        mend = mend_journal(data, path)
+        if mend is not None:
+            write_mended(path, data, mend)
+            print(f"warning: {path}: cut {mend.cut} byte(s) that a killed write left of a record ({mend.places()}); "
+                  f"every complete record is kept", file=sys.stderr, flush=True)
+    finally:
+        lock.release()
+
+
+def read_journal(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise KbertError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def write_mended(path: Path, data: bytes, mend: Mend) -> None:
+    """A torn tail is truncated in place (no room needed on a full disk); a mended middle line rewrites the
+    file atomically."""
+    try:
+        if data.startswith(mend.text):
+            os.truncate(path, len(mend.text))
+        else:
+            atomic_write(path, lambda tmp: tmp.write_bytes(mend.text))
+    except OSError as exc:
+        raise KbertError(f"{path}: cannot repair the journal: {exc.strerror or exc}") from None
+
+
+def mend_journal(data: bytes, path: Path) -> Mend | None:
+    """The journal ``data`` without what kills left of records: the bytes after the last newline (a torn last
+    line, which Optuna's reader skips), and a torn fragment at the front of a line whose end is a whole record
+    (an append that an older kbert let land on a torn line). None when nothing is torn; a line that is neither
+    a record nor such a fragment and record is refused, naming it."""
+    *lines, tail = data.split(b"\n")
+    kept, mended = [], []
+    for number, line in enumerate(lines, start=1):
+        record = line if is_record(line) else glued_record(line)
+        if record is None:
+            raise KbertError(f"{path}: line {number} is not a journal record, nor a torn one followed by a record; "
+                             f"restore the file from a copy, or use another --study")
+        if len(record) != len(line):
+            mended.append(number)
+        kept.append(record)
+    if tail:
+        mended.append(len(lines) + 1)
+    if not mended:
+        return None
+    text = b"".join(line + b"\n" for line in kept)
+    return Mend(text, len(data) - len(text), tuple(mended), torn_tail=bool(tail))
+
+
+def is_record(line: bytes) -> bool:
+    """One JSON object with an op_code, as Optuna's JournalStorage reads it."""
+    try:
+        record = json.loads(line)
+    except ValueError:  # JSONDecodeError, or bytes that are not UTF-8
+        return False
+    return isinstance(record, dict) and "op_code" in record
+
+
+def glued_record(line: bytes) -> bytes | None:
+    """The whole record at the end of ``line`` when what comes before it began as a record too (writes torn by
+    kills: every append starts with RECORD_START); None otherwise."""
+    start = line.find(RECORD_START, 1)
+    while start != -1:
+        if began_as_record(line[:start]) and is_record(line[start:]):
+            return line[start:]
+        start = line.find(RECORD_START, start + 1)
+    return None
+
+
+def began_as_record(fragment: bytes) -> bool:
+    """``fragment`` starts as Optuna starts a record (its first piece may be shorter than RECORD_START: a kill
+    early in an append; later pieces start with it)."""
+    end = fragment.find(RECORD_START, 1)
+    first = fragment if end == -1 else fragment[:end]
+    return first.startswith(RECORD_START) or RECORD_START.startswith(first)
 
 
 # --------------------------------------------------------------------------- RDB URLs (several machines)

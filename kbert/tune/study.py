@@ -19,9 +19,11 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from kbert.errors import KbertError
+from kbert.io import removed_on_refusal
 from kbert.names import check_name
 from kbert.pipeline.config import CompetitionConfig, RunConfig, load_competition, resolve_run_config
 from kbert.pipeline.fold_processes import usable_cores
+from kbert.tune.artifacts import open_artifact_store
 from kbert.tune.options import DEFAULT_PRUNE_P, DEFAULT_PRUNER, PRUNERS, TuneOptions
 from kbert.tune.space import Param, default_params, parse_space, space_entries, to_overrides
 from kbert.tune.storage import journal_path, open_storage, storage_label
@@ -85,14 +87,30 @@ def load_study(options: TuneOptions, create: bool, check: bool = True
     directory = study_dir(options, competition)
     if not create and not options.rdb and not journal_path(options, directory).is_file():  # nothing made for a typo
         raise KbertError(f"no study '{options.study}' for {competition.name}: no {journal_path(options, directory)}")
+    with removed_on_refusal() as created:  # a refusal in it takes back the journal and folders opening it made
+        study, params = open_study(options, competition, entries, params, create=create, check=check)
+        created.forget()  # opened: whatever is refused later (in a trial, at the deadline), the study stays
+    return study, competition, params, directory
+
+
+def open_study(options: TuneOptions, competition: CompetitionConfig, entries: dict[str, Any], params: list[Param],
+               *, create: bool, check: bool) -> tuple[optuna.Study, list[Param]]:
+    """``load_study`` from the storage on: the study created or loaded (an existing one is only read: loading
+    it appends nothing to its journal), its settings adopted or refused, and the parsed space it uses."""
+    directory = study_dir(options, competition)
     storage = open_storage(options, directory)
+    if create and options.artifacts:  # a bad --artifacts is refused before the study is written, not by a worker
+        open_artifact_store(options.artifacts)
     names = optuna.study.get_all_study_names(storage)
     if not create and options.study not in names:
         raise KbertError(f"no study '{options.study}' for {competition.name} in {storage_label(options, directory)}")
-    study = optuna.create_study(study_name=options.study, storage=storage, load_if_exists=True,
-                                direction="maximize" if greater_is_better(competition) else "minimize",
-                                sampler=make_sampler(options.sampler_seed))
     new = create and options.study not in names
+    if new:  # load_if_exists: another machine may create it at the same moment
+        study = optuna.create_study(study_name=options.study, storage=storage, load_if_exists=True,
+                                    direction="maximize" if greater_is_better(competition) else "minimize",
+                                    sampler=make_sampler(options.sampler_seed))
+    else:
+        study = optuna.load_study(study_name=options.study, storage=storage, sampler=make_sampler(options.sampler_seed))
     stored = None if new else study.user_attrs.get("settings")
     if stored is not None:
         adopt_settings(options, stored)
@@ -109,7 +127,7 @@ def load_study(options: TuneOptions, create: bool, check: bool = True
         start_study(study, competition, options, params)
     if stored is None and (new or check):
         study.set_user_attr("settings", study_settings(competition, options, entries))
-    return study, competition, params, directory
+    return study, params
 
 
 MACHINE_SETTINGS = ("data_dir", "out_dir")  # where this machine keeps its files: never part of a study

@@ -36,7 +36,7 @@ from pathlib import Path
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, WriteError
 from kbert.models import runtime
 from kbert.pipeline.fold_processes import (PROCESS_MEMORY, available_memory, memory_holds, thread_environment,
                                            usable_cores)
@@ -74,12 +74,15 @@ def tune(options: TuneOptions) -> tuple[optuna.Study, int]:
           f"{study.direction.name.lower()}): {finished_count(study)}{total} trials finished, storage "
           f"{storage_label(options, directory)}; {options.workers} worker(s), pruner {options.pruner}"
           + (f", timeout {format_duration(options.timeout)}" if options.timeout else ""))
+    began = time.time()
     if options.workers == 1:
         if run_worker(options, 0) == INTERRUPTED:
             raise KeyboardInterrupt
+        check_written(study, began)
         check_completed(study)
         return study, 0
-    codes = run_processes(options, started_wall=time.time())
+    codes = run_processes(options, started_wall=began)
+    check_written(study, began)
     killed = [(worker, code) for worker, code in enumerate(codes) if code not in (0, INTERRUPTED)]
     for worker, code in killed:
         print(f"worker {worker} ended with exit code {code}; its running trial goes stale and is retried "
@@ -229,6 +232,15 @@ def counted(trials: list[FrozenTrial]) -> int:
     return sum(t.state in FINISHED or (t.state == TrialState.FAIL and t.number not in retried) for t in trials)
 
 
+def check_written(study: optuna.Study, since: float) -> None:
+    """A trial of this ``kbert tune`` that the OS could not write (no space, read-only) stopped its worker: said
+    in one line, naming the file (the trial is queued again for a rerun once there is room)."""
+    stopped = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("write_error")
+               and t.datetime_start is not None and t.datetime_start.timestamp() >= since]
+    if stopped:
+        raise WriteError(f"trial {stopped[-1].number}: {stopped[-1].user_attrs['write_error']}")
+
+
 def check_completed(study: optuna.Study) -> None:
     """A study with no completed trial is no result: refused with the first failure's reason."""
     trials = study.get_trials(deepcopy=False)
@@ -267,6 +279,8 @@ def after_trial_callback(options: TuneOptions, directory: Path, worker: int, hea
             drop_weights(ranked_trials(study)[options.keep_top:], store)
         failures[:] = failures + [trial.user_attrs.get("error", "?")] if trial.state == TrialState.FAIL else []
         if parent_gone(parent_pid):  # killed or terminated: a worker must not outlive its `kbert tune`
+            stopping.set()
+        if trial.user_attrs.get("write_error"):  # the disk is full or read-only: every next trial would fail too
             stopping.set()
         if len(failures) >= MAX_FAILURES_IN_A_ROW:
             print(f"worker {worker}: {len(failures)} trials in a row failed; stopping. Last error: {failures[-1]}",
