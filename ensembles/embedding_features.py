@@ -39,10 +39,10 @@ from kbert.models.encoders import load_encoder, max_tokens, trains_from_scratch
 from kbert.models.pooling import Pooler
 from kbert.models.tokenizer import special_token_id
 from kbert.pipeline.config import RunConfig, read_yaml, run_config_from_file
+from kbert.pipeline.embed import pooled_vectors
 from kbert.pipeline.fold import make_serializer, tokenize
 from kbert.pipeline.predict import check_fold_models, load_fold_model, refitted
 from kbert.pipeline.provenance import Expected, check_member
-from kbert.pipeline.train import pad_batch
 
 COMPONENTS = 32  # PCA components kept per fold: enough for the text signal, few enough for trees on 1-10k rows
 PREFIX = "emb_"
@@ -132,28 +132,6 @@ def open_run_source(spec: str, run_dir: Path, config: RunConfig, expected: Expec
                            fold_dirs=fold_dirs)
 
 
-def pooled_vectors(encoder: nn.Module, pooler: Pooler, tokens: list[np.ndarray], pad_id: int, normalize: bool,
-                   batch_size: int = BATCH_SIZE) -> np.ndarray:
-    """(len(tokens), pooler.output_size) float32 in input order; batches sorted by length (pipeline/embed.py's
-    loop, with a model's own pooler, layer poolings included)."""
-    encoder.eval()
-    order = np.argsort([len(t) for t in tokens], kind="stable")
-    out = np.zeros((len(tokens), pooler.output_size), dtype=np.float32)
-    for start in range(0, len(tokens), batch_size):
-        index = order[start : start + batch_size]
-        ids, mask = pad_batch([tokens[i] for i in index], length_bucket=8, pad_id=pad_id)
-        if pooler.uses_layers:
-            hidden, _, states = encoder(ids, mask, output_hidden_states=True)
-            vectors = pooler(hidden, mask, states)
-        else:
-            hidden, _ = encoder(ids, mask)
-            vectors = pooler(hidden, mask)
-        if normalize:
-            vectors = vectors / mx.maximum(mx.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
-        out[index] = np.array(vectors)
-    return out
-
-
 def cached_vectors(cache: dict[bytes, np.ndarray], tokens: list[np.ndarray],
                    embed: Callable[[list[np.ndarray]], np.ndarray]) -> np.ndarray:
     """Vectors of ``tokens`` in order, each distinct token sequence embedded once (``embed`` gets the missing ones)."""
@@ -180,8 +158,15 @@ def fold_embeddings(source: EmbeddingSource, config: RunConfig, k: int, train_ro
         pooler = Pooler("mean", encoder.hidden_size)
     pad_id = special_token_id(tokenizer, "pad") or 0
 
+    def vectors(ids: mx.array, mask: mx.array) -> mx.array:
+        if pooler.uses_layers:
+            hidden, _, states = encoder(ids, mask, output_hidden_states=True)
+            return pooler(hidden, mask, states)
+        return pooler(encoder(ids, mask)[0], mask)
+
     def embed(tokens: list[np.ndarray]) -> np.ndarray:
-        return pooled_vectors(encoder, pooler, tokens, pad_id, normalize)
+        encoder.eval()
+        return pooled_vectors(vectors, tokens, pad_id, normalize, BATCH_SIZE)
 
     train_vectors = cached_vectors(cache, tokenize(run_config, tokenizer, serializer, train_rows, 0, k), embed)
     other_tokens = [tokenize(run_config, tokenizer, serializer, rows, 0, k) for rows in others]

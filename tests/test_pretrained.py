@@ -60,6 +60,19 @@ def test_minilm_matches_sentence_transformers_reference(minilm_folder):
     assert cosine[0, 1] > cosine[0, 2]  # the two passengers are closer than passenger vs weather
 
 
+def test_embeddings_are_the_same_bits_on_one_stream_and_on_every_core(minilm_folder, monkeypatch):
+    """A CPU batch runs in fixed chunks (pipeline/embed.py), so the vectors do not depend on the core count."""
+    from kbert.pipeline import embed, streams
+
+    encoder, _, tokenizer = load_encoder("minilm-l6")
+    texts = [f"{sentence} ({i})" for i in range(12) for sentence in SENTENCES]  # 60 texts: several chunks
+    monkeypatch.setattr(embed, "cpu_streams", lambda: streams._streams(3))  # three streams, whatever the cores
+    spread = embed_texts(encoder, tokenizer, texts)
+    monkeypatch.setattr(embed, "cpu_streams", lambda: ())
+    alone = embed_texts(encoder, tokenizer, texts)
+    assert spread.tobytes() == alone.tobytes()
+
+
 def test_a_renamed_key_makes_loading_fail_with_the_key_name(minilm_folder, tmp_path):
     folder = tmp_path / "broken"
     shutil.copytree(minilm_folder, folder)
