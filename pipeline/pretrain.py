@@ -38,6 +38,7 @@ from kbert.pipeline.artifacts import new_run_id
 from kbert.pipeline.config import RunConfig, TrainConfig
 from kbert.pipeline.data import load_competition_data
 from kbert.pipeline.fold import make_serializer, scratch_encoder_config
+from kbert.pipeline.streams import cpu_streams
 from kbert.pipeline.train import make_optimizer, make_train_step, seed_everything
 
 
@@ -265,7 +266,8 @@ def train_masked_lm(model: nn.Module, data: Encoded, eval_batches: list, masking
     ``eval_every`` steps and at the end."""
     optimizer = make_optimizer(model, train_config, settings.steps)
     step = make_train_step(model, optimizer, train_config.max_grad_norm, compiled=train_config.compile,
-                           loss=masked_lm_loss)
+                           loss=masked_lm_loss, streams=cpu_streams(train_config.cpu_streams),
+                           weight=lambda labels: (labels >= 0).sum())  # the loss is a mean over predicted tokens
     rng = np.random.default_rng(settings.seed)
     order = rng.permutation(len(data.ids))
     position, running, history = 0, [], []

@@ -164,7 +164,8 @@ def add_weighted(total, part, weight: float):
 
 def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm: float, compiled: bool = True,
                     loss: Callable = loss_fn, dtype: mx.Dtype = mx.float32,
-                    streams: tuple[mx.Stream, ...] = ()) -> Callable[..., mx.array]:
+                    streams: tuple[mx.Stream, ...] = (),
+                    weight: Callable[[mx.array], mx.array] | None = None) -> Callable[..., mx.array]:
     """One optimizer step of ``loss(model, ids, mask, targets, *columns)``; returns the loss. The caller evaluates
     loss, parameters and optimizer state. ``dtype``: the forward pass runs on a copy of the parameters in that
     precision (pipeline/precision.py); parameters, gradients and optimizer state stay float32.
@@ -172,7 +173,8 @@ def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm:
     ``model.train()`` runs inside the step, so every trace (one per input shape) is a training-mode
     trace: a compiled step keeps the mode it was traced in, whatever mode the model is in later.
     ``streams`` (pipeline/streams.py): the batch's rows split over them, each shard's loss and gradients on its own
-    stream, weighted by its share of the rows; such a step runs eagerly (MLX serializes a compiled graph's streams).
+    stream, weighted by its share of the rows, or of ``weight(targets)`` where the loss is a mean over something
+    else (masked-LM: the predicted tokens); such a step runs eagerly (MLX serializes a compiled graph's streams).
     """
     loss_and_grad = nn.value_and_grad(model, in_precision(loss, dtype))
 
@@ -183,7 +185,9 @@ def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm:
         for stream, rows in zip(streams, shard_rows(ids.shape[0], len(streams))):
             with mx.stream(stream):
                 part = loss_and_grad(model, ids[rows], mask[rows], targets[rows], *(c[rows] for c in columns))
-                total = add_weighted(total, part, (rows.stop - rows.start) / ids.shape[0])
+                share = ((rows.stop - rows.start) / ids.shape[0] if weight is None else
+                         weight(targets[rows]) / mx.maximum(weight(targets), 1))
+                total = add_weighted(total, part, share)
         return total
 
     def step(ids: mx.array, mask: mx.array, targets: mx.array, *columns: mx.array) -> mx.array:

@@ -125,3 +125,38 @@ def test_tiny_pretraining_improves_masked_accuracy_and_kbert_run_and_the_tuning_
         if config.model.encoder == folder_name:
             assert "num_hidden_layers" not in chosen and 3e-4 <= config.train.learning_rate <= 3e-3
     assert seen == {"bert", folder_name}
+
+
+def test_a_masked_lm_step_over_streams_takes_the_step_of_the_whole_batch():
+    """Sharded over streams, each shard's mean over its predicted tokens is weighted by its share of them: the
+    step equals the unsharded one, however the masked tokens fall between the shards."""
+    import mlx.core as mx
+    import mlx.optimizers as optim
+    from mlx.utils import tree_flatten
+
+    from kbert.models.encoders import preset_config
+    from kbert.models.masked_lm import build_masked_lm
+    from kbert.pipeline.pretrain import masked_lm_loss
+    from kbert.pipeline.streams import _streams
+    from kbert.pipeline.train import make_train_step
+
+    values = {**preset_config("bert-tiny"), "vocab_size": 200, "hidden_dropout_prob": 0.0,
+              "attention_probs_dropout_prob": 0.0}
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 200, (6, 12)).astype(np.int32)
+    labels = np.full_like(ids, -100)
+    labels[0, :9] = ids[0, :9]  # the first shard's rows hold most of the predicted tokens
+    labels[5, 3] = ids[5, 3]
+    after = []
+    for streams in ((), _streams(2)):
+        mx.random.seed(0)
+        model, _ = build_masked_lm(values)
+        step = make_train_step(model, optim.SGD(1.0), 1e9, compiled=False, loss=masked_lm_loss, streams=streams,
+                               weight=lambda t: (t >= 0).sum())
+        loss = step(mx.array(ids), mx.ones(ids.shape, dtype=mx.int32), mx.array(labels))
+        mx.eval(loss, model.parameters())
+        after.append((float(loss), dict(tree_flatten(model.parameters()))))
+    (whole, one), (sharded, other) = after
+    assert sharded == pytest.approx(whole, rel=1e-5)
+    for name, value in one.items():
+        assert np.allclose(np.array(value), np.array(other[name]), rtol=1e-4, atol=1e-6), name
