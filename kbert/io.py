@@ -294,6 +294,18 @@ def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def is_numbers(value: Any) -> bool:
+    """A JSON list of numbers (``is_number``)."""
+    return isinstance(value, list) and all(map(is_number, value))
+
+
+def check_field(path: Path, key: str, fits: bool, shape: str, found: str = "") -> None:
+    """A field of a JSON file kbert wrote, in the shape kbert writes it (``fits``); else one line naming the file
+    and the key (``found``: what was there, as the message shows it)."""
+    if not fits:
+        raise KbertError(f"{path}: '{key}' must be {shape}{found}; the file was edited or damaged")
+
+
 def read_json(path: Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """A JSON object from ``path``; a missing, empty, truncated or invalid file, another JSON value than an
     object, or a missing ``required`` key is an error naming the file."""

@@ -39,8 +39,8 @@ import pandas as pd
 import yaml
 
 from kbert.errors import KbertError
-from kbert.io import (check_writable_folder, exclusive_lock, file_sha256, is_number, read_json, read_json_value,
-                      read_npz, read_table, write_csv, write_json, write_npz, write_yaml)
+from kbert.io import (check_field, check_writable_folder, exclusive_lock, file_sha256, is_number, is_numbers, read_json,
+                      read_json_value, read_npz, read_table, write_csv, write_json, write_npz, write_yaml)
 from kbert.models.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from kbert.models.checkpoints import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
 from kbert.models.checkpoints import TOKENIZER_FILE, WEIGHTS_FILE
@@ -268,17 +268,13 @@ def read_metrics(path: Path, required: tuple[str, ...] = ("cv",)) -> dict:
     metrics = read_json(path, required=required)
 
     def check(key: str, value, fits: bool, shape: str) -> None:
-        if not fits:
-            raise KbertError(f"{path}: '{key}' must be {shape}, found {value!r}; the file was edited or damaged")
-
-    def numbers(value) -> bool:
-        return isinstance(value, list) and all(map(is_number, value))
+        check_field(path, key, fits, shape, found=f", found {value!r}")
 
     for key in ("cv", "fold_mean", "fold_std", "wall_time_s"):
         if key in metrics:
             check(key, metrics[key], is_number(metrics[key]), "a number")
     threshold = metrics.get("cv_threshold", 0.5)
-    check("cv_threshold", threshold, is_number(threshold) or numbers(threshold), "a number or a list of numbers")
+    check("cv_threshold", threshold, is_number(threshold) or is_numbers(threshold), "a number or a list of numbers")
     if "task" in metrics:
         check("task", metrics["task"], metrics["task"] in [t.value for t in Task],
               f"one of {', '.join(t.value for t in Task)}")
@@ -291,7 +287,7 @@ def read_metrics(path: Path, required: tuple[str, ...] = ("cv",)) -> dict:
         for key in ("score", "best_epoch", "n_train", "n_valid", "seconds"):  # only the score is always there
             if key == "score" or record.get(key) is not None:
                 check(f"folds[{i}].{key}", record.get(key), is_number(record.get(key)), "a number")
-    for key, inner, fits, shape in (("threshold", "tuned_on_oof", numbers, "a list of numbers"),
+    for key, inner, fits, shape in (("threshold", "tuned_on_oof", is_numbers, "a list of numbers"),
                                     ("calibration", "temperature", is_number, "a number")):
         part = metrics.get(key) or {}
         check(key, part, isinstance(part, dict), "a mapping")

@@ -4,12 +4,12 @@ oof.csv) and the honest CV of each blending method (methods.png)."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from kbert.errors import KbertError
-from kbert.io import is_number, read_json, read_predictions
+from kbert.io import check_field, is_number, is_numbers, read_json, read_predictions
 from kbert.report.page import Page, direction, format_score
 from kbert.report.plots import LOG_METRICS, fit_ylim, pyplot, save_figure
 from kbert.report.target import ENSEMBLE_KEYS
@@ -50,19 +50,14 @@ def ensemble_report(path: Path, out: Path) -> Page:
 def check_sidecar(path: Path, sidecar: dict) -> dict:
     """The sidecar's fields that the page reads, in the shapes kbert ensemble writes them: an edited sidecar is one
     line naming the file and the key, not a traceback halfway through the plots."""
-    def check(key: str, fits: bool, shape: str) -> None:
-        if not fits:
-            raise KbertError(f"{path}: '{key}' must be {shape}; the file was edited or damaged")
-
-    def numbers(value) -> bool:
-        return isinstance(value, list) and all(map(is_number, value))
+    check = partial(check_field, path)
 
     def member(m) -> bool:
         return isinstance(m, dict) and isinstance(m.get("name"), str) and isinstance(m.get("path", ""), str) \
             and is_number(m.get("cv"))
 
     def method(r) -> bool:
-        return isinstance(r, dict) and is_number(r.get("honest_cv")) and numbers(r.get("honest_cv_per_split") or [])
+        return isinstance(r, dict) and is_number(r.get("honest_cv")) and is_numbers(r.get("honest_cv_per_split") or [])
 
     members, weights, methods = sidecar["members"], sidecar["weights"], sidecar.get("methods") or {}
     check("method", isinstance(sidecar["method"], str), "a method's name")

@@ -6,13 +6,14 @@ the task asks."""
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from kbert.errors import KbertError
-from kbert.io import is_number, read_json, read_predictions
+from kbert.io import check_field, is_number, read_json, read_predictions
 from kbert.report.page import Page, direction, format_score
 from kbert.report.plots import (fold_label, plot_binary_calibration, plot_confusion, plot_curves, plot_fold_scores,
                                 plot_importance, plot_label_calibration, plot_label_confusion, plot_residuals,
@@ -140,9 +141,7 @@ IMPORTANCE_KEYS = ("metric", "greater_is_better", "baseline_cv", "columns")
 def check_importance(path: Path, importance: dict) -> dict:
     """What the page reads of importance.json, in the shapes pipeline/importance.py writes it; else one line naming
     the key (the page notes it and goes on without the section)."""
-    def check(key: str, fits: bool, shape: str) -> None:
-        if not fits:
-            raise KbertError(f"{path}: '{key}' must be {shape}; the file was edited or damaged")
+    check = partial(check_field, path)
 
     def entry(e) -> bool:
         return isinstance(e, dict) and isinstance(e.get("column"), str) and is_number(e.get("cv")) \
