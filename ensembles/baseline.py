@@ -44,7 +44,7 @@ from kbert.pipeline.artifacts import (RunResult, check_run_outputs, config_finge
 from kbert.pipeline.config import RunConfig
 from kbert.pipeline.data import data_warnings, load_competition_data
 from kbert.pipeline.fold import fold_warnings, split_folds
-from kbert.pipeline.folds import fold_rows
+from kbert.pipeline.splits import fold_rows
 from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.pipeline.predictions import average_folds, metric_targets, native, predictions_frame, score
 from kbert.pipeline.provenance import Expected

@@ -15,7 +15,7 @@ rows only). For label metrics (accuracy, F1, ...) a cut-off (binary), per-label 
 per-class weights (multiclass) are tuned on the fitting rows as part of the blend.
 
 ``nested_cv`` scores a method on outer folds. Time-series outer folds are forward-chaining as a run's are
-(pipeline/folds.py): each blend is fitted only on the rows before the block it scores, and the first block
+(pipeline/splits.py): each blend is fitted only on the rows before the block it scores, and the first block
 (fold -1) is fitted on but never scored.
 """
 
@@ -31,7 +31,7 @@ from sklearn.model_selection import KFold
 from kbert.errors import KbertError
 from kbert.models.heads import ordinal_class_probabilities
 from kbert.pipeline.config import FoldConfig
-from kbert.pipeline.folds import purge_training_rows
+from kbert.pipeline.splits import purge_training_rows
 from kbert.pipeline.metrics import Metric, get_metric
 from kbert.pipeline.predictions import metric_input, native, tune_label_thresholds, tune_threshold
 from kbert.tasks import Task

@@ -41,7 +41,7 @@ from kbert.models.tokenizer import special_token_id
 from kbert.pipeline.config import RunConfig, read_yaml, run_config_from_file
 from kbert.pipeline.embed import pooled_vectors
 from kbert.pipeline.fold import make_serializer, tokenize
-from kbert.pipeline.predict import check_fold_models, load_fold_model, refitted
+from kbert.pipeline.new_rows import check_fold_models, load_fold_model, refitted
 from kbert.pipeline.provenance import Expected, check_member
 
 COMPONENTS = 32  # PCA components kept per fold: enough for the text signal, few enough for trees on 1-10k rows

@@ -2,7 +2,7 @@
 and write its submission with a sidecar JSON (members, weights, method, honest CV).
 
 Every method is fitted and scored on the rows every member has an OOF prediction for: all of them, unless a
-member was trained on forward-chaining time-series folds, whose first block has none (pipeline/folds.py)."""
+member was trained on forward-chaining time-series folds, whose first block has none (pipeline/splits.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from kbert.errors import KbertError
 from kbert.io import write_json, written_together
 from kbert.pipeline.config import CompetitionConfig
 from kbert.pipeline.data import load_competition_data
-from kbert.pipeline.folds import fold_groups, make_folds
+from kbert.pipeline.splits import fold_groups, make_folds
 from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.pipeline.predictions import metric_targets, native
 from kbert.pipeline.provenance import expected_of

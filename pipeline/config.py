@@ -59,7 +59,7 @@ class FoldConfig:
     k: int = 5
     seed: int = 42
     stratify: bool = True  # classification targets only
-    shuffle: bool = True  # False: forward-chaining blocks in file order (time series; see pipeline/folds.py)
+    shuffle: bool = True  # False: forward-chaining blocks in file order (time series; see pipeline/splits.py)
     purge: int = 0  # with shuffle False: drop this many training rows just before each validation block
     group_column: str = ""  # rows sharing a group stay in one fold (group k-fold; stratified too when stratify)
     group_regex: str = ""  # optional: the group is this regex's first capture group in group_column

@@ -3,7 +3,7 @@
 The stages, in the order pipeline/run.py calls them:
 
     load_encoder_source   once per run: where every fold's encoder starts (from scratch, or pretrained weights)
-    split_folds           once per run: each training row's fold (pipeline/folds.py); ``fold_warnings`` names the
+    split_folds           once per run: each training row's fold (pipeline/splits.py); ``fold_warnings`` names the
                           folds whose training rows miss a class
     fit_fold              the serializer, the fusion's raw-column features (make_tabular), the target transform
                           and (from scratch) the vocabulary, fitted on the fold's training rows only, so
@@ -48,7 +48,7 @@ from kbert.models.tokenizer import encode, fits_in, load_or_train_tokenizer, tok
 from kbert.models.weights import load_state_strict
 from kbert.pipeline.artifacts import write_finished_fold
 from kbert.pipeline.config import CompetitionConfig, RunConfig, adapter_config
-from kbert.pipeline.folds import make_fold_sets
+from kbert.pipeline.splits import make_fold_sets
 from kbert.pipeline.metrics import Metric
 from kbert.pipeline.predictions import predictions_frame, score
 from kbert.pipeline.profile import stage

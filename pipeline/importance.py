@@ -45,8 +45,8 @@ from kbert.models.heads import HeadConfig
 from kbert.pipeline.artifacts import read_metrics
 from kbert.pipeline.config import RunConfig, read_run_file, run_config_from_file
 from kbert.pipeline.fold import RunInputs, make_serializer, make_tabular, to_predictions, tokenize
-from kbert.pipeline.folds import fold_rows
-from kbert.pipeline.predict import check_fold_models, load_fold_model, read_fold_table, refitted, saved_target_transform
+from kbert.pipeline.splits import fold_rows
+from kbert.pipeline.new_rows import check_fold_models, load_fold_model, read_fold_table, refitted, saved_target_transform
 from kbert.pipeline.predictions import score
 from kbert.pipeline.run import prepare_inputs
 from kbert.pipeline.streams import cpu_streams

@@ -34,7 +34,7 @@ from kbert.pipeline.fold import (EncoderSource, FoldPredictions, FoldSplit, RunI
                                  load_encoder_source, make_head_config, make_serializer, split_folds, train_one_fold)
 from kbert.pipeline.fold_processes import (FoldJob, FoldPlan, available_memory, plan_folds, train_folds,
                                            usable_cores, with_streams)
-from kbert.pipeline.folds import fold_rows
+from kbert.pipeline.splits import fold_rows
 from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.pipeline.precision import backend, compute_precision, current_device, resolve_precision, use_device
 from kbert.pipeline.predictions import (average_folds, metric_targets, score,

@@ -44,17 +44,17 @@ from tests.test_auto import options
 from kbert.pipeline import fold_processes, run
 # folds one after another, as tests/conftest.py has the uninterrupted run in the test process train them
 run.plan_folds = lambda requested, *args, **kwargs: fold_processes.plan_folds(1, *args, **kwargs)
-import kbert.auto.run
-kbert.auto.run.SEEDED = ()  # as in the test process
+import kbert.auto.driver
+kbert.auto.driver.SEEDED = ()  # as in the test process
 run_auto(options(Path(sys.argv[1]), Path(sys.argv[2])))
 """
 
 
 def test_auto_runs_every_member_and_resumes_after_sigkill(tmp_path, monkeypatch):
-    import kbert.auto.run
+    import kbert.auto.driver
 
     # Not the seeded baselines that fill a 30-minute limit's time left (tests/test_auto_budget.py has them).
-    monkeypatch.setattr(kbert.auto.run, "SEEDED", ())
+    monkeypatch.setattr(kbert.auto.driver, "SEEDED", ())
     data = small_titanic(tmp_path / "data")
     whole = run_auto(options(data, tmp_path / "whole"), log=lambda _: None)
     board = pd.read_csv(whole.leaderboard)

@@ -1,4 +1,4 @@
-"""kbert auto's scheduler (kbert/auto/budget.py, kbert/auto/run.py) with fake job durations and fake probes:
+"""kbert auto's scheduler (kbert/auto/budget.py, kbert/auto/driver.py) with fake job durations and fake probes:
 estimates come from probes and finished jobs, a run is shrunk before it is skipped, and no job starts that cannot
 finish inside the limit; the final ensemble's reserve, timed; the state, checked when read."""
 
@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from kbert.auto import run as driver
+from kbert.auto import driver as driver
 from kbert.auto.budget import FIXED_SECONDS, PRIOR_RATE, Estimator
-from kbert.auto.run import AutoOptions, run_auto
+from kbert.auto.driver import AutoOptions, run_auto
 from kbert.auto.state import JobState, Status
 from kbert.pipeline.probe import RunProbe
 
@@ -290,7 +290,7 @@ def test_a_state_that_is_not_what_kbert_auto_wrote_is_refused_and_one_auto_runs_
 
 
 def test_folds_side_by_side_finish_in_waves():
-    from kbert.auto.run import remaining_seconds
+    from kbert.auto.driver import remaining_seconds
 
     # One at a time: each remaining fold as long as the mean so far (as before).
     assert remaining_seconds(100.0, 2, 3, 1) == pytest.approx(150.0)

@@ -535,7 +535,7 @@ def test_paired_bootstrap_of_a_blend_against_the_best_member():
 
 def test_forward_chaining_nested_cv_fits_each_blend_on_earlier_rows_only():
     from kbert.pipeline.config import FoldConfig
-    from kbert.pipeline.folds import make_folds
+    from kbert.pipeline.splits import make_folds
 
     rng = np.random.default_rng(9)
     n, purge = 120, 5

@@ -7,7 +7,7 @@ from sklearn.model_selection import TimeSeriesSplit
 
 from kbert.errors import KbertError
 from kbert.pipeline.config import FoldConfig
-from kbert.pipeline.folds import folds_path, load_or_make_folds, make_folds, purge_training_rows
+from kbert.pipeline.splits import folds_path, load_or_make_folds, make_folds, purge_training_rows
 
 HEADS = Path(__file__).resolve().parent.parent / "benchmarks" / "heads"
 
@@ -57,7 +57,7 @@ def test_too_few_rows_for_the_folds_is_a_clear_error(titanic_train):
 
 
 def test_group_folds_keep_each_group_in_one_fold():
-    from kbert.pipeline.folds import fold_groups
+    from kbert.pipeline.splits import fold_groups
 
     rows = pd.DataFrame({"PassengerId": [f"{g:04d}_{m:02d}" for g in range(40) for m in range(1 + g % 3)]})
     rows["y"] = [i % 2 for i in range(len(rows))]

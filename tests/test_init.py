@@ -158,7 +158,7 @@ def test_init_then_auto_submits_what_the_sample_submission_holds(sample, tmp_pat
     assert spec.get("classes") == (["fresh", "rotten"] if sample == "strings" else None)
 
     monkeypatch.chdir(tmp_path)
-    from kbert.auto import run as driver
+    from kbert.auto import driver as driver
 
     monkeypatch.setattr(driver, "SEEDED", ())  # not the seeded baselines that fill the time left
     result = run_auto(AutoOptions("table", 180, out_dir="runs", submissions_dir="subs", progress=False,

@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kbert.auto import run as driver
-from kbert.auto.run import AutoOptions, run_auto
+from kbert.auto import driver as driver
+from kbert.auto.driver import AutoOptions, run_auto
 from kbert.auto.state import JobState, Status
 from kbert.ensembles.members import select_members
 from kbert.errors import KbertError

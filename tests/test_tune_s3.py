@@ -29,7 +29,7 @@ from optuna.trial import TrialState
 from kbert.errors import KbertError
 from kbert.pipeline.fold_processes import THREAD_VARIABLES, usable_cores
 from kbert.tune import TuneOptions, load_study
-from kbert.tune.artifacts import open_artifact_store
+from kbert.tune.trial_store import open_artifact_store
 from kbert.tune.space import write_space_file
 from tests.postgres import free_port
 from tests.test_tune import TINY_SPACE

@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from kbert.pipeline.config import load_competition  # noqa: E402
 from kbert.pipeline.data import load_competition_data  # noqa: E402
-from kbert.pipeline.folds import fold_rows  # noqa: E402
+from kbert.pipeline.splits import fold_rows  # noqa: E402
 from kbert.pipeline.metrics import get_metric  # noqa: E402
 
 RUNS = {  # name -> competition (a bundled name or a YAML path)

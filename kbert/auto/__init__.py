@@ -6,6 +6,6 @@
 - leaderboard.py: the table, leaderboard.csv and its HTML report
 """
 
-from kbert.auto.run import AutoOptions, AutoResult, run_auto
+from kbert.auto.driver import AutoOptions, AutoResult, run_auto
 
 __all__ = ["AutoOptions", "AutoResult", "run_auto"]

@@ -6,7 +6,7 @@
   with the mean correction so far (geometric).
 - A tabular baseline is priced by its work (training rows x feature columns) at a rate in seconds a unit: its
   own kind's measured rate, else the prior below scaled by how much faster this machine ran the other baselines
-  than their priors. Once it has fitted its first fold it is priced again from that fit (kbert/auto/run.py).
+  than their priors. Once it has fitted its first fold it is priced again from that fit (kbert/auto/driver.py).
   The priors were measured on a 2-core x86-64 Linux CPU (2026-11) and rounded up.
 
 ``fits`` is the rule: a job starts only if its estimate fits in what is left, less the final ensemble's reserve

@@ -11,7 +11,7 @@
 6. Extra seeds of the best encoder configuration (``--seeds``), one member.
 7. A tuning study (``kbert tune``) in the time left; its best three trials join when they beat the best encoder
    run. ``balanced`` and ``best`` also run more epochs and more trials.
-8. In the time left after the study (kbert/auto/run.py ``more_seeds``): the best encoder configuration with other
+8. In the time left after the study (kbert/auto/driver.py ``more_seeds``): the best encoder configuration with other
    seeds, then the gradient-boosted baselines with other seeds, each while it fits.
 
 Every job is a member folder named ``auto-<job>`` under ``runs/<competition>/``: a job whose folder holds a

@@ -73,7 +73,7 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
 def fetch_study_trials(args: argparse.Namespace) -> None:
     from kbert.names import check_name
     from kbert.tune import TuneOptions
-    from kbert.tune.artifacts import fetch_study
+    from kbert.tune.trial_store import fetch_study
 
     check_name(args.study, "--study")
     options = TuneOptions(competition=args.competition, study=args.study, storage=args.storage or "",

@@ -43,7 +43,7 @@ def add_parser(commands) -> None:
 def cmd_predict(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kbert.pipeline.predict import predict_run, resolve_run_dir
+    from kbert.pipeline.new_rows import predict_run, resolve_run_dir
 
     if not (Path(args.run) / "config.yaml").is_file():
         check_run_id(args.run, "kbert predict RUN")

@@ -32,12 +32,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from kbert.io import removed_on_refusal, write_text
-from kbert.report.ensembles import ensemble_report
+from kbert.report.ensemble_page import ensemble_report
 from kbert.report.page import Page, format_score, render_html
 from kbert.report.plots import pyplot
-from kbert.report.runs import run_report
-from kbert.report.studies import study_report
-from kbert.report.target import output_folder, resolve_target
+from kbert.report.run_page import run_report
+from kbert.report.study_page import study_report
+from kbert.report.resolve import output_folder, resolve_target
 
 __all__ = ["Page", "format_score", "render_html", "resolve_target", "write_report"]
 

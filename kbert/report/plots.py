@@ -6,7 +6,7 @@
   ``plot_curves`` (curves.png);
 - the OOF predictions against the truth, drawn for a run: ``plot_confusion``, ``plot_binary_calibration``,
   ``plot_top_label_calibration``, ``plot_label_confusion``, ``plot_label_calibration`` and ``plot_residuals``
-  (which of them a task gets is ``kbert.report.runs.oof_plots``);
+  (which of them a task gets is ``kbert.report.run_page.oof_plots``);
 - a run's column importance (``kbert report --importance``, pipeline/importance.py): ``plot_importance``;
 - the helpers the ensemble plots share: ``fit_ylim``.
 """

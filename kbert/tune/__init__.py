@@ -32,7 +32,7 @@ import optuna
 
 from kbert.tune.objective import Abandoned, TrialContext, make_objective
 from kbert.tune.options import DEFAULT_STUDY, PRUNERS, TuneOptions, format_duration, parse_duration
-from kbert.tune.report import best_config, serve_dashboard, trials_table, write_report
+from kbert.tune.summary import best_config, serve_dashboard, trials_table, write_report
 from kbert.tune.storage import Heartbeats, fail_stale_trials, open_storage
 from kbert.tune.study import (FINISHED, keep_top_checkpoints, load_study, make_pruner, ranked_trials,
                               remove_unfinished_folders, resolve_trial_config, study_dir, trial_dir)

@@ -5,7 +5,7 @@ the OOF score, the fold scores, the run folder and the memory the trial took are
 A trial that raises fails with its reason in the ``error`` attribute and the study goes on; Ctrl-C, the
 --timeout deadline or a vanished ``kbert tune`` process abandon it after its current fold (kbert/tune/workers.py
 queues it again). Its half-written folder is removed in every case but success. With ``--artifacts`` a completed
-trial's folder is uploaded before the trial is told (kbert/tune/artifacts.py). A trial started when the trials
+trial's folder is uploaded before the trial is told (kbert/tune/trial_store.py). A trial started when the trials
 before it already make ``--trials`` (two workers raced for the last one) fails at once as not needed.
 """
 
@@ -30,7 +30,7 @@ from optuna.trial import TrialState
 
 from kbert.errors import WriteError
 from kbert.pipeline.config import CompetitionConfig
-from kbert.tune.artifacts import open_artifact_store, upload_trial
+from kbert.tune.trial_store import open_artifact_store, upload_trial
 from kbert.tune.options import TuneOptions, format_duration
 from kbert.tune.space import Param, sample, to_overrides
 from kbert.tune.study import resolve_trial_config, trial_dir

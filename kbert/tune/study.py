@@ -4,7 +4,7 @@ only, no folders of unfinished ones).
 
 One study lives in ``runs/<competition>/<study>/``: ``journal.log`` (kbert/tune/storage.py), ``trial-<NNNN>/``
 per completed trial in the run artifact layout (config.yaml, oof.csv, test.csv, metrics.json, folds/<k>/), so
-that any trial can be blended, and ``report/`` (kbert/tune/report.py).
+that any trial can be blended, and ``report/`` (kbert/tune/summary.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from kbert.io import removed_on_refusal
 from kbert.names import check_name
 from kbert.pipeline.config import CompetitionConfig, RunConfig, load_competition, resolve_run_config
 from kbert.pipeline.fold_processes import usable_cores
-from kbert.tune.artifacts import open_artifact_store
+from kbert.tune.trial_store import open_artifact_store
 from kbert.tune.options import DEFAULT_PRUNE_P, DEFAULT_PRUNER, PRUNERS, TuneOptions
 from kbert.tune.space import Param, default_params, parse_space, space_entries, to_overrides
 from kbert.tune.storage import journal_path, open_storage, storage_label

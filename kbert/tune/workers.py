@@ -40,7 +40,7 @@ from kbert.errors import KbertError, WriteError
 from kbert.models import runtime
 from kbert.pipeline.fold_processes import (PROCESS_MEMORY, available_memory, memory_holds, thread_environment,
                                            usable_cores)
-from kbert.tune.artifacts import drop_weights, open_artifact_store
+from kbert.tune.trial_store import drop_weights, open_artifact_store
 from kbert.tune.objective import make_objective, parent_gone
 from kbert.tune.options import TuneOptions, format_duration
 from kbert.tune.storage import (Heartbeats, fail_stale_trials, forget_finished, heartbeats_of, queued_again, retry,

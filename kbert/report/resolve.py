@@ -34,7 +34,7 @@ def resolve_target(target: str, runs_dir: str = "runs") -> tuple[str, Path]:
     if path.is_dir() and not (path / "config.yaml").is_file():
         raise KbertError(f"{path}: neither a run folder (config.yaml), a study folder (journal.log) nor an "
                          "ensemble sidecar .json")
-    from kbert.pipeline.predict import resolve_run_dir  # imports MLX: only when the target may be a run
+    from kbert.pipeline.new_rows import resolve_run_dir  # imports MLX: only when the target may be a run
 
     return "run", resolve_run_dir(target, runs_dir)
 

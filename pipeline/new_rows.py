@@ -30,7 +30,7 @@ from kbert.pipeline.calibration import apply_temperature
 from kbert.pipeline.config import RunConfig, run_config_from_file
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
 from kbert.pipeline.fold import make_serializer, make_tabular, to_predictions, tokenize
-from kbert.pipeline.folds import fold_rows
+from kbert.pipeline.splits import fold_rows
 from kbert.pipeline.predictions import average_folds, predictions_frame
 from kbert.pipeline.targets import TargetTransform, encode_targets
 from kbert.pipeline.precision import resolve_precision, use_device

@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from kbert.errors import KbertError
 from kbert.io import atomic_write, write_text
-from kbert.tune.artifacts import fetch_trials, open_artifact_store
+from kbert.tune.trial_store import fetch_trials, open_artifact_store
 from kbert.tune.options import TuneOptions, format_duration
 from kbert.tune.study import load_study, ranked_trials, trial_dir
 

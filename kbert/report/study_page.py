@@ -9,8 +9,8 @@ from pathlib import Path
 
 from kbert.io import atomic_write
 from kbert.report.page import Page, direction, format_score
-from kbert.report.runs import fold_figures, read_histories
-from kbert.report.target import REPORT_FOLDER
+from kbert.report.run_page import fold_figures, read_histories
+from kbert.report.resolve import REPORT_FOLDER
 
 STUDY_PLOTS = ("history.png", "importances.png", "parallel_coordinate.png")  # drawn by kbert.tune.write_report
 

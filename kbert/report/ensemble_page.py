@@ -12,7 +12,7 @@ import numpy as np
 from kbert.io import check_field, is_number, is_numbers, read_json, read_predictions
 from kbert.report.page import Page, direction, format_score
 from kbert.report.plots import LOG_METRICS, fit_ylim, pyplot, save_figure
-from kbert.report.target import ENSEMBLE_KEYS
+from kbert.report.resolve import ENSEMBLE_KEYS
 
 
 def ensemble_report(path: Path, out: Path) -> Page:
