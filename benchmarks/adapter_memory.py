@@ -59,7 +59,7 @@ def worker(mode: str, steps: int, batch: int, seq: int) -> dict:
     report = None
     name, overrides, recompute = MODES[mode]
     if name is not None:
-        report = apply_adapters(model, resolve_adapter(name, **overrides))
+        report = apply_adapters(model, resolve_adapter(name, overrides))
     set_recompute(model.encoder, recompute)
     mx.eval(model.parameters())
     weight_bytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))

@@ -18,8 +18,8 @@ other's. ``--same-process`` runs both in this process instead (kbert's settings 
         --seq 128 --batch 32 --infer-batch 128            # on a GPU: kbert bf16/fp32 against PyTorch fp32/autocast
 
 ``--pooling`` is kbert's pooler: "cls" (the default, as `kbert run`'s) reads the first token, so kbert's last layer
-computes that token alone (models/bert.py ``first_token_only``; transformers computes every token's); "mean" reads
-every token, so both sides do the same matmuls: ``--pooling cls mean`` shows both ratios.
+computes that token alone (models/outputs.py ``Recording(first_token=True)``; transformers computes every
+token's); "mean" reads every token, so both sides do the same matmuls: ``--pooling cls mean`` shows both ratios.
 
 ``--precision bf16`` is kbert's mixed precision (pipeline/precision.py: float32 master weights, the passes in
 bf16) against PyTorch's ``torch.autocast(dtype=torch.bfloat16)`` with float32 weights; ``--device gpu`` puts
@@ -117,16 +117,16 @@ def mlx_setup(size: dict, seq: int, compiled: bool, device: str = "cpu", precisi
     from kbert.models.task_model import build_task_model
     from kbert.pipeline.precision import DTYPES, use_device
     from kbert.pipeline.streams import cpu_streams
-    from kbert.pipeline.train import make_forward, make_train_step
+    from kbert.pipeline.train import Execution, make_forward, make_train_step
 
     use_device(device)
     streams = cpu_streams()  # one per core on a CPU, as `kbert run` shards its batches
     values = {**size, "max_position_embeddings": max(512, seq) + 2, "add_pooling_layer": False}
     model = build_task_model(values, "binary", pooling, 0.1)
     optimizer = optim.AdamW(learning_rate=5e-5, weight_decay=0.01)
-    step = make_train_step(model, optimizer, max_grad_norm=1.0, compiled=compiled, dtype=DTYPES[precision],
-                           streams=streams)
-    forward = make_forward(model, compiled=compiled, dtype=DTYPES[precision], streams=streams)
+    execution = Execution(compiled, DTYPES[precision], streams)
+    step = make_train_step(model, optimizer, max_grad_norm=1.0, execution=execution)
+    forward = make_forward(model, execution)
 
     def train_step(ids, mask, targets):
         loss = step(ids, mask, targets)

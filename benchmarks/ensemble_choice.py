@@ -34,7 +34,7 @@ def main() -> None:
     parser.add_argument("competitions", nargs="+")
     args = parser.parse_args()
     from kbert.auto.budget import Estimator
-    from kbert.ensembles.ensemble import build_ensemble
+    from kbert.ensembles.ensemble import EnsembleSpec, build_ensemble
     from kbert.pipeline.config import load_competition
 
     import kbert
@@ -52,8 +52,8 @@ def main() -> None:
         timed = {}
         for repeats in (1, 3):  # kbert auto's interim blend (1 outer split) and its final ensemble (3)
             began = time.perf_counter()
-            result = build_ensemble(load_competition(name), ",".join(members), "all", args.runs, seed=42,
-                                    write=False, repeats=repeats, log=lambda _: None)
+            result = build_ensemble(load_competition(name), EnsembleSpec(",".join(members), seed=42, repeats=repeats),
+                                    runs_dir=args.runs, log=lambda _: None)
             timed[repeats] = time.perf_counter() - began
         reserve = Estimator(ensemble_seconds=timed[1] / len(members)).ensemble_estimate(len(members))
         honest = getattr(result, "honest", None)

@@ -34,12 +34,12 @@ def worker(streams: int, seq: int, steps: int, reps: int) -> None:
 
     from kbert.models.task_model import build_task_model
     from kbert.pipeline.streams import cpu_streams
-    from kbert.pipeline.train import make_train_step
+    from kbert.pipeline.train import Execution, make_train_step
 
     mx.random.seed(0)
     model = build_task_model(SIZE, "binary", "cls", 0.1)
     optimizer = optim.AdamW(learning_rate=1e-3, weight_decay=0.01)
-    step = make_train_step(model, optimizer, 1.0, compiled=True, streams=cpu_streams(streams))
+    step = make_train_step(model, optimizer, 1.0, execution=Execution(compiled=True, streams=cpu_streams(streams)))
     rng = np.random.default_rng(0)
     ids = mx.array(rng.integers(5, SIZE["vocab_size"], (32, seq)).astype(np.int32))
     mask, targets = mx.ones((32, seq), dtype=mx.int32), mx.array(rng.integers(0, 2, 32).astype(np.float32))

@@ -1,26 +1,9 @@
-"""Adversarial validation: can a model tell the training rows from the test rows? If it can, the test set is
-drawn from another distribution than the one cross-validation scores on, and CV is optimistic about the
-leaderboard.
+"""Adversarial validation: can a model tell the training rows from the test rows? If it can, CV is optimistic.
 
-The training rows (targets dropped) are stacked on the test rows with a label, 0 for train and 1 for test, and
-``kbert baseline``'s gradient-boosted trees (ensembles/baseline.py: same column kinds, same preparation, same
-pipeline) learn to predict that label, cross-validated over the stacked rows. Every transform (category codes,
-target means, imputation) is fitted on each fold's training part only, so a column that merely names a row
-cannot separate the files by being memorised. The id column is left out, and so are columns with a distinct
-value on almost every row (names), as the baseline does; short text the trees do not read (Titanic's names) is
-reported as not read rather than ranked with a zero importance.
-
-The out-of-fold ROC AUC is the drift figure: 0.5 means the files look alike. Verdict cut-offs:
-
-- AUC < 0.55: no detectable drift
-- 0.55 <= AUC <= 0.7: mild drift
-- AUC > 0.7: strong drift
-
-Which columns carry the difference: permutation importance (scikit-learn) on each fold's held-out rows, scored
-by ROC AUC, averaged over folds, one figure per column of the prepared frame (the raw columns plus the
-competition's engineered features; each is permuted as it is and the fold's pipeline transforms it). The
-training rows the model finds most test-like are listed too: they make a validation set that resembles the
-test set. The result goes to ``<out>/<competition>/adversarial.json`` so that later commands can read it.
+``kbert baseline``'s gradient-boosted trees learn to tell the stacked rows apart, cross-validated with every
+transform fitted on each fold's training part; the out-of-fold ROC AUC is the drift (< 0.55 none, up to 0.7 mild,
+above strong), permutation importance names the columns behind it, and the most test-like training rows are
+listed. The result goes to ``<out>/<competition>/adversarial.json``.
 """
 
 from __future__ import annotations
@@ -124,8 +107,7 @@ def adversarial_validation(config: RunConfig, folds: int = 5, seed: int | None =
     fold_aucs, drops, read = [], [], set()
     splitter = StratifiedKFold(folds, shuffle=True, random_state=seed)
     # One OpenMP thread: the trees are small and the permutations are hundreds of small predictions, where
-    # threads waiting on each other cost more than they give (titanic on two busy cores: 6 s with one thread,
-    # 114 s with two).
+    # threads waiting on each other cost more than they give (benchmarks/NOTES.md).
     with threadpool_limits(1, user_api="openmp"):
         for k, (train_index, valid_index) in enumerate(splitter.split(X, labels)):
             try:

@@ -1,17 +1,9 @@
-"""Tabular baselines as ensemble members: gradient-boosted trees or a linear model on the competition's raw
-columns plus its engineered features, trained on the same folds as ``kbert run`` and written in the same
-run-artifact format (inputs.json, config.yaml, folds.csv, oof.csv, test.csv, metrics.json, a submission). The output
-folders are checked before anything is written; a refusal at any stage removes what the command created.
+"""Tabular baselines as ensemble members: gradient-boosted trees or a linear model on the competition's raw columns
+plus its engineered features, trained on ``kbert run``'s folds and written in the same run-artifact format.
 
-Models: ``hgb`` (scikit-learn HistGradientBoosting, the default), ``logreg`` (logistic regression, or for
-regression an outlier-trimmed lasso, on standardised numbers with the skewed ones log-scaled, one-hot
-categories and TF-IDF text), ``lgbm`` and ``catboost`` (optional extras, used only when installed).
-Categorical columns with many distinct values (tickets, cabins) are target-encoded, cross-fitted (CatBoost
-does its own); one with a distinct value on almost every row (a name, an id) is dropped, and trees skip
-short text (names), which only the linear model's TF-IDF can use. Every transform (category codes, target
-means, TF-IDF vocabulary, scaling, imputation) is part of a scikit-learn pipeline fitted on the fold's
-training rows only. With ``--embeddings`` an encoder's pooled text embeddings, reduced per fold, join the raw
-columns (ensembles/embedding_features.py).
+Models: ``hgb`` (the default), ``logreg``, and ``lgbm`` and ``catboost`` where installed. Every transform (category
+codes, target means, TF-IDF, scaling, imputation) is part of a scikit-learn pipeline fitted on the fold's training
+rows only; ``--embeddings`` adds an encoder's reduced text embeddings (ensembles/embedding_features.py).
 """
 
 from __future__ import annotations
@@ -178,7 +170,7 @@ def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, tra
             estimator = LogisticRegression(C=1.0, max_iter=3000)
         else:  # the lasso's penalty is picked by a 5-fold CV on the fold's training rows
             estimator = TrimmedRegressor(LassoCV(alphas=np.logspace(-4.5, -1, 15), cv=5, max_iter=20000))
-        # Dense without text: the lasso's coordinate descent runs about 5x faster on a dense matrix.
+        # Dense without text: the lasso's coordinate descent is faster on a dense matrix.
         return chain(ColumnTransformer(parts, sparse_threshold=0.3 if kinds.text else 0.0), estimator)
 
     # Trees: numbers as they are, categories as integer codes (or target means), text as TF-IDF SVD components.
@@ -189,8 +181,8 @@ def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, tra
         parts.append(("target-encoded", target_encoder(classify, seed), many))
     text_components = 0
     for c in kinds.text:
-        # Short strings (passenger names) as SVD components are noise to trees (Titanic's HGB: 0.848 without,
-        # 0.838 with); the linear model still reads their words.
+        # Short strings (passenger names) as SVD components are noise to trees (benchmarks/NOTES.md); the linear
+        # model still reads their words.
         tokens = train_rows[c].str.lower().str.split()
         if tokens.str.len().mean() > TREE_TEXT_MIN_WORDS and len(set(tokens.explode().dropna())) > 64:
             parts.append((f"text:{c}", chain(TfidfVectorizer(min_df=2, sublinear_tf=True, max_features=5000),
@@ -232,12 +224,24 @@ def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, tra
     return chain(transformer, estimator)
 
 
-def fit_predict_fold(model: str, task: str, train_rows: pd.DataFrame, train_targets: np.ndarray,
-                     others: list[pd.DataFrame], classes: int, seed: int, log_target: bool,
-                     exclude: tuple[str, ...] = ()) -> list[np.ndarray]:
+@dataclass(frozen=True)
+class Baseline:
+    """What every fold of a baseline fits: the model (``MODELS``), the task, its number of classes (0 without),
+    whether a numeric target is learnt as log1p, and the columns never read (the id)."""
+
+    model: str
+    task: str
+    classes: int = 0
+    log_target: bool = False
+    exclude: tuple[str, ...] = ()
+
+
+def fit_predict_fold(baseline: Baseline, train_rows: pd.DataFrame, train_targets: np.ndarray,
+                     others: list[pd.DataFrame], seed: int) -> list[np.ndarray]:
     """Fit on ``train_rows`` alone, then predict each frame in ``others``: prediction tables (rows, columns)
     as in ensembles/blend.py (binary P(positive), class probabilities, label probabilities or values)."""
-    kinds = column_kinds(train_rows, exclude)
+    model, task, classes, log_target = baseline.model, baseline.task, baseline.classes, baseline.log_target
+    kinds = column_kinds(train_rows, baseline.exclude)
     X = prepare(train_rows, kinds)
     frames = [prepare(rows, kinds) for rows in others]
     if Task(task).classes:
@@ -322,7 +326,8 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
             identifiers = column_kinds(features, exclude=(comp.id_column,)).identifiers
             if identifiers:
                 log(f"not used, a distinct value per row: {', '.join(identifiers)}")
-            classes = len(targets.classes) if targets.classes is not None else 0
+            baseline = Baseline(model, task, len(targets.classes) if targets.classes is not None else 0, log_target,
+                                exclude=(comp.id_column,))
             oof: np.ndarray | None = None
             test_tables, fold_scores, fold_records = [], [], []
             for k in range(comp.folds.k):
@@ -330,11 +335,10 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
                 train_index, valid_index = rows[k]
                 frames = [features.iloc[train_index], features.iloc[valid_index], test_features]
                 if source is not None:
-                    frames = with_embeddings(source, config, k, frames[0], frames[1:], run_dir / "folds" / str(k), log)
+                    frames = with_embeddings(source, config, k, frames, run_dir / "folds" / str(k), log)
                 try:
-                    valid_table, test_table = fit_predict_fold(model, task, frames[0], fit_targets[train_index],
-                                                               frames[1:], classes, config.seed + k, log_target,
-                                                               exclude=(comp.id_column,))
+                    valid_table, test_table = fit_predict_fold(baseline, frames[0], fit_targets[train_index],
+                                                               frames[1:], config.seed + k)
                 except ValueError as exc:  # scikit-learn's refusal of too few rows (its early-stopping split, ...)
                     raise KbertError(f"fold {k + 1}/{comp.folds.k}: the {model} baseline cannot be fitted on its "
                                      f"{len(train_index)} training rows: {exc}") from None
@@ -356,10 +360,8 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
             oof_predictions, test_predictions = native(task, oof), native(task, average_folds(test_tables))
             covered = fold_of_row >= 0
             cv = score(metric, task, truth[covered], oof_predictions[covered], 0.5, targets.classes)
-            write_predictions(run_dir, comp, targets.classes, train[comp.id_column], oof_predictions,
-                              data.test[comp.id_column], test_predictions)
-            submission_path = write_predictions_submission(comp, test_predictions, targets.classes, 0.5,
-                                                           data.test[comp.id_column], data.sample_submission,
+            write_predictions(run_dir, expected, oof_predictions, test_predictions)
+            submission_path = write_predictions_submission(expected, test_predictions, 0.5, data.sample_submission,
                                                            submission_path)
             seconds = time.perf_counter() - started
             write_json(run_dir / "metrics.json", {

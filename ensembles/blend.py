@@ -1,22 +1,9 @@
-"""Blending predictions: fold averaging for one run, and methods that learn how to combine several members'
-out-of-fold (OOF) predictions, each scored honestly with nested cross-validation.
+"""Blending predictions: fold averaging for one run, and methods that combine several members' out-of-fold
+predictions, each scored honestly with nested cross-validation (``nested_cv``).
 
-Shapes: a member's predictions are a table (rows, columns): binary (n, 1) P(positive), multiclass and ordinal
-(n, C) class probabilities, multilabel (n, L) label probabilities, regression (n, 1) and timeseries (n, H)
-values. ``P`` stacks the members: (members, rows, columns). Regression tables are blended in the metric's own
-space (log for rmse_log, log1p for rmsle), classification tables as probabilities.
-
-Methods (``fit_blend``): ``mean``, ``top-k`` (mean of the k best members on the fitting rows), ``weighted``
-(non-negative weights summing to 1, minimising log loss or squared error with scipy's SLSQP), ``rank``
-(mean of each member's rank against its own fitting-row predictions; binary and multilabel), ``hill``
-(Caruana's greedy selection with replacement on the competition metric: sorted initialisation, bagged
-rounds) and ``stack`` (logistic or ridge meta-model, its regularisation chosen by an inner CV on the fitting
-rows only). For label metrics (accuracy, F1, ...) a cut-off (binary), per-label cut-offs (multilabel) or
-per-class weights (multiclass) are tuned on the fitting rows as part of the blend.
-
-``nested_cv`` scores a method on outer folds. Time-series outer folds are forward-chaining as a run's are
-(pipeline/splits.py): each blend is fitted only on the rows before the block it scores, and the first block
-(fold -1) is fitted on but never scored.
+``P`` stacks the members' prediction tables as (members, rows, columns); regression is blended in the metric's
+own space, classification as probabilities. Methods (``fit_blend``): ``mean``, ``top-k``, ``weighted``, ``rank``,
+``hill`` and ``stack``; time-series outer folds are forward-chaining, as a run's are.
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
-"""Encoder embeddings as features of a tabular baseline (``kbert baseline --embeddings SOURCE``): the standard way to
-give gradient-boosted trees the text signal.
+"""Encoder embeddings as features of a tabular baseline (``kbert baseline --embeddings SOURCE``).
 
-SOURCE is either a finished kbert run on the same competition and the same folds, whose fold models are fine-tuned,
-or a pretrained encoder (``minilm-l6``, a model folder, a Hub id), the same for every fold.
-
-- A run: fold k's baseline reads the pooled vectors of fold k's model of that run (its encoder and pooler, as the
-  run pools) for its training, validation and test rows, serialized and tokenized as that run did (its serializer
-  refitted on the fold's training rows must reproduce the saved serializer.json). The validation rows are embedded
-  by a model that never trained on them; the run's folds.csv must therefore equal the baseline's folds. (A run's
-  fold model was early-stopped on that fold's validation rows: its embeddings carry the same mild optimism as the
-  run's own OOF score.)
-- A pretrained encoder: the competition's serialized text, mean-pooled and L2-normalised (the sentence encoders'
-  recipe), the serializer fitted on each fold's training rows. The encoder is fixed, so a text's vector is cached
-  between folds.
-
-Per fold, a PCA of at most ``COMPONENTS`` components is fitted on the fold's training rows' vectors only and saved
-(``folds/<k>/embedding_reducer.json``); its projections become the numeric columns ``emb_0..emb_31`` next to the
-raw features. The training rows are embedded in a call of their own, before any other row, so that (bit for bit)
-nothing of a fold's validation rows reaches its reducer.
+SOURCE is a finished kbert run on the same folds (fold k's baseline reads fold k's model, so no validation row is
+embedded by a model that trained on it) or a pretrained encoder (mean-pooled, the same for every fold). Per fold a
+PCA of at most ``COMPONENTS`` components, fitted on the training rows' vectors only, gives ``emb_0..`` columns.
 """
 
 from __future__ import annotations
@@ -159,17 +144,15 @@ def fold_embeddings(source: EmbeddingSource, config: RunConfig, k: int, train_ro
     pad_id = special_token_id(tokenizer, "pad") or 0
 
     def vectors(ids: mx.array, mask: mx.array) -> mx.array:
-        if pooler.uses_layers:
-            hidden, _, states = encoder(ids, mask, output_hidden_states=True)
-            return pooler(hidden, mask, states)
-        return pooler(encoder(ids, mask)[0], mask)
+        out = encoder(ids, mask, output_hidden_states=pooler.uses_layers)
+        return pooler(out.last_hidden_state, mask, out.hidden_states)
 
     def embed(tokens: list[np.ndarray]) -> np.ndarray:
         encoder.eval()
         return pooled_vectors(vectors, tokens, pad_id, normalize, BATCH_SIZE)
 
-    train_vectors = cached_vectors(cache, tokenize(run_config, tokenizer, serializer, train_rows, 0, k), embed)
-    other_tokens = [tokenize(run_config, tokenizer, serializer, rows, 0, k) for rows in others]
+    train_vectors = cached_vectors(cache, tokenize(run_config, tokenizer, serializer, train_rows, fold=(0, k)), embed)
+    other_tokens = [tokenize(run_config, tokenizer, serializer, rows, fold=(0, k)) for rows in others]
     together = cached_vectors(cache, [t for tokens in other_tokens for t in tokens], embed)
     bounds = np.cumsum([0] + [len(tokens) for tokens in other_tokens])
     mx.clear_cache()
@@ -190,10 +173,11 @@ def reducer_statistics(reducer: PCA, source: EmbeddingSource) -> dict:
             "explained_variance_ratio": reducer.explained_variance_ratio_.tolist()}
 
 
-def with_embeddings(source: EmbeddingSource, config: RunConfig, k: int, train_rows: pd.DataFrame,
-                    others: list[pd.DataFrame], fold_dir: Path, log=print) -> list[pd.DataFrame]:
-    """``train_rows`` and each frame of ``others`` with the columns ``emb_0..`` appended: the fold's embeddings,
-    reduced by a PCA fitted on ``train_rows`` alone and saved in ``fold_dir``."""
+def with_embeddings(source: EmbeddingSource, config: RunConfig, k: int, frames: list[pd.DataFrame], fold_dir: Path,
+                    log=print) -> list[pd.DataFrame]:
+    """Each of ``frames`` (fold ``k``'s training rows, then the rows it predicts) with the columns ``emb_0..``
+    appended: the fold's embeddings, reduced by a PCA fitted on the training rows alone and saved in ``fold_dir``."""
+    train_rows, others = frames[0], frames[1:]
     taken = [c for c in train_rows.columns if str(c).startswith(PREFIX)]
     if taken:
         raise KbertError(f"--embeddings: the features already hold column(s) {', '.join(map(str, taken[:3]))}; "

@@ -13,24 +13,87 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kbert.ensembles.blend import (METHODS, BlendOptions, HonestResult, Problem, applicable_methods, apply_blend,
+from kbert.ensembles.blend import (METHODS, Blend, BlendOptions, HonestResult, Problem, applicable_methods, apply_blend,
                                    apply_decision, fit_blend, metric_predictions, nested_choice, nested_cv,
                                    paired_bootstrap, score_table)
 from kbert.ensembles.members import Member, common_rows, select_members
 from kbert.errors import KbertError
 from kbert.io import write_json, written_together
-from kbert.pipeline.config import CompetitionConfig
-from kbert.pipeline.data import load_competition_data
+from kbert.pipeline.config import CompetitionConfig, FoldConfig
+from kbert.pipeline.data import CompetitionData, load_competition_data
 from kbert.pipeline.splits import fold_groups, make_folds
 from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.pipeline.predictions import metric_targets, native
-from kbert.pipeline.provenance import expected_of
+from kbert.pipeline.provenance import Expected, expected_of
 from kbert.pipeline.submission import write_predictions_submission
 from kbert.pipeline.targets import encode_targets, raw_targets
 from kbert.tasks import Task, submission_kind
 
 
-@dataclass
+@dataclass(frozen=True)
+class EnsembleSpec:
+    """What ``kbert ensemble`` blends and how it scores the blends.
+
+    Args:
+        members: "all", "top:K" or comma-separated run ids under runs/<competition>/.
+        methods: "all", "best" (all, then the best) or a comma list of methods.
+        folds: the nested CV's outer folds.
+        repeats: outer splits with seeds seed, seed + 1, ...; the honest CV is their mean.
+        seed: the outer splits' seed and the paired bootstrap's.
+        options: the blends' own options (default: ``BlendOptions`` with ``seed``).
+    """
+
+    members: str = "all"
+    methods: str = "all"
+    folds: int = 5
+    repeats: int = 3
+    seed: int = 0
+    options: BlendOptions | None = None
+
+    @property
+    def blend_options(self) -> BlendOptions:
+        return self.options or BlendOptions(seed=self.seed)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The members on the rows every one of them has an OOF prediction for, and the outer splits that score them."""
+
+    competition: CompetitionConfig
+    data: CompetitionData
+    expected: Expected  # what every member matched
+    problem: Problem  # on ``rows``
+    members: list[Member]
+    rows: np.ndarray
+    P: np.ndarray  # (members, rows, ...) OOF predictions
+    T: np.ndarray  # (members, test rows, ...) test predictions
+    fold_of_row: np.ndarray  # (repeats, rows): each row's outer fold in each outer split
+    outer: FoldConfig  # the outer folds' settings
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Each member and each method scored by nested CV (``score_methods``)."""
+
+    member_scores: list[float]  # each member's OOF score at the default cut-off
+    member_honest: list[float]  # each member alone with its cut-off tuned by the same nested CV
+    results: dict[str, HonestResult]  # each method's own nested CV
+    selected_single: HonestResult  # the best member, picked inside each outer fold (top-1)
+    choice_nested: bool  # more than one method: the choice among them is part of the honest score
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The submitted method and the whole procedure's honest score (``choose_method``)."""
+
+    chosen: str  # the method with the best nested CV on every row
+    honest: HonestResult  # each outer fold choosing its method on its own rows
+    best_member: int
+    # The chosen method's honest score minus the best member's OOF score, with a 95% paired-bootstrap interval.
+    against_best: tuple[float, float, float] | None
+
+
+@dataclass(frozen=True)
 class EnsembleResult:
     members: list[Member]
     member_scores: list[float]  # each member's OOF score at the default cut-off
@@ -46,6 +109,10 @@ class EnsembleResult:
     against_best: tuple[float, float, float] | None = None
     submission_path: Path | None = None
     sidecar_path: Path | None = None
+    final: Blend | None = None  # the chosen method fitted on every row
+    pool: Pool | None = None
+    spec: EnsembleSpec = field(default_factory=EnsembleSpec)
+    choice_nested: bool = False
 
 
 def load_problem(competition: CompetitionConfig, data_dir: str | None):
@@ -61,110 +128,139 @@ def load_problem(competition: CompetitionConfig, data_dir: str | None):
     return data, targets, problem
 
 
-def outer_folds(competition: CompetitionConfig, train: pd.DataFrame, stratify: np.ndarray | None, k: int, seed: int,
-                repeats: int = 1) -> np.ndarray:
+def outer_folds(competition: CompetitionConfig, train: pd.DataFrame, stratify: np.ndarray | None,
+                spec: EnsembleSpec) -> np.ndarray:
     """The nested CV's outer splits, (repeats, rows): the competition's fold strategy (stratified, grouped, ...)
-    with seeds seed, seed + 1, ...; forward-chaining time-series folds do not depend on the seed: one split."""
+    with ``spec.folds`` folds and seeds seed, seed + 1, ...; forward-chaining time-series folds do not depend on
+    the seed: one split."""
     stratify = None if stratify is None else pd.Series(stratify)
     sets = []
-    for r in range(repeats if competition.folds.shuffle else 1):
-        config = replace(competition.folds, k=k, seed=seed + r)
+    for r in range(spec.repeats if competition.folds.shuffle else 1):
+        config = replace(competition.folds, k=spec.folds, seed=spec.seed + r)
         groups = fold_groups(train, config, competition.train_file)
         sets.append(make_folds(train[competition.id_column], stratify, config, groups)["fold"].to_numpy())
     return np.stack(sets)
 
 
-def build_ensemble(competition: CompetitionConfig, members_spec: str = "all", methods: str = "all",
-                   runs_dir: str = "runs", submissions_dir: str = "submissions", data_dir: str | None = None,
-                   folds: int = 5, seed: int = 0, options: BlendOptions | None = None, write: bool = True,
-                   repeats: int = 3, log=print, name: str | None = None) -> EnsembleResult:
-    """Score ``methods`` ("all", "best" = all then the best, or a comma list) by nested CV over ``folds`` outer
-    folds, repeated over ``repeats`` outer splits (the honest CV is their mean: one split moves it by a
-    passenger or two on Titanic); write the submission of the chosen method (the single named one, or the
-    best honest CV) as ``<submissions_dir>/<competition>/<name>.csv`` (default ``ensemble-<method>-<time>``)."""
-    options = options or BlendOptions(seed=seed)
+def build_ensemble(competition: CompetitionConfig, spec: EnsembleSpec = EnsembleSpec(), *, runs_dir: str = "runs",
+                   data_dir: str | None = None, log=print) -> EnsembleResult:
+    """Score the members and ``spec.methods`` by nested CV, choose the method with the best honest CV (or the single
+    one named) and fit it on every row; ``write_ensemble`` writes its submission."""
+    pool = load_pool(competition, spec, runs_dir=runs_dir, data_dir=data_dir, log=log)
+    scores = score_methods(pool, spec)
+    return fit_chosen(pool, spec, scores, choose_method(pool, spec, scores))
+
+
+def load_pool(competition: CompetitionConfig, spec: EnsembleSpec, *, runs_dir: str, data_dir: str | None,
+              log) -> Pool:
+    """The members of ``spec.members`` under ``runs_dir``, on the rows they all cover, and the outer splits."""
     data, targets, problem = load_problem(competition, data_dir)
-    id_column = competition.id_column
-    competition_dir = Path(runs_dir) / competition.name
-    members = select_members(competition_dir, members_spec, expected_of(competition, data),
+    expected = expected_of(competition, data)
+    members = select_members(Path(runs_dir) / competition.name, spec.members, expected,
                              problem.metric.greater_is_better, log=log)
     rows = common_rows(members)  # all rows, unless a member has time-series folds (no OOF for their first block)
     if len(rows) < len(data.train):
         log(f"blending on the {len(rows)} of {len(data.train)} training rows that every member has an OOF "
             "prediction for")
-    problem = problem.on_rows(rows)
-    P = np.stack([m.oof[rows] for m in members])
-    T = np.stack([m.test for m in members])
-    if repeats < 1 or folds < 2:
-        raise KbertError(f"the nested CV needs --outer-folds >= 2 and --outer-repeats >= 1, got {folds} and {repeats}")
+    if spec.repeats < 1 or spec.folds < 2:
+        raise KbertError(f"the nested CV needs --outer-folds >= 2 and --outer-repeats >= 1, got {spec.folds} and "
+                         f"{spec.repeats}")
     stratify = None if targets.stratify is None else np.asarray(targets.stratify)[rows]
-    fold_of_row = outer_folds(competition, data.train.iloc[rows].reset_index(drop=True), stratify, folds, seed,
-                              repeats)
-    outer = replace(competition.folds, k=folds)
+    fold_of_row = outer_folds(competition, data.train.iloc[rows].reset_index(drop=True), stratify, spec)
+    return Pool(competition=competition, data=data, expected=expected, problem=problem.on_rows(rows), members=members,
+                rows=rows, P=np.stack([m.oof[rows] for m in members]), T=np.stack([m.test for m in members]),
+                fold_of_row=fold_of_row, outer=replace(competition.folds, k=spec.folds))
 
-    names = applicable_methods(problem) if methods in ("all", "best") else [m.strip() for m in methods.split(",")]
+
+def score_methods(pool: Pool, spec: EnsembleSpec) -> Scores:
+    """Each member alone and each method of ``spec.methods``, scored by nested CV on the pool's outer splits."""
+    problem, P, options = pool.problem, pool.P, spec.blend_options
+    names = (applicable_methods(problem) if spec.methods in ("all", "best")
+             else [m.strip() for m in spec.methods.split(",")])
     unknown = [m for m in names if m not in METHODS]
     if unknown:
         raise KbertError(f"unknown ensemble method(s) {unknown}; known: {', '.join(METHODS)}")
-    member_scores = [score_table(problem, P[j]) for j in range(len(members))]
-    member_honest = [nested_cv("mean", P[[j]], problem, fold_of_row, options, outer).score
-                     for j in range(len(members))]
-    results = {name: nested_cv(name, P, problem, fold_of_row, options, outer) for name in names}
+    member_scores = [score_table(problem, P[j]) for j in range(len(pool.members))]
+    member_honest = [nested_cv("mean", P[[j]], problem, pool.fold_of_row, options, pool.outer).score
+                     for j in range(len(pool.members))]
+    results = {name: nested_cv(name, P, problem, pool.fold_of_row, options, pool.outer) for name in names}
     # Choosing the best member by its OOF score is itself a fit: this is that choice, scored honestly.
-    selected_single = nested_cv("top-k", P, problem, fold_of_row, replace(options, top_k=1), outer)
+    selected_single = nested_cv("top-k", P, problem, pool.fold_of_row, replace(options, top_k=1), pool.outer)
+    return Scores(member_scores, member_honest, results, selected_single, choice_nested=len(names) > 1)
+
+
+def choose_method(pool: Pool, spec: EnsembleSpec, scores: Scores) -> Choice:
+    """The method with the best nested CV, the whole procedure's honest score, and that score against the best
+    member's (paired bootstrap over the scored rows)."""
+    problem, results = pool.problem, scores.results
     better = (lambda r: -r.score) if problem.metric.greater_is_better else (lambda r: r.score)
     chosen = min(results.values(), key=better).method
     # So is choosing the method: the honest score is the whole procedure's, each outer fold choosing on its own rows.
-    honest = results[chosen] if len(names) == 1 else nested_choice(results, P, problem, options)
-    best_member = (np.argmax if problem.metric.greater_is_better else np.argmin)(member_scores)
+    honest = nested_choice(results, pool.P, problem, spec.blend_options) if scores.choice_nested else results[chosen]
+    best_member = int((np.argmax if problem.metric.greater_is_better else np.argmin)(scores.member_scores))
     scored = honest.scored_rows  # all rows but a forward-chaining outer split's first block
     against_best = paired_bootstrap(problem.on_rows(scored), honest.predictions,
-                                    metric_predictions(problem, P[best_member])[scored], seed=seed)
+                                    metric_predictions(problem, pool.P[best_member])[scored], seed=spec.seed)
+    return Choice(chosen, honest, best_member, against_best)
 
-    final = fit_blend(chosen, P, problem, np.arange(P.shape[1]), options)
+
+def fit_chosen(pool: Pool, spec: EnsembleSpec, scores: Scores, choice: Choice) -> EnsembleResult:
+    """The chosen method fitted on every row: its weights (or a stack's coefficients, when one a member)."""
+    members = pool.members
+    final = fit_blend(choice.chosen, pool.P, pool.problem, np.arange(pool.P.shape[1]), spec.blend_options)
     weights = {}
     if final.weights is not None:
         weights = {m.name: round(float(w), 6) for m, w in zip(members, final.weights)}
     coefficients = None
     if final.meta and len(final.meta) == 1 and np.asarray(final.meta[0].best_estimator_.coef_).size == len(members):
         coefficients = np.asarray(final.meta[0].best_estimator_.coef_).ravel().round(6).tolist()
-    result = EnsembleResult(members=members, member_scores=member_scores, member_honest=member_honest,
-                            results=results, chosen=chosen, honest=honest, weights=weights,
-                            selected_single=selected_single,
-                            coefficients=coefficients, best_member=members[best_member].name,
-                            against_best=against_best)
-    if not write:
-        return result
+    return EnsembleResult(members=members, member_scores=scores.member_scores, member_honest=scores.member_honest,
+                          results=scores.results, chosen=choice.chosen, honest=choice.honest, weights=weights,
+                          selected_single=scores.selected_single, coefficients=coefficients,
+                          best_member=members[choice.best_member].name, against_best=choice.against_best,
+                          final=final, pool=pool, spec=spec, choice_nested=scores.choice_nested)
 
-    test_table = apply_decision(problem.task, apply_blend(final, T, problem.task), final.decision)
+
+def write_ensemble(result: EnsembleResult, submissions_dir: str = "submissions",
+                   name: str | None = None) -> EnsembleResult:
+    """The chosen blend's submission ``<submissions_dir>/<competition>/<name>.csv`` (default
+    ``ensemble-<method>-<time>``) and its sidecar JSON (members, weights, method, honest CV), written together."""
+    pool, final, problem = result.pool, result.final, result.pool.problem
+    test_table = apply_decision(problem.task, apply_blend(final, pool.T, problem.task), final.decision)
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}"
-    path = Path(submissions_dir) / competition.name / f"{name or f'ensemble-{chosen}-{stamp}'}.csv"
-    record = {
-        "competition": competition.name, "metric": problem.metric.name,
-        "greater_is_better": problem.metric.greater_is_better, "method": chosen,
+    path = Path(submissions_dir) / pool.competition.name / f"{name or f'ensemble-{result.chosen}-{stamp}'}.csv"
+    with written_together():  # the record and the submission it describes appear together, or neither does
+        sidecar = write_json(path.with_suffix(".json"), ensemble_record(result, path))
+        submission = write_predictions_submission(pool.expected, native(problem.task, test_table),
+                                                  final.decision.threshold, pool.data.sample_submission, path)
+    return replace(result, submission_path=submission, sidecar_path=sidecar)
+
+
+def ensemble_record(result: EnsembleResult, path: Path) -> dict:
+    """The sidecar JSON of the submission at ``path``."""
+    pool, final, spec, honest = result.pool, result.final, result.spec, result.honest
+    metric = pool.problem.metric
+    return {
+        "competition": pool.competition.name, "metric": metric.name,
+        "greater_is_better": metric.greater_is_better, "method": result.chosen,
         "honest_cv": honest.score, "honest_cv_per_split": honest.repeat_scores,
-        "method_choice_nested": len(names) > 1, "chosen_per_outer_fold": choices(honest),
-        "in_sample_cv": results[chosen].in_sample,
-        "outer_folds": folds, "outer_repeats": len(fold_of_row), "seed": seed, "rows_blended": len(rows),
+        "method_choice_nested": result.choice_nested, "chosen_per_outer_fold": choices(honest),
+        "in_sample_cv": result.results[result.chosen].in_sample,
+        "outer_folds": spec.folds, "outer_repeats": len(pool.fold_of_row), "seed": spec.seed,
+        "rows_blended": len(pool.rows),
         "decision": final.decision.to_dict(),
-        "weights": weights,
+        "weights": result.weights,
         "stack_coefficients": ([np.asarray(m.best_estimator_.coef_).round(4).tolist() for m in final.meta]
                                if final.meta else None),
         "members": [{"name": m.name, "path": str(m.path), "cv": s, "cv_tuned_nested": h}
-                    for m, s, h in zip(members, member_scores, member_honest)],
+                    for m, s, h in zip(result.members, result.member_scores, result.member_honest)],
         "methods": {name: {"honest_cv": r.score, "honest_cv_per_split": r.repeat_scores, "in_sample_cv": r.in_sample}
-                    for name, r in results.items()},
-        "best_member_selected_in_nested_cv": selected_single.score,
-        "honest_cv_minus_best_member": (None if against_best is None else
-                                        dict(zip(("difference", "low_95", "high_95"), against_best))),
+                    for name, r in result.results.items()},
+        "best_member_selected_in_nested_cv": result.selected_single.score,
+        "honest_cv_minus_best_member": (None if result.against_best is None else
+                                        dict(zip(("difference", "low_95", "high_95"), result.against_best))),
         "submission": str(path),
     }
-    with written_together():  # the record and the submission it describes appear together, or neither does
-        result.sidecar_path = write_json(path.with_suffix(".json"), record)
-        result.submission_path = write_predictions_submission(competition, native(problem.task, test_table),
-                                                              targets.classes, final.decision.threshold,
-                                                              data.test[id_column], data.sample_submission, path)
-    return result
 
 
 def choices(honest: HonestResult) -> dict[str, int]:

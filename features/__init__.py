@@ -1,31 +1,18 @@
 """Feature rows -> text: the bottom layer that the pipeline builds on (it imports only ``kbert.errors``,
-``kbert.io``, ``kbert.tasks`` and itself, never the pipeline, models, ensembles, tuning or the CLI).
+``kbert.io``, ``kbert.tasks`` and itself).
 
-What lives here:
+- ``base.py``: ``Serializer``, the fit/transform contract every serializer satisfies;
+- ``generic.py``: the ``list``, ``sentence`` and ``template`` styles, configured from a competition's YAML alone;
+- ``tabular.py``: the raw columns as arrays for a fusion head (``--fusion``);
+- per competition (``titanic.py``, ``spaceship_titanic.py``, ``house_prices.py``, ``tweets.py``):
+  ``add_features(rows) -> rows`` and, for Titanic, its own serializer. ``SERIALIZERS`` and ``FEATURES`` map the
+  YAML names to them.
 
-- ``base.py``: ``Serializer``, the scikit-learn style contract every serializer satisfies:
-  ``fit(rows) -> self``, ``transform(rows, rng=None, fits=None) -> list[str]`` and
-  ``fitted_statistics() -> dict`` (saved per fold as serializer.json, compared by ``kbert predict``).
-- ``generic.py``: ``TableSerializer``, the ``list``, ``sentence`` and ``template`` styles, configured from
-  a competition's YAML (``text:``) alone.
-- ``titanic.py``: ``TitanicSerializer``, hand-written English sentences for Titanic passengers.
-- ``tabular.py``: ``TabularFeatures``, the raw columns as arrays for a fusion head (``--fusion``): quantile-
-  transformed numbers with missing flags and category indices, on the same fit/transform contract.
-- Per-competition feature functions ``add_features(rows) -> rows`` (``titanic.py``, ``spaceship_titanic.py``,
-  ``house_prices.py``, ``tweets.py``): pure and label-free, run over train and test together before any
-  fold is cut, named in a competition's YAML as ``features: <name>`` only where YAML alone cannot say it.
-
-``SERIALIZERS`` and ``FEATURES`` map the YAML names to them; ``add_features(name, train, test)`` runs one.
-
-The rule that keeps validation scores honest: a serializer is fitted on a fold's training rows only.
-Anything learned from data (columns, quantile bin edges, fare bands) is a fitted attribute whose name ends
-in ``_``, set only by ``fit``; the constructor stores its settings unchanged, and ``transform`` of
-validation or test rows never changes a fitted attribute. Feature functions learn nothing: they may count
-over train and test (ticket and travel-group sizes) but never see a target.
+The rule that keeps validation scores honest: a serializer is fitted on a fold's training rows only, and whatever
+it learns is an attribute ending in ``_`` set only by ``fit``. Feature functions learn nothing and never see a target.
 """
 
 from collections.abc import Callable
-from functools import partial
 
 import pandas as pd
 
@@ -39,9 +26,9 @@ __all__ = ["FEATURES", "GENERIC_SERIALIZERS", "SERIALIZERS", "Serializer", "Tabl
            "add_features"]
 
 GENERIC_SERIALIZERS = ("list", "sentence", "template")  # features/generic.py, configured from YAML alone
-# YAML ``text.serializer`` name -> a constructor taking the text settings as keywords.
+# YAML ``text.serializer`` name -> its serializer (pipeline/fold.py ``make_serializer`` builds it)
 SERIALIZERS: dict[str, Callable[..., Serializer]] = {
-    **{style: partial(TableSerializer, style=style) for style in GENERIC_SERIALIZERS},
+    **{style: TableSerializer for style in GENERIC_SERIALIZERS},
     "titanic": TitanicSerializer,
 }
 FEATURES: dict[str, Callable[[pd.DataFrame], pd.DataFrame]] = {

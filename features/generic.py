@@ -1,26 +1,9 @@
-"""Generic serializers that need no Python per competition, chosen in YAML under ``text:``.
+"""Generic serializers chosen in YAML under ``text:``: ``list`` (``Age: 22; Sex: male``), ``sentence`` (``The age is
+22.``) and ``template`` (a user's ``str.format`` template over the rendered columns).
 
-- ``list``: ``Age: 22; Sex: male; ...``
-- ``sentence``: ``The age is 22. The sex is male.`` (the TabLLM "text template" serialization)
-- ``template``: a user-written ``str.format`` template over the rendered columns, ``"{Name} ({Age})"``
-
-Column handling, shared by all three: which columns and in what order (``columns``), numbers as they are,
-rounded to a few significant digits, as quantile-bin words, or rounded with their percentile among the training
-rows ("7.25, 12th percentile"), the bin edges and percentiles fitted on the training fold only
-(``numeric: raw | round | bins | percentile``), or numbers left out where a fusion head reads them instead
-(``omit_numbers``; list and sentence styles), missing values as "unknown" or left out
-(``missing: unknown | drop``), and readable words for codes (``mappings: {column: {code: word}}``).
-``fit`` sees the training rows only and sets the fitted attributes (``columns_``, ``numeric_columns_``,
-``integer_columns_``, ``bin_edges_``; see features/base.py for the contract), so validation and test rows
-cannot leak.
-
-Augmentation (``transform(rows, rng)``, training rows and test-time augmentation only): the column
-order is shuffled per row, the phrasing is drawn from a few paraphrases (``list``/``sentence``) or
-from ``paraphrases`` (``template``), and numbers are jittered by a relative ``jitter`` but kept inside
-their fitted quantile bin, so a jittered value never crosses into the next bin.
-
-Token budget (``transform(rows, fits=...)``): a row whose text does not fit loses its least important
-columns, the end of ``priority`` (default: ``columns`` order) first, until it fits.
+``fit`` sees the training rows only and sets the fitted attributes (features/base.py); ``transform(rows, rng)``
+augments (column order, phrasing, numbers jittered within their fitted bin) and ``transform(rows, fits=...)`` drops
+the least important columns (the end of ``priority``) from a row whose text does not fit.
 """
 
 from __future__ import annotations
@@ -30,7 +13,7 @@ import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Self
+from typing import Any, Self
 
 import numpy as np
 import pandas as pd
@@ -100,43 +83,43 @@ def is_number_column(values: pd.Series, mapped: bool) -> bool:
 
 @dataclass
 class TableSerializer:
-    """``style`` is list, sentence or template; see the module docstring for the options. A ``Serializer``
-    (features/base.py): the fields are the settings, stored as given; ``fit`` sets the attributes ending
-    in ``_``."""
+    """A ``Serializer`` (features/base.py) configured by ``text``, a competition's text settings (a
+    kbert.pipeline.config.TextConfig, where each is declared: its serializer is the style, list, sentence or
+    template), and ``exclude``, the id and target columns; both stored as given. ``fit`` sets the attributes
+    ending in ``_``."""
 
-    style: str = "list"
-    template: str = ""
-    columns: list[str] | None = None
+    text: Any
     exclude: tuple[str, ...] = ()
-    numeric: str = "raw"
-    bins: int = 5
-    missing: str = "unknown"
-    mappings: dict[str, dict] = field(default_factory=dict)
-    priority: list[str] | None = None  # most important first; the end is dropped first when over budget
-    paraphrases: list[str] = field(default_factory=list)  # template style: alternative templates
-    shuffle_columns: bool = True  # augmentation: shuffle the column order (list and sentence)
-    paraphrase: bool = True  # augmentation: draw a phrasing per row
-    jitter: float = 0.05  # augmentation: relative numeric jitter, kept inside the value's quantile bin
-    omit_numbers: bool = False  # leave numeric columns out of the text (a fusion head reads them)
     # Fitted on the training rows by ``fit``, absent before it (not constructor arguments):
     columns_: list[str] = field(init=False, repr=False, compare=False)  # the serialized columns, in order
     numeric_columns_: set[str] = field(init=False, repr=False, compare=False)  # rendered as numbers
     integer_columns_: set[str] = field(init=False, repr=False, compare=False)  # whole in training: jitter rounds
     bin_edges_: dict[str, np.ndarray] = field(init=False, repr=False, compare=False)  # quantile edges per numeric
 
+    @property
+    def style(self) -> str:
+        return self.text.serializer
+
+    @property
+    def omit_numbers(self) -> bool:
+        """Numeric columns stay out of the text (``text.numbers: omit``): a fusion head reads them."""
+        return self.text.numbers == "omit"
+
     def fit(self, rows: pd.DataFrame) -> Self:
         """Check the text settings against a fold's training rows, then fit the attributes ending in ``_``
         on those rows only."""
-        if self.numeric not in NUMERIC_MODES:
-            raise KbertError(f"text.numeric must be one of {', '.join(NUMERIC_MODES)}, got '{self.numeric}'")
-        if self.missing not in MISSING_MODES:
-            raise KbertError(f"text.missing must be one of {', '.join(MISSING_MODES)}, got '{self.missing}'")
-        if self.style == "template" and not self.template:
+        if self.text.numeric not in NUMERIC_MODES:
+            raise KbertError(f"text.numeric must be one of {', '.join(NUMERIC_MODES)}, got '{self.text.numeric}'")
+        if self.text.missing not in MISSING_MODES:
+            raise KbertError(f"text.missing must be one of {', '.join(MISSING_MODES)}, got '{self.text.missing}'")
+        if self.style == "template" and not self.text.template:
             raise KbertError("text.serializer 'template' needs a text.template")
         if self.style == "template" and self.omit_numbers:
             raise KbertError("text.numbers omit works with the list and sentence serializers; a template names its "
                              "columns itself: leave the numeric ones out of text.template instead")
-        columns = self.columns if self.columns is not None else [c for c in rows.columns if c not in self.exclude]
+        columns = self.text.columns
+        if columns is None:
+            columns = [c for c in rows.columns if c not in self.exclude]
         if not columns:
             raise KbertError(f"{self.style} serializer: no columns to serialize (text.columns is empty, or every "
                              "column is the target or the id)")
@@ -146,25 +129,25 @@ class TableSerializer:
         leaked = [c for c in columns if c in self.exclude]
         if leaked:
             raise KbertError(f"{self.style} serializer: text.columns includes the target or id column(s) {leaked}")
-        unknown = [c for c in (self.priority or []) if c not in columns]
+        unknown = [c for c in (self.text.priority or []) if c not in columns]
         if unknown:
             raise KbertError(f"{self.style} serializer: text.priority names column(s) {unknown} not in text.columns")
         if self.style == "template":
-            for template in (self.template, *self.paraphrases):
+            for template in (self.text.template, *self.text.paraphrases):
                 names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
                 unknown = [name for name in names if name not in columns]
                 if unknown:
                     raise KbertError(f"text.template names {', '.join(repr(n) for n in unknown)}, not a column of "
                                      f"the data; available: {', '.join(columns)}")
         if self.omit_numbers:
-            columns = [c for c in columns if not is_number_column(rows[c], c in self.mappings)]
+            columns = [c for c in columns if not is_number_column(rows[c], c in self.text.mappings)]
             if not columns:
                 raise KbertError(f"text.numbers omit: every column of the {self.style} serializer is numeric, so no "
                                  f"text would be left; use text.numbers both")
-        numeric_columns = {c for c in columns if is_number_column(rows[c], c in self.mappings)}
+        numeric_columns = {c for c in columns if is_number_column(rows[c], c in self.text.mappings)}
         # Quantile bin edges, from the training rows only: bin words, and the bounds of numeric jitter.
         bin_edges, integer_columns = {}, set()
-        bins = PERCENTILE_BINS if self.numeric == "percentile" else self.bins
+        bins = PERCENTILE_BINS if self.text.numeric == "percentile" else self.text.bins
         quantiles = np.linspace(0, 1, bins + 1)[1:-1]
         for c in sorted(numeric_columns):
             values = rows[c].dropna().to_numpy(dtype=float)
@@ -189,7 +172,7 @@ class TableSerializer:
         index = int(np.searchsorted(edges, value, side="right"))
         low = edges[index - 1] if index > 0 else -np.inf
         high = np.nextafter(edges[index], -np.inf) if index < len(edges) else np.inf
-        new = float(np.clip(value * (1.0 + self.jitter * rng.standard_normal()), low, high))
+        new = float(np.clip(value * (1.0 + self.text.jitter * rng.standard_normal()), low, high))
         if column in self.integer_columns_:
             rounded = float(np.round(new))
             new = rounded if low <= rounded <= high else value
@@ -198,20 +181,20 @@ class TableSerializer:
     def render(self, column: str, value: object, rng: np.random.Generator | None = None) -> str | None:
         """One cell as text; None when it is missing and ``missing`` is "drop"."""
         if is_missing(value):
-            return None if self.missing == "drop" else "unknown"
-        if column in self.mappings:
-            mapping = self.mappings[column]
+            return None if self.text.missing == "drop" else "unknown"
+        if column in self.text.mappings:
+            mapping = self.text.mappings[column]
             key = format_value(value)
             return str(mapping.get(key, mapping.get(value, key)))
         if column in self.numeric_columns_:
-            if rng is not None and self.jitter > 0 and self.numeric != "bins":
+            if rng is not None and self.text.jitter > 0 and self.text.numeric != "bins":
                 value = self.jittered(column, float(value), rng)
             edges = self.bin_edges_.get(column)
-            if self.numeric == "bins" and edges is not None and len(edges):
+            if self.text.numeric == "bins" and edges is not None and len(edges):
                 return bin_word(float(value), edges)
-            if self.numeric == "percentile" and edges is not None and len(edges):
+            if self.text.numeric == "percentile" and edges is not None and len(edges):
                 return percentile_text(float(value), edges)
-            if self.numeric == "round":
+            if self.text.numeric == "round":
                 return round_value(float(value))
         return format_value(value)
 
@@ -225,20 +208,21 @@ class TableSerializer:
     def row_text(self, row, rng: np.random.Generator | None = None, fits: Callable[[str], bool] | None = None) -> str:
         cells = [(c, self.render(c, v, rng)) for c, v in zip(self.columns_, row)]
         if self.style == "template":
-            templates = [self.template, *self.paraphrases]
-            template = templates[rng.integers(len(templates))] if rng is not None and self.paraphrase else self.template
+            templates = [self.text.template, *self.text.paraphrases]
+            drawn = rng is not None and self.text.paraphrase
+            template = templates[rng.integers(len(templates))] if drawn else self.text.template
             fields = {c: ("unknown" if text is None else text) for c, text in cells}
             try:
                 return re.sub(r"\s+", " ", template.format(**fields)).strip()
             except (KeyError, IndexError, ValueError) as exc:
                 raise KbertError(f"text.template: {exc!r}; available fields: {self.columns_}") from None
         present = [(c, text) for c, text in cells if text is not None]
-        if rng is not None and self.shuffle_columns:
+        if rng is not None and self.text.shuffle_columns:
             present = [present[i] for i in rng.permutation(len(present))]
-        phrasing = int(rng.integers(len(LIST_PHRASINGS))) if rng is not None and self.paraphrase else 0
+        phrasing = int(rng.integers(len(LIST_PHRASINGS))) if rng is not None and self.text.paraphrase else 0
         text = self.join(present, phrasing)
         if fits is not None and not fits(text):
-            for column in reversed(self.priority or self.columns_):  # least important first
+            for column in reversed(self.text.priority or self.columns_):  # least important first
                 present = [(c, t) for c, t in present if c != column]
                 text = self.join(present, phrasing)
                 if fits(text) or not present:

@@ -1,20 +1,8 @@
 """Feature rows -> the arrays a fusion head reads beside the text (``--fusion concat|gated``).
 
-scikit-learn's fit/transform contract, as the serializers (features/base.py): the constructor stores its
-settings, ``fit`` sees a fold's training rows only and sets the attributes ending in ``_``, ``transform`` reads
-them and changes nothing, so validation and test rows cannot move a fitted statistic.
-
-- **Numeric columns** (numeric dtype, not bool) go through scikit-learn's ``QuantileTransformer`` to a standard
-  normal, fitted per column on the training rows' non-missing values; a missing value becomes 0 with a missing
-  flag of 1 beside it. ``transform`` gives ``(rows, 2 * numeric columns)`` float32: the values, then the flags.
-- **Categorical columns** (every other column that repeats: its categories seen at least ``min_count`` times in
-  the training rows cover at least half of its non-missing values; an id-like column such as a name or ticket
-  does not) get one index per such category. Index 0 is shared by every category not kept (rare in training, or
-  never seen: a new category at predict time), index 1 is "missing". ``transform`` gives ``(rows, categorical
-  columns)`` int32.
-
-``fitted_statistics()`` is saved per fold as tabular.json; ``kbert predict`` refits on the fold's training rows
-and requires it to be equal, as it does for serializer.json.
+On the serializers' fit/transform contract (features/base.py): numeric columns are quantile-transformed to a
+standard normal with a missing flag each (float32), and repeating categorical columns get an index per kept
+category, 0 for rare or unseen, 1 for missing (int32). ``fitted_statistics()`` is saved per fold as tabular.json.
 """
 
 from __future__ import annotations

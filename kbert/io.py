@@ -1,19 +1,9 @@
 """Files: atomic writes, checked reads, output folders checked before use, locks, and taking back what a refused
 command created.
 
-Writes go to a temp file beside the target, then a rename: nothing is ever half-written. Reads of the artifacts
-kbert writes itself (``read_json``, ``read_npz``, ``read_table``, ``read_predictions``) turn a missing, truncated
-or edited file into one KbertError line naming the file; safetensors and tokenizer files have their checked
-readers beside their formats (models/weights.py ``read_safetensors``, models/tokenizer.py ``read_tokenizer``), YAML
-in pipeline/config.py (``read_yaml``) and the user's data CSVs in pipeline/data.py (``read_csv``).
-
-An OS error while writing (no space, read-only, quota) is one KbertError line naming the file, and the file
-keeps its previous content. ``written_together()`` publishes several files at once: a record and the file it
-describes appear together or not at all.
-
-``removed_on_refusal()`` records every file and folder that the writes in its block create (not those they
-replace); a KbertError leaving the block removes them again, so a refused command leaves nothing behind.
-``exclusive_lock`` holds a lock file (``fcntl.flock``; no lock where fcntl does not exist) for a block.
+Every write goes to a temp file and is renamed; a missing, truncated or edited artifact, or an OS error while
+writing, is one KbertError line naming the file. ``written_together()`` publishes several files at once,
+``removed_on_refusal()`` removes what a refused command created, and ``exclusive_lock`` holds a lock file.
 """
 
 from __future__ import annotations
@@ -24,7 +14,7 @@ import os
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -245,7 +235,7 @@ def write_csv(path: Path, frame: pd.DataFrame) -> Path:
     return atomic_write(path, lambda p: frame.to_csv(p, index=False))
 
 
-def write_npz(path: Path, **arrays: np.ndarray) -> Path:
+def write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> Path:
     return _write_numpy(path, lambda handle: np.savez(handle, **arrays))
 
 
@@ -335,11 +325,11 @@ def read_npz(path: Path, required: tuple[str, ...] = ()) -> dict[str, np.ndarray
     return values
 
 
-def parse_csv(path: Path, utf8_remedy: str, **options: Any) -> pd.DataFrame:
-    """``pd.read_csv(path, **options)``, an empty, non-UTF-8 or unparsable file being one line naming it
+def parse_csv(path: Path, utf8_remedy: str, encoding: str = "utf-8") -> pd.DataFrame:
+    """``pd.read_csv(path, encoding=encoding)``, an empty, non-UTF-8 or unparsable file being one line naming it
     (``utf8_remedy`` says what to do about bad bytes). Used for the user's data and kbert's own tables."""
     try:
-        return pd.read_csv(path, **options)
+        return pd.read_csv(path, encoding=encoding)
     except pd.errors.EmptyDataError:
         raise KbertError(f"{path}: file is empty") from None
     except UnicodeDecodeError as exc:

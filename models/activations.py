@@ -1,15 +1,7 @@
 """Exact (erf) GELU built from arithmetic only, because MLX's transcendental kernels are slow on Linux CPUs.
 
-On a Linux CPU the `mlx[cpu]` wheel evaluates ``erf``/``exp`` one element at a time with out-of-line
-``fmaf`` calls: about 35 ns per element for ``nn.gelu`` and 50 ns for its gradient, which makes GELU
-the single largest cost of a BERT training step there. Here erf is the float32 rational
-approximation used by Eigen and XLA (odd degree-13 numerator over even degree-8 denominator,
-inputs clamped to [-4, 4]); it is as accurate as MLX's own erf (max abs error 4e-7 against
-``math.erf``), and compiles into one fused multiply-add kernel. The gradient is written out
-(Phi(x) + x * phi(x)) rather than differentiated through the rational function.
-Measured on 2 cores (6.3M elements): forward 36 -> 9 ns/element, forward + backward 51 -> 17.
-On a Linux CPU the same formula runs as a vectorized, multithreaded kernel (models/cpu_kernels.py):
-about 1.6 ns/element forward, 1.9 for the gradient.
+erf is the float32 rational approximation Eigen and XLA use (as accurate as MLX's own), and the gradient
+Phi(x) + x * phi(x) is written out. Figures: benchmarks/NOTES.md.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Low-rank adapters on an encoder's linear layers: LoRA, rsLoRA, DoRA and QLoRA, with merging and saving.
 
-``apply_adapters(model, config)`` wraps the linear layers whose names match ``config.targets`` in
-``LoRALinear`` (quantizing their base weight first for QLoRA), freezes everything else except
-``config.modules_to_save`` (the task head and pooler by default), and returns a report of what it did.
-The wrapped layers are set on their parent modules directly: ``Module.update`` would silently ignore
-dotted names, so the report's trainable count is checked against what the adapters should add.
-
-The formulas are PEFT's (``peft.tuners.lora``), with the weights in PEFT's layout:
-``lora_a`` is (rank, in), ``lora_b`` is (out, rank), and ``magnitude`` (DoRA) is (out,).
-  LoRA:   y = base(x) + s * B A dropout(x),   s = alpha / rank  (rsLoRA: alpha / sqrt(rank))
-  DoRA:   y = m / ||W + s B A|| * (W + s B A) x + bias, the norm per output row and not differentiated,
-          so that at initialisation (B = 0, m = ||W||) the output is the base output.
+``apply_adapters`` wraps the linear layers that ``config.targets`` names in ``LoRALinear``, freezes all else but
+``config.modules_to_save``, and checks the trainable count it reports. The formulas and weight layouts are PEFT's:
+``lora_a`` (rank, in), ``lora_b`` (out, rank), DoRA's ``magnitude`` (out,).
 """
 
 from __future__ import annotations
@@ -18,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -29,28 +22,17 @@ from mlx.utils import tree_flatten
 
 from kbert.errors import KbertError
 from kbert.io import read_json, write_json
+from kbert.models.architecture import architecture_of
 from kbert.models.recompute import Dropout, set_recompute
 from kbert.models.weights import load_state_strict, read_safetensors, save_safetensors
 
 ADAPTER_WEIGHTS_FILE = "adapter.safetensors"
 ADAPTER_CONFIG_FILE = "adapter_config.json"
 
-# Named target sets per encoder class, in each architecture's own projection names: "default" is every
-# linear layer inside the transformer blocks (the embeddings, BERT's pooler and the task head are not adapted;
-# the head trains fully through modules_to_save), "attention" the attention's input projections, and
-# "query-value" the query and value projections (the original LoRA paper's choice; fused qkv layers where
-# the architecture has no separate ones). A name in ``targets`` that is not a set is a name pattern.
-BERT_TARGETS = {"default": "query,key,value,attention.output.dense,intermediate.dense,output.dense",
-                "attention": "query,key,value", "query-value": "query,value"}
-TARGET_SETS = {
-    "BertModel": BERT_TARGETS,
-    "RobertaModel": BERT_TARGETS,
-    "ElectraModel": BERT_TARGETS,
-    "DebertaV2Model": {"default": "query_proj,key_proj,value_proj,attention.output.dense,intermediate.dense,output.dense",
-                       "attention": "query_proj,key_proj,value_proj", "query-value": "query_proj,value_proj"},
-    "ModernBertModel": {"default": "Wqkv,Wo,Wi", "attention": "Wqkv", "query-value": "Wqkv"},
-    "NeoBertModel": {"default": "qkv,wo,w12,w3", "attention": "qkv", "query-value": "qkv"},
-}
+# Named target sets, which each architecture spells in its own layer names (``Architecture.adapter_targets``):
+# "default" is every linear layer inside the transformer blocks (not the embeddings, a pooler or the task head, which
+# trains fully through modules_to_save), "attention" the attention's input projections, and "query-value" the query
+# and value projections. A name in ``targets`` that is not a set is a name pattern.
 TARGET_SET_NAMES = ("default", "attention", "query-value")
 
 
@@ -59,7 +41,7 @@ class AdapterConfig:
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
-    targets: str = "default"  # a named set (default, attention, query-value: TARGET_SETS) or comma-separated globs
+    targets: str = "default"  # a named set (TARGET_SET_NAMES) or comma-separated globs
     rslora: bool = False  # scale by alpha / sqrt(rank) instead of alpha / rank
     dora: bool = False  # weight-decomposed LoRA: a trained magnitude per output row
     bits: int = 0  # QLoRA: quantize the adapted layers' base weights to 4 or 8 bits (0: keep float32)
@@ -98,13 +80,13 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def resolve_adapter(name: str, **overrides: Any) -> AdapterConfig | None:
+def resolve_adapter(name: str, overrides: Mapping[str, Any] | None = None) -> AdapterConfig | None:
     """A preset or kind name plus explicit settings (None values are ignored); None for "none"."""
     if name in ("", "none", None):
         return None
     if name not in PRESETS:
         raise KbertError(f"unknown adapter '{name}'; known: none, {', '.join(PRESETS)}")
-    config = AdapterConfig.from_dict({**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}})
+    config = AdapterConfig.from_dict({**PRESETS[name], **{k: v for k, v in (overrides or {}).items() if v is not None}})
     check_adapter_config(config)
     return config
 
@@ -169,8 +151,8 @@ class LoRALinear(nn.Module):
 
     def base_output(self, x: mx.array) -> mx.array:
         if isinstance(self.base, nn.QuantizedLinear) and mx.default_device().type == mx.DeviceType.cpu:
-            # On a CPU, quantized_matmul has no BLAS kernel (measured ~50x slower at MiniLM size): dequantize
-            # the weight for this product only and use the BLAS matmul. The stored weight stays quantized.
+            # On a CPU, quantized_matmul has no BLAS kernel (benchmarks/NOTES.md): dequantize the weight for
+            # this product only and use the BLAS matmul. The stored weight stays quantized.
             y = x @ dense_weight(self.base).T
             return y + self.base.bias if "bias" in self.base else y
         return self.base(x)
@@ -273,9 +255,10 @@ def apply_adapters(model: nn.Module, config: AdapterConfig) -> AdapterReport:
     root, prefix = _adapted_root(model)
     targets = config.targets
     if targets in TARGET_SET_NAMES:
-        if type(root).__name__ not in TARGET_SETS:
+        arch = architecture_of(root)
+        if arch is None or targets not in arch.adapter_targets:
             raise KbertError(f"no '{targets}' adapter targets for {type(root).__name__}; set targets explicitly")
-        targets = TARGET_SETS[type(root).__name__][targets]
+        targets = arch.adapter_targets[targets]
     linears = [name for name, module in root.named_modules() if isinstance(module, (nn.Linear, nn.QuantizedLinear))]
     chosen: set[str] = set()
     for pattern in _patterns(targets):

@@ -16,9 +16,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from kbert.models.activations import ACTIVATIONS
-from kbert.models.cpu_kernels import attention
+from kbert.models.architecture import Architecture, MaskedLM
 from kbert.models.layers import LayerNorm
-from kbert.models.outputs import attention_probs, encoder_outputs, run_layers
+from kbert.models.outputs import Encoder, EncoderOutput, Recording, attend, run_layers
 from kbert.models.recompute import Dropout
 
 
@@ -87,27 +87,19 @@ class BertSelfAttention(nn.Module):
         self.dropout = Dropout(config.attention_probs_dropout_prob)
         self.attention_dropout = config.attention_probs_dropout_prob
 
-    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False,
-                 first_token_only: bool = False):
-        """The attended values, and with ``output_attentions`` also the probabilities (batch, heads, seq, seq).
-        ``first_token_only``: only the first token queries (every token is still a key and a value), so the values
-        are (batch, 1, hidden)."""
+    def __call__(self, queries: mx.array, x: mx.array, mask: mx.array | None) -> mx.array:
+        """The attended values (batch, queries, hidden) of the ``queries`` states (``x`` or its first rows) over
+        every token of ``x``."""
         batch, _, hidden = x.shape
 
         def split_heads(t: mx.array) -> mx.array:
             return t.reshape(batch, t.shape[1], self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
 
-        q = split_heads(self.query(x[:, :1] if first_token_only else x))
+        q = split_heads(self.query(queries))
         k, v = split_heads(self.key(x)), split_heads(self.value(x))
-        scale = 1.0 / math.sqrt(self.head_dim)
         dropout = self.dropout if self.training and self.attention_dropout > 0 else None
-        if output_attentions:
-            probs = attention_probs(q, k, scale, mask)
-            out = (probs if dropout is None else dropout(probs)) @ v
-        else:
-            out = attention(q, k, v, scale, mask, dropout)
-        out = out.transpose(0, 2, 1, 3).reshape(batch, q.shape[2], hidden)
-        return (out, probs) if output_attentions else out
+        out = attend(q, k, v, 1.0 / math.sqrt(self.head_dim), mask, dropout)
+        return out.transpose(0, 2, 1, 3).reshape(batch, q.shape[2], hidden)
 
 
 class BertSelfOutput(nn.Module):
@@ -127,13 +119,9 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False,
-                 first_token_only: bool = False):
-        residual = x[:, :1] if first_token_only else x
-        if output_attentions:
-            attended, probs = self.self(x, mask, output_attentions=True, first_token_only=first_token_only)
-            return self.output(attended, residual), probs
-        return self.output(self.self(x, mask, first_token_only=first_token_only), residual)
+    def __call__(self, x: mx.array, mask: mx.array | None, query_rows: int | None = None) -> mx.array:
+        """The attention block's output for the tokens that query: the first few when a count is given, else all."""
+        return self.output(self.self(x[:, :query_rows], x, mask), x[:, :query_rows])
 
 
 def activation(config: BertConfig):
@@ -164,21 +152,18 @@ class BertOutput(nn.Module):
 
 
 class BertLayer(nn.Module):
+    first_token = True  # can compute the first token's output alone (models/outputs.py run_layers)
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.attention = BertAttention(config)
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False,
-                 first_token_only: bool = False):
-        """The layer's output, and with ``output_attentions`` also its attention probabilities. With
-        ``first_token_only`` the output is the first token's alone, (batch, 1, hidden): the other tokens are only
-        attended to, and their feed-forward is skipped."""
-        if output_attentions:
-            attended, probs = self.attention(x, mask, output_attentions=True, first_token_only=first_token_only)
-            return self.output(self.intermediate(attended), attended), probs
-        attended = self.attention(x, mask, first_token_only=first_token_only)
+    def __call__(self, x: mx.array, mask: mx.array | None, query_rows: int | None = None) -> mx.array:
+        """The layer's output for its first tokens (all by default); the others are only attended to, and their
+        feed-forward is skipped."""
+        attended = self.attention(x, mask, query_rows)
         return self.output(self.intermediate(attended), attended)
 
 
@@ -188,11 +173,8 @@ class BertEncoder(nn.Module):
         self.layer = [BertLayer(config) for _ in range(config.num_hidden_layers)]
         self.recompute_layers = False  # gradient checkpointing (models/recompute.py)
 
-    def __call__(self, x: mx.array, mask: mx.array | None, output_hidden_states: bool = False,
-                 output_attentions: bool = False,
-                 first_token_only: bool = False) -> tuple[mx.array, tuple | None, tuple | None]:
-        return run_layers(self.layer, x, [mask] * len(self.layer), self.recompute_layers, output_hidden_states,
-                          output_attentions, first_token_only)
+    def __call__(self, x: mx.array, mask: mx.array | None, record: Recording) -> EncoderOutput:
+        return run_layers(self.layer, x, [(mask,)] * len(self.layer), self.recompute_layers, record)
 
 
 class BertPooler(nn.Module):
@@ -210,42 +192,25 @@ def additive_padding_mask(attention_mask: mx.array, dtype: mx.Dtype) -> mx.array
     return blocked[:, None, None, :]
 
 
-class BertModel(nn.Module):
-    """BERT encoder: returns ``(last_hidden_state, pooler_output)`` (pooler output is None without a pooler),
-    plus every hidden state and attention probability on request (see ``encoder_outputs``).
+class BertModel(Encoder):
+    """BERT encoder, with a pooler when ``add_pooling_layer``."""
 
-    ``first_token_only`` (kbert's, not Hugging Face's): the last layer computes the first token's state alone, so
-    ``last_hidden_state`` is (batch, 1, hidden), the same first row as without it: all that a CLS pooler reads.
-    That layer then skips the other tokens' queries, output projection and feed-forward."""
+    embeddings_class = BertEmbeddings
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
-        self.embeddings = BertEmbeddings(config)
+        self.embeddings = self.embeddings_class(config)
         self.encoder = BertEncoder(config)
         if config.add_pooling_layer:
             self.pooler = BertPooler(config)
 
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    def __call__(
-        self,
-        input_ids: mx.array | None = None,
-        attention_mask: mx.array | None = None,
-        token_type_ids: mx.array | None = None,
-        inputs_embeds: mx.array | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-        first_token_only: bool = False,
-    ) -> tuple:
+    def encode(self, input_ids: mx.array | None, attention_mask: mx.array | None, token_type_ids: mx.array | None,
+               inputs_embeds: mx.array | None, record: Recording) -> EncoderOutput:
         x = self.embeddings(input_ids, token_type_ids, inputs_embeds)
         mask = None if attention_mask is None else additive_padding_mask(attention_mask, x.dtype)
-        hidden, hidden_states, attentions = self.encoder(x, mask, output_hidden_states, output_attentions,
-                                                         first_token_only)
-        pooled = self.pooler(hidden) if self.config.add_pooling_layer else None
-        return encoder_outputs(hidden, pooled, hidden_states, attentions)
+        out = self.encoder(x, mask, record)
+        return replace(out, pooler_output=self.pooler(out.last_hidden_state)) if self.config.add_pooling_layer else out
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -298,8 +263,7 @@ class BertForMaskedLM(nn.Module):
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array | None = None,
                  token_type_ids: mx.array | None = None) -> mx.array:
-        hidden, _ = self.bert(input_ids, attention_mask, token_type_ids)
-        return self.logits(hidden)
+        return self.logits(self.bert(input_ids, attention_mask, token_type_ids).last_hidden_state)
 
 
 def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
@@ -335,3 +299,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     "bert-medium": _preset(8, 512, 8),
     "bert-base": _preset(12, 768, 12),
 }
+
+# LoRA target sets in BERT's layer names (models/adapters.py): every linear layer of the blocks, the attention's
+# input projections, and the query and value projections (the LoRA paper's choice). RoBERTa and ELECTRA share them.
+ADAPTER_TARGETS = {"default": "query,key,value,attention.output.dense,intermediate.dense,output.dense",
+                   "attention": "query,key,value", "query-value": "query,value"}
+
+ARCHITECTURE = Architecture(
+    model_type="bert", config=BertConfig, model=BertModel, sanitize=sanitize, presets=PRESETS,
+    adapter_targets=ADAPTER_TARGETS, blocks="encoder.layer", pooler="pooler.dense.weight",
+    masked_lm=MaskedLM(BertForMaskedLM, "bert", ("cls.",), "cls.predictions.decoder.weight",
+                       "embeddings.word_embeddings.weight", "BertForMaskedLM",
+                       ignored=("bert.pooler.", "pooler.", "cls.seq_relationship."),
+                       decoder_bias="cls.predictions.decoder.bias", bias="cls.predictions.bias"),
+)

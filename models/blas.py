@@ -1,29 +1,10 @@
 """Bind a fast BLAS for MLX on Linux before ``mlx.core`` is first imported (models/runtime.py calls it).
 
-The ``mlx[cpu]`` wheel links the reference netlib BLAS (~5 GFLOP/s for sgemm). libmlx resolves
-``cblas_sgemm`` from whatever library is already in the global symbol scope when it loads, so a
-library opened with ``RTLD_GLOBAL`` first takes over every matmul. Order of preference:
-
-1. ``KBERT_BLAS``: a path to a shared library, or ``reference`` to keep MLX's own BLAS;
-2. a system OpenBLAS (Debian ``libopenblas0-pthread``), when present;
-3. the OpenBLAS that numpy's Linux wheels bundle (``numpy.libs/libscipy_openblas64_*.so``). Its symbols
-   are prefixed and take 64-bit integers (``scipy_cblas_sgemm64_``), so a ten-line C shim exporting
-   ``cblas_sgemm`` is built once with the system C compiler (0.2 s) and cached under
-   ``~/.cache/kbert/blas-shim/``. Measured on 2 cores (AMD EPYC): 194-198 GFLOP/s against MKL's
-   115-139 in MLX, for 1024^3 and BERT's FFN shapes;
-4. Intel MKL's ``libmkl_rt`` from the PyPI ``mkl`` package (``pip install "kbert[mkl]"``: 691 MB, so an extra),
-   where there is no C compiler. Without either, MLX keeps its reference BLAS and the command line says so.
-
-One seed, one answer: the bound BLAS always runs one thread (``bind_fast_blas`` pins it). OpenBLAS splits a
-product differently for another thread count, and the split changes the sums' order: measured on 2 cores, 124
-of 2,520 product shapes gave other bits with 2 threads than with 1, and 392 with its Haswell kernels
-(``OPENBLAS_CORETYPE=Haswell``), which made folds trained side by side (a thread each) differ from the same
-folds one after another (two threads). kbert's cores are used by its MLX streams and fold processes instead
-(pipeline/streams.py, pipeline/fold_processes.py). The kernel (OpenBLAS's core type) still changes the bits,
-so a run records it (``BlasStatus.identity``) and a resume under another one is warned about.
-
-Does nothing on macOS, where MLX uses Accelerate and Metal. ``cache_root`` and ``build_library`` build
-kbert's small native libraries (this shim, models/cpu_kernels.py's kernels) into its cache atomically.
+libmlx takes ``cblas_sgemm`` from whatever library is already in the global symbol scope, so one opened first with
+``RTLD_GLOBAL`` takes over every matmul. In order of preference: ``KBERT_BLAS`` (a path, or ``reference``), a
+system OpenBLAS, numpy's bundled OpenBLAS through a small C shim built into kbert's cache, MKL (``kbert[mkl]``).
+The bound BLAS runs one thread, since the thread count changes a product's bits; so does its kernel, which a run
+records (``BlasStatus.identity``). Does nothing on macOS. Figures: benchmarks/NOTES.md.
 """
 
 from __future__ import annotations
@@ -62,7 +43,7 @@ class BlasStatus:
 
     @property
     def slow(self) -> bool:
-        """MLX's reference BLAS on Linux (about 5 GFLOP/s), not chosen with KBERT_BLAS=reference."""
+        """MLX's slow reference BLAS on Linux, not chosen with KBERT_BLAS=reference."""
         return self.name in ("reference", "unbound") and "KBERT_BLAS=reference" not in self.note
 
 
@@ -268,10 +249,9 @@ def keep_freed_memory() -> str:
 
     glibc serves allocations above 32 MB (the most its threshold adapts to) with a fresh ``mmap`` and
     unmaps them on free, so every large MLX array (a batch's attention scores, activations) is page-faulted
-    in again: an elementwise op over 12M float32 ran at 2.7-3.2 ns/element instead of 0.35 (measured on
-    2 cores). Raising the mmap threshold to 1 GiB and the trim threshold to 2 GiB keeps those pages in
-    the heap; the price is that the process keeps its peak memory. ``KBERT_MALLOC=default`` leaves
-    glibc alone.
+    in again (benchmarks/NOTES.md). Raising the mmap threshold to 1 GiB and the trim threshold to 2 GiB keeps
+    those pages in the heap; the price is that the process keeps its peak memory. ``KBERT_MALLOC=default``
+    leaves glibc alone.
     """
     if sys.platform != "linux":
         return "default"

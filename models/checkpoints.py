@@ -10,6 +10,7 @@ weight file that is truncated, edited or describes no model is one error naming 
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from kbert.errors import KbertError
 from kbert.io import atomic_write, read_json, write_json, write_text
 from kbert.models.adapters import (ADAPTER_CONFIG_FILE, AdapterConfig, apply_adapters, load_adapter_weights,
                                    read_adapter_config, save_adapters, weights_fingerprint)
-from kbert.models.encoders import architecture, check_limits, read_weights, resolve_encoder_path
+from kbert.models.architecture import DEFAULT_MODEL_TYPE, architecture
+from kbert.models.encoders import check_limits, read_weights, resolve_encoder_path
 from kbert.models.task_model import TaskModel, build_task_model
 from kbert.models.tokenizer import read_tokenizer
 from kbert.models.weights import load_state_strict, load_weights_strict, write_safetensors
@@ -27,18 +29,26 @@ CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
 
 
-def save_checkpoint(model: TaskModel, folder: Path, config: dict[str, Any], tokenizer_path: Path | None = None,
-                    adapter: AdapterConfig | None = None, base_fingerprint: str = "",
-                    tokenizer_json: str | None = None) -> Path:
+@dataclass(frozen=True)
+class AdapterOnly:
+    """An adapter-only checkpoint: its adapters' config and the fingerprint of the base weights they trained on."""
+
+    adapter: AdapterConfig
+    base_fingerprint: str = ""
+
+
+def save_checkpoint(model: TaskModel, folder: Path, config: dict[str, Any], tokenizer_path: Path | None = None, *,
+                    adapter_only: AdapterOnly | None = None, tokenizer_json: str | None = None) -> Path:
     """``config`` holds what ``build_task_model`` needs: encoder_config, head (a HeadConfig dict), pooling,
-    fusion (a FusionConfig dict, or None) and ``source`` (the base encoder). With ``adapter``, only the
+    fusion (a FusionConfig dict, or None) and ``source`` (the base encoder). With ``adapter_only``, only the
     trainable weights (adapters, head, pooler, fusion) are written. The tokenizer is copied from ``tokenizer_path``
     or written from its ``tokenizer_json`` text."""
     folder = Path(folder)
-    if adapter is None:
+    if adapter_only is None:
         write_safetensors(folder / WEIGHTS_FILE, model)
     else:
-        save_adapters(model, folder, adapter, base=config["source"], base_fingerprint=base_fingerprint)
+        save_adapters(model, folder, adapter_only.adapter, base=config["source"],
+                      base_fingerprint=adapter_only.base_fingerprint)
     write_json(folder / CONFIG_FILE, config)
     if tokenizer_json is not None:
         write_text(folder / TOKENIZER_FILE, tokenizer_json)
@@ -72,7 +82,7 @@ def load_checkpoint(folder: Path) -> tuple[TaskModel, dict[str, Any]]:
         if saved.get("base_fingerprint") and weights_fingerprint(base) != saved["base_fingerprint"]:
             raise KbertError(f"{folder}: the adapters were trained on another version of the base encoder "
                              f"{saved['base_encoder']} (its weight files changed)")
-        model_type = config["encoder_config"].get("model_type", "bert")
+        model_type = config["encoder_config"].get("model_type", DEFAULT_MODEL_TYPE)
         load_state_strict(model.encoder, architecture(model_type).sanitize(read_weights(base)), str(base))
         apply_adapters(model, AdapterConfig.from_dict(saved["adapter"]))
         load_adapter_weights(model, folder)

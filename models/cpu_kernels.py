@@ -1,25 +1,10 @@
 """Vectorized, multithreaded CPU kernels for MLX on Linux: softmax over the last axis, exact GELU, dropout and
 layer normalization.
 
-MLX's CPU backend evaluates ``exp`` and ``erf`` one element at a time on one thread (no SIMD on x86),
-so on a Linux CPU a BERT layer spends more time in softmax and GELU than in its matmuls. The kernels in
-``cpu_kernels.cpp`` are MLX primitives (with their gradients) whose loops the compiler vectorizes; they
-are built on first use with the system C++ compiler (the one ``mx.compile`` already needs on a CPU),
-``-O3 -march=native`` (``KBERT_CPU_ARCH`` names another target, e.g. ``x86-64-v3``: AVX2 without AVX-512;
-``-fno-trapping-math`` lets GCC turn the loops' selects into blends, which AVX2, unlike AVX-512, needs to
-vectorize them),
-against the installed MLX and ``nanobind``, and cached under ``~/.cache/kbert/cpu-kernels/<key>/``
-(``KBERT_CACHE`` moves it); the key covers the source, the compiler, the flags and target, the CPU's features
-and the versions of Python, MLX and nanobind.
-
-They are used for float32 arrays when MLX's default device is the CPU. Anywhere else (Metal, CUDA,
-other dtypes), with ``KBERT_CPU_KERNELS=0``, or when the build fails (the reason is logged once and
-shown by ``kbert doctor``), the callers fall back to MLX's own ops. Measured on 2 cores,
-12.6M elements: softmax 180 -> 9-11 ms, GELU 105 -> 3-4 ms (against the rational erf in MLX ops), GELU
-gradient 65 -> 6-10 ms; results within 2e-6 of MLX's. Dropout draws its mask from a hash of each element's
-index and a seed (one draw of the random generator per call), so the gradient recomputes the same mask; MLX's
-``bernoulli`` hashes with threefry one element at a time, about 10% of a small encoder's training step. Layer
-normalization (models/layers.py) is one pass per row, and its gradient one more (benchmarks/NOTES.md).
+``cpu_kernels.cpp`` holds MLX primitives (with their gradients), built on first use with the system C++ compiler
+and cached under ``~/.cache/kbert/cpu-kernels/<key>/`` (``KBERT_CPU_ARCH`` picks another target). They serve
+float32 arrays on the CPU; elsewhere, with ``KBERT_CPU_KERNELS=0`` or when the build fails, callers fall back to
+MLX's own ops. Dropout's mask is a hash of each element's index and one seed, so the gradient recomputes it.
 """
 
 from __future__ import annotations

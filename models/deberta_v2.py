@@ -1,21 +1,9 @@
-"""DeBERTa-v2 / DeBERTa-v3 encoder in MLX.
+"""DeBERTa-v2 / DeBERTa-v3 encoder in MLX, with Hugging Face ``DebertaV2Model`` parameter names.
 
-Parameter names follow Hugging Face ``DebertaV2Model`` (``embeddings.word_embeddings``,
-``encoder.layer.{i}.attention.self.query_proj``, ``encoder.rel_embeddings``, ...), so a transformers
-checkpoint maps onto it without renaming. Disentangled attention: content-to-content plus
-content-to-position (c2p) and position-to-content (p2c) scores against shared relative position embeddings,
-with Hugging Face's log-bucketed relative positions and scale ``1 / sqrt(head_dim * (1 + len(pos_att_type)))``.
-Post-LayerNorm layers, exact (erf) GELU. DeBERTa-v2-xlarge's convolution after the first layer
-(``conv_kernel_size``) is supported, its weight kept in PyTorch's (out, in / groups, kernel) layout.
-
-The relative positions are computed per call from the sequence length (NumPy, cached by length), never stored
-on a module. The encoder slices the relative embedding table to the rows that length can reach (all of them
-once the sequence is longer than the bucket span) before projecting it, so short sequences do not pay for
-projecting and scoring unused buckets; the scores are identical.
-
-``DebertaV2ForMaskedLM`` adds transformers' masked-LM head: by default (``legacy``: true, transformers'
-default) ``cls.predictions.{transform.dense, transform.LayerNorm, bias}`` with the decoder tied to the word
-embeddings; with ``legacy`` false, ``lm_predictions.lm_head.{dense, LayerNorm, bias}``.
+Disentangled attention (content-to-content, c2p and p2c against shared relative position embeddings, log-bucketed
+as in Hugging Face), post-LayerNorm layers, exact GELU, and DeBERTa-v2-xlarge's convolution after the first layer.
+Relative positions are computed per call from the sequence length, never stored on a module.
+``DebertaV2ForMaskedLM`` adds transformers' masked-LM head in its ``legacy`` or new layout.
 """
 
 from __future__ import annotations
@@ -31,9 +19,10 @@ import numpy as np
 
 from kbert.models.activations import ACTIVATIONS
 from kbert.models.cpu_kernels import softmax
+from kbert.models.architecture import Architecture, MaskedLM
 from kbert.models.layers import LayerNorm
-from kbert.models.outputs import encoder_outputs
-from kbert.models.recompute import Dropout, call_layer
+from kbert.models.outputs import Encoder, EncoderOutput, Recording, record_attention, run_layers
+from kbert.models.recompute import Dropout
 
 # The convolution's activation (``conv_act``, "tanh" in DeBERTa-v2-xlarge) may also be tanh.
 CONV_ACTIVATIONS = {**ACTIVATIONS, "tanh": mx.tanh}
@@ -230,16 +219,13 @@ class DisentangledSelfAttention(nn.Module):
         self.dropout = Dropout(config.attention_probs_dropout_prob)
 
     def __call__(self, x: mx.array, mask: mx.array | None, rel: mx.array | None = None,
-                 c2p_index: mx.array | None = None, p2c_index: mx.array | None = None,
-                 output_attentions: bool = False):
+                 c2p_index: mx.array | None = None, p2c_index: mx.array | None = None) -> mx.array:
         """``mask``: additive, head-major (1, batch, seq, seq); ``rel``: the relative embeddings (rows, hidden)
-        the indices point into. Returns the attended values and, with ``output_attentions``, the probabilities
-        (batch, heads, seq, seq).
+        the indices point into. Returns the attended values.
 
         Head-major layout throughout, (heads, batch, seq, ...): the relative terms are then one
         (batch * seq, head_dim) x (head_dim, rows) matmul per head against the shared position embeddings,
-        rather than a broadcast batched one per (batch, head) pair (in a CPU micro-benchmark about 2x faster
-        forward, backward no slower).
+        rather than a broadcast batched one per (batch, head) pair, which was slower (benchmarks/NOTES.md).
         """
         batch, seq_len, _ = x.shape
         heads, head_dim = self.num_heads, self.head_dim
@@ -265,9 +251,8 @@ class DisentangledSelfAttention(nn.Module):
             if self.p2c:  # key j . query-position embedding of bucket(j - i), transposed to (i, j)
                 pos_query = rel_heads((self.query_proj if self.share_att_key else self.pos_query_proj)(rel))
                 scores = scores + against(k, pos_query, p2c_index).swapaxes(-1, -2)
-        probs = self.dropout(softmax(scores, mask, self.scale))
-        out = (probs @ v).transpose(1, 2, 0, 3).reshape(batch, seq_len, heads * head_dim)
-        return (out, probs.transpose(1, 0, 2, 3)) if output_attentions else out
+        probs = record_attention(self.dropout(softmax(scores, mask, self.scale)), axes=(1, 0, 2, 3))
+        return (probs @ v).transpose(1, 2, 0, 3).reshape(batch, seq_len, heads * head_dim)
 
 
 class DebertaV2SelfOutput(nn.Module):
@@ -309,15 +294,9 @@ class DebertaV2Layer(nn.Module):
         self.output = DebertaV2SelfOutput(config, config.intermediate_size)
 
     def __call__(self, x: mx.array, mask: mx.array | None, rel: mx.array | None = None,
-                 c2p_index: mx.array | None = None, p2c_index: mx.array | None = None,
-                 output_attentions: bool = False):
-        """The layer's output, and with ``output_attentions`` also its attention probabilities."""
-        attended = self.attention.self(x, mask, rel, c2p_index, p2c_index, output_attentions)
-        if output_attentions:
-            attended, probs = attended
-        attended = self.attention.output(attended, x)
-        out = self.output(self.intermediate(attended), attended)
-        return (out, probs) if output_attentions else out
+                 c2p_index: mx.array | None = None, p2c_index: mx.array | None = None) -> mx.array:
+        attended = self.attention.output(self.attention.self(x, mask, rel, c2p_index, p2c_index), x)
+        return self.output(self.intermediate(attended), attended)
 
 
 class TorchConv1d(nn.Module):
@@ -384,21 +363,11 @@ class DebertaV2Encoder(nn.Module):
         return rel, mx.array(c2p), mx.array(p2c)
 
     def __call__(self, x: mx.array, mask: mx.array | None, input_mask: mx.array | None,
-                 output_hidden_states: bool = False, output_attentions: bool = False
-                 ) -> tuple[mx.array, tuple | None, tuple | None]:
-        extra = self.relative_inputs(x.shape[1])
-        embedded, hidden_states, attentions = x, [x], []
-        for i, layer in enumerate(self.layer):
-            if output_attentions:
-                x, probs = layer(x, mask, *extra, output_attentions=True)
-                attentions.append(probs)
-            else:
-                x = call_layer(layer, x, mask, self.recompute_layers, *extra)
-            if i == 0 and self.has_conv:
-                x = self.conv(embedded, x, input_mask)
-            hidden_states.append(x)
-        return (x, tuple(hidden_states) if output_hidden_states else None,
-                tuple(attentions) if output_attentions else None)
+                 record: Recording) -> EncoderOutput:
+        """The layers over ``x``; with a convolution, it mixes ``x`` into the first layer's output."""
+        inputs = [(mask, *self.relative_inputs(x.shape[1]))] * len(self.layer)
+        conv = (lambda out: self.conv(x, out, input_mask)) if self.has_conv else None
+        return run_layers(self.layer, x, inputs, self.recompute_layers, record, conv)
 
 
 def pairwise_padding_mask(attention_mask: mx.array, dtype: mx.Dtype) -> mx.array:
@@ -411,10 +380,8 @@ def pairwise_padding_mask(attention_mask: mx.array, dtype: mx.Dtype) -> mx.array
     return (1 - m[None, :, :, None] * m[None, :, None, :]) * blocked
 
 
-class DebertaV2Model(nn.Module):
-    """DeBERTa-v2/v3 encoder: returns ``(last_hidden_state, None)`` (no pooler), then ``hidden_states`` (the
-    embeddings' output and each layer's) when ``output_hidden_states``, then ``attentions`` (each layer's
-    probabilities, (batch, heads, seq, seq)) when ``output_attentions``: Hugging Face's tuple order."""
+class DebertaV2Model(Encoder):
+    """DeBERTa-v2/v3 encoder, without a pooler."""
 
     def __init__(self, config: DebertaV2Config):
         super().__init__()
@@ -422,24 +389,11 @@ class DebertaV2Model(nn.Module):
         self.embeddings = DebertaV2Embeddings(config)
         self.encoder = DebertaV2Encoder(config)
 
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    def __call__(
-        self,
-        input_ids: mx.array | None = None,
-        attention_mask: mx.array | None = None,
-        token_type_ids: mx.array | None = None,
-        inputs_embeds: mx.array | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-    ) -> tuple:
+    def encode(self, input_ids: mx.array | None, attention_mask: mx.array | None, token_type_ids: mx.array | None,
+               inputs_embeds: mx.array | None, record: Recording) -> EncoderOutput:
         x = self.embeddings(input_ids, token_type_ids, inputs_embeds, attention_mask)
         mask = None if attention_mask is None else pairwise_padding_mask(attention_mask, x.dtype)
-        hidden, hidden_states, attentions = self.encoder(x, mask, attention_mask, output_hidden_states,
-                                                         output_attentions)
-        return encoder_outputs(hidden, None, hidden_states, attentions)
+        return self.encoder(x, mask, attention_mask, record)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -531,8 +485,7 @@ class DebertaV2ForMaskedLM(nn.Module):
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array | None = None,
                  token_type_ids: mx.array | None = None) -> mx.array:
-        hidden = self.deberta(input_ids, attention_mask, token_type_ids)[0]
-        return self.logits(hidden)
+        return self.logits(self.deberta(input_ids, attention_mask, token_type_ids).last_hidden_state)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -572,3 +525,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     "deberta-v3-small": _preset(6, 768, 12),
     "deberta-v3-base": _preset(12, 768, 12),
 }
+
+ARCHITECTURE = Architecture(
+    model_type="deberta-v2", config=DebertaV2Config, model=DebertaV2Model, sanitize=sanitize, presets=PRESETS,
+    adapter_targets={"default": "query_proj,key_proj,value_proj,attention.output.dense,intermediate.dense,output.dense",
+                     "attention": "query_proj,key_proj,value_proj", "query-value": "query_proj,value_proj"},
+    blocks="encoder.layer", embeddings=("embeddings.", "encoder.rel_embeddings."),
+    # transformers' default (legacy) head; the released checkpoints' lm_predictions.* / mask_predictions.* (the
+    # pretraining heads) are dropped, so they load encoder-only with a fresh head, as in transformers.
+    masked_lm=MaskedLM(DebertaV2ForMaskedLM, "deberta", ("cls.",), "cls.predictions.decoder.weight",
+                       "embeddings.word_embeddings.weight", "DebertaV2ForMaskedLM",
+                       ignored=("lm_predictions.", "mask_predictions."),
+                       decoder_bias="cls.predictions.decoder.bias", bias="cls.predictions.bias"),
+)

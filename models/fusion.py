@@ -1,17 +1,8 @@
 """Late fusion: the pooled text vector combined with a learned vector of the row's raw columns.
 
-                 text ──► encoder ──► pooler ──► pooled (P)
-                                                    │
-    numeric (quantile-normal values + missing flags) ┐   concat: [pooled ; tabular]          (P + H)
-    categorical ──► one embedding table per column ──┼─► MLP ──► tabular (H)
-                                                          gated:  pooled + sigmoid(W_g [pooled ; tabular])
-                                                                           * W_t tabular     (P)
-                                                    │
-                                                  head
-
-The inputs come from features/tabular.py (``TabularFeatures``: fitted per fold). Index 0 of every embedding
-table is shared by the categories unseen in training, index 1 is "missing". "none" passes the pooled vector
-through and has no parameters, so a task model without fusion loads the checkpoints it always did.
+``concat`` appends the columns' MLP vector to the pooled one; ``gated`` adds it through a sigmoid gate, keeping the
+pooled size; ``none`` passes the pooled vector through and has no parameters, so checkpoints without fusion load as
+before. The inputs come from features/tabular.py (embedding index 0: unseen category, 1: missing).
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Task heads: each maps a pooled vector to outputs and knows its loss, its predictions and its default metric.
 
-- binary: one logit and binary cross-entropy (or focal loss), or two logits and softmax cross-entropy;
-  predictions are positive-class probabilities.
-- multiclass: C logits, cross-entropy with label smoothing and class weights, or focal loss; predictions are
-  class probabilities (n, C).
-- multilabel: L logits, per-label binary cross-entropy with ``pos_weight`` (or focal); predictions (n, L).
-- regression: one value (MSE, MAE or Huber), or a mean and a log-variance with a Gaussian NLL
-  (``loss: gaussian_nll``, the uncertainty option). Trained on the transformed target (see
-  pipeline/targets.py); predictions come back in the transformed space and the pipeline inverts them.
-- ordinal: a cumulative-link (CORAL) head: one score per row and K-1 ordered thresholds,
-  P(y > k) = sigmoid(score - threshold_k). The thresholds are a start plus cumulative softplus gaps,
-  so they stay ordered whatever the optimizer does. Predictions are the K-1 cumulative probabilities.
-- timeseries: H values at once, one per forecast horizon, with the regression losses.
-
-Heads hold only MLX parameters and Python settings; arrays they need (class weights) are built per call.
+One head per task (binary, multiclass, multilabel, regression, ordinal, timeseries); the ordinal head is a
+cumulative-link (CORAL) head whose thresholds stay ordered. Regression heads train on the transformed target
+(pipeline/targets.py). Heads hold only MLX parameters and Python settings.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
 """Encoders from the Hugging Face Hub: ``--encoder org/name[@revision]`` (a branch, tag or commit).
 
-``is_hub_name`` tells a Hub model id by its shape (``org/name`` with the characters Hub repo ids allow, an optional
-``@revision``) when no local path of that name exists: a local folder always wins. ``fetch`` downloads through
-huggingface_hub into its standard cache (``HF_HOME``, ``HF_HUB_CACHE``), with its progress bars on stderr, only
-what kbert reads: config.json, the tokenizer files, and one set of weights (model.safetensors, else the sharded
-index and its shards, else pytorch_model.bin). It returns the snapshot folder and the commit the revision resolved
-to; a run records ``org/name@<commit>`` (``HubModel.pinned``) so that the same weights load again.
-
-Offline (``HF_HUB_OFFLINE=1``, or the Hub unreachable) the cache alone is used. huggingface_hub writes each file
-to a temporary ``.incomplete`` file, checks its size and only then renames it into place, and it keeps the
-repo's file listing per commit: a download cut off halfway leaves no file behind, and a snapshot missing a file
-is completed online and refused offline, never loaded. Every failure is one ``KbertError`` line naming the model.
-Nothing here runs code from the repo (kbert builds its own model classes; .bin weights load with
-``weights_only=True``).
+``is_hub_name`` tells a Hub id by its shape (a local folder of that name always wins); ``fetch`` downloads only
+what kbert reads into huggingface_hub's cache and returns the snapshot and its commit, which a run records
+(``HubModel.pinned``). Offline, the cache alone is used. Nothing from the repo is run as code.
 """
 
 from __future__ import annotations

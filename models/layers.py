@@ -1,9 +1,7 @@
 """Layers the encoders share, where kbert's CPU kernels (models/cpu_kernels.py) replace a slow MLX path.
 
-``LayerNorm`` is ``nn.LayerNorm`` (same constructor, same ``weight``/``bias`` names, so checkpoints load alike). On
-a Linux CPU, where ``mx.fast.layer_norm`` falls back to separate reductions and element-wise passes (about a sixth
-of a small encoder's inference time, measured), the normalization is one kernel pass per row and its gradient
-one more; elsewhere it is ``mx.fast.layer_norm``.
+``LayerNorm`` is ``nn.LayerNorm`` (same constructor and weight names); on a Linux CPU its normalization and its
+gradient are one kernel pass per row each, elsewhere it is ``mx.fast.layer_norm``.
 """
 
 from __future__ import annotations

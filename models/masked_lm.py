@@ -11,7 +11,6 @@ Loading is strict either way: a missing or unexpected name is a KbertError.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,96 +21,50 @@ from tokenizers import Tokenizer
 
 from kbert.errors import KbertError
 from kbert.io import read_json, write_json, write_text
-from kbert.models.bert import BertForMaskedLM
-from kbert.models.deberta_v2 import DebertaV2ForMaskedLM
-from kbert.models.electra import ElectraForMaskedLM
-from kbert.models.encoders import architecture, check_limits, load_tokenizer, read_weights, resolve_encoder_path
-from kbert.models.modernbert import ModernBertForMaskedLM
-from kbert.models.neobert import NeoBertForMaskedLM
-from kbert.models.roberta import RobertaForMaskedLM
+from kbert.models.architecture import ARCHITECTURES, DEFAULT_MODEL_TYPE, MaskedLM, architecture
+from kbert.models.encoders import check_limits, load_tokenizer, read_weights, resolve_encoder_path
 from kbert.models.weights import load_state_strict, save_safetensors
 
-MASKED_LM: dict[str, type[nn.Module]] = {
-    "bert": BertForMaskedLM,
-    "roberta": RobertaForMaskedLM,
-    "xlm-roberta": RobertaForMaskedLM,
-    "electra": ElectraForMaskedLM,
-    "deberta-v2": DebertaV2ForMaskedLM,
-    "modernbert": ModernBertForMaskedLM,
-    "neobert": NeoBertForMaskedLM,
-}
 
-
-@dataclass(frozen=True)
-class Layout:
-    """Where an architecture's MLM checkpoint keeps things (Hugging Face / reference names)."""
-
-    encoder: str  # attribute holding the encoder, the prefix of its names
-    head: tuple[str, ...]  # name prefixes of the MLM head (after ``ignored``); none of them: encoder-only
-    decoder_weight: str  # the decoder weight's name; with tied embeddings it is the embedding table's copy
-    embeddings: str  # the token embedding table's name inside the encoder
-    hf_class: str  # written to config.json "architectures"
-    # Pretraining-only names that Hugging Face's MLM class also leaves out: BERT's pooler and next-sentence head.
-    ignored: tuple[str, ...] = ()
-    # transformers 5 keeps a separate decoder bias (``decoder_bias``) that untied models compute with; tied ones
-    # share ``bias``. Empty where the head has no such pair.
-    decoder_bias: str = ""
-    bias: str = ""
-
-
-ROBERTA = dict(head=("lm_head.",), decoder_weight="lm_head.decoder.weight", embeddings="embeddings.word_embeddings.weight",
-               ignored=("roberta.pooler.", "pooler."), decoder_bias="lm_head.decoder.bias", bias="lm_head.bias")
-LAYOUTS: dict[str, Layout] = {
-    "bert": Layout("bert", ("cls.",), "cls.predictions.decoder.weight", "embeddings.word_embeddings.weight",
-                   "BertForMaskedLM", ignored=("bert.pooler.", "pooler.", "cls.seq_relationship."),
-                   decoder_bias="cls.predictions.decoder.bias", bias="cls.predictions.bias"),
-    "roberta": Layout("roberta", hf_class="RobertaForMaskedLM", **ROBERTA),
-    "xlm-roberta": Layout("roberta", hf_class="XLMRobertaForMaskedLM", **ROBERTA),
-    "electra": Layout("electra", ("generator_predictions.", "generator_lm_head."), "generator_lm_head.weight",
-                      "embeddings.word_embeddings.weight", "ElectraForMaskedLM"),
-    # transformers' default (legacy) head; the released checkpoints' lm_predictions.* / mask_predictions.* (the
-    # pretraining heads) are dropped, so they load encoder-only with a fresh head, as in transformers.
-    "deberta-v2": Layout("deberta", ("cls.",), "cls.predictions.decoder.weight", "embeddings.word_embeddings.weight",
-                         "DebertaV2ForMaskedLM", ignored=("lm_predictions.", "mask_predictions."),
-                         decoder_bias="cls.predictions.decoder.bias", bias="cls.predictions.bias"),
-    "modernbert": Layout("model", ("head.", "decoder."), "decoder.weight", "embeddings.tok_embeddings.weight",
-                         "ModernBertForMaskedLM"),
-    "neobert": Layout("model", ("decoder.",), "decoder.weight", "encoder.weight", "NeoBERTLMHead"),
-}
+def masked_lm_of(model_type: str) -> MaskedLM:
+    """The masked-LM class and checkpoint layout of ``model_type``; an architecture without one is an error."""
+    masked_lm = architecture(model_type).masked_lm
+    if masked_lm is None:
+        supported = sorted(t for t, arch in ARCHITECTURES.items() if arch.masked_lm is not None)
+        raise KbertError(f"no masked-LM head for model_type '{model_type}'; supported: {', '.join(supported)}")
+    return masked_lm
 
 
 def build_masked_lm(values: dict[str, Any]) -> tuple[nn.Module, Any]:
     """A randomly initialised MLM model from config.json-style values (``model_type`` picks the class).
 
-    The returned config is the model's own (for BERT: ``add_pooling_layer=False``, as HF's MLM has no pooler).
+    The returned config is the model's own (it may differ from ``values``: an MLM has no pooler, say).
     """
-    model_type = values.get("model_type", "bert")
-    arch = architecture(model_type)
-    if model_type not in MASKED_LM:
-        raise KbertError(f"no masked-LM head for model_type '{model_type}'; supported: {', '.join(sorted(MASKED_LM))}")
-    model = MASKED_LM[model_type](arch.config.from_dict(values))
+    model_type = values.get("model_type", DEFAULT_MODEL_TYPE)
+    model = masked_lm_of(model_type).model(architecture(model_type).config.from_dict(values))
     return model, model.config
 
 
-def layout_of(model: nn.Module) -> Layout:
-    if not isinstance(model, tuple(MASKED_LM.values())):
-        raise TypeError(f"{type(model).__name__} is not a masked-LM model "
-                        f"({', '.join(sorted({c.__name__ for c in MASKED_LM.values()}))})")
-    return LAYOUTS[model.config.model_type]
+def layout_of(model: nn.Module) -> MaskedLM:
+    """The masked-LM layout of a masked-LM model (a TypeError for any other module)."""
+    arch = ARCHITECTURES.get(getattr(getattr(model, "config", None), "model_type", None))
+    if arch is None or arch.masked_lm is None or not isinstance(model, arch.masked_lm.model):
+        classes = sorted({a.masked_lm.model.__name__ for a in ARCHITECTURES.values() if a.masked_lm is not None})
+        raise TypeError(f"{type(model).__name__} is not a masked-LM model ({', '.join(classes)})")
+    return arch.masked_lm
 
 
 def encoder_of(model: nn.Module) -> nn.Module:
-    """The wrapped encoder (``model.bert`` / ``model.model``): a BertModel, ModernBertModel or NeoBertModel."""
+    """The wrapped encoder (the attribute its layout names)."""
     return getattr(model, layout_of(model).encoder)
 
 
 def hf_weights(model: nn.Module) -> dict[str, mx.array]:
     """The model's parameters under the names Hugging Face's ``from_pretrained`` reads.
 
-    These are the flattened parameter names, plus for untied BERT and RoBERTa the decoder bias
-    (``cls.predictions.decoder.bias``, ``lm_head.decoder.bias``: a copy of the head's bias), which transformers 5
-    keeps as a separate parameter there. A tied decoder weight is not written: transformers re-ties it to the
-    embeddings on load, as for the checkpoints it saves itself.
+    These are the flattened parameter names, plus, untied, the layout's ``decoder_bias`` (a copy of the head's
+    bias), which transformers 5 keeps as a separate parameter there. A tied decoder weight is not written:
+    transformers re-ties it to the embeddings on load, as for the checkpoints it saves itself.
     """
     weights = dict(tree_flatten(model.parameters()))
     layout = layout_of(model)
@@ -130,11 +83,11 @@ def split_checkpoint(model_type: str, weights: dict[str, mx.array], config: Any
 
     Encoder names go through the architecture's ``sanitize`` (prefix, buffers, legacy names); the layout's
     ``ignored`` names are dropped. A tied checkpoint's stored decoder weight is dropped when it equals the
-    embedding table and is an error when it does not. BERT's ``cls.predictions.decoder.bias`` becomes the
-    bias (it is what an untied transformers 5 model computes with; tied, it must equal ``cls.predictions.bias``).
+    embedding table and is an error when it does not. The layout's ``decoder_bias`` becomes its ``bias`` (it is
+    what an untied transformers 5 model computes with; tied, the two must be equal).
     Nothing else is renamed or dropped, so a strict load reports any other mismatch.
     """
-    layout = LAYOUTS[model_type]
+    layout = masked_lm_of(model_type)
     kept = {k: v for k, v in weights.items() if not k.startswith(layout.ignored)} if layout.ignored else weights
     head = {k: v for k, v in kept.items() if k.startswith(layout.head)}
     rest = {k: v for k, v in kept.items() if k not in head}
@@ -182,7 +135,7 @@ def _read_folder(folder: Path) -> tuple[dict[str, Any], dict[str, mx.array]]:
                          "with adapter_checkpoint 'merged' or start from its base encoder")
     # TaskModel names: encoder.*, pooler.*, head.*; only the encoder's are wanted.
     weights = {k.removeprefix("encoder."): v for k, v in read_weights(folder).items() if k.startswith("encoder.")}
-    return {"model_type": "bert", **values["encoder_config"]}, weights
+    return {"model_type": DEFAULT_MODEL_TYPE, **values["encoder_config"]}, weights
 
 
 def load_masked_lm(name_or_path: str | Path, log: Callable[[str], None] | None = print,

@@ -18,9 +18,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from kbert.models.activations import ACTIVATIONS
-from kbert.models.cpu_kernels import attention
+from kbert.models.architecture import Architecture, MaskedLM
 from kbert.models.layers import LayerNorm
-from kbert.models.outputs import attention_probs, encoder_outputs, run_layers
+from kbert.models.outputs import Encoder, EncoderOutput, Recording, attend, run_layers
 from kbert.models.recompute import Dropout
 
 GLOBAL = "full_attention"
@@ -145,8 +145,7 @@ class ModernBertAttention(nn.Module):
         self.dropout = Dropout(config.attention_dropout)
         self.out_drop = Dropout(config.attention_dropout)
 
-    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False):
-        """The attention block's output, and with ``output_attentions`` also its probabilities."""
+    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
         batch, seq_len, hidden = x.shape
         # (batch, seq, 3, heads, head_dim) -> 3 x (batch, heads, seq, head_dim), as HF's view + unbind.
         qkv = self.Wqkv(x).reshape(batch, seq_len, 3, self.num_heads, self.head_dim).transpose(2, 0, 3, 1, 4)
@@ -154,15 +153,9 @@ class ModernBertAttention(nn.Module):
         # traditional=False rotates the two halves of head_dim: HF's rotate_half convention.
         q = mx.fast.rope(q, self.head_dim, traditional=False, base=self.rope_theta, scale=1.0, offset=0)
         k = mx.fast.rope(k, self.head_dim, traditional=False, base=self.rope_theta, scale=1.0, offset=0)
-        scale = 1.0 / math.sqrt(self.head_dim)
         dropout = self.dropout if self.training and self.attention_dropout > 0 else None
-        if output_attentions:
-            probs = attention_probs(q, k, scale, mask)
-            out = (probs if dropout is None else dropout(probs)) @ v
-        else:
-            out = attention(q, k, v, scale, mask, dropout)
-        out = self.out_drop(self.Wo(out.transpose(0, 2, 1, 3).reshape(batch, seq_len, hidden)))
-        return (out, probs) if output_attentions else out
+        out = attend(q, k, v, 1.0 / math.sqrt(self.head_dim), mask, dropout)
+        return self.out_drop(self.Wo(out.transpose(0, 2, 1, 3).reshape(batch, seq_len, hidden)))
 
 
 class ModernBertMLP(nn.Module):
@@ -200,11 +193,7 @@ class ModernBertEncoderLayer(nn.Module):
     def is_local(self) -> bool:
         return self.attn.is_local
 
-    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False):
-        if output_attentions:
-            attended, probs = self.attn(self.attn_norm(x), mask, output_attentions=True)
-            x = x + attended
-            return x + self.mlp(self.mlp_norm(x)), probs
+    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
         x = x + self.attn(self.attn_norm(x), mask)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -224,8 +213,9 @@ def attention_masks(attention_mask: mx.array | None, seq_len: int, window: int,
     return mx.where(keys, zero, blocked), mx.where(keys & allowed, zero, blocked)
 
 
-class ModernBertModel(nn.Module):
-    """ModernBERT encoder: returns ``(last_hidden_state, None)``; ``last_hidden_state`` is after ``final_norm``."""
+class ModernBertModel(Encoder):
+    """ModernBERT encoder; ``last_hidden_state`` (and, as in transformers, the last of the hidden states) is after
+    ``final_norm``. ``token_type_ids`` is accepted for a common encoder interface and ignored."""
 
     def __init__(self, config: ModernBertConfig):
         super().__init__()
@@ -235,32 +225,15 @@ class ModernBertModel(nn.Module):
         self.recompute_layers = False  # gradient checkpointing (models/recompute.py)
         self.final_norm = LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
 
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    def __call__(
-        self,
-        input_ids: mx.array | None = None,
-        attention_mask: mx.array | None = None,
-        token_type_ids: mx.array | None = None,
-        inputs_embeds: mx.array | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-    ) -> tuple:
-        """``token_type_ids`` is accepted for a common encoder interface and ignored (ModernBERT has none).
-        As in transformers, the last of the hidden states is after ``final_norm``."""
+    def encode(self, input_ids: mx.array | None, attention_mask: mx.array | None, token_type_ids: mx.array | None,
+               inputs_embeds: mx.array | None, record: Recording) -> EncoderOutput:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         x = self.embeddings(input_ids, inputs_embeds)
         global_mask, local_mask = attention_masks(attention_mask, x.shape[1], self.config.sliding_window, x.dtype)
-        masks = [local_mask if layer.is_local else global_mask for layer in self.layers]
-        x, hidden_states, attentions = run_layers(self.layers, x, masks, self.recompute_layers, output_hidden_states,
-                                                  output_attentions)
-        x = self.final_norm(x)
-        if hidden_states is not None:
-            hidden_states = hidden_states[:-1] + (x,)
-        return encoder_outputs(x, None, hidden_states, attentions)
+        inputs = [(local_mask if layer.is_local else global_mask,) for layer in self.layers]
+        out = run_layers(self.layers, x, inputs, self.recompute_layers, record)
+        return out.with_last(self.final_norm(out.last_hidden_state))
 
 
 class ModernBertPredictionHead(nn.Module):
@@ -317,8 +290,7 @@ class ModernBertForMaskedLM(nn.Module):
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array | None = None,
                  token_type_ids: mx.array | None = None) -> mx.array:
-        hidden, _ = self.model(input_ids, attention_mask, token_type_ids)
-        return self.logits(hidden)
+        return self.logits(self.model(input_ids, attention_mask, token_type_ids).last_hidden_state)
 
 
 # Top-level modules of HF's ModernBertFor* classes that sit outside the encoder.
@@ -341,3 +313,10 @@ def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
             continue
         out[name] = value
     return out
+
+ARCHITECTURE = Architecture(
+    model_type="modernbert", config=ModernBertConfig, model=ModernBertModel, sanitize=sanitize, presets=PRESETS,
+    adapter_targets={"default": "Wqkv,Wo,Wi", "attention": "Wqkv", "query-value": "Wqkv"}, blocks="layers",
+    masked_lm=MaskedLM(ModernBertForMaskedLM, "model", ("head.", "decoder."), "decoder.weight",
+                       "embeddings.tok_embeddings.weight", "ModernBertForMaskedLM"),
+)

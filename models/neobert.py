@@ -17,8 +17,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from kbert.models.cpu_kernels import attention
-from kbert.models.outputs import attention_probs, encoder_outputs, run_layers
+from kbert.models.architecture import Architecture, MaskedLM
+from kbert.models.outputs import Encoder, EncoderOutput, Recording, attend, run_layers
 
 ROPE_BASE = 10000.0  # hard-coded in the reference (precompute_freqs_cis theta)
 
@@ -139,23 +139,16 @@ class EncoderBlock(nn.Module):
         self.attention_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.ffn_norm = nn.RMSNorm(config.hidden_size, eps=config.norm_eps)
 
-    def attention(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False):
+    def attention(self, x: mx.array, mask: mx.array | None) -> mx.array:
         batch, seq_len, hidden = x.shape
         # qkv outputs are grouped by head: head h holds [q | k | v] of head_dim each.
         qkv = self.qkv(x).reshape(batch, seq_len, self.num_heads, 3 * self.head_dim).transpose(0, 2, 1, 3)
         q, k, v = mx.split(qkv, 3, axis=-1)
         q, k = apply_rope(q), apply_rope(k)
-        scale = 1.0 / math.sqrt(self.head_dim)
-        probs = attention_probs(q, k, scale, mask) if output_attentions else None
-        out = probs @ v if output_attentions else attention(q, k, v, scale, mask)
-        out = self.wo(out.transpose(0, 2, 1, 3).reshape(batch, seq_len, hidden))
-        return (out, probs) if output_attentions else out
+        out = attend(q, k, v, 1.0 / math.sqrt(self.head_dim), mask)
+        return self.wo(out.transpose(0, 2, 1, 3).reshape(batch, seq_len, hidden))
 
-    def __call__(self, x: mx.array, mask: mx.array | None, output_attentions: bool = False):
-        if output_attentions:
-            attended, probs = self.attention(self.attention_norm(x), mask, output_attentions=True)
-            x = x + attended
-            return x + self.ffn(self.ffn_norm(x)), probs
+    def __call__(self, x: mx.array, mask: mx.array | None) -> mx.array:
         x = x + self.attention(self.attention_norm(x), mask)
         return x + self.ffn(self.ffn_norm(x))
 
@@ -169,8 +162,10 @@ def key_padding_mask(attention_mask: mx.array, dtype: mx.Dtype) -> mx.array:
     return blocked[:, None, None, :]
 
 
-class NeoBertModel(nn.Module):
-    """NeoBERT encoder: returns ``(last_hidden_state, None)``; there is no pooler."""
+class NeoBertModel(Encoder):
+    """NeoBERT encoder, without a pooler. ``inputs_embeds`` (batch, seq, hidden) replaces the embedding lookup;
+    ``token_type_ids`` is ignored. The hidden states are the embeddings and each block's output, the last after the
+    final norm (the reference's are all before it)."""
 
     def __init__(self, config: NeoBertConfig):
         super().__init__()
@@ -189,22 +184,8 @@ class NeoBertModel(nn.Module):
             for layer in (block.qkv, block.wo, block.ffn.w12, block.ffn.w3):
                 layer.weight = mx.random.uniform(-lin, lin, layer.weight.shape)
 
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    def __call__(
-        self,
-        input_ids: mx.array | None = None,
-        attention_mask: mx.array | None = None,
-        token_type_ids: mx.array | None = None,
-        inputs_embeds: mx.array | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-    ) -> tuple:
-        """``inputs_embeds`` (batch, seq, hidden) replaces the embedding lookup; ``token_type_ids`` is ignored.
-        The hidden states are the embeddings and each block's output (before the final norm, as the reference's
-        ``hidden_states``); the last is then replaced by the normalized ``last_hidden_state``."""
+    def encode(self, input_ids: mx.array | None, attention_mask: mx.array | None, token_type_ids: mx.array | None,
+               inputs_embeds: mx.array | None, record: Recording) -> EncoderOutput:
         del token_type_ids  # NeoBERT has no segment embeddings
         if inputs_embeds is None:
             if input_ids is None:
@@ -216,12 +197,9 @@ class NeoBertModel(nn.Module):
             raise ValueError(f"sequence length {x.shape[1]} exceeds max_length {self.config.max_length} "
                              "(the reference's RoPE table covers positions 0..max_length-1 only)")
         mask = None if attention_mask is None else key_padding_mask(attention_mask, x.dtype)
-        x, hidden_states, attentions = run_layers(self.transformer_encoder, x, [mask] * len(self.transformer_encoder),
-                                                  self.recompute_layers, output_hidden_states, output_attentions)
-        x = self.layer_norm(x)
-        if hidden_states is not None:
-            hidden_states = hidden_states[:-1] + (x,)
-        return encoder_outputs(x, None, hidden_states, attentions)
+        inputs = [(mask,)] * len(self.transformer_encoder)
+        out = run_layers(self.transformer_encoder, x, inputs, self.recompute_layers, record)
+        return out.with_last(self.layer_norm(out.last_hidden_state))
 
 
 class TiedDecoder(nn.Module):
@@ -263,8 +241,7 @@ class NeoBertForMaskedLM(nn.Module):
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array | None = None,
                  token_type_ids: mx.array | None = None) -> mx.array:
-        hidden, _ = self.model(input_ids, attention_mask, token_type_ids)
-        return self.logits(hidden)
+        return self.logits(self.model(input_ids, attention_mask, token_type_ids).last_hidden_state)
 
 
 _SPLIT_FFN = re.compile(r"^(transformer_encoder\.\d+\.ffn)\.w([12])\.(weight|bias)$")
@@ -293,3 +270,11 @@ def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
             out[packed] = mx.concatenate([halves["1"], halves["2"]], axis=0)
             del out[f"{prefix}.w1.{kind}"], out[f"{prefix}.w2.{kind}"]
     return out
+
+ARCHITECTURE = Architecture(
+    model_type="neobert", config=NeoBertConfig, model=NeoBertModel, sanitize=sanitize, presets=PRESETS,
+    adapter_targets={"default": "qkv,wo,w12,w3", "attention": "qkv", "query-value": "qkv"},
+    blocks="transformer_encoder", embeddings=("encoder.",), positions="max_length",
+    masked_lm=MaskedLM(NeoBertForMaskedLM, "model", ("decoder.",), "decoder.weight", "encoder.weight",
+                       "NeoBERTLMHead"),
+)

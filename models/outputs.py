@@ -1,43 +1,118 @@
-"""What every kbert encoder returns, and attention probabilities for callers that ask to see them."""
+"""What every kbert encoder returns, and the layer loop that records hidden states and attentions."""
 
 from __future__ import annotations
 
-import mlx.core as mx
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 
+import mlx.core as mx
+import mlx.nn as nn
+
+from kbert.models.cpu_kernels import attention
 from kbert.models.recompute import call_layer
+
+# The attention probabilities of the layers that ``run_layers`` is recording, None when it records none.
+_ATTENTIONS: ContextVar[list[mx.array] | None] = ContextVar("kbert_attentions", default=None)
+
+
+@dataclass(frozen=True)
+class EncoderOutput:
+    """Every kbert encoder's return value, with Hugging Face's field names.
+
+    Args:
+        last_hidden_state: (batch, seq, hidden); (batch, 1, hidden) when the first token alone was asked for
+            and computed.
+        pooler_output: the pooler's (batch, hidden), None without a pooler.
+        hidden_states: the embeddings' output, then each layer's output, when asked for.
+        attentions: each layer's attention probabilities (batch, heads, seq, seq), when asked for.
+    """
+
+    last_hidden_state: mx.array
+    pooler_output: mx.array | None = None
+    hidden_states: tuple[mx.array, ...] | None = None
+    attentions: tuple[mx.array, ...] | None = None
+
+    def with_last(self, last: mx.array) -> EncoderOutput:
+        """This output with ``last`` (a norm after the layers) as the last hidden state, in ``hidden_states`` too."""
+        states = None if self.hidden_states is None else self.hidden_states[:-1] + (last,)
+        return replace(self, last_hidden_state=last, hidden_states=states)
+
+
+@dataclass(frozen=True)
+class Recording:
+    """What the layer loop keeps besides the last output, and whether the caller reads the first token alone (then a
+    last layer that declares it can computes only that token's output)."""
+
+    hidden_states: bool = False
+    attentions: bool = False
+    first_token: bool = False
+
+
+class Encoder(nn.Module):
+    """What every kbert encoder shares: Hugging Face's call, answered by the architecture's ``encode``."""
+
+    def __call__(self, input_ids: mx.array | None = None, attention_mask: mx.array | None = None,
+                 token_type_ids: mx.array | None = None, inputs_embeds: mx.array | None = None,
+                 output_hidden_states: bool = False, output_attentions: bool = False) -> EncoderOutput:
+        return self.encode(input_ids, attention_mask, token_type_ids, inputs_embeds,
+                           Recording(output_hidden_states, output_attentions))
+
+    def encode(self, input_ids: mx.array | None, attention_mask: mx.array | None, token_type_ids: mx.array | None,
+               inputs_embeds: mx.array | None, record: Recording) -> EncoderOutput:
+        raise NotImplementedError
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.hidden_size
 
 
 def attention_probs(q: mx.array, k: mx.array, scale: float, mask: mx.array | None) -> mx.array:
-    """Softmax attention probabilities (batch, heads, seq, seq), for ``output_attentions``."""
+    """Softmax attention probabilities (batch, heads, seq, seq), computed explicitly."""
     scores = (q * scale) @ k.swapaxes(-1, -2)
     return mx.softmax(scores if mask is None else scores + mask, axis=-1, precise=True)
 
 
-def encoder_outputs(hidden: mx.array, pooled: mx.array | None, hidden_states: tuple | None,
-                    attentions: tuple | None) -> tuple:
-    """Every kbert encoder's return value, in Hugging Face's tuple order (``return_dict=False``):
-    ``(last_hidden_state, pooler_output)``, then ``hidden_states`` (the embeddings' output and each layer's
-    output) when asked for, then ``attentions`` (each layer's probabilities) when asked for."""
-    return (hidden, pooled) + ((hidden_states,) if hidden_states is not None else ()) + (
-        (attentions,) if attentions is not None else ())
+def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None,
+           dropout: Callable[[mx.array], mx.array] | None = None) -> mx.array:
+    """Scaled dot-product attention (models/cpu_kernels.py); while the layer loop records attentions, from explicit
+    probabilities, which are recorded (before ``dropout``)."""
+    if _ATTENTIONS.get() is None:
+        return attention(q, k, v, scale, mask, dropout)
+    probs = record_attention(attention_probs(q, k, scale, mask))
+    return (probs if dropout is None else dropout(probs)) @ v
 
 
-def run_layers(layers: list, x: mx.array, masks: list, recompute: bool, output_hidden_states: bool = False,
-               output_attentions: bool = False,
-               first_token_only: bool = False) -> tuple[mx.array, tuple | None, tuple | None]:
-    """Run ``layers`` in order (layer i sees ``masks[i]``), each through ``call_layer`` (recomputed in the
-    backward pass when ``recompute``). Returns the last output, every hidden state (the input, then each
-    layer's output) when asked, and every layer's attention probabilities when asked: a layer's
-    ``__call__(x, mask, output_attentions=True)`` returns ``(output, probabilities)``, run without recomputation.
-    ``first_token_only``: the last layer computes the first token's output alone (``first_token_only=True`` to
-    the layer), all a CLS pooler reads, so the last output is (batch, 1, hidden)."""
-    hidden_states, attentions = [x], []
-    for i, (layer, mask) in enumerate(zip(layers, masks, strict=True)):
-        options = {"first_token_only": True} if first_token_only and i == len(layers) - 1 else {}
-        if output_attentions:
-            x, probs = layer(x, mask, output_attentions=True, **options)
-            attentions.append(probs)
-        else:
-            x = call_layer(layer, x, mask, recompute, **options)
-        hidden_states.append(x)
-    return x, tuple(hidden_states) if output_hidden_states else None, tuple(attentions) if output_attentions else None
+def record_attention(probs: mx.array, axes: tuple[int, ...] | None = None) -> mx.array:
+    """Keep a layer's attention probabilities, (batch, heads, seq, seq) after ``axes``, while the layer loop records
+    them; returns ``probs`` as given."""
+    kept = _ATTENTIONS.get()
+    if kept is not None:
+        kept.append(probs if axes is None else probs.transpose(axes))
+    return probs
+
+
+def run_layers(layers: list, x: mx.array, inputs: list[tuple], recompute: bool, record: Recording,
+               after_first: Callable[[mx.array], mx.array] | None = None) -> EncoderOutput:
+    """Run ``layers`` in order, layer i as ``layer(x, *inputs[i])`` (its mask first), recording what ``record`` asks.
+
+    Each layer goes through ``call_layer`` (recomputed in the backward pass when ``recompute``), except while
+    attentions are recorded. The last layer computes the first token alone where ``record`` allows and the layer's
+    class declares it can (a class attribute; it is then called with a query row count of 1). ``after_first``
+    transforms the first layer's output (a convolution, say).
+    """
+    hidden_states, kept = [x], [] if record.attentions else None
+    capable = bool(layers) and getattr(layers[-1], "first_token", False)
+    last = {"query_rows": 1} if record.first_token and capable else {}
+    token = _ATTENTIONS.set(kept)
+    try:
+        for i, (layer, (mask, *extra)) in enumerate(zip(layers, inputs, strict=True)):
+            options = last if i == len(layers) - 1 else {}
+            x = call_layer(layer, x, mask, recompute and kept is None, *extra, **options)
+            if i == 0 and after_first is not None:
+                x = after_first(x)
+            hidden_states.append(x)
+    finally:
+        _ATTENTIONS.reset(token)
+    return EncoderOutput(x, None, tuple(hidden_states) if record.hidden_states else None,
+                         None if kept is None else tuple(kept))

@@ -11,6 +11,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 POOLING_KINDS = ("cls", "mean", "max", "attention", "weighted-layers", "cls-last4")
+EMBED_POOLINGS = ("cls", "mean", "max")  # kbert embed: no learned weights, the last layer only
 LAYER_POOLINGS = ("weighted-layers", "cls-last4")
 LAST_LAYERS = 4
 

@@ -1,13 +1,7 @@
-"""Gradient checkpointing for encoder layers: keep only each layer's input for the backward pass and
-recompute the layer's inside there, trading about a third more compute for most of the activation memory.
+"""Gradient checkpointing for encoder layers: keep only each layer's input and recompute the layer in the backward
+pass, trading about a third more compute for most of the activation memory.
 
-``mx.checkpoint`` re-runs the layer's Python code during the backward pass, so a plain dropout inside it
-would draw new masks and the gradients would not belong to the forward pass (measured: they differ).
-A recomputed layer therefore runs under its own random key, drawn from the global generator and passed
-in by closure, and the encoders' ``Dropout`` draws its masks from that key: the recomputation draws the
-same masks. Without recomputation the masks come from the global generator. On a CPU with kbert's kernels
-(models/cpu_kernels.py) a mask is a hash of each element's index and one seed drawn from that generator (the
-gradient recomputes it); elsewhere it is ``mx.random.bernoulli``, as in ``nn.Dropout``.
+A recomputed layer runs under its own random key, so its dropout draws the same masks again.
 """
 
 from __future__ import annotations
@@ -49,8 +43,8 @@ def call_layer(layer: nn.Module, x: mx.array, mask: mx.array | None, recompute: 
                **options) -> mx.array:
     """``layer(x, mask, *extra, **options)``, with its activations recomputed in the backward pass when ``recompute``.
 
-    ``extra``: further arrays the layer takes (DeBERTa: its relative position embeddings and gather indices).
-    ``options``: plain Python keyword arguments (BERT's ``first_token_only``), the same in the recomputation.
+    ``extra``: further arrays the layer takes (relative position embeddings and gather indices, say).
+    ``options``: plain Python keyword arguments, the same in the recomputation.
     Recomputed, the floating ones are inputs of the checkpointed function, so gradients reach them; integer
     ones (indices, which have no gradient) are captured by closure.
     """

@@ -18,9 +18,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from kbert.models.activations import gelu
-from kbert.models.bert import BertEmbeddings, BertEncoder, BertPooler, additive_padding_mask
+from kbert.models.architecture import Architecture, MaskedLM
+from kbert.models.bert import ADAPTER_TARGETS, BertEmbeddings, BertModel
 from kbert.models.layers import LayerNorm
-from kbert.models.outputs import encoder_outputs
 
 # config.json model_type values this implementation loads (XLM-RoBERTa differs only in vocabulary and sizes).
 MODEL_TYPES = ("roberta", "xlm-roberta")
@@ -115,43 +115,14 @@ class RobertaEmbeddings(BertEmbeddings):
         return self.dropout(self.LayerNorm(x))
 
 
-class RobertaModel(nn.Module):
-    """RoBERTa / XLM-RoBERTa encoder: returns ``(last_hidden_state, pooler_output)`` (pooler output is None
-    without a pooler), plus every hidden state and attention probability on request (see ``encoder_outputs``).
+class RobertaModel(BertModel):
+    """RoBERTa / XLM-RoBERTa encoder: BERT's with RoBERTa's position ids.
 
     Padding is recognised twice, as in Hugging Face: ``attention_mask`` masks padded keys, and the position ids
-    treat every ``pad_token_id`` in ``input_ids`` as padding, so pad with ``pad_token_id``. ``first_token_only``:
-    as ``BertModel``'s.
+    treat every ``pad_token_id`` in ``input_ids`` as padding, so pad with ``pad_token_id``.
     """
 
-    def __init__(self, config: RobertaConfig):
-        super().__init__()
-        self.config = config
-        self.embeddings = RobertaEmbeddings(config)
-        self.encoder = BertEncoder(config)
-        if config.add_pooling_layer:
-            self.pooler = BertPooler(config)
-
-    @property
-    def hidden_size(self) -> int:
-        return self.config.hidden_size
-
-    def __call__(
-        self,
-        input_ids: mx.array | None = None,
-        attention_mask: mx.array | None = None,
-        token_type_ids: mx.array | None = None,
-        inputs_embeds: mx.array | None = None,
-        output_hidden_states: bool = False,
-        output_attentions: bool = False,
-        first_token_only: bool = False,
-    ) -> tuple:
-        x = self.embeddings(input_ids, token_type_ids, inputs_embeds)
-        mask = None if attention_mask is None else additive_padding_mask(attention_mask, x.dtype)
-        hidden, hidden_states, attentions = self.encoder(x, mask, output_hidden_states, output_attentions,
-                                                         first_token_only)
-        pooled = self.pooler(hidden) if self.config.add_pooling_layer else None
-        return encoder_outputs(hidden, pooled, hidden_states, attentions)
+    embeddings_class = RobertaEmbeddings
 
 
 class RobertaLMHead(nn.Module):
@@ -192,8 +163,7 @@ class RobertaForMaskedLM(nn.Module):
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array | None = None,
                  token_type_ids: mx.array | None = None) -> mx.array:
-        hidden, _ = self.roberta(input_ids, attention_mask, token_type_ids)
-        return self.logits(hidden)
+        return self.logits(self.roberta(input_ids, attention_mask, token_type_ids).last_hidden_state)
 
 
 def sanitize(weights: dict[str, mx.array]) -> dict[str, mx.array]:
@@ -223,3 +193,19 @@ PRESETS: dict[str, dict[str, Any]] = {
                      "intermediate_size": 3072, "vocab_size": 50265, "max_position_embeddings": 514,
                      "pad_token_id": 1, "type_vocab_size": 1, "layer_norm_eps": 1e-5},
 }
+
+
+def _architecture(model_type: str, hf_class: str, presets: dict[str, dict[str, Any]]) -> Architecture:
+    return Architecture(
+        model_type=model_type, config=RobertaConfig, model=RobertaModel, sanitize=sanitize, presets=presets,
+        adapter_targets=ADAPTER_TARGETS, blocks="encoder.layer", pooler="pooler.dense.weight",
+        positions_after_padding=True,
+        masked_lm=MaskedLM(RobertaForMaskedLM, "roberta", ("lm_head.",), "lm_head.decoder.weight",
+                           "embeddings.word_embeddings.weight", hf_class, ignored=("roberta.pooler.", "pooler."),
+                           decoder_bias="lm_head.decoder.bias", bias="lm_head.bias"),
+    )
+
+
+# XLM-RoBERTa is RoBERTa's network under its own model_type (its presets are listed once, under RoBERTa).
+ARCHITECTURE = (_architecture("roberta", "RobertaForMaskedLM", PRESETS),
+                _architecture("xlm-roberta", "XLMRobertaForMaskedLM", {}))

@@ -1,17 +1,8 @@
 """The process's MLX runtime set-up, in one place: call ``setup()`` once, before anything imports ``mlx.core``.
 
-On Linux it binds a fast BLAS for MLX's CPU matmuls (models/blas.py: libmlx takes ``cblas_sgemm`` from
-whatever is in the global symbol scope when it loads, so this must come first) and makes glibc keep freed
-large buffers for reuse. The vectorized CPU kernels (models/cpu_kernels.py) need MLX loaded, so they are
-built and loaded on first use; ``status()`` reports all three. On macOS, MLX uses Accelerate and Metal and
-``setup()`` only records that.
-
-Who calls it: ``kbert``'s command line (kbert/cli), each tuning worker process, the test suite's conftest
-and the benchmarks. A library user who imports kbert's models directly calls it first:
-
-    from kbert.models import runtime
-    runtime.setup()
-    from kbert.models.bert import BertModel
+On Linux it binds a fast BLAS (models/blas.py) and makes glibc keep freed large buffers; ``status()`` reports that
+and the CPU kernels (models/cpu_kernels.py). A library user calls it before importing kbert's models:
+``from kbert.models import runtime; runtime.setup()``.
 """
 
 from __future__ import annotations

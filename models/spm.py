@@ -1,26 +1,9 @@
 """DeBERTa-v2/v3 tokenizers from a checkpoint's SentencePiece ``spm.model``, as a fast ``tokenizers.Tokenizer``.
 
-DeBERTa-v3 checkpoints (microsoft/deberta-v3-*) ship ``spm.model`` and no ``tokenizer.json``. ``convert_spm`` builds
-what transformers' ``DebertaV2Converter`` (transformers/convert_slow_tokenizer.py) builds from it: the unigram model
-with the file's pieces and scores, the normaliser ``[Lowercase] Strip Precompiled(charsmap) Replace(" {2,}", " ")``
-(the charsmap is the model's own normalisation table: NFKC under sentencepiece's default nmt_nfkc rule), the
-pre-tokeniser ``[Punctuation(isolated)] Metaspace(prepend always)``, the Metaspace decoder and the post-processor
-``[CLS] $A [SEP]`` / ``[CLS] $A [SEP] $B:1 [SEP]:1``; then, as a transformers tokenizer does on top, the added tokens
-(``added_tokens.json``, ``added_tokens_decoder``: [MASK] after the last piece in DeBERTa-v3) and the named special
-tokens. That is the tokenisation DeBERTa was pretrained with (its own code encodes with sentencepiece): the ids equal
-sentencepiece's except where two segmentations score exactly the same, and for special tokens typed in the text.
-
-transformers 5's ``DebertaV2Tokenizer`` built from ``spm.model`` leaves the charsmap out (NFC instead of NFKC, and
-tabs and newlines made spaces by a regex), so text with compatibility characters (``ª``, ``…``, ``ﬁ``, full-width
-letters) gets other ids there, often [UNK]. kbert's default, ``normalization="sentencepiece"``, keeps the model's
-own table, as DeBERTa's pretraining, sentencepiece and transformers 4 did; ``normalization="transformers"`` builds
-transformers 5's normaliser instead, for ids equal to a PyTorch notebook's that loads the model with transformers 5
-(``--spm-normalization transformers``). tests/test_spm_tokenizer.py pins both against their references.
-
-The file is read with protobuf against the few fields of sentencepiece's ``ModelProto`` used here (declared below),
-so neither sentencepiece nor transformers is needed at run time. ``load_spm_tokenizer`` caches the conversion beside
-the model as ``kbert-tokenizer-<key>.json``, the key covering the model file's sha256, the tokenizer settings and
-``CONVERTER_VERSION``; a folder that cannot be written in gets the conversion in memory on every load.
+``convert_spm`` builds what transformers' ``DebertaV2Converter`` builds, reading ``spm.model`` with protobuf (no
+sentencepiece or transformers at run time). ``normalization="sentencepiece"`` (the default) keeps the model's own
+NFKC table, as DeBERTa was pretrained; ``"transformers"`` gives transformers 5's ids instead. ``load_spm_tokenizer``
+caches the conversion beside the model as ``kbert-tokenizer-<key>.json``.
 """
 
 from __future__ import annotations

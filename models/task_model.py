@@ -8,16 +8,11 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from kbert.models.bert import BertModel
-from kbert.models.electra import ElectraModel
 from kbert.models.encoders import build_encoder
 from kbert.models.fusion import Fusion, FusionConfig
 from kbert.models.heads import HeadConfig, build_head
+from kbert.models.outputs import Recording
 from kbert.models.pooling import Pooler
-from kbert.models.roberta import RobertaModel
-
-# Encoders whose last layer can compute the first token alone (``first_token_only``): all a "cls" pooler reads.
-FIRST_TOKEN_ENCODERS = (BertModel, RobertaModel, ElectraModel)
 
 
 class TaskModel(nn.Module):
@@ -30,15 +25,11 @@ class TaskModel(nn.Module):
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array, numeric: mx.array | None = None,
                  categorical: mx.array | None = None) -> mx.array:
-        """Head outputs; ``numeric`` and ``categorical`` are the rows' tabular inputs when fusion is on."""
-        if self.pooler.uses_layers:
-            hidden, _, hidden_states = self.encoder(input_ids, attention_mask, output_hidden_states=True)
-            pooled = self.pooler(hidden, attention_mask, hidden_states)
-        else:
-            first_token_only = self.pooler.kind == "cls" and isinstance(self.encoder, FIRST_TOKEN_ENCODERS)
-            options = {"first_token_only": True} if first_token_only else {}
-            hidden, _ = self.encoder(input_ids, attention_mask, **options)
-            pooled = self.pooler(hidden, attention_mask)
+        """Head outputs; ``numeric`` and ``categorical`` are the rows' tabular inputs when fusion is on. A "cls" pooler
+        reads the first token alone, which an encoder that can computes alone in its last layer."""
+        record = Recording(hidden_states=self.pooler.uses_layers, first_token=self.pooler.kind == "cls")
+        out = self.encoder.encode(input_ids, attention_mask, None, None, record)
+        pooled = self.pooler(out.last_hidden_state, attention_mask, out.hidden_states)
         return self.head(self.fusion(pooled, numeric, categorical))
 
 

@@ -1,28 +1,10 @@
 """The run folder: what a run (and a baseline member) writes, and what resuming, tuning and ensembles read.
 
-``runs/<competition>/<run-id>/``: inputs.json (the sha256 of each data file the run read, by file name) and
-config.yaml (the resolved config), written first, in that order; .lock (locked while a process writes the
-folder); folds.csv (id, fold, and fold_repeat<r> per extra repeat), oof.csv and test.csv (id, then the
-prediction columns of pipeline/predictions.py), outputs.npz (raw OOF and fold-averaged test head outputs),
-metrics.json (the artifact schema, what the run was made for, the scores, the inputs' hashes and the config's,
-the warnings; written last), and ``folds/<k>/`` per fold (``fold_name``: ``r<repeat>-<k>`` with repeated k-fold,
-``<k>-s<i>`` for the i-th extra seed): model.safetensors (or adapter.safetensors + adapter_config.json),
-config.json, tokenizer.json, test.csv, history.json, serializer.json (the serializer's fitted statistics),
-outputs.npz (the fold's raw and final validation and test predictions) and fold.json (its
-record and the sha256 of each model file, verified when the fold is read back; written last: a fold without it
-is unfinished). Where a finished run meets others (an ensemble, a teacher, an embedding source, a resumed kbert
-auto), pipeline/provenance.py checks that it belongs. Every file is written to a temp file and renamed
-(kbert.io) and read back through a checked reader (kbert.io, models/weights.py, models/tokenizer.py): a damaged
-file is one error naming it.
-
-Before anything is written the output folders are checked (``check_run_outputs``). A command refused after
-it created a run folder, and before a fold of it finished, removes what it created (kbert.io
-``removed_on_refusal``). A process holds the run folder's lock for the whole run (``lock_run_folder``): a
-second process on the same run id is refused.
-
-Resume: a run id that exists is resumed only with the config and data files it was started with
-(``check_resumable``); its finished folds are read back and the others trained, so an interrupted run ends
-as an uninterrupted one would. ``kbert predict`` needs every fold the config lists (``missing_fold_part``).
+``runs/<competition>/<run-id>/`` holds inputs.json and config.yaml (written first), folds.csv, oof.csv, test.csv,
+outputs.npz and metrics.json (written last), and ``folds/<k>/`` per fold (``fold_name``), whose fold.json is
+written last: a fold without it is unfinished. Every file is written atomically and read back through a checked
+reader (kbert/io.py). One process holds a run folder's lock (``lock_run_folder``), and a run id that exists
+resumes only with the config and data it was started with (``check_resumable``).
 """
 
 from __future__ import annotations
@@ -33,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -49,10 +32,26 @@ from kbert.pipeline.metrics import Metric
 from kbert.pipeline.predictions import predictions_frame
 from kbert.tasks import Task
 
+if TYPE_CHECKING:  # provenance reads run folders with this module: no import at run time
+    from kbert.pipeline.provenance import Expected
+
 
 # A finished fold's model files, whose sha256 its fold.json records.
 MODEL_FILES = (WEIGHTS_FILE, ADAPTER_WEIGHTS_FILE, ADAPTER_CONFIG_FILE, CHECKPOINT_CONFIG_FILE, TOKENIZER_FILE)
 SCHEMA = 2  # metrics.json's "schema": what a member folder holds (folders from before it was recorded: schema 1)
+
+
+@dataclass
+class FoldPredictions:
+    """A finished fold: its validation rows' and the test rows' outputs and predictions, and its record."""
+
+    valid_index: np.ndarray
+    valid_outputs: np.ndarray  # raw head outputs (logits, values)
+    valid_predictions: np.ndarray  # on the target's own scale
+    test_outputs: np.ndarray
+    test_predictions: np.ndarray
+    record: dict  # fold, repeat, score, best epoch, sizes, seconds (fold.json)
+    tokens: dict | None  # the token budget of the training rows, kept by the first fold
 
 
 @dataclass
@@ -201,11 +200,11 @@ def read_folds_table(path: Path, id_column: str) -> pd.DataFrame:
     return folds
 
 
-def write_predictions(run_dir: Path, comp: CompetitionConfig, classes: list | None, train_ids: pd.Series,
-                      oof: np.ndarray, test_ids: pd.Series, test: np.ndarray) -> None:
-    """oof.csv and test.csv: the id, then the task's prediction columns."""
-    write_csv(run_dir / "oof.csv", predictions_frame(comp, classes, train_ids, oof))
-    write_csv(run_dir / "test.csv", predictions_frame(comp, classes, test_ids, test))
+def write_predictions(run_dir: Path, expected: Expected, oof: np.ndarray, test: np.ndarray) -> None:
+    """oof.csv and test.csv of ``expected``'s training and test rows: the id, then the task's prediction columns."""
+    comp, classes = expected.competition, expected.classes
+    write_csv(run_dir / "oof.csv", predictions_frame(comp, classes, expected.train_ids, oof))
+    write_csv(run_dir / "test.csv", predictions_frame(comp, classes, expected.test_ids, test))
 
 
 def score_summary(run_id: str, comp: CompetitionConfig, metric: Metric, cv: float, threshold: float | np.ndarray,
@@ -219,16 +218,13 @@ def score_summary(run_id: str, comp: CompetitionConfig, metric: Metric, cv: floa
             "fold_std": float(np.std(scores)), "folds": records}
 
 
-def write_finished_fold(fold_dir: Path, valid_outputs: np.ndarray, valid_predictions: np.ndarray,
-                        test_outputs: np.ndarray, test_predictions: np.ndarray, record: dict,
-                        tokens: dict | None) -> None:
+def write_finished_fold(fold_dir: Path, fold: FoldPredictions) -> None:
     """The fold's predictions, then fold.json: the marker that the fold is complete, with the sha256 of each of
     its model files (``MODEL_FILES``), which resuming and predicting verify (``verify_fold_files``)."""
-    arrays = {"valid_outputs": valid_outputs, "valid_predictions": valid_predictions, "test_outputs": test_outputs,
-              "test_predictions": test_predictions}
-    write_npz(fold_dir / "outputs.npz", **arrays)
+    write_npz(fold_dir / "outputs.npz", {"valid_outputs": fold.valid_outputs, "valid_predictions": fold.valid_predictions,
+                                         "test_outputs": fold.test_outputs, "test_predictions": fold.test_predictions})
     files = {name: file_sha256(fold_dir / name) for name in MODEL_FILES if (fold_dir / name).is_file()}
-    write_json(fold_dir / "fold.json", {"record": record, "tokens": tokens, "files": files})
+    write_json(fold_dir / "fold.json", {"record": fold.record, "tokens": fold.tokens, "files": files})
 
 
 def verify_fold_files(fold_dir: Path) -> None:

@@ -1,23 +1,28 @@
 """Configuration dataclasses: a competition (from its YAML) and a run (competition + model + training).
 
 A run's config is resolved once (YAML defaults, then the competition's overrides, then CLI flags)
-and written to ``runs/<competition>/<run-id>/config.yaml``.
+and written to ``runs/<competition>/<run-id>/config.yaml``. Each setting is declared once, by ``setting``: the
+`kbert run` options, the YAML checks, the tuning space's checks and docs/settings.md are read from ``SETTINGS``.
 """
 
 from __future__ import annotations
 
+import ast
+import copy
 import difflib
+import functools
+import importlib.util
+import json
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from kbert.errors import KbertError
-from kbert.io import read_json
 from kbert.names import check_name
 from kbert.tasks import TASKS, Task
 
@@ -25,179 +30,9 @@ BUNDLED_DIR = Path(__file__).resolve().parent.parent / "competitions"  # the pac
 BUNDLED_DATA_DIR = BUNDLED_DIR / "data"
 USER_DIR = Path("competitions")  # the working folder's own competitions (`kbert init` writes here)
 DOWNLOAD_DIR = Path(os.environ.get("KBERT_DATA", "data"))  # `kbert download <slug>` writes data/<slug>/
-TARGET_TRANSFORMS = ("none", "log1p", "standardize", "log1p_standardize")
-NUMBERS = ("both", "words", "omit")  # text.numbers
 COLUMN_DTYPES = ("int", "float", "str", "bool")
 REQUIRED_KEYS = ("name", "id_column", "target", "task", "files", "columns", "submission", "text")
 OPTIONAL_KEYS = ("metric", "features", "folds", "training", "head", "classes", "data_dir", "search_space")
-
-
-@dataclass
-class TextConfig:
-    serializer: str
-    template: str = ""  # for the template-based serializers (template, titanic)
-    # The generic serializers (list, sentence, template; features/generic.py):
-    columns: list[str] | None = None  # which columns, in order (None: all but the id and targets)
-    numeric: str = "raw"  # raw | round | bins (quantile-bin words) | percentile ("7.25, 12th percentile"); per fold
-    # Where numeric columns reach the model: both (in the text, and in the fusion branch with --fusion concat|gated)
-    # | words (in the text only) | omit (left out of the text: the fusion branch only; list and sentence serializers)
-    numbers: str = "both"
-    bins: int = 5
-    missing: str = "unknown"  # unknown | drop
-    mappings: dict[str, dict] = field(default_factory=dict)  # column -> {code: readable word}
-    truncate: str = "warn"  # over max_length: warn (the tokenizer cuts the end) | priority (drop whole columns)
-    priority: list[str] | None = None  # truncate: priority drops from the end of this list (default: columns)
-    # Augmentation of training rows (training.augment) and test-time augmentation (training.tta):
-    shuffle_columns: bool = True  # shuffle the column (or sentence) order
-    paraphrase: bool = True  # draw the phrasing per row; template serializers draw from [template, *paraphrases]
-    paraphrases: list[str] = field(default_factory=list)
-    jitter: float = 0.05  # relative numeric jitter, kept inside the value's fitted quantile bin
-
-
-@dataclass
-class FoldConfig:
-    k: int = 5
-    seed: int = 42
-    stratify: bool = True  # classification targets only
-    shuffle: bool = True  # False: forward-chaining blocks in file order (time series; see pipeline/splits.py)
-    purge: int = 0  # with shuffle False: drop this many training rows just before each validation block
-    group_column: str = ""  # rows sharing a group stay in one fold (group k-fold; stratified too when stratify)
-    group_regex: str = ""  # optional: the group is this regex's first capture group in group_column
-    repeats: int = 1  # repeated k-fold: this many splits, seeds seed, seed + 1, ...; OOF averaged over repeats
-
-
-@dataclass
-class CompetitionConfig:
-    name: str
-    id_column: str
-    target: str | list[str]  # a list for multilabel (one 0/1 column per label) and timeseries (one per horizon)
-    task: str
-    metric: str
-    train_file: str
-    test_file: str
-    sample_submission_file: str  # "" when the competition has none: the submission is id + target columns
-    columns: dict[str, str]  # raw input columns (excluding the target) -> int | float | str
-    submission_columns: dict[str, str]  # submission column -> int | float | str, in order
-    text: TextConfig
-    folds: FoldConfig = field(default_factory=FoldConfig)
-    training: dict[str, Any] = field(default_factory=dict)  # overrides for TrainConfig / ModelConfig fields
-    head: dict[str, Any] = field(default_factory=dict)  # overrides for HeadOptions fields
-    classes: list[Any] | None = None  # ordinal/multiclass: the class values in order (default: sorted unique);
-    # binary: [negative, positive] (default [0, 1])
-    data_dir: str = ""  # the data folder, relative to the YAML file ("" = competitions/data/<name>)
-    features: str = ""  # a feature function in features/__init__.py FEATURES, run before serialization
-    search_space: dict[str, Any] = field(default_factory=dict)  # `kbert tune`: entries over the default space
-
-    @property
-    def target_columns(self) -> list[str]:
-        return list(self.target) if isinstance(self.target, list) else [self.target]
-
-    @property
-    def binary_classes(self) -> list[Any]:
-        """A binary task's [negative, positive]: the YAML's classes, else [0, 1] (True/False read as 0/1)."""
-        return list(self.classes or [0, 1])
-
-    @property
-    def value_columns(self) -> dict[str, str]:
-        """The submission's columns but the id, with their types."""
-        return {c: t for c, t in self.submission_columns.items() if c != self.id_column}
-
-
-@dataclass
-class ModelConfig:
-    """The encoder: "bert" trains a classic BERT from scratch at the sizes below, a preset name
-    (bert-mini, modernbert-base, neobert, ...) trains that architecture from scratch at that size, and a
-    shipped name (``minilm-l6``) or a Hugging Face model folder fine-tunes that pretrained encoder. The size
-    fields are named as in models/bert.py's BertConfig, which pipeline/fold.py fills from them by name."""
-
-    encoder: str = "bert"
-    hidden_size: int = 128
-    num_hidden_layers: int = 2
-    num_attention_heads: int = 4
-    intermediate_size: int = 512
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    head_dropout: float = 0.1
-    pooling: str = "cls"
-    vocab_size: int = 1000
-    # Adapters (models/adapters.py) on a pretrained encoder: none | a preset (efficient, balanced, expressive,
-    # qlora_memory) | a kind (lora, rslora, dora, qlora); adapter_options overrides AdapterConfig fields.
-    adapter: str = "none"
-    adapter_options: dict = field(default_factory=dict)
-    adapter_checkpoint: str = "adapter"  # fold checkpoints: adapter (adapter weights + head only) | merged
-    # How an spm.model-only checkpoint (DeBERTa-v2/v3) normalises text: models/spm.py NORMALIZATIONS.
-    spm_normalization: str = "sentencepiece"
-
-
-@dataclass
-class TrainConfig:
-    epochs: int = 20
-    batch_size: int = 32
-    eval_batch_size: int = 128
-    learning_rate: float | None = None  # None: 1e-3 from scratch, 5e-5 for a pretrained encoder
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    min_lr_ratio: float = 0.05
-    max_grad_norm: float = 1.0
-    layerwise_lr_decay: float = 1.0  # < 1: encoder block i of L trains at lr * decay^(L - i), embeddings lowest
-    patience: int = 6
-    max_length: int = 96
-    length_bucket: int = 16  # batches are padded to their own longest row, rounded up to a multiple of this
-    dynamic_padding: bool = True  # False: pad every batch to max_length (slower; for speed comparisons)
-    # Each epoch's shuffled rows, in groups of this many batches, sorted by length before they are cut into batches
-    # (the batches then shuffled): batches of like lengths pad less. 1 (the default): plain shuffled batches. A row
-    # serialized from a table is as long as its fields make it (a cabin on record, a family), so batches of like
-    # lengths are batches of like rows: on Titanic, 4 cost 0.007 CV on average over 7 training seeds (0.8143
-    # against 0.8214; not significant alone, and a default should not risk it) for about a tenth less padding.
-    group_by_length: int = 1
-    compile: bool = True  # mx.compile the train and eval steps
-    gradient_checkpointing: bool = False  # recompute encoder layers in the backward pass: less memory, ~1/3 more time
-    augment: int = 0  # augmented serializations of the training rows; epoch e trains on variant e % (augment + 1)
-    tta: int = 1  # test-time augmentation: valid and test outputs averaged over this many serializations
-    pseudo_label: str = ""  # a finished member on the same folds: its fold-k test predictions label fold k's extra rows
-    pseudo_threshold: float = 0.95  # ...the test rows whose predicted class has at least this probability
-    precision: str = "auto"  # auto|fp32|bf16|fp16: compute precision, float32 master weights (pipeline/precision.py)
-    device: str = "auto"  # auto|cpu|gpu: auto is the GPU when this MLX build has one
-    grad_accum: int = 1  # optimizer steps over this many batches of batch_size (gradient accumulation)
-    cpu_streams: int = 0  # on a CPU, batches split over this many MLX streams (0: one per core; 1: off)
-    fold_processes: int = 0  # on a CPU, folds trained side by side in this many processes (0: auto; 1: one by one)
-
-
-@dataclass
-class HeadOptions:
-    """The head's loss and its options, plus how predictions become a submission. Fields named as in
-    models/heads.py's HeadConfig are passed to it by name (pipeline/fold.py ``make_head_config``)."""
-
-    loss: str = "default"  # binary: bce|focal|softmax; multiclass: cross_entropy|focal; multilabel: bce|focal;
-    # regression: mse|mae|huber|gaussian_nll (uncertainty); ordinal: coral; timeseries: mse|mae|huber
-    focal_gamma: float = 2.0
-    focal_alpha: float | None = None
-    label_smoothing: float = 0.0
-    pos_weight: float | list[float] | None = None
-    class_weights: list[float] | None = None
-    huber_delta: float = 1.0
-    target_transform: str = "none"  # regression/timeseries: none|log1p|standardize|log1p_standardize (per fold)
-    threshold: float | str = 0.5  # binary/multilabel labels: a probability, or "tune" to pick it on OOF
-    calibrate: bool = False  # binary/multiclass: temperature scaling fitted on OOF logits
-    fusion: str = "none"  # none | concat | gated: the pooled text joined with the row's raw columns (models/fusion.py)
-
-
-@dataclass
-class RunConfig:
-    competition: CompetitionConfig
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    head: HeadOptions = field(default_factory=HeadOptions)
-    seed: int = 42
-    seeds: int = 1  # train each fold with seeds seed, seed + 1, ... on the same folds; predictions averaged
-    data_dir: str = ""
-    out_dir: str = "runs"
-    submissions_dir: str = "submissions"
-    limit_rows: int | None = None  # train on the first N training rows only (smoke runs)
-    permute_target: bool = False  # sanity check: shuffle the targets; CV should fall to the trivial baseline
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -268,78 +103,372 @@ POSITIVE, NON_NEGATIVE = Bound(above=0), Bound(at_least=0)
 SHARE = Bound(at_least=0, below=1)  # dropout probabilities, warmup and smoothing shares: [0, 1)
 SEED = Bound(integer=True, at_least=0)
 
-# Every numeric run setting, by the name it has in a flat override mapping and in a YAML `training:` / `head:`
-# section (ModelConfig, TrainConfig and HeadOptions fields; adapter_options.<AdapterConfig field>), and in the
-# `folds:` and `text:` sections as folds.<field> and text.<field> (`--folds` and `--repeats` set folds.k and
-# folds.repeats). tests/test_config.py checks that each int and float field of those dataclasses is here.
-BOUNDS: dict[str, Bound] = {
-    # ModelConfig
-    "hidden_size": SIZE, "num_hidden_layers": SIZE, "num_attention_heads": SIZE, "intermediate_size": SIZE,
-    "vocab_size": SIZE, "hidden_dropout_prob": SHARE, "attention_probs_dropout_prob": SHARE, "head_dropout": SHARE,
-    "adapter_options.rank": SIZE, "adapter_options.alpha": POSITIVE, "adapter_options.dropout": SHARE,
-    "adapter_options.bits": COUNT, "adapter_options.group_size": SIZE,
-    # TrainConfig
-    "epochs": SIZE, "grad_accum": SIZE, "batch_size": SIZE, "eval_batch_size": SIZE, "patience": SIZE, "max_length": SIZE,
-    "length_bucket": SIZE, "group_by_length": SIZE, "tta": SIZE, "augment": COUNT, "cpu_streams": COUNT,
-    "fold_processes": COUNT,
-    "learning_rate": Bound(above=0, optional=True),
-    "weight_decay": NON_NEGATIVE, "warmup_ratio": SHARE, "min_lr_ratio": Bound(at_least=0, at_most=1),
-    "max_grad_norm": POSITIVE, "layerwise_lr_decay": Bound(above=0, at_most=1),
-    "pseudo_threshold": Bound(above=0, below=1),
-    # HeadOptions
-    "focal_gamma": NON_NEGATIVE, "focal_alpha": Bound(at_least=0, at_most=1, optional=True),
-    "label_smoothing": SHARE, "pos_weight": Bound(above=0, optional=True, form="number or list"),
-    "class_weights": Bound(at_least=0, optional=True, form="list"), "huber_delta": POSITIVE,
-    "threshold": Bound(above=0, below=1, words=("tune",)),
-    # FoldConfig, and the flags that set it
-    "folds.k": Bound(integer=True, at_least=2), "folds.seed": SEED, "folds.purge": COUNT, "folds.repeats": SIZE,
-    "folds": Bound(integer=True, at_least=2), "repeats": SIZE,
-    # TextConfig
-    "text.bins": SIZE, "text.jitter": NON_NEGATIVE,
-    # RunConfig
-    "seed": SEED, "seeds": SIZE, "limit_rows": Bound(integer=True, at_least=1, optional=True),
-}
-NESTED_SETTINGS = ("adapter_options", "text")
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # pipeline/precision.py
-DEVICES = ("auto", "cpu", "gpu")  # override keys holding a mapping of settings
+
+@functools.cache
+def words_of(module: str, name: str) -> tuple[str, ...]:
+    """The words of ``name`` in kbert module ``module`` (a tuple, or a mapping's keys), the one copy of a setting's
+    choices, read from the module's source: importing a model module loads MLX, which must wait for
+    ``runtime.setup()``, and a command's options are built before that."""
+    package, _, leaf = module.rpartition(".")
+    spec = importlib.util.find_spec(package)  # imports the package, not the module
+    path = Path(spec.submodule_search_locations[0]) / f"{leaf}.py"
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == name for target in node.targets):
+            words = node.value.keys if isinstance(node.value, ast.Dict) else ast.literal_eval(node.value)
+            return tuple(ast.literal_eval(word) if isinstance(word, ast.AST) else word for word in words)
+    raise KbertError(f"{path}: no {name} = (...) at the top level")
 
 
-def choice_words(key: str) -> tuple[str, ...] | None:
-    """The words a choice setting accepts, by its key as in BOUNDS; None for a setting that is not a choice."""
-    if key == "pooling":
-        from kbert.models.pooling import POOLING_KINDS  # here, not at the top: importing config loads no MLX
+def setting(default: Any = MISSING, *, help: str, flag: str = "", choices: tuple[str, ...] = (),
+            bound: Bound | Mapping[str, Bound] | None = None, metavar: str = "") -> Any:
+    """A run setting's dataclass field: its default (a list or mapping is copied for each instance) and, as
+    metadata, its help, its ``kbert run`` flag (``metavar``: the flag's value as the help names it), the words it
+    takes (``choices``: the owning module's constant) and the numbers it takes (``bound``; a mapping setting's: a
+    Bound per key)."""
+    metadata = {"help": help, "flag": flag, "choices": choices, "bound": bound, "metavar": metavar}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=functools.partial(copy.deepcopy, default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
-        return POOLING_KINDS
-    if key == "text.numeric":
-        from kbert.features.generic import NUMERIC_MODES
 
-        return NUMERIC_MODES
-    if key == "fusion":
-        from kbert.models.fusion import FUSION_KINDS
+@dataclass
+class TextConfig:
+    """A competition's ``text:`` section: how a row becomes text. The generic serializers (features/generic.py) read
+    it whole; augmentation settings apply with training.augment and training.tta."""
 
-        return FUSION_KINDS
-    if key == "spm_normalization":
-        from kbert.models.spm import NORMALIZATIONS
+    serializer: str = setting(help="list, sentence or template (features/generic.py), or a competition's own "
+                                   "(titanic)")
+    template: str = setting("", help="the str.format template of the template and titanic serializers")
+    columns: list[str] | None = setting(None, help="which columns, in order (null: all but the id and targets)")
+    numeric: str = setting("raw", choices=words_of("kbert.features.generic", "NUMERIC_MODES"),
+                           help="numbers as they are, rounded, as quantile-bin words, or rounded with their "
+                                "percentile (\"7.25, 12th percentile\"); fitted per fold")
+    numbers: str = setting("both", choices=("both", "words", "omit"),
+                           help="where numeric columns reach the model: both (the text, and the fusion branch with "
+                                "--fusion concat or gated), words (the text only) or omit (the fusion branch only; "
+                                "list and sentence serializers)")
+    bins: int = setting(5, bound=SIZE, help="quantile bins of numeric: bins")
+    missing: str = setting("unknown", choices=words_of("kbert.features.generic", "MISSING_MODES"),
+                           help="a missing value is the word unknown, or left out")
+    mappings: dict[str, dict] = setting({}, help="readable words for codes: column -> {code: word}")
+    truncate: str = setting("warn", choices=("warn", "priority"),
+                            help="a row over max_length: the tokenizer cuts its end (warn), or whole columns are "
+                                 "dropped, the end of priority first")
+    priority: list[str] | None = setting(None, help="truncate: priority drops columns from the end of this list "
+                                                    "(null: columns)")
+    shuffle_columns: bool = setting(True, help="augmentation: shuffle the column (or sentence) order")
+    paraphrase: bool = setting(True, help="augmentation: draw the phrasing per row; template serializers draw from "
+                                          "[template, *paraphrases]")
+    paraphrases: list[str] = setting([], help="augmentation: alternative templates")
+    jitter: float = setting(0.05, bound=NON_NEGATIVE, help="augmentation: relative numeric jitter, kept inside the "
+                                                           "value's fitted quantile bin")
 
-        return NORMALIZATIONS
-    if key in ("precision", "device"):
-        return PRECISIONS if key == "precision" else DEVICES
-    return {"target_transform": TARGET_TRANSFORMS, "adapter_checkpoint": ("adapter", "merged"),
-            "text.truncate": ("warn", "priority"), "text.numbers": NUMBERS}.get(key)
+
+@dataclass
+class FoldConfig:
+    """A competition's ``folds:`` section: how the training rows are split (pipeline/splits.py)."""
+
+    k: int = setting(5, bound=Bound(integer=True, at_least=2), flag="--folds",
+                     help="number of CV folds (default: the competition's, 5 for titanic)")
+    seed: int = setting(42, bound=SEED, help="the split's seed; a run's --seed leaves the folds as they are")
+    stratify: bool = setting(True, help="stratified folds (classification targets only)")
+    shuffle: bool = setting(True, help="false: forward-chaining blocks in file order (time series)")
+    purge: int = setting(0, bound=COUNT, help="with shuffle false: drop this many training rows just before each "
+                                              "validation block")
+    group_column: str = setting("", help="rows sharing a group stay in one fold (group k-fold; stratified too when "
+                                         "stratify)")
+    group_regex: str = setting("", help="optional: the group is this regex's first capture group in group_column")
+    repeats: int = setting(1, bound=SIZE, flag="--repeats",
+                           help="repeated k-fold: this many different splits, OOF averaged")
+
+
+@dataclass
+class CompetitionConfig:
+    name: str
+    id_column: str
+    target: str | list[str]  # a list for multilabel (one 0/1 column per label) and timeseries (one per horizon)
+    task: str
+    metric: str
+    train_file: str
+    test_file: str
+    sample_submission_file: str  # "" when the competition has none: the submission is id + target columns
+    columns: dict[str, str]  # raw input columns (excluding the target) -> int | float | str
+    submission_columns: dict[str, str]  # submission column -> int | float | str, in order
+    text: TextConfig
+    folds: FoldConfig = field(default_factory=FoldConfig)
+    training: dict[str, Any] = field(default_factory=dict)  # overrides for TrainConfig / ModelConfig fields
+    head: dict[str, Any] = field(default_factory=dict)  # overrides for HeadOptions fields
+    classes: list[Any] | None = None  # ordinal/multiclass: the class values in order (default: sorted unique);
+    # binary: [negative, positive] (default [0, 1])
+    data_dir: str = ""  # the data folder, relative to the YAML file ("" = competitions/data/<name>)
+    features: str = ""  # a feature function in features/__init__.py FEATURES, run before serialization
+    search_space: dict[str, Any] = field(default_factory=dict)  # `kbert tune`: entries over the default space
+
+    @property
+    def target_columns(self) -> list[str]:
+        return list(self.target) if isinstance(self.target, list) else [self.target]
+
+    @property
+    def binary_classes(self) -> list[Any]:
+        """A binary task's [negative, positive]: the YAML's classes, else [0, 1] (True/False read as 0/1)."""
+        return list(self.classes or [0, 1])
+
+    @property
+    def value_columns(self) -> dict[str, str]:
+        """The submission's columns but the id, with their types."""
+        return {c: t for c, t in self.submission_columns.items() if c != self.id_column}
+
+
+@dataclass
+class ModelConfig:
+    """The encoder: "bert" trains a classic BERT from scratch at the sizes below, a preset name
+    (bert-mini, modernbert-base, neobert, ...) trains that architecture from scratch at that size, and a
+    shipped name (``minilm-l6``) or a Hugging Face model folder fine-tunes that pretrained encoder. The size
+    fields are named as in models/bert.py's BertConfig, which pipeline/fold.py fills from them by name."""
+
+    encoder: str = setting("bert", flag="--encoder",
+                           help="bert (a small BERT trained from scratch; the default, except minilm-l6 where the text "
+                                "is mostly free text), a size to train from scratch (bert-tiny, modernbert-base, "
+                                "deberta-v3-xsmall, ...), a shipped pretrained name (minilm-l6), a local Hugging Face "
+                                "model folder, or a Hugging Face Hub id (org/name[@revision], downloaded once into the "
+                                "Hugging Face cache)")
+    hidden_size: int = setting(128, bound=SIZE, help="from scratch: the hidden size")
+    num_hidden_layers: int = setting(2, bound=SIZE, help="from scratch: encoder layers")
+    num_attention_heads: int = setting(4, bound=SIZE, help="from scratch: attention heads (hidden_size a multiple)")
+    intermediate_size: int = setting(512, bound=SIZE, help="from scratch: the feed-forward size")
+    hidden_dropout_prob: float = setting(0.1, bound=SHARE, help="encoder dropout")
+    attention_probs_dropout_prob: float = setting(0.1, bound=SHARE, help="attention dropout")
+    head_dropout: float = setting(0.1, bound=SHARE, flag="--head-dropout", help="dropout before the head")
+    pooling: str = setting("cls", choices=words_of("kbert.models.pooling", "POOLING_KINDS"), flag="--pooling",
+                           help="how token states are pooled: weighted-layers is a learned mix of the last 4 layers, "
+                                "then the mean; cls-last4 joins the CLS vectors of the last 4 layers")
+    vocab_size: int = setting(1000, bound=SIZE, help="from scratch: the vocabulary trained on the competition's text")
+    adapter: str = setting("none", flag="--adapter",
+                           help="train adapters on a pretrained encoder instead of all its weights: a preset "
+                                "(efficient r=4, balanced r=8, expressive r=16, qlora_memory: 4-bit base r=8) or a "
+                                "kind (lora, rslora, dora, qlora)")
+    adapter_options: dict = setting({}, bound={"rank": SIZE, "alpha": POSITIVE, "dropout": SHARE, "bits": COUNT,
+                                               "group_size": SIZE},
+                                    help="models/adapters.py AdapterConfig fields over the adapter preset's (--lora-*)")
+    adapter_checkpoint: str = setting("adapter", choices=("adapter", "merged"), flag="--adapter-checkpoint",
+                                      help="fold checkpoints hold the adapter weights only (default) or the merged "
+                                           "full model")
+    spm_normalization: str = setting("sentencepiece", choices=words_of("kbert.models.spm", "NORMALIZATIONS"),
+                                     flag="--spm-normalization",
+                                     help="DeBERTa-v2/v3 checkpoints with spm.model and no tokenizer.json: normalise "
+                                          "text with the model's own table as in pretraining (sentencepiece, the "
+                                          "default) or as transformers 5's tokenizer does (NFC; ids equal to a "
+                                          "transformers 5 notebook's)")
+
+
+@dataclass
+class TrainConfig:
+    """How each fold trains."""
+
+    epochs: int = setting(20, bound=SIZE, flag="--epochs",
+                          help="maximum epochs per fold (early stopping may end sooner)")
+    batch_size: int = setting(32, bound=SIZE, flag="--batch-size", help="training batch size")
+    eval_batch_size: int = setting(128, bound=SIZE, help="evaluation batch size")
+    learning_rate: float | None = setting(None, bound=Bound(above=0, optional=True), flag="--lr",
+                                          help="peak learning rate (default: 1e-3 from scratch, 5e-5 for a "
+                                               "pretrained encoder, 5e-4 for its adapters)")
+    weight_decay: float = setting(0.01, bound=NON_NEGATIVE, help="AdamW weight decay")
+    warmup_ratio: float = setting(0.1, bound=SHARE, help="the share of the steps that warm the learning rate up")
+    min_lr_ratio: float = setting(0.05, bound=Bound(at_least=0, at_most=1),
+                                  help="the learning rate's floor after its decay, as a share of the peak")
+    max_grad_norm: float = setting(1.0, bound=POSITIVE, help="gradients are clipped to this norm")
+    layerwise_lr_decay: float = setting(1.0, bound=Bound(above=0, at_most=1),
+                                        help="< 1: encoder block i of L trains at lr * decay^(L - i), embeddings "
+                                             "lowest")
+    patience: int = setting(6, bound=SIZE, help="early stopping: epochs without a better validation score")
+    max_length: int = setting(96, bound=SIZE, flag="--max-length", help="maximum tokens per row")
+    length_bucket: int = setting(16, bound=SIZE, help="batches are padded to their own longest row, rounded up to a "
+                                                      "multiple of this")
+    dynamic_padding: bool = setting(True, flag="--no-dynamic-padding",
+                                    help="pad every batch to --max-length instead of to its own longest row")
+    group_by_length: int = setting(1, bound=SIZE, flag="--group-by-length",
+                                   help="sort each epoch's shuffled rows by length in groups of N batches before "
+                                        "batching, so that a batch pads less (default 1: plain shuffled batches; "
+                                        "batches of like-length table rows are batches of like rows)")
+    compile: bool = setting(True, flag="--no-compile",
+                            help="run the train and eval steps eagerly instead of with mx.compile")
+    gradient_checkpointing: bool = setting(False, flag="--gradient-checkpointing",
+                                           help="recompute encoder layers in the backward pass: much less memory, "
+                                                "about 1/3 more time")
+    augment: int = setting(0, bound=COUNT, flag="--augment",
+                           help="augmented serializations of the training rows (column shuffle, paraphrase, numeric "
+                                "jitter); epochs cycle through them (default 0: off)")
+    tta: int = setting(1, bound=SIZE, flag="--tta",
+                       help="test-time augmentation: average over this many serializations (default 1: off)")
+    pseudo_label: str = setting("", flag="--pseudo-label", metavar="RUN",
+                                help="add confidently predicted test rows to each fold's training rows, labelled by "
+                                     "RUN's model of that fold (a finished run, trial or baseline on the same folds), "
+                                     "so the OOF stays honest")
+    pseudo_threshold: float = setting(0.95, bound=Bound(above=0, below=1), flag="--pseudo-threshold",
+                                      help="...the test rows whose predicted class has at least this probability "
+                                           "(default 0.95)")
+    precision: str = setting("auto", choices=words_of("kbert.pipeline.precision", "PRECISIONS"), flag="--precision",
+                             help="compute precision with float32 master weights (default auto: bf16 on a GPU, fp32 "
+                                  "on a CPU, where MLX's half precision is about 15x slower)")
+    device: str = setting("auto", choices=words_of("kbert.pipeline.precision", "DEVICES"), flag="--device",
+                          help="where MLX trains (default auto: the GPU when this MLX build has one)")
+    grad_accum: int = setting(1, bound=SIZE, flag="--grad-accum",
+                              help="accumulate gradients over N batches of --batch-size per optimizer step (a batch N "
+                                   "times larger in less memory)")
+    cpu_streams: int = setting(0, bound=COUNT, flag="--cpu-streams",
+                               help="on a CPU, split each batch over N MLX streams, one per core (default 0: one per "
+                                    "usable core; 1: off)")
+    fold_processes: int = setting(0, bound=COUNT, flag="--fold-processes",
+                                  help="on a CPU, train the folds side by side in N processes (default 0: every fold "
+                                       "at once, each on cores/folds streams; 1: one after another, each batch split "
+                                       "over the cores)")
+
+
+@dataclass
+class HeadOptions:
+    """The head's loss and its options, plus how predictions become a submission. Fields named as in
+    models/heads.py's HeadConfig are passed to it by name (pipeline/fold.py ``make_head_config``)."""
+
+    loss: str = setting("default", flag="--loss",
+                        help="the head's loss (e.g. focal, huber, gaussian_nll; see models/heads.py)")
+    focal_gamma: float = setting(2.0, bound=NON_NEGATIVE, flag="--focal-gamma", help="focal loss gamma")
+    focal_alpha: float | None = setting(None, bound=Bound(at_least=0, at_most=1, optional=True),
+                                        help="focal loss alpha: the positive class's weight")
+    label_smoothing: float = setting(0.0, bound=SHARE, flag="--label-smoothing",
+                                     help="multiclass cross-entropy label smoothing")
+    pos_weight: float | list[float] | None = setting(None, bound=Bound(above=0, optional=True, form="number or list"),
+                                                     help="binary/multilabel: the positive rows' loss weight (a list: "
+                                                          "one per label)")
+    class_weights: list[float] | None = setting(None, bound=Bound(at_least=0, optional=True, form="list"),
+                                                help="multiclass: a loss weight per class")
+    huber_delta: float = setting(1.0, bound=POSITIVE, help="the huber loss's delta")
+    target_transform: str = setting("none", choices=("none", "log1p", "standardize", "log1p_standardize"),
+                                    flag="--target-transform",
+                                    help="regression/timeseries target transform, fitted per fold")
+    threshold: float | str = setting(0.5, bound=Bound(above=0, below=1, words=("tune",)), flag="--threshold",
+                                     help="binary/multilabel cut-off for label submissions: a probability or 'tune'")
+    calibrate: bool = setting(False, flag="--calibrate",
+                              help="temperature-scale binary/multiclass probabilities on OOF logits")
+    fusion: str = setting("none", choices=words_of("kbert.models.fusion", "FUSION_KINDS"), flag="--fusion",
+                          help="join the pooled text with a learned vector of the row's raw columns (numbers quantile-"
+                               "transformed, categories embedded, fitted per fold): concat or gated (default none)")
+
+
+@dataclass
+class RunConfig:
+    """A resolved run: the competition, the three sections of settings, and the run's own settings."""
+
+    competition: CompetitionConfig
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    head: HeadOptions = field(default_factory=HeadOptions)
+    seed: int = setting(42, bound=SEED, flag="--seed",
+                        help="training seed: initialisation, dropout, batch order (default 42)")
+    seeds: int = setting(1, bound=SIZE, flag="--seeds",
+                         help="train every fold with seeds S, S+1, ... on the same folds and average their "
+                              "predictions into one member (default 1)")
+    data_dir: str = setting("", flag="--data-dir",
+                            help="folder with the competition's CSV files (default: the bundled copy)")
+    out_dir: str = setting("runs", flag="--out", help="runs folder (default: runs)")
+    submissions_dir: str = setting("submissions", flag="--submissions-dir",
+                                   help="submissions folder (default: submissions)")
+    limit_rows: int | None = setting(None, bound=Bound(integer=True, at_least=1, optional=True), flag="--limit-rows",
+                                     help="use only the first N training rows (quick smoke runs)")
+    permute_target: bool = setting(False, flag="--permute-target",
+                                   help="sanity check: shuffle the training targets; the CV should fall to the "
+                                        "trivial baseline")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+
+def declared(cls: type, prefix: str = "") -> dict[str, Field]:
+    """The settings declared on ``cls`` (its fields made by ``setting``), by ``prefix`` + name."""
+    return {prefix + f.name: f for f in fields(cls) if "help" in f.metadata}
+
+
+def flags(cls: type) -> dict[str, Field]:
+    """``cls``'s settings that have a ``kbert run`` flag, by the name a run's overrides give them: the field's
+    name, and FoldConfig's the flag's (``--folds`` sets folds.k as ``folds``)."""
+    return {(f.metadata["flag"][2:].replace("-", "_") if cls is FoldConfig else f.name): f
+            for f in fields(cls) if f.metadata.get("flag")}
+
+
+# Every run setting by its key: its name in a run's overrides, a flat --config file and a competition's
+# `training:` and `head:` sections; folds.<name> and text.<name> in the `folds:` and `text:` sections (and the
+# flags --folds and --repeats as folds and repeats). The YAML checks, the CLI and the tuning space read it.
+SETTINGS: dict[str, Field] = {**declared(ModelConfig), **declared(TrainConfig), **declared(HeadOptions),
+                              **declared(RunConfig), **declared(FoldConfig, "folds."), **flags(FoldConfig),
+                              **declared(TextConfig, "text.")}
+RUN_FIELDS = tuple(declared(RunConfig))  # the run's own settings (seed, out_dir, ...)
+# The sections whose settings may have a `kbert run` flag, by their name in its --help
+FLAG_SECTIONS = {"folds": FoldConfig, "model": ModelConfig, "train": TrainConfig, "head": HeadOptions, "run": RunConfig}
+NESTED_SETTINGS = ("adapter_options", "text")  # override keys holding a mapping of settings
+
+
+def bound_of(key: str) -> Bound | None:
+    """The numbers setting ``key`` takes (``adapter_options.<name>``: an adapter setting's); None for others."""
+    section, _, name = key.partition(".")
+    if key in SETTINGS:
+        bound = SETTINGS[key].metadata["bound"]
+    else:
+        entries = SETTINGS[section].metadata["bound"] if section in SETTINGS else None
+        bound = entries.get(name) if isinstance(entries, Mapping) else None
+    return bound if isinstance(bound, Bound) else None
+
+
+def choices_of(key: str) -> tuple[str, ...]:
+    """The words setting ``key`` takes; empty for a setting that is not a choice."""
+    return SETTINGS[key].metadata["choices"] if key in SETTINGS else ()
 
 
 def check_settings(values: Mapping[str, Any], label: Callable[[str], str], prefix: str = "") -> None:
-    """Every numeric and choice setting among ``values`` (keyed as in BOUNDS and ``choice_words`` once ``prefix``
-    is put before them; the mappings under adapter_options and text too) is checked; ``label(key)`` names it in
-    the message. Other keys are left to the checks that know them (unknown settings, serializers)."""
+    """Every numeric and choice setting among ``values`` (keyed as in SETTINGS once ``prefix`` is put before
+    them; the mappings under adapter_options and text too) is checked; ``label(key)`` names it in the message.
+    Other keys are left to the checks that know them (unknown settings, serializers)."""
     for name, value in values.items():
         key = f"{prefix}{name}"
         if key in NESTED_SETTINGS and isinstance(value, Mapping):
             check_settings(value, label, f"{key}.")
-        elif key in BOUNDS:
-            check_number(value, label(key), BOUNDS[key])
-        elif (words := choice_words(key)) is not None and value not in words:
+        elif (bound := bound_of(key)) is not None:
+            check_number(value, label(key), bound)
+        elif (words := choices_of(key)) and value not in words:
             raise KbertError(f"{label(key)} {value!r} is unknown; known: {', '.join(words)}")
+
+
+def settings_markdown() -> str:
+    """docs/settings.md: every run setting with its flag, default, the values it takes and its help, section by
+    section (docs/make_settings.py writes it; tests/test_config.py checks that it is current)."""
+    lines = ["# Settings", "", "Every setting of a run, generated from its declaration in pipeline/config.py by "
+             "`python docs/make_settings.py`. A flag's value wins over a competition YAML's, which wins over the "
+             "default."]
+    for title, cls in (("`text:` of a competition YAML", TextConfig), ("`folds:` of a competition YAML", FoldConfig),
+                       ("The model: `training:` of a competition YAML, `model:` of a run's config.yaml", ModelConfig),
+                       ("Training: `training:` of a competition YAML, `train:` of a run's config.yaml", TrainConfig),
+                       ("The head: `head:` of a competition YAML and of a run's config.yaml", HeadOptions),
+                       ("The run: flags, or the top level of a `kbert run --config` file", RunConfig)):
+        lines += ["", f"## {title}", "", "| key | flag | default | takes | help |", "| --- | --- | --- | --- | --- |"]
+        lines += [setting_row(name, f) for name, f in declared(cls).items()]
+    return "\n".join(lines) + "\n"
+
+
+def setting_row(name: str, f: Field) -> str:
+    """One row of ``settings_markdown``'s tables."""
+    meta = f.metadata
+    if f.default is MISSING and f.default_factory is MISSING:
+        default = "required"
+    else:
+        value = f.default_factory() if f.default is MISSING else f.default
+        default = f"`{value if isinstance(value, str) and value else json.dumps(value)}`"
+    bound = meta["bound"]
+    if isinstance(bound, Mapping):
+        takes = "; ".join(f"{key}: {entry.describe()}" for key, entry in bound.items())
+    else:
+        takes = ", ".join(f"`{word}`" for word in meta["choices"]) or (bound.describe() if bound else "")
+    flag = f"`{meta['flag']}`" if meta["flag"] else ""
+    cells = (f"`{name}`", flag, default, takes, meta["help"])
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
 
 def check_competition_settings(competition: CompetitionConfig, where: str = "") -> None:
@@ -551,6 +680,8 @@ def pretrained_from_scratch(encoder: str) -> bool:
     path = Path(encoder) / "pretrain.json"
     if not path.is_file():
         return False
+    from kbert.io import read_json  # here: kbert.io loads pandas, and the command line reads this module first
+
     return bool(read_json(path).get("from_scratch"))
 
 
@@ -559,7 +690,6 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     Every number is checked first (the competition's sections as ``training.<key>``, the overrides by their
     names; the CLI checks its flags by flag name before this, load_competition the YAML's by file)."""
     model, train, head = ModelConfig(), TrainConfig(), HeadOptions()
-    run_fields = {"seed", "seeds", "data_dir", "out_dir", "submissions_dir", "limit_rows", "permute_target"}
     check_competition_settings(competition)
     check_settings({k: v for k, v in (overrides or {}).items() if v is not None}, str)
     merged = {**competition.head, **competition.training,
@@ -580,7 +710,8 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         if competition.text.serializer not in SERIALIZERS:
             raise KbertError(f"text.serializer '{competition.text.serializer}' is unknown; known: "
                              f"{', '.join(sorted(SERIALIZERS))}")
-    unknown = set(merged) - model_names - train_names - head_names - run_fields - {"folds", "repeats"}
+    fold_flags = flags(FoldConfig)
+    unknown = set(merged) - model_names - train_names - head_names - set(RUN_FIELDS) - set(fold_flags)
     if unknown:
         raise KbertError(f"unknown setting(s) {sorted(unknown)}; see `kbert run --help`")
     model = _apply(model, {k: v for k, v in merged.items() if k in model_names}, "model")
@@ -597,11 +728,8 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     if competition.text.numbers == "omit" and head.fusion == "none":
         raise KbertError("text.numbers omit leaves the numbers out of the text, and with --fusion none nothing else "
                          "reads them; choose --fusion concat or gated, or text.numbers both")
-    folds = competition.folds
-    if "folds" in merged:
-        folds = replace(folds, k=int(merged["folds"]))
-    if "repeats" in merged:
-        folds = replace(folds, repeats=int(merged["repeats"]))
+    folds = replace(competition.folds,
+                    **{f.name: int(merged[name]) for name, f in fold_flags.items() if name in merged})
     if folds.repeats > 1 and not folds.shuffle:
         raise KbertError("folds.repeats > 1 needs shuffled folds; contiguous (shuffle: false) folds never change")
     check_model_sizes(model)
@@ -623,14 +751,14 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     # The fold split keeps the competition's own seed, so runs with different training seeds share
     # folds and can be blended on OOF; --seed changes initialisation, dropout and batch order.
     run = RunConfig(competition=replace(competition, folds=folds), model=model, train=train, head=head)
-    return replace(run, **{k: merged[k] for k in run_fields if k in merged})
+    return replace(run, **{k: merged[k] for k in RUN_FIELDS if k in merged})
 
 
 def adapter_config(model: ModelConfig):
     """The run's AdapterConfig, or None without adapters (unknown names and settings are errors)."""
     from kbert.models.adapters import resolve_adapter
 
-    return resolve_adapter(model.adapter, **model.adapter_options)
+    return resolve_adapter(model.adapter, model.adapter_options)
 
 
 def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
@@ -671,11 +799,10 @@ def run_config_from_file(path: Path, overrides: dict[str, Any] | None = None) ->
     if isinstance(competition, str):
         check_settings(rest, lambda key: f"{path}: {key}")
         return resolve_run_config(load_competition(competition), {**rest, **overrides})
-    run_fields = {"seed", "seeds", "data_dir", "out_dir", "submissions_dir", "limit_rows"}
-    refused = set(overrides) - run_fields
+    refused = set(overrides) - set(RUN_FIELDS)
     if refused:
         raise KbertError(f"{path} is a resolved run config; edit it instead of passing {sorted(refused)} "
-                         f"(only {', '.join(sorted(run_fields))} may change on the command line)")
+                         f"(only {', '.join(sorted(RUN_FIELDS))} may change on the command line)")
     rest.pop("run_id", None)
     try:
         config = run_config_from_dict({"competition": competition, **rest})
@@ -694,7 +821,6 @@ def check_resolved_config(config: RunConfig, where: str) -> None:
     check_settings(asdict(config.model), lambda key: f"{where}model.{key}")
     check_settings(asdict(config.train), lambda key: f"{where}train.{key}")
     check_settings(asdict(config.head), lambda key: f"{where}head.{key}")
-    check_settings({"seed": config.seed, "seeds": config.seeds, "limit_rows": config.limit_rows},
-                   lambda key: f"{where}{key}")
+    check_settings({name: getattr(config, name) for name in RUN_FIELDS}, lambda key: f"{where}{key}")
     check_competition_settings(config.competition, f"{where}competition.")
     check_model_sizes(config.model, f"{where}model: ")

@@ -46,7 +46,7 @@ def read_csv(path: Path) -> pd.DataFrame:
         start = handle.read(4)
     if start.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         raise KbertError(f"{path}: is UTF-16 text (it starts with a UTF-16 byte-order mark); re-save it as UTF-8")
-    frame = parse_csv(path, "re-save the file as UTF-8", encoding="utf-8-sig", keep_default_na=True)
+    frame = parse_csv(path, "re-save the file as UTF-8", encoding="utf-8-sig")
     _check_header(path, frame)
     if frame.empty:
         raise KbertError(f"{path}: has a header but no rows")

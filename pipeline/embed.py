@@ -1,16 +1,15 @@
 """Sentence embeddings from an encoder: features for GBMs, and an outside check of our encoders.
 
-On a CPU each batch runs in chunks of ``CHUNK_ROWS`` rows spread over the MLX streams (pipeline/streams.py): the
-chunks, not the number of cores, fix the shapes of every product, so a text's vector is the same bits on any
-core count or process layout (the BLAS runs one thread: models/blas.py). On 2 cores, 2,000 tweets through
-MiniLM-L6 took 11.3 s in whole batches on two BLAS threads, 18.4 s on one, and 10.1 s in chunks of 16 rows
-over two streams (8 rows: 13.0 s; 32: 9.9 s, but a 64-row batch then feeds only two streams).
+On a CPU each batch runs in chunks of ``CHUNK_ROWS`` rows spread over the MLX streams: the chunks, not the number
+of cores, fix every product's shapes, so a text's vector is the same bits on any core count. Figures:
+benchmarks/NOTES.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -25,20 +24,32 @@ from kbert.pipeline.train import pad_batch
 CHUNK_ROWS = 16  # rows a CPU encoder call takes
 
 
-def embed_texts(encoder: nn.Module, tokenizer: Tokenizer, texts: list[str], pooling: str = "mean",
-                normalize: bool = False, max_length: int = 256, batch_size: int = 64) -> np.ndarray:
+@dataclass(frozen=True)
+class Embedding:
+    """How texts become vectors: the tokens' pooling (cls, mean, max), L2 normalization, the tokens a text keeps
+    and the texts a batch holds."""
+
+    pooling: str = "mean"
+    normalize: bool = False
+    max_length: int = 256
+    batch_size: int = 64
+
+
+def embed_texts(encoder: nn.Module, tokenizer: Tokenizer, texts: list[str],
+                embedding: Embedding = Embedding()) -> np.ndarray:
     """(len(texts), hidden) float32 embeddings, in input order; batches are sorted by length."""
+    pooling = embedding.pooling
     pools = {"cls": cls_pool, "mean": mean_pool, "max": max_pool}
     if pooling not in pools:
         raise ValueError(f"unknown pooling '{pooling}'; known: {', '.join(pools)}")
 
     def vectors(ids: mx.array, mask: mx.array) -> mx.array:
-        hidden, _ = encoder(ids, mask)
-        return pools[pooling](hidden, mask)
+        return pools[pooling](encoder(ids, mask).last_hidden_state, mask)
 
     encoder.eval()
     pad_id = special_token_id(tokenizer, "pad") or 0
-    return pooled_vectors(vectors, encode(tokenizer, texts, max_length), pad_id, normalize, batch_size)
+    return pooled_vectors(vectors, encode(tokenizer, texts, embedding.max_length), pad_id, embedding.normalize,
+                          embedding.batch_size)
 
 
 def pooled_vectors(vectors: Callable[[mx.array, mx.array], mx.array], tokens: list[np.ndarray], pad_id: int,

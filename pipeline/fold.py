@@ -3,18 +3,10 @@
 The stages, in the order pipeline/run.py calls them:
 
     load_encoder_source   once per run: where every fold's encoder starts (from scratch, or pretrained weights)
-    split_folds           once per run: each training row's fold (pipeline/splits.py); ``fold_warnings`` names the
-                          folds whose training rows miss a class
-    fit_fold              the serializer, the fusion's raw-column features (make_tabular), the target transform
-                          and (from scratch) the vocabulary, fitted on the fold's training rows only, so
-                          validation and test rows move no fitted statistic
-    fold_data             token ids of the fold's training, validation and test rows (augmented and TTA variants),
-                          and with fusion their column features
+    split_folds           once per run: each training row's fold (pipeline/splits.py)
+    fit_fold              serializer, column features, target transform, vocabulary: fitted on training rows only
+    fold_data             token ids of the training, validation and test rows (with augmented and TTA variants)
     train_one_fold        a fresh model trained with early stopping; checkpoint, predictions and fold.json saved
-
-``kbert predict`` refits the same serializer with ``make_serializer`` and tokenizes with ``tokenize``;
-``kbert pretrain`` sizes its encoder with ``scratch_encoder_config``; ``kbert baseline`` splits with ``split_folds``.
-Nothing here knows of tuning or ensembles.
 """
 
 from __future__ import annotations
@@ -35,8 +27,9 @@ from kbert.features.tabular import TabularFeatures
 from kbert.io import write_csv, write_json
 from kbert.models import runtime
 from kbert.models.adapters import AdapterConfig, apply_adapters, merge_adapters, weights_fingerprint
+from kbert.models.architecture import architecture
 from kbert.models.bert import BertConfig
-from kbert.models.checkpoints import save_checkpoint
+from kbert.models.checkpoints import AdapterOnly, save_checkpoint
 from kbert.models.encoders import (SHIPPED, is_preset, load_encoder, preset_config, read_config,
                                    resolve_encoder_path, trains_from_scratch)
 from kbert.models.fusion import FusionConfig
@@ -46,7 +39,7 @@ from kbert.models.recompute import set_recompute
 from kbert.models.task_model import build_task_model
 from kbert.models.tokenizer import encode, fits_in, load_or_train_tokenizer, token_lengths
 from kbert.models.weights import load_state_strict
-from kbert.pipeline.artifacts import write_finished_fold
+from kbert.pipeline.artifacts import FoldPredictions, write_finished_fold
 from kbert.pipeline.config import CompetitionConfig, RunConfig, adapter_config
 from kbert.pipeline.splits import make_fold_sets
 from kbert.pipeline.metrics import Metric
@@ -54,7 +47,8 @@ from kbert.pipeline.predictions import predictions_frame, score
 from kbert.pipeline.profile import stage
 from kbert.pipeline.pseudo import PseudoLabels
 from kbert.pipeline.targets import Targets, TargetTransform, fit_target_transform
-from kbert.pipeline.train import FoldData, seed_everything, train_fold
+from kbert.pipeline.fold_processes import FoldJob
+from kbert.pipeline.train import FoldData, Progress, Validation, seed_everything, train_fold
 from kbert.tasks import Task
 
 
@@ -125,19 +119,6 @@ class FoldFit:
     tabular: TabularFeatures | None = None  # --fusion: the raw columns' quantile transform and categories
 
 
-@dataclass
-class FoldPredictions:
-    """A finished fold: its validation rows' and the test rows' outputs and predictions, and its record."""
-
-    valid_index: np.ndarray
-    valid_outputs: np.ndarray  # raw head outputs (logits, values)
-    valid_predictions: np.ndarray  # on the target's own scale
-    test_outputs: np.ndarray
-    test_predictions: np.ndarray
-    record: dict  # fold, repeat, score, best epoch, sizes, seconds (fold.json)
-    tokens: dict | None  # the token budget of the training rows, kept by the first fold
-
-
 def split_folds(config: RunConfig, train: pd.DataFrame, targets: Targets, comp_dir: Path) -> list[np.ndarray]:
     """``make_fold_sets`` (each training row's fold, once per repeat) without scikit-learn's raw warning about a
     class with fewer rows than folds: ``fold_warnings`` says, one line per fold, what that does to the folds."""
@@ -184,17 +165,13 @@ def make_serializer(config: RunConfig) -> Serializer:
     text = comp.text
     if text.serializer not in SERIALIZERS:
         raise KbertError(f"unknown serializer '{text.serializer}'; known: {', '.join(sorted(SERIALIZERS))}")
-    augmentation = {"paraphrases": text.paraphrases, "shuffle_columns": text.shuffle_columns,
-                    "paraphrase": text.paraphrase}
     if text.serializer in GENERIC_SERIALIZERS:
-        return SERIALIZERS[text.serializer](template=text.template, columns=text.columns, numeric=text.numeric,
-                                            bins=text.bins, missing=text.missing, mappings=text.mappings,
-                                            exclude=(comp.id_column, *comp.target_columns), priority=text.priority,
-                                            jitter=text.jitter, omit_numbers=text.numbers == "omit", **augmentation)
+        return SERIALIZERS[text.serializer](text, exclude=(comp.id_column, *comp.target_columns))
     if text.numbers == "omit":
         raise KbertError(f"text.numbers omit works with the list and sentence serializers; '{text.serializer}' "
                          f"writes its own sentences (features/{text.serializer}.py)")
-    return SERIALIZERS[text.serializer](template=text.template, **augmentation)
+    return SERIALIZERS[text.serializer](template=text.template, paraphrases=text.paraphrases,
+                                        shuffle_columns=text.shuffle_columns, paraphrase=text.paraphrase)
 
 
 def make_tabular(config: RunConfig, train: pd.DataFrame, features: pd.DataFrame) -> TabularFeatures | None:
@@ -223,7 +200,7 @@ def scratch_encoder_config(config: RunConfig, vocab_size: int) -> dict:
     positions = -(-config.train.max_length // config.train.length_bucket) * config.train.length_bucket
     if is_preset(m.encoder):
         values = preset_config(m.encoder)
-        key = "max_length" if values["model_type"] == "neobert" else "max_position_embeddings"
+        key = architecture(values["model_type"]).positions
         return {**values, "vocab_size": vocab_size, key: max(positions, values.get(key, 0)), "pad_token_id": 0}
     sizes = {f.name: getattr(m, f.name) for f in fields(BertConfig) if hasattr(m, f.name)}  # ModelConfig's own
     return {"model_type": "bert", **sizes, "vocab_size": vocab_size, "max_position_embeddings": positions,
@@ -287,12 +264,12 @@ def fit_fold(config: RunConfig, train_rows: pd.DataFrame, train_targets: np.ndar
     return fit
 
 
-def tokenize(config: RunConfig, tokenizer: Tokenizer, serializer: Serializer, rows: pd.DataFrame, repeat: int, k: int,
-             variant: int = 0) -> list[np.ndarray]:
+def tokenize(config: RunConfig, tokenizer: Tokenizer, serializer: Serializer, rows: pd.DataFrame, *,
+             fold: tuple[int, int], variant: int = 0) -> list[np.ndarray]:
     """Token ids of ``rows``; variant 0 is the plain text, others are augmentations seeded by (seed, repeat,
-    fold, variant), so a run, its resume and ``kbert predict`` draw the same ones."""
+    fold, variant) where ``fold`` is (repeat, k), so a run, its resume and ``kbert predict`` draw the same ones."""
     fits = fits_in(tokenizer, config.train.max_length) if config.competition.text.truncate == "priority" else None
-    rng = np.random.default_rng([config.seed, repeat, k, variant]) if variant else None
+    rng = np.random.default_rng([config.seed, *fold, variant]) if variant else None
     return encode(tokenizer, serializer.transform(rows, rng=rng, fits=fits), config.train.max_length)
 
 
@@ -304,7 +281,7 @@ def fold_data(inputs: RunInputs, split: FoldSplit, fit: FoldFit, tokenizer: Toke
     targets = transform.forward(inputs.raw_targets) if transform is not None else inputs.targets.values
 
     def tokens(rows: pd.DataFrame, variant: int = 0) -> list[np.ndarray]:
-        return tokenize(config, tokenizer, serializer, rows, split.repeat, split.k, variant)
+        return tokenize(config, tokenizer, serializer, rows, fold=(split.repeat, split.k), variant=variant)
 
     def columns(rows: pd.DataFrame) -> tuple[np.ndarray, ...]:
         return fit.tabular.transform(rows) if fit.tabular is not None else ()
@@ -369,16 +346,16 @@ class PreparedFold:
     budget: dict | None  # the first fold's token budget (report_token_budget)
 
 
-def prepare_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, cache_dir: Path,
-                 run_tokenizer_path: Path | None, log) -> PreparedFold:
+def prepare_fold(job: FoldJob, source: EncoderSource, log) -> PreparedFold:
     """Fit the fold's transforms on its training rows, tokenize its rows and build its model (seeded)."""
+    inputs, split = job.inputs, job.split
     config, head = inputs.config, inputs.head
     with stage("data and text preparation"):
         fit = fit_fold(config, inputs.features.iloc[split.train_index],
-                       None if inputs.raw_targets is None else inputs.raw_targets[split.train_index], cache_dir,
+                       None if inputs.raw_targets is None else inputs.raw_targets[split.train_index], job.cache_dir,
                        make_tabular(config, inputs.train, inputs.features))
     tokenizer, tokenizer_path = ((fit.tokenizer, fit.tokenizer_path) if source.from_scratch
-                                 else (source.tokenizer, run_tokenizer_path))
+                                 else (source.tokenizer, job.tokenizer_path))
     encoder_config = fit.encoder_config if source.from_scratch else source.config
     with stage("tokenization"):
         budget = report_token_budget(inputs, fit, tokenizer, log) if split.first else None
@@ -399,14 +376,14 @@ def prepare_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, cac
     return PreparedFold(fit, tokenizer_path, encoder_config, data, model, fusion, fold_seed, budget)
 
 
-def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, fold_dir: Path, cache_dir: Path,
-                   run_tokenizer_path: Path | None, progress, log) -> FoldPredictions:
+def train_one_fold(job: FoldJob, source: EncoderSource, *, progress, log) -> FoldPredictions:
     """Fit, tokenize, train and save one fold; fold.json is written last (a fold without it is unfinished).
     ``progress``: as train_fold's."""
+    inputs, split, fold_dir = job.inputs, job.split, job.fold_dir
     config, head = inputs.config, inputs.head
     if fold_dir.exists():  # a fold interrupted half-way is trained again from scratch
         shutil.rmtree(fold_dir)
-    prepared = prepare_fold(inputs, source, split, cache_dir, run_tokenizer_path, log)
+    prepared = prepare_fold(job, source, log)
     fit, model, data, budget, fold_seed = (prepared.fit, prepared.model, prepared.data, prepared.budget,
                                            prepared.seed)
 
@@ -415,8 +392,8 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
         return score(inputs.metric, config.competition.task, inputs.truth[split.valid_index], predictions,
                      inputs.threshold, inputs.targets.classes)
 
-    result = train_fold(model, data, config.train, evaluate, inputs.metric.greater_is_better, seed=fold_seed,
-                        description=split.description, progress=progress)
+    result = train_fold(model, data, config.train, Validation(evaluate, inputs.metric.greater_is_better),
+                        seed=fold_seed, progress=Progress(split.description, progress))
     fold = FoldPredictions(
         valid_index=split.valid_index,
         valid_outputs=result.valid_outputs,
@@ -431,33 +408,29 @@ def train_one_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, f
     )
     comp = config.competition
     with stage("artifact writing"):
-        save_fold_checkpoint(model, config, source, head, prepared.encoder_config, fit.target_transform, fold_dir,
-                             prepared.tokenizer_path, fit.tokenizer_json if source.from_scratch else None,
-                             prepared.fusion)
+        save_fold_checkpoint(prepared, inputs, source, fold_dir)
         write_csv(fold_dir / "test.csv", predictions_frame(comp, inputs.targets.classes,
                                                           inputs.test_features[comp.id_column], fold.test_predictions))
         write_json(fold_dir / "history.json", result.history)
         write_json(fold_dir / "serializer.json", fit.serializer.fitted_statistics())
         if fit.tabular is not None:
             write_json(fold_dir / "tabular.json", fit.tabular.fitted_statistics())
-        write_finished_fold(fold_dir, fold.valid_outputs, fold.valid_predictions, fold.test_outputs,
-                            fold.test_predictions, fold.record, budget)
+        write_finished_fold(fold_dir, fold)
     log(f"{split.description}: {comp.metric} {result.best_score:.4f} "
         f"(best epoch {result.best_epoch + 1}, {result.seconds:.0f}s)")
     return fold
 
 
-def probe_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, cache_dir: Path,
-               run_tokenizer_path: Path | None, steps: int) -> dict:
+def probe_fold(job: FoldJob, source: EncoderSource) -> dict:
     """``train_one_fold`` timed on a sample, nothing saved: the fold prepared in full (its fit, tokens and model),
-    then two epochs of ``steps`` training steps each on rows drawn from its training rows, each evaluating the
-    same sample of its validation rows. The second epoch sees the shapes the first traced, so its steps time the
+    then two epochs of ``job.probe_steps`` training steps each on rows drawn from its training rows, each evaluating
+    the same sample of its validation rows. The second epoch sees the shapes the first traced, so its steps time the
     steady state; pipeline/probe.py turns these figures into a run's seconds."""
     from kbert.pipeline.profile import profiling
 
-    config = inputs.config.train
+    config, steps = job.inputs.config.train, job.probe_steps
     with profiling() as profile:
-        prepared = prepare_fold(inputs, source, split, cache_dir, run_tokenizer_path, lambda _: None)
+        prepared = prepare_fold(job, source, lambda _: None)
         prep = sum(profile.seconds.get(profile.part, {}).values())
         data, rng = prepared.data, np.random.default_rng(prepared.seed)
         rows = rng.permutation(len(data.train_tokens))[: steps * config.batch_size * config.grad_accum]
@@ -466,8 +439,8 @@ def probe_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, cache
                           valid_tokens=[data.valid_tokens[i] for i in valid], valid_targets=data.valid_targets[valid],
                           test_tokens=[], train_columns=tuple(c[rows] for c in data.train_columns),
                           valid_columns=tuple(c[valid] for c in data.valid_columns))
-        train_fold(prepared.model, sample, replace(config, epochs=2, patience=2), lambda _: 0.0, True,
-                   seed=prepared.seed, description=split.description, progress=False)
+        train_fold(prepared.model, sample, replace(config, epochs=2, patience=2), Validation(lambda _: 0.0, True),
+                   seed=prepared.seed, progress=Progress(job.split.description, False))
     stages, counts = profile.seconds.get(profile.part, {}), profile.counts.get(profile.part, {})
     traced = [kind for kind, _ in profile.shapes]
     return {"prep_s": prep, "tracing_s": stages.get("tracing", 0.0),
@@ -480,14 +453,14 @@ def probe_fold(inputs: RunInputs, source: EncoderSource, split: FoldSplit, cache
             "test_rows": len(data.test_tokens)}
 
 
-def save_fold_checkpoint(model, config: RunConfig, source: EncoderSource, head: HeadConfig, encoder_config: dict,
-                         transform: TargetTransform | None, fold_dir: Path, tokenizer_path: Path,
-                         tokenizer_json: str | None = None, fusion: FusionConfig | None = None) -> None:
-    """The fold's weights (or its adapters only, or merged), config.json and tokenizer.json (its text, or a copy
-    of ``tokenizer_path``)."""
-    adapter = source.adapter
+def save_fold_checkpoint(prepared: PreparedFold, inputs: RunInputs, source: EncoderSource, fold_dir: Path) -> None:
+    """The fold's weights (or its adapters only, or merged), config.json and tokenizer.json (from scratch its
+    vocabulary's text, else a copy of the run's tokenizer.json)."""
+    config, model, adapter, fusion = inputs.config, prepared.model, source.adapter, prepared.fusion
+    transform = prepared.fit.target_transform
     # A Hub encoder's source is org/name@<commit>: loading it again (adapters' base) fetches those exact files.
-    checkpoint_config = {"encoder_config": encoder_config, "head": head.to_dict(), "pooling": config.model.pooling,
+    checkpoint_config = {"encoder_config": prepared.encoder_config, "head": inputs.head.to_dict(),
+                         "pooling": config.model.pooling,
                          "source": source.name,
                          "target_transform": vars(transform) if transform else None,
                          "fusion": fusion.to_dict() if fusion is not None else None}
@@ -498,6 +471,6 @@ def save_fold_checkpoint(model, config: RunConfig, source: EncoderSource, head: 
         merge_adapters(model, dequantize=True)
         checkpoint_config["merged_adapter"] = adapter.to_dict()
     adapter_only = adapter is not None and config.model.adapter_checkpoint == "adapter"
-    save_checkpoint(model, fold_dir, checkpoint_config, tokenizer_path,
-                    adapter=adapter if adapter_only else None, base_fingerprint=source.base_fingerprint,
-                    tokenizer_json=tokenizer_json)
+    save_checkpoint(model, fold_dir, checkpoint_config, prepared.tokenizer_path,
+                    adapter_only=AdapterOnly(adapter, source.base_fingerprint) if adapter_only else None,
+                    tokenizer_json=prepared.fit.tokenizer_json if source.from_scratch else None)

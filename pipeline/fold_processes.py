@@ -1,22 +1,9 @@
-"""Folds trained side by side on a CPU, one process each (``--fold-processes``).
+"""Folds trained side by side on a CPU, one spawned process each (``--fold-processes``).
 
-The folds of a run are independent, so on a CPU they train at the same time in spawned processes, each fold on
-``FoldPlan.streams`` MLX streams (pipeline/streams.py) with as many kernel threads. A small encoder keeps a
-core busier this way than by splitting every batch over the cores: on 2 cores, a from-scratch Titanic step took
-54 ms split over two streams, and 42 ms per step with two processes each training its own fold on one core
-(benchmarks/NOTES.md). Every fold of a run starts at once (up to ``max(cores, k)`` of them) and the operating
-system shares the cores between them: a fold that early stopping ends soon leaves its core to the others, and the
-run takes about its total work over the cores rather than waiting on its slowest pair of folds.
-
-A fold's numbers depend only on its streams, and ``plan_folds`` sets those from the cores and the run's fold
-count alone: not on how many folds a resume has left, nor on which process trains which fold. ``--fold-processes 1``
-trains the folds one after another in this process, each batch split over every core (``--cpu-streams``).
-
-The parent process keeps the progress bars and the log: a fold process sends its bar's steps, its log lines, its
-result and its profile over a queue. A fold that fails (a loss that became NaN) ends the others, and its error is
-the run's; Ctrl-C and a pruned trial end them too. Like ``kbert tune``'s workers, fold processes are spawned, not
-forked (MLX and BLAS threads do not survive a fork), and their inputs are unpickled only after
-``runtime.setup()`` has bound the fast BLAS, so this module imports no MLX at the top.
+Every fold starts at once and the operating system shares the cores. A fold's numbers depend only on its streams,
+which ``plan_folds`` sets from the cores and the run's fold count alone. The parent keeps the progress bars and the
+log; a failing fold ends the others. Inputs are unpickled only after ``runtime.setup()``, so this module imports
+no MLX at the top. Figures: benchmarks/NOTES.md.
 """
 
 from __future__ import annotations
@@ -48,19 +35,30 @@ class FoldPlan:
     streams: int  # each fold's MLX streams (0: TrainConfig.cpu_streams decides, as without fold processes)
 
 
-def plan_folds(requested: int, device: str, total: int, k: int, to_train: int, cores: int,
-               parameter_bytes: int = 0, available: int | None = None) -> FoldPlan:
+@dataclass(frozen=True)
+class Machine:
+    """What a fold plan depends on of the machine: its device, its usable cores and its free memory in bytes (None
+    where it is not known)."""
+
+    device: str
+    cores: int
+    available: int | None = None
+
+
+def plan_folds(requested: int, machine: Machine, *, total: int, k: int, to_train: int,
+               parameter_bytes: int = 0) -> FoldPlan:
     """How a run's folds train: ``requested`` processes (0: auto) for ``to_train`` of its ``total`` folds (``k``
-    per repeat), on ``cores`` cores. Auto is one process per fold (at most ``max(cores, k)`` at once) on a CPU,
-    as many as ``available`` bytes of memory hold, and one process on a GPU. Each fold's streams come from the
-    cores and the run's own fold count, so a resumed run trains its remaining folds as the first attempt would."""
-    if requested == 1 or device != "cpu" or total < 2:
+    per repeat) on ``machine``. Auto is one process per fold (at most ``max(cores, k)`` at once) on a CPU, as many
+    as its free memory holds with ``parameter_bytes`` of weights, and one process on a GPU. Each fold's streams
+    come from the cores and the run's own fold count, so a resumed run trains its remaining folds as the first
+    attempt would."""
+    if requested == 1 or machine.device != "cpu" or total < 2:
         return FoldPlan(processes=1, streams=0)
-    side_by_side = min(total, requested or max(cores, k))
-    streams = max(1, cores // side_by_side)
+    side_by_side = min(total, requested or max(machine.cores, k))
+    streams = max(1, machine.cores // side_by_side)
     processes = min(to_train, side_by_side)
     if not requested:
-        processes = memory_holds(processes, PROCESS_MEMORY + PARAMETER_COPIES * parameter_bytes, available)
+        processes = memory_holds(processes, PROCESS_MEMORY + PARAMETER_COPIES * parameter_bytes, machine.available)
     return FoldPlan(processes=max(1, processes), streams=streams)
 
 
@@ -143,7 +141,7 @@ def train_folds(jobs: list[FoldJob], plan: FoldPlan, progress: bool, log: Callab
             elif kind == "step" and index in bars:
                 bars[index].update(body[0])
             elif kind == "postfix" and index in bars:
-                bars[index].set_postfix(**body[0])
+                bars[index].set_postfix(body[0])
             elif kind == "error":
                 message, is_bug = body
                 if is_bug:
@@ -206,7 +204,7 @@ class QueueBar:
             os._exit(1)
         self.messages.put(("step", self.index, steps))
 
-    def set_postfix(self, **values) -> None:
+    def set_postfix(self, values: dict) -> None:
         self.messages.put(("postfix", self.index, values))
 
     def close(self) -> None:
@@ -236,13 +234,11 @@ def fold_process(job: bytes, index: int, messages) -> None:
             return QueueBar(messages, index)
 
         if job.probe_steps:
-            messages.put(("done", index, probe_fold(job.inputs, source, job.split, job.cache_dir, job.tokenizer_path,
-                                                    job.probe_steps), {}))
+            messages.put(("done", index, probe_fold(job, source), {}))
             return
         with profiling() as profile:
             set_part(job.split.description)
-            fold = train_one_fold(job.inputs, source, job.split, job.fold_dir, job.cache_dir, job.tokenizer_path,
-                                  bar, lambda text: messages.put(("log", index, text)))
+            fold = train_one_fold(job, source, progress=bar, log=lambda text: messages.put(("log", index, text)))
         messages.put(("done", index, fold, profile.seconds.get(job.split.description, {})))
     except KbertError as exc:
         messages.put(("error", index, str(exc), False))

@@ -1,30 +1,9 @@
 """Column importance of a finished encoder run: how much its CV drops when one column's words leave the text.
 
-An ablation with the run's own fold models, never retrained: each fold model predicts its validation rows once as
-they are, then once per column with that column's words removed, and the OOF predictions without a column are
-scored as the run's CV is. Each fold's serializer is refitted on the fold's training rows and must reproduce the
-fold's serializer.json (``refitted``, as ``kbert predict`` does), so the ablated text is written with the very
-statistics the model was trained with (bin edges, fare bands); it comes from ``transform`` only, nothing is fitted
-on ablated rows. How a column leaves the text (``removals``):
-
-- ``dropped``: a list or sentence serializer (features/generic.py) writes through a copy of itself whose fitted
-  ``columns_`` lack the column: its name and value are gone, every other cell is written as before;
-- ``missing``: any other serializer (a template, a competition's own such as features/titanic.py) is given the
-  column as missing in every row, so the text says what it says of a missing value ("unknown", "of unknown age").
-  A column that serializer cannot write as missing (it raises) is skipped, with the reason; a column whose removal
-  changes no row's text is not in the text and gets no row in the table.
-
-With fusion (``tabular.json``) the fusion head still reads every raw column as in the run: only the words are
-removed, so a drop is what the words add beside the columns. Each row's predictions are averaged over the fold
-models that validated it (every repeat and seed, as the run does) and scored with the run's metric at the run's
-cut-off (0.5 under a tuned threshold, as metrics.json's ``cv``), so the recomputed CV with every word equals the
-run's. Calibration is not applied: a calibrated run's recomputed CV is its ``cv_uncalibrated``. The drop is in
-the metric's better direction: positive, the column's words helped; about 0, the models do without them.
-
-What it does not say: columns that tell the same thing (a title and a sex) share their importance, as one left
-out leaves the other; and a serializer that writes a missing value as a real one (the Titanic serializer's person
-word reads a missing sex as "man") measures that text, not silence. importance.json keeps one validation row's
-text with every column's words and without each column's, which the report shows, so that it can be checked.
+The run's own fold models, never retrained, predict their validation rows with and without each column's words
+(``removals``: ``dropped`` from a list or sentence serializer, else written as ``missing``); the text comes from
+each fold's refitted serializer's ``transform`` only. With every column the recomputed CV equals the run's
+(``cv_uncalibrated`` for a calibrated run). Columns that say the same thing share their importance.
 """
 
 from __future__ import annotations
@@ -50,7 +29,7 @@ from kbert.pipeline.new_rows import check_fold_models, load_fold_model, read_fol
 from kbert.pipeline.predictions import score
 from kbert.pipeline.run import prepare_inputs
 from kbert.pipeline.streams import cpu_streams
-from kbert.pipeline.train import make_forward, predict_outputs
+from kbert.pipeline.train import Execution, make_forward, predict_outputs
 
 IMPORTANCE_FILE = "importance.json"
 ALL_WORDS = ""  # the key of the predictions with every column's words
@@ -103,7 +82,7 @@ def column_importance(run_dir: Path, log=print) -> dict:
     for fold_dir, repeat, k in fold_models:
         fold_of_row = folds["fold" if repeat == 0 else f"fold_repeat{repeat}"].to_numpy()
         train_index, valid_index = fold_rows(fold_of_row, k, comp.folds)
-        serializer, predict = fold_predictor(config, inputs, fold_dir, repeat, k, train_index, valid_index)
+        serializer, predict = fold_predictor(inputs, fold_dir, repeat, k, train_index, valid_index)
         removed = ablate_fold(found, serializer, predict, inputs, valid_index)
         del predict  # the fold model
         mx.clear_cache()
@@ -116,25 +95,25 @@ def column_importance(run_dir: Path, log=print) -> dict:
     return result
 
 
-def fold_predictor(config: RunConfig, inputs: RunInputs, fold_dir: Path, repeat: int, k: int,
-                   train_index: np.ndarray, valid_index: np.ndarray) -> tuple[Serializer, Callable]:
+def fold_predictor(inputs: RunInputs, fold_dir: Path, repeat: int, k: int, train_index: np.ndarray,
+                   valid_index: np.ndarray) -> tuple[Serializer, Callable]:
     """The fold's serializer, refitted on its training rows and checked against its serializer.json, and
     ``predict(serializer, rows)``: the fold model's predictions of (ablated) validation rows as the run made them,
     the plain text and its TTA variants with their outputs averaged. With fusion, the head reads the validation
     rows' own columns (checked against tabular.json), whatever the text."""
-    train_rows, valid_rows = inputs.features.iloc[train_index], inputs.features.iloc[valid_index]
+    config, train_rows, valid_rows = inputs.config, inputs.features.iloc[train_index], inputs.features.iloc[valid_index]
     serializer = refitted(make_serializer(config), train_rows, fold_dir / "serializer.json")
     tabular = make_tabular(config, inputs.train, inputs.features)
     columns = () if tabular is None else refitted(tabular, train_rows, fold_dir / "tabular.json").transform(valid_rows)
     model, checkpoint, tokenizer = load_fold_model(fold_dir)
     head = HeadConfig.from_dict(checkpoint["head"])
     transform = saved_target_transform(fold_dir / "config.json", checkpoint)
-    forward = make_forward(model, config.train.compile, streams=cpu_streams(config.train.cpu_streams))
+    forward = make_forward(model, Execution(config.train.compile, streams=cpu_streams(config.train.cpu_streams)))
 
     def predict(view: Serializer, rows: pd.DataFrame) -> np.ndarray:
-        outputs = np.mean([predict_outputs(model, tokenize(config, tokenizer, view, rows, repeat, k, variant),
-                                           config.train, forward, columns)
-                           for variant in range(max(1, config.train.tta))], axis=0)
+        outputs = np.mean([predict_outputs(model, tokenize(config, tokenizer, view, rows, fold=(repeat, k), variant=v),
+                                           config.train, forward, columns) for v in range(max(1, config.train.tta))],
+                          axis=0)
         return to_predictions(head, outputs, transform)
 
     return serializer, predict

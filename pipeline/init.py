@@ -1,20 +1,15 @@
-"""`kbert init`: write a competition YAML for a new CSV pair by inferring its id, target, task and column types.
+"""``kbert init``: write a competition YAML for a new CSV pair by inferring its id, target, task and column types.
 
-The result is a starting point for the user to read and edit. It goes to the working folder's
-``competitions/<name>.yaml`` (``--out`` moves it), never into the installed package, so ``kbert run <name>`` from
-that folder finds it (``find_competition`` looks there before the bundled ones), and ``kbert run <path>`` works
-from anywhere: ``data_dir`` is relative to the YAML file, not to the working folder.
-
-What the submission holds is read off the sample submission (probabilities in float cells, labels otherwise, or one
-probability column per class), and the metric follows it: probabilities are scored by ROC AUC (log loss for one
-column per class), labels by accuracy, or by F1 where the positive class is rare. A target with two values of any
-type is binary. The YAML says why in a comment above ``metric:``.
+The result, a starting point to read and edit, goes to the working folder's ``competitions/<name>.yaml``, never
+into the installed package; its ``data_dir`` is relative to the YAML file. The metric follows what the sample
+submission holds, and the YAML says why in a comment above ``metric:``.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -166,12 +161,21 @@ def data_dir_for(data: Path, yaml_path: Path) -> str:
         return str(data)
 
 
-def init_competition(name: str, train_path: Path, test_path: Path, sample_path: Path | None = None,
-                     out: Path | None = None, id_column: str | None = None, target: str | None = None,
-                     force: bool = False) -> Path:
-    """Infer and write ``out`` (default: ``competitions/<name>.yaml`` under the working folder); returns its path."""
+@dataclass(frozen=True)
+class DataFiles:
+    """A new competition's CSV files, all in one folder: train, test and (optionally) the sample submission."""
+
+    train: Path
+    test: Path
+    sample: Path | None = None
+
+
+def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id_column: str | None = None,
+                     target: str | None = None, force: bool = False) -> Path:
+    """Infer and write ``out`` (default: ``competitions/<name>.yaml`` under the working folder); returns its path.
+    ``id_column`` and ``target``: given instead of inferred."""
     check_name(name, "kbert init NAME")
-    train_path, test_path = Path(train_path).resolve(), Path(test_path).resolve()
+    train_path, test_path, sample_path = Path(files.train).resolve(), Path(files.test).resolve(), files.sample
     if train_path.parent != test_path.parent or (sample_path and Path(sample_path).resolve().parent != train_path.parent):
         raise KbertError(f"{train_path.name}, {test_path.name} (and the sample submission) must be in one folder")
     train, test = read_csv(train_path), read_csv(test_path)

@@ -1,23 +1,9 @@
 """Kaggle competitions through the official ``kaggle`` package: download, submit, list submissions, leaderboard.
 
-Flow of every command:
-
-1. ``credential_source()`` looks for credentials the way the kaggle package does (``KAGGLE_API_TOKEN``,
-   ``~/.kaggle/access_token``, ``KAGGLE_USERNAME``/``KAGGLE_KEY``, ``kaggle.json``, ``kaggle auth login``'s
-   ``credentials.json``) without importing ``kaggle``: importing it authenticates, may send a request and prints.
-   No source: a KbertError saying where to put a token, and no request is made.
-2. ``_connect()`` imports ``kaggle.api.kaggle_api_extended`` (its output silenced), builds a fresh ``KaggleApi``
-   pointed at today's config folder, with its verbose mode off (verbose prints request headers), and calls
-   ``authenticate()``, which checks an access token with Kaggle (one request) and otherwise reads legacy keys.
-3. The command calls one of the package's methods (``competition_download_files``, ``competition_submit``,
-   ``competition_submissions``; the leaderboard pages through its sdk client's ``get_leaderboard``) inside
-   ``_translated()``: the package's prints go to the debug log, and its failures (HTTP 401/403/404 and others,
-   connection errors, ``exit()`` from authenticate) become a KbertError with one sentence saying what to do.
-
-Credential values never enter a message: messages name the credential's source, and any text that comes from
-the package or from Kaggle is stripped of every credential value (and of the base64 basic-auth form) first.
-Downloads land in a temp folder beside the target, are unzipped there and moved into place file by file, so a
-failure leaves no half-written file behind.
+``credential_source()`` finds credentials as the package does, without importing it (importing authenticates);
+``_connect()`` then authenticates, and ``_translated()`` turns the package's failures into one KbertError line.
+No credential value ever enters a message, and a download lands in a temp folder and is moved into place file by
+file.
 """
 
 from __future__ import annotations

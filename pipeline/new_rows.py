@@ -80,8 +80,9 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
         if tabular is not None:
             columns = refitted(tabular, features.iloc[train_index], fold_dir / "tabular.json").transform(new_features)
         model, checkpoint, tokenizer = load_fold_model(fold_dir)
-        variants = [predict_outputs(model, tokenize(config, tokenizer, serializer, new_features, repeat, k, variant),
-                                    config.train, columns=columns) for variant in range(max(1, tta))]
+        variants = [predict_outputs(model, tokenize(config, tokenizer, serializer, new_features, fold=(repeat, k),
+                                                    variant=variant), config.train, columns=columns)
+                    for variant in range(max(1, tta))]
         fold_outputs = np.mean(variants, axis=0)
         head = HeadConfig.from_dict(checkpoint["head"])
         transform = saved_target_transform(fold_dir / CONFIG_FILE, checkpoint)

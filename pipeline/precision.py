@@ -1,19 +1,9 @@
 """Where and in what precision a fold trains: the device (``--device``), mixed precision (``--precision``) and
 fp16's dynamic loss scaling.
 
-Mixed precision the standard way: the parameters and the optimizer state stay float32 (the master weights);
-each forward pass runs on a bfloat16 or float16 copy of the floating-point parameters (a cast inside the
-differentiated function, so the gradients arrive in float32), and the loss is taken in float32. LayerNorm and
-RMSNorm (``mx.fast`` kernels) and the attention softmax (``precise=True``) accumulate in float32 whatever their
-input's dtype; the heads cast their outputs to float32 before the loss. 4-bit QLoRA base weights stay packed:
-their scales are cast, so the quantized matmul computes in the chosen precision.
-
-float16's range is narrow, so its loss is multiplied by a scale before the backward pass and the gradients
-divided by it after; a step whose gradients overflow is skipped (and counted), the scale halves, and after
-``growth_interval`` good steps it doubles (PyTorch's GradScaler).
-
-Defaults: bfloat16 on a GPU, float32 on a CPU, where MLX's half-precision matmul bypasses the BLAS
-(``HALF_ON_CPU_SLOWDOWN``, measured in ../shared/notes/mlx-cpu-performance.md).
+Float32 master weights and optimizer state; each forward pass runs on a bfloat16 or float16 copy, cast inside the
+differentiated function, and the loss is taken in float32. fp16's loss is scaled as PyTorch's GradScaler does.
+Defaults: bfloat16 on a GPU, float32 on a CPU, where MLX's half-precision matmul bypasses the BLAS.
 """
 
 from __future__ import annotations
@@ -25,9 +15,11 @@ import mlx.core as mx
 from mlx.utils import tree_map
 
 from kbert.errors import KbertError
-from kbert.pipeline.config import DEVICES, PRECISIONS
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # --precision: the compute precision; float32 master weights
+DEVICES = ("auto", "cpu", "gpu")  # --device
 DTYPES = {"fp32": mx.float32, "bf16": mx.bfloat16, "fp16": mx.float16}
-HALF_ON_CPU_SLOWDOWN = 15  # bf16/fp16 training against fp32 on a CPU (2-core AMD EPYC, MKL)
+HALF_ON_CPU_SLOWDOWN = 15  # bf16/fp16 training against fp32 on a CPU, measured (benchmarks/NOTES.md)
 
 
 def gpu_available() -> bool:

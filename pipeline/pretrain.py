@@ -1,16 +1,8 @@
 """``kbert pretrain``: masked-language-model pretraining on a competition's own text, before fine-tuning.
 
-The corpus is every training and test row serialized as `kbert run` does (plus augmented variants), with the
-target columns dropped before serialization, so no label can reach it. A held-out slice of rows (all their
-variants) measures masked-token accuracy and perplexity. From scratch, a WordPiece vocabulary is trained on the
-corpus and the encoder is sized as `kbert run` sizes it; with ``--encoder`` a pretrained encoder (and its
-tokenizer) continues pretraining. Masking follows BERT: 15% of the tokens (or of the words, with whole-word
-masking) are predicted; of those 80% become [MASK], 10% a random token and 10% stay as they are. The MLM head
-ties its decoder to the token embeddings and is dropped when `kbert run --encoder <folder>` fine-tunes.
-
-Output (``runs/<competition>/pretrain/<id>/``, written to a temp folder and renamed when complete):
-config.json, model.safetensors (encoder + MLM head, Hugging Face names), tokenizer.json, pretrain.json
-(settings, corpus size, history, held-out masked accuracy and perplexity, time).
+The corpus is every training and test row serialized as ``kbert run`` does, targets dropped first. Masking
+follows BERT (15% predicted: 80% [MASK], 10% random, 10% kept). Output: ``runs/<competition>/pretrain/<id>/``
+(config.json, model.safetensors, tokenizer.json, pretrain.json), written to a temp folder and renamed.
 """
 
 from __future__ import annotations
@@ -39,7 +31,7 @@ from kbert.pipeline.config import RunConfig, TrainConfig
 from kbert.pipeline.data import load_competition_data
 from kbert.pipeline.fold import make_serializer, scratch_encoder_config
 from kbert.pipeline.streams import cpu_streams
-from kbert.pipeline.train import make_optimizer, make_train_step, seed_everything
+from kbert.pipeline.train import Execution, make_optimizer, make_train_step, seed_everything
 
 
 @dataclass
@@ -97,16 +89,42 @@ def encode_with_words(tokenizer: Tokenizer, texts: list[str], max_length: int) -
                           for e in encodings])
 
 
-def mask_tokens(ids: np.ndarray, words: np.ndarray, rng: np.random.Generator, mask_prob: float, mask_id: int,
-                replacement_ids: np.ndarray, whole_word: bool = False) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class Masking:
+    """How tokens are masked: the [MASK] and [PAD] ids, the ids a random replacement draws, the share of tokens (or
+    with ``whole_word`` of words) predicted."""
+
+    mask_id: int
+    pad_id: int
+    replacement_ids: np.ndarray  # every non-special token id
+    mask_prob: float = 0.15
+    whole_word: bool = False
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer, settings: PretrainConfig) -> "Masking":
+        mask_id = special_token_id(tokenizer, "mask")
+        if mask_id is None:
+            raise KbertError(f"encoder '{settings.encoder}': its tokenizer has no [MASK] (or <mask>) token")
+        specials = special_ids(tokenizer)
+        replacement = np.asarray([i for i in range(tokenizer.get_vocab_size()) if i not in specials], dtype=np.int32)
+        return cls(mask_id=mask_id, pad_id=special_token_id(tokenizer, "pad") or 0, replacement_ids=replacement,
+                   mask_prob=settings.mask_prob, whole_word=settings.whole_word)
+
+    def apply(self, ids: np.ndarray, words: np.ndarray, rng: np.random.Generator):
+        return mask_tokens(ids, words, rng, self)
+
+
+def mask_tokens(ids: np.ndarray, words: np.ndarray, rng: np.random.Generator,
+                masking: Masking) -> tuple[np.ndarray, np.ndarray]:
     """BERT masking of a padded (batch, length) id array; ``words`` is -1 at special and padding positions.
 
     Returns (inputs, labels): labels hold the original id where a token is to be predicted and -100
     elsewhere; of the predicted tokens 80% become ``mask_id``, 10% a random id from ``replacement_ids`` and
     10% stay. ``whole_word``: words are chosen with ``mask_prob`` and all their tokens are predicted.
     """
+    mask_prob, mask_id, replacement_ids = masking.mask_prob, masking.mask_id, masking.replacement_ids
     candidates = words >= 0
-    if whole_word:
+    if masking.whole_word:
         chosen_words = rng.random((ids.shape[0], int(words.max(initial=0)) + 1)) < mask_prob
         selected = candidates & np.take_along_axis(chosen_words, np.maximum(words, 0), axis=1)
     else:
@@ -165,26 +183,26 @@ def evaluate_masked_lm(model: nn.Module, batches: list[tuple[np.ndarray, np.ndar
             "masked_tokens": int(total)}
 
 
-@dataclass
-class Masking:
-    """What masking needs of the tokenizer: the [MASK] and [PAD] ids and the ids a random replacement draws."""
+@dataclass(frozen=True)
+class Pretraining:
+    """One ``kbert pretrain``: the run's settings, the pretraining settings, the corpus, the output folder and when
+    it started."""
 
-    mask_id: int
-    pad_id: int
-    replacement_ids: np.ndarray  # every non-special token id
+    config: RunConfig
+    settings: PretrainConfig
+    corpus: Corpus
+    folder: Path
+    started: float
 
-    @classmethod
-    def of(cls, tokenizer: Tokenizer, encoder: str) -> "Masking":
-        mask_id = special_token_id(tokenizer, "mask")
-        if mask_id is None:
-            raise KbertError(f"encoder '{encoder}': its tokenizer has no [MASK] (or <mask>) token")
-        specials = special_ids(tokenizer)
-        replacement = np.asarray([i for i in range(tokenizer.get_vocab_size()) if i not in specials], dtype=np.int32)
-        return cls(mask_id=mask_id, pad_id=special_token_id(tokenizer, "pad") or 0, replacement_ids=replacement)
 
-    def apply(self, ids: np.ndarray, words: np.ndarray, rng: np.random.Generator, settings: PretrainConfig):
-        return mask_tokens(ids, words, rng, settings.mask_prob, self.mask_id, self.replacement_ids,
-                           settings.whole_word)
+@dataclass(frozen=True)
+class MaskedLMData:
+    """The corpus as the masked LM trains on it: the training texts' tokens, the held-out batches (masked once)
+    and how fresh batches are masked."""
+
+    train: Encoded
+    held_out: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+    masking: Masking
 
 
 def pretrain(config: RunConfig, settings: PretrainConfig, run_id: str | None = None, progress: bool = True,
@@ -199,7 +217,7 @@ def pretrain(config: RunConfig, settings: PretrainConfig, run_id: str | None = N
     folder = pretrain_folder(config, run_id or new_run_id(settings.seed))
     corpus = build_corpus(config, settings)
     with removed_on_refusal():
-        return pretrain_corpus(config, settings, corpus, folder, started, progress, log)
+        return pretrain_corpus(Pretraining(config, settings, corpus, folder, started), progress=progress, log=log)
 
 
 def pretrain_folder(config: RunConfig, run_id: str) -> Path:
@@ -212,12 +230,12 @@ def pretrain_folder(config: RunConfig, run_id: str) -> Path:
     return folder
 
 
-def pretrain_corpus(config: RunConfig, settings: PretrainConfig, corpus: Corpus, folder: Path, started: float,
-                    progress: bool, log) -> Path:
-    """Train the masked LM on ``corpus``, then write it to ``folder``."""
+def pretrain_corpus(job: Pretraining, *, progress: bool, log) -> Path:
+    """Train the masked LM on the job's corpus, then write it to its folder."""
+    config, settings, corpus, started = job.config, job.settings, job.corpus, job.started
     seed_everything(settings.seed)
     model, model_config, tokenizer = masked_lm_to_train(config, settings, corpus)
-    masking = Masking.of(tokenizer, settings.encoder)
+    masking = Masking.of(tokenizer, settings)
     train_data = encode_with_words(tokenizer, corpus.train_texts, config.train.max_length)
     eval_batches = held_out_batches(encode_with_words(tokenizer, corpus.eval_texts, config.train.max_length),
                                     masking, settings, config.train.length_bucket)
@@ -226,13 +244,13 @@ def pretrain_corpus(config: RunConfig, settings: PretrainConfig, corpus: Corpus,
     log(f"{config.competition.name}: pretraining on {len(corpus.train_texts)} texts ({corpus.rows} rows, "
         f"{settings.augment} augmented variants each; {len(corpus.eval_texts)} rows held out), vocabulary "
         f"{tokenizer.get_vocab_size()}, step 0 masked accuracy {history[0]['masked_accuracy']:.3f}")
-    history += train_masked_lm(model, train_data, eval_batches, masking, settings,
-                               replace(config.train, learning_rate=learning_rate), progress, log)
-    write_pretrained(model, model_config, tokenizer, config, settings, corpus, history, learning_rate, folder, started)
+    history += train_masked_lm(model, MaskedLMData(train_data, eval_batches, masking), settings,
+                               replace(config.train, learning_rate=learning_rate), progress=progress, log=log)
+    write_pretrained(job, model, model_config, tokenizer, history, learning_rate)
     final = history[-1]
     log(f"held-out masked accuracy {final['masked_accuracy']:.3f} (start {history[0]['masked_accuracy']:.3f}), "
         f"perplexity {final['perplexity']:.2f}; {time.perf_counter() - started:.0f}s")
-    return folder
+    return job.folder
 
 
 def masked_lm_to_train(config: RunConfig, settings: PretrainConfig, corpus: Corpus):
@@ -255,18 +273,20 @@ def held_out_batches(data: Encoded, masking: Masking, settings: PretrainConfig, 
     for start in range(0, len(data.ids), size):
         ids, words, attention = padded_batch(data, np.arange(start, min(start + size, len(data.ids))),
                                              masking.pad_id, bucket)
-        inputs, labels = masking.apply(ids, words, rng, settings)
+        inputs, labels = masking.apply(ids, words, rng)
         batches.append((inputs, attention, labels))
     return batches
 
 
-def train_masked_lm(model: nn.Module, data: Encoded, eval_batches: list, masking: Masking, settings: PretrainConfig,
-                    train_config: TrainConfig, progress: bool, log) -> list[dict]:
+def train_masked_lm(model: nn.Module, corpus: MaskedLMData, settings: PretrainConfig, train_config: TrainConfig, *,
+                    progress: bool, log) -> list[dict]:
     """``settings.steps`` optimizer steps over freshly masked batches; the held-out record every
     ``eval_every`` steps and at the end."""
+    data, eval_batches, masking = corpus.train, corpus.held_out, corpus.masking
     optimizer = make_optimizer(model, train_config, settings.steps)
-    step = make_train_step(model, optimizer, train_config.max_grad_norm, compiled=train_config.compile,
-                           loss=masked_lm_loss, streams=cpu_streams(train_config.cpu_streams),
+    step = make_train_step(model, optimizer, train_config.max_grad_norm,
+                           execution=Execution(train_config.compile, streams=cpu_streams(train_config.cpu_streams)),
+                           loss=masked_lm_loss,
                            weight=lambda labels: (labels >= 0).sum())  # the loss is a mean over predicted tokens
     rng = np.random.default_rng(settings.seed)
     order = rng.permutation(len(data.ids))
@@ -278,7 +298,7 @@ def train_masked_lm(model: nn.Module, data: Encoded, eval_batches: list, masking
         index = order[position : position + settings.batch_size]
         position += settings.batch_size
         ids, words, attention = padded_batch(data, index, masking.pad_id, train_config.length_bucket)
-        inputs, labels = masking.apply(ids, words, rng, settings)
+        inputs, labels = masking.apply(ids, words, rng)
         loss = step(mx.array(inputs), mx.array(attention), mx.array(labels))
         mx.eval(loss, model.parameters(), optimizer.state)
         running.append(loss.item())
@@ -296,10 +316,10 @@ def train_masked_lm(model: nn.Module, data: Encoded, eval_batches: list, masking
     return history
 
 
-def write_pretrained(model: nn.Module, model_config: dict, tokenizer: Tokenizer, config: RunConfig,
-                     settings: PretrainConfig, corpus: Corpus, history: list[dict], learning_rate: float,
-                     folder: Path, started: float) -> Path:
+def write_pretrained(job: Pretraining, model: nn.Module, model_config: dict, tokenizer: Tokenizer,
+                     history: list[dict], learning_rate: float) -> Path:
     """The encoder + MLM head folder, written to a temp folder and renamed when complete."""
+    config, settings, corpus, folder = job.config, job.settings, job.corpus, job.folder
     comp = config.competition
     if folder.exists():  # made by another process since ``pretrain_folder`` checked
         raise KbertError(f"pretrain folder already exists: {folder}; pick another --run-id")
@@ -315,7 +335,7 @@ def write_pretrained(model: nn.Module, model_config: dict, tokenizer: Tokenizer,
         "train_texts": len(corpus.train_texts), "held_out_rows": len(corpus.eval_texts),
         "masked_accuracy": final["masked_accuracy"], "perplexity": final["perplexity"],
         "masked_accuracy_at_start": history[0]["masked_accuracy"], "history": history,
-        "wall_time_s": round(time.perf_counter() - started, 2),
+        "wall_time_s": round(time.perf_counter() - job.started, 2),
     })
     tmp.rename(folder)
     return folder

@@ -1,16 +1,8 @@
 """How long an encoder run takes on this machine, measured before it starts: ``kbert auto``'s estimates.
 
-``probe_run`` prepares the run as ``kbert run`` would (its data, encoder, folds and the fold layout that
-``plan_folds`` gives on this machine: processes side by side and streams each), then times its first folds in
-that same layout, each on a sample (pipeline/fold.py ``probe_fold``): the fold's fit and tokens in full, then two
-short epochs, the second of which runs on shapes the first traced. From those it knows a fold's preparation,
-a steady training step and evaluation batch with the other folds beside it, and the cost of tracing a shape,
-so ``RunProbe.run_seconds`` can price any number of epochs: each fold's preparation, one trace per distinct
-padded width, its epochs and its test pass, in waves of the folds that train side by side, after the start-up.
-
-A probe is cached in ``<KBERT_CACHE>/probes.json`` under a key of the machine (CPU, cores, BLAS), kbert's version,
-the competition's data and every setting but those that leave a step's cost alone (seed, epochs, patience,
-learning rates, output folders), and the layout: a second ``kbert auto`` on this machine skips it.
+``probe_run`` times the run's first folds on a sample, in the fold layout ``plan_folds`` gives here, so that
+``RunProbe.run_seconds`` can price any number of epochs. Probes are cached in ``<KBERT_CACHE>/probes.json`` under a
+key of the machine, kbert's version, the data and every setting that changes a step's cost.
 """
 
 from __future__ import annotations
@@ -89,7 +81,7 @@ def probe_run(config: RunConfig, steps: int = PROBE_STEPS, log=lambda _: None) -
             for split in splits[: plan.processes]]
 
     def here(job: FoldJob) -> dict:
-        return probe_fold(job.inputs, source, job.split, job.cache_dir, None, steps)
+        return probe_fold(job, source)
 
     folds = [fold for _, fold, _ in train_folds(jobs, plan, False, log, here)]
     wall = time.perf_counter() - started

@@ -1,17 +1,9 @@
-"""Where artifacts meet: a finished member (a kbert run, a baseline, a tuning trial) is blended (``kbert ensemble``,
-``ensemble --study``, ``kbert auto`` and its resume), taught from (``--pseudo-label``) or embedded with
-(``--embeddings``) only if it belongs with what it is combined with, and what it says about itself is true:
+"""Where artifacts meet: a finished member is blended, taught from (``--pseudo-label``) or embedded with
+(``--embeddings``) only if it belongs with what it is combined with, and what it says about itself is true.
 
-- its metrics.json carries this kbert's artifact schema (``SCHEMA``; a folder written before is refused: rerun it);
-- it was made for the same competition, task and metric, from the same data files (their sha256);
-- its oof.csv and test.csv hold exactly the competition's training and test ids, the task's prediction columns and
-  finite values in the task's range (probabilities in [0, 1]);
-- its folds.csv splits the same training ids; what it is combined with compares the split itself;
-- its oof.csv reproduces the CV its metrics.json records, and an encoder run's oof.csv is the mean of its folds'
-  own predictions (each fold's outputs.npz): an edited, permuted or swapped file is caught.
-
-Anything else is one line naming the member and what differs. A ``--limit-rows`` run is ``Partial``: ``--members
-all`` passes it by with a note.
+Checked: the artifact schema (``SCHEMA``), the competition, task, metric and data files, the ids, columns and
+values of oof.csv and test.csv, the folds, and that oof.csv reproduces the recorded CV. Anything else is one line
+naming the member; a ``--limit-rows`` run is ``Partial``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Pseudo-labels: confidently predicted test rows added to a fold's training rows (``--pseudo-label SOURCE``).
 
-The teacher is a finished member on the same folds (a ``kbert run``, a tuning trial or a ``kbert baseline``): fold
-k of the new run takes its test rows and labels from SOURCE's fold-k models only, whose training rows are fold k's
-training rows. So no prediction that fold k's validation rows helped to make reaches fold k, and the OOF score of
-the new run stays honest. (The fold-averaged test.csv of SOURCE would leak: its other folds trained on them.) The
-teacher's best epoch was picked on fold k's validation score, as every fold model's is (early stopping): that mild
-optimism, which the fold's own early stopping has anyway, is all that reaches fold k.
-
-A test row is taken when the teacher's probability of its predicted class is at least ``pseudo_threshold``; it is
-added with that hard label. Binary and multiclass tasks only. The fold's fitted transforms (serializer, vocabulary,
-column features, target transform) still see the fold's training rows only: pseudo rows are added to what the
-model trains on, after fitting, so ``kbert predict`` refits the same statistics.
+Fold k takes its labels from SOURCE's fold-k models only (a finished member on the same folds), so nothing fold k's
+validation rows helped to predict reaches it. A test row joins with its hard label when the teacher's probability
+reaches ``pseudo_threshold`` (binary and multiclass only), after the fold's transforms were fitted.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,7 @@ from kbert.pipeline.config import RunConfig
 from kbert.pipeline.data import data_warnings, load_competition_data
 from kbert.pipeline.fold import (EncoderSource, FoldPredictions, FoldSplit, RunInputs, fold_warnings,
                                  load_encoder_source, make_head_config, make_serializer, split_folds, train_one_fold)
-from kbert.pipeline.fold_processes import (FoldJob, FoldPlan, available_memory, plan_folds, train_folds,
+from kbert.pipeline.fold_processes import (FoldJob, FoldPlan, Machine, available_memory, plan_folds, train_folds,
                                            usable_cores, with_streams)
 from kbert.pipeline.splits import fold_rows
 from kbert.pipeline.metrics import check_metric_fits, get_metric
@@ -47,6 +47,44 @@ from kbert.pipeline.targets import encode_targets, num_outputs, raw_targets
 from kbert.tasks import Task
 
 __all__ = ["RunResult", "new_run_id", "run_competition"]
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where a run writes: its id, its folder, the competition's cache (vocabularies) and its submission."""
+
+    run_id: str
+    folder: Path
+    cache: Path
+    submission: Path
+
+    @property
+    def tokenizer(self) -> Path:
+        """The pretrained encoder's tokenizer.json, written once into the run folder for every fold to copy."""
+        return self.folder / "tokenizer.json"
+
+
+@dataclass
+class RunPredictions:
+    """OOF outputs and predictions (each row's mean over its repeats; NaN where a row has none) and fold-averaged
+    test outputs and predictions (predictions on the target's own scale)."""
+
+    oof_outputs: np.ndarray
+    oof: np.ndarray
+    test_outputs: np.ndarray
+    test: np.ndarray
+
+
+@dataclass
+class PostProcessed:
+    """The run's final predictions (``post_process``): calibrated when asked, the cut-off (tuned when asked), the CV
+    and the extra entries of metrics.json."""
+
+    oof: np.ndarray
+    test: np.ndarray
+    threshold: float | np.ndarray
+    cv: float
+    extra: dict
 
 
 def run_competition(config: RunConfig, run_id: str | None = None, progress: bool = True,
@@ -66,93 +104,88 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
     make_serializer(config).fit(inputs.features).transform(inputs.features.iloc[:2])  # bad text settings fail early
     run_id = run_id or new_run_id(config.seed)
     comp_dir = Path(config.out_dir) / config.competition.name
-    run_dir = comp_dir / run_id
-    submission_path = submission_path or Path(config.submissions_dir) / config.competition.name / f"{run_id}.csv"
-    check_run_outputs(config, run_dir, submission_path)
+    paths = RunPaths(run_id=run_id, folder=comp_dir / run_id, cache=comp_dir / "cache",
+                     submission=submission_path or Path(config.submissions_dir) / config.competition.name /
+                     f"{run_id}.csv")
+    check_run_outputs(config, paths.folder, paths.submission)
     with removed_on_refusal() as created:  # refused before a fold finished: nothing is left behind
         fold_sets, splits, pseudo = run_splits(config, inputs, comp_dir)
         inputs.warnings += fold_warnings(config.competition, inputs.targets,
                                          [(split.description, split.train_index) for split in splits])
-        with open_run_folder(config, run_dir, inputs.inputs, log):
-            finished = {split.name: read_back_fold(run_dir / "folds" / split.name, split, inputs) for split in splits}
-            tokenizer_path = (None if source.from_scratch
-                              else write_text(run_dir / "tokenizer.json", source.tokenizer.to_str()))
-            write_folds_table(run_dir, config.competition, inputs.train[config.competition.id_column], fold_sets)
-            log_run_header(inputs, source, run_id, run_dir, log)
+        with open_run_folder(config, paths.folder, inputs.inputs, log):
+            finished = [read_back_fold(paths.folder / "folds" / split.name, split, inputs) for split in splits]
+            if not source.from_scratch:
+                write_text(paths.tokenizer, source.tokenizer.to_str())
+            write_folds_table(paths.folder, config.competition, inputs.train[config.competition.id_column], fold_sets)
+            log_run_header(inputs, source, run_id, paths.folder, log)
             if pseudo:
                 log(f"pseudo-labels from {config.train.pseudo_label} (p >= {config.train.pseudo_threshold}): " +
                     ", ".join(f"fold {k + 1} +{len(p.test_index)}" for (r, k), p in pseudo.items() if r == 0) +
                     " test rows")
 
-            folds = train_or_keep(inputs, source, splits, finished, run_dir, comp_dir / "cache", tokenizer_path,
-                                  progress, log, on_fold, created.forget)
-            oof_outputs, oof_predictions, test_outputs, test_predictions = collect_predictions(len(inputs.train), folds,
-                                                                                               fold_sets[0])
-            final = post_process(inputs, oof_outputs, oof_predictions, test_outputs, test_predictions, fold_sets[0])
+            folds: list[FoldPredictions | None] = [None] * len(splits)
+            with closing(train_or_keep(inputs, source, paths, list(zip(splits, finished)), progress=progress,
+                                       log=log)) as done:
+                for step, fold in done:  # step: the fold's place in the training order
+                    folds[step] = fold
+                    created.forget()  # a finished fold is kept: the run can be resumed
+                    if on_fold is not None:
+                        on_fold(step, fold.record["score"])
+            predictions = collect_predictions(len(inputs.train), folds, fold_sets[0])
+            final = post_process(inputs, predictions, fold_sets[0])
             if config.seeds > 1:
-                final["extra"]["seed_cv"] = seed_scores(inputs, splits, folds, fold_sets[0], log)
+                final.extra["seed_cv"] = seed_scores(inputs, splits, folds, fold_sets[0], log)
             if pseudo:
-                final["extra"]["pseudo_labels"] = {
+                final.extra["pseudo_labels"] = {
                     "source": config.train.pseudo_label, "threshold": config.train.pseudo_threshold,
                     "folds": {split.name: split.pseudo.to_dict() for split in splits if split.seed_index == 0}}
             with stage("artifact writing"):
-                return write_run_artifacts(inputs, run_id, run_dir, folds, oof_outputs, test_outputs, final, started,
-                                           submission_path)
+                return write_run_artifacts(inputs, paths, folds, predictions, final, time.perf_counter() - started)
 
 
-def train_or_keep(inputs: RunInputs, source: EncoderSource, splits: list[FoldSplit],
-                  finished: dict[str, FoldPredictions | None], run_dir: Path, cache_dir: Path,
-                  tokenizer_path: Path | None, progress: bool, log, on_fold, keep: Callable[[], None]
-                  ) -> list[FoldPredictions]:
-    """Each fold's predictions, in ``splits`` order: the folds finished before (a resume), then the others trained
-    (side by side in fold processes on a CPU: pipeline/fold_processes.py), ``keep()`` and ``on_fold`` called as
-    each one is done."""
+def train_or_keep(inputs: RunInputs, source: EncoderSource, paths: RunPaths,
+                  folds: list[tuple[FoldSplit, FoldPredictions | None]], *, progress: bool,
+                  log) -> Iterator[tuple[int, FoldPredictions]]:
+    """``(step, predictions)`` of each fold as it is done, ``step`` its place in ``folds``: first the folds
+    finished before (a resume, each given with its predictions), then the others trained (side by side in fold
+    processes on a CPU: pipeline/fold_processes.py). Closing the iterator ends the fold processes still running."""
     config = inputs.config
-    folds = {}
-    steps = {split.name: step for step, split in enumerate(splits)}  # a fold's place in the training order
-
-    def done(split: FoldSplit, fold: FoldPredictions) -> None:
-        folds[split.name] = fold
-        keep()  # a finished fold is kept: the run can be resumed
-        if on_fold is not None:
-            on_fold(steps[split.name], fold.record["score"])
-
-    for split in splits:
-        if finished[split.name] is not None:
-            log(f"{split.description}: {config.competition.metric} {finished[split.name].record['score']:.4f} "
+    for step, (split, fold) in enumerate(folds):
+        if fold is not None:
+            log(f"{split.description}: {config.competition.metric} {fold.record['score']:.4f} "
                 "(finished before; kept)")
-            done(split, finished[split.name])
-    kept_blas = [fold.record.get("blas") for fold in finished.values() if fold is not None]
+            yield step, fold
+    kept_blas = [fold.record.get("blas") for _, fold in folds if fold is not None]
     warning = blas_change_warning(kept_blas, runtime.status().blas.identity())
     if warning:
         log(f"warning: {warning}")
-    to_train = [split for split in splits if finished[split.name] is None]
-    plan = fold_plan(config, source, len(splits), len(to_train))
+    to_train = [(step, split) for step, (split, fold) in enumerate(folds) if fold is None]
+    plan = fold_plan(config, source, len(folds), len(to_train))
     fold_inputs = with_streams(inputs, plan.streams)
-    jobs = [FoldJob(fold_inputs, split, run_dir / "folds" / split.name, cache_dir, tokenizer_path)
-            for split in to_train]
+    tokenizer_path = None if source.from_scratch else paths.tokenizer
+    jobs = [FoldJob(fold_inputs, split, paths.folder / "folds" / split.name, paths.cache, tokenizer_path)
+            for _, split in to_train]
 
     def train_here(job: FoldJob) -> FoldPredictions:
         set_part(job.split.description)
-        fold = train_one_fold(job.inputs, source, job.split, job.fold_dir, job.cache_dir, job.tokenizer_path,
-                              progress, log)
+        fold = train_one_fold(job, source, progress=progress, log=log)
         set_part("run")
         return fold
 
     with closing(train_folds(jobs, plan, progress, log, train_here)) as trained:
         for index, fold, seconds in trained:
+            step, split = to_train[index]
             if seconds:  # timed in its own process
-                add_part(to_train[index].description, seconds)
-            done(to_train[index], fold)
-    return [folds[split.name] for split in splits]
+                add_part(split.description, seconds)
+            yield step, fold
 
 
 def fold_plan(config: RunConfig, source: EncoderSource, total: int, to_train: int) -> FoldPlan:
     """How ``to_train`` of a run's ``total`` folds train on this machine (``plan_folds``: side by side on a CPU,
     as many as the free memory holds with the encoder's weights)."""
     weights = sum(value.nbytes for value in source.weights.values()) if source.weights else 0
-    return plan_folds(config.train.fold_processes, current_device(), total, config.competition.folds.k, to_train,
-                      usable_cores(), weights, available_memory())
+    return plan_folds(config.train.fold_processes, Machine(current_device(), usable_cores(), available_memory()),
+                      total=total, k=config.competition.folds.k, to_train=to_train, parameter_bytes=weights)
 
 
 def prepare_inputs(config: RunConfig) -> RunInputs:
@@ -216,11 +249,15 @@ def run_splits(config: RunConfig, inputs: RunInputs, comp_dir: Path) -> tuple[li
     splits = fold_splits(config, fold_sets)
     pseudo = {}
     if config.train.pseudo_label:
-        expected = Expected(config.competition, inputs.inputs, inputs.train[config.competition.id_column],
-                            inputs.test_ids, inputs.truth, inputs.targets.classes)
-        pseudo = pseudo_labels(config, comp_dir, expected, fold_sets)
+        pseudo = pseudo_labels(config, comp_dir, run_expected(inputs), fold_sets)
         splits = [replace(split, pseudo=pseudo[(split.repeat, split.k)]) for split in splits]
     return fold_sets, splits, pseudo
+
+
+def run_expected(inputs: RunInputs) -> Expected:
+    """What the run's predictions are of: its training rows (``--limit-rows``: the first ones), the test rows."""
+    return Expected(inputs.config.competition, inputs.inputs, inputs.train[inputs.config.competition.id_column],
+                    inputs.test_ids, inputs.truth, inputs.targets.classes)
 
 
 def fold_splits(config: RunConfig, fold_sets: list[np.ndarray]) -> list[FoldSplit]:
@@ -269,7 +306,7 @@ def read_back_fold(fold_dir: Path, split: FoldSplit, inputs: RunInputs) -> FoldP
 
 
 def collect_predictions(rows: int, folds: list[FoldPredictions],
-                        fold_of_row: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+                        fold_of_row: np.ndarray | None = None) -> RunPredictions:
     """OOF outputs and predictions (each row's mean over its repeats) and fold-averaged test outputs and
     predictions (predictions on the target's own scale). Rows that ``fold_of_row`` marks -1 (the first block of
     forward-chaining time-series folds, never validated) get NaN; any other row without a prediction is an error."""
@@ -293,8 +330,8 @@ def collect_predictions(rows: int, folds: list[FoldPredictions],
     oof_outputs[covered] = mean(output_sum).astype(np.float32)
     oof_predictions = np.full(prediction_sum.shape, np.nan, dtype=np.float64)
     oof_predictions[covered] = mean(prediction_sum)
-    return (oof_outputs, oof_predictions, average_folds([f.test_outputs for f in folds]),
-            average_folds([f.test_predictions for f in folds]))
+    return RunPredictions(oof_outputs, oof_predictions, average_folds([f.test_outputs for f in folds]),
+                          average_folds([f.test_predictions for f in folds]))
 
 
 def seed_scores(inputs: RunInputs, splits: list[FoldSplit], folds: list[FoldPredictions], fold_of_row: np.ndarray,
@@ -305,21 +342,21 @@ def seed_scores(inputs: RunInputs, splits: list[FoldSplit], folds: list[FoldPred
     scores = {}
     for s in range(config.seeds):
         own = [fold for split, fold in zip(splits, folds) if split.seed_index == s]
-        oof = collect_predictions(len(inputs.train), own, fold_of_row)[1]
+        oof = collect_predictions(len(inputs.train), own, fold_of_row).oof
         scores[str(config.seed + s)] = score(inputs.metric, config.competition.task, inputs.truth[rows], oof[rows],
                                              inputs.threshold, inputs.targets.classes)
     log("CV of each seed alone: " + ", ".join(f"seed {seed} {value:.4f}" for seed, value in scores.items()))
     return scores
 
 
-def post_process(inputs: RunInputs, oof_outputs: np.ndarray, oof_predictions: np.ndarray, test_outputs: np.ndarray,
-                 test_predictions: np.ndarray, fold_of_row: np.ndarray) -> dict:
+def post_process(inputs: RunInputs, predictions: RunPredictions, fold_of_row: np.ndarray) -> PostProcessed:
     """Temperature calibration (cross-fitted on OOF logits) and a cut-off tuned on OOF, when asked; the CV.
-    Returns the final OOF and test predictions, the cut-off, the CV and the extra metrics.json entries.
     All of it uses the rows with an OOF prediction: with forward-chaining folds, not the first block (fold -1),
     whose OOF predictions stay NaN; metrics.json then records their number as ``cv_rows``."""
     config, task, metric, classes = (inputs.config, inputs.config.competition.task, inputs.metric,
                                      inputs.targets.classes)
+    oof_outputs, oof_predictions = predictions.oof_outputs, predictions.oof
+    test_outputs, test_predictions = predictions.test_outputs, predictions.test
     rows = np.flatnonzero(np.asarray(fold_of_row) >= 0)
     truth, labels = inputs.truth[rows], inputs.targets.values[rows]
     threshold, extra = inputs.threshold, {}
@@ -345,31 +382,29 @@ def post_process(inputs: RunInputs, oof_outputs: np.ndarray, oof_predictions: np
         extra["threshold"] = {"tuned_on_oof": np.atleast_1d(threshold).tolist(),
                               "cv_at_tuned_threshold_optimistic": score(metric, task, truth, covered, threshold,
                                                                         classes)}
-    return {"oof": oof_predictions, "test": test_predictions, "threshold": threshold, "cv": cv, "extra": extra}
+    return PostProcessed(oof=oof_predictions, test=test_predictions, threshold=threshold, cv=cv, extra=extra)
 
 
-def write_run_artifacts(inputs: RunInputs, run_id: str, run_dir: Path, folds: list[FoldPredictions],
-                        oof_outputs: np.ndarray, test_outputs: np.ndarray, final: dict, started: float,
-                        submission_path: Path) -> RunResult:
+def write_run_artifacts(inputs: RunInputs, paths: RunPaths, folds: list[FoldPredictions],
+                        predictions: RunPredictions, final: PostProcessed, seconds: float) -> RunResult:
     """oof.csv, test.csv, outputs.npz, the validated submission, then metrics.json (with the inputs' hashes and
     the warnings)."""
-    config, comp, classes = inputs.config, inputs.config.competition, inputs.targets.classes
-    seconds = time.perf_counter() - started
+    config, comp, run_id, run_dir = inputs.config, inputs.config.competition, paths.run_id, paths.folder
+    expected = run_expected(inputs)
     records = [fold.record for fold in folds]
     budget = next((fold.tokens for fold in folds if fold.tokens), {})
     with written_together():  # metrics.json, the predictions and the submission appear together, or none does
-        write_predictions(run_dir, comp, classes, inputs.train[comp.id_column], final["oof"], inputs.test_ids,
-                          final["test"])
-        write_npz(run_dir / "outputs.npz", oof=oof_outputs, test=test_outputs)
-        submission_path = write_predictions_submission(comp, final["test"], classes, final["threshold"],
-                                                       inputs.test_ids, inputs.sample_submission, submission_path)
+        write_predictions(run_dir, expected, final.oof, final.test)
+        write_npz(run_dir / "outputs.npz", {"oof": predictions.oof_outputs, "test": predictions.test_outputs})
+        submission_path = write_predictions_submission(expected, final.test, final.threshold,
+                                                       inputs.sample_submission, paths.submission)
         write_json(run_dir / "metrics.json", {
-            **score_summary(run_id, comp, inputs.metric, final["cv"], inputs.threshold, records), **final["extra"],
+            **score_summary(run_id, comp, inputs.metric, final.cv, inputs.threshold, records), **final.extra,
             "tokens": budget, "head": inputs.head.to_dict(), "wall_time_s": round(seconds, 2),
             "blas": runtime.status().blas.identity(), "device": current_device(), "backend": backend(),
             "precision": compute_precision(config.train.precision),
             "submission": str(submission_path), "inputs": inputs.inputs, "config_sha256": config_fingerprint(config),
             "warnings": inputs.warnings,
         })
-    return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=[r["score"] for r in records], cv_score=final["cv"],
+    return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=[r["score"] for r in records], cv_score=final.cv,
                      metric=comp.metric, submission_path=submission_path, seconds=seconds)

@@ -1,16 +1,8 @@
 """K-fold assignment from a seed, saved to disk and reused by later runs of the same competition.
 
-The fold table (``runs/<competition>/folds/*.csv``, a run's folds.csv) gives each training row its fold:
-fold k validates on the rows marked k and trains on the others (``purge_training_rows``). Shuffled kinds
-(stratified, plain, group, stratified-group k-fold) put every row in exactly one fold 0..k-1.
-
-Time series (``folds.shuffle: false``) are forward-chaining, as scikit-learn's ``TimeSeriesSplit(n_splits=k,
-gap=purge)``: the rows, in file order, are cut into k+1 contiguous blocks (the first takes the remainder);
-fold j validates on block j+1 and trains only on the rows before it, less the ``purge`` rows just before the
-block (their windows overlap it). The first block is never validated: its rows are marked fold -1, so a
-time-series run's OOF predictions cover the other blocks only. Its oof.csv keeps every id, with empty cells
-(NaN rows in outputs.npz) for the first block, and the CV, calibration and tuned thresholds use the covered
-rows; ensembles blend on the rows every member covers. ``group_column`` is refused with time-series folds.
+Fold k validates on the rows marked k and trains on the others (``purge_training_rows``). Time series
+(``folds.shuffle: false``) are forward-chaining as scikit-learn's ``TimeSeriesSplit(gap=purge)``: the first block
+is never validated and is marked fold -1, so its rows have no OOF prediction (empty cells in oof.csv).
 """
 
 from __future__ import annotations

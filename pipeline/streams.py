@@ -1,15 +1,8 @@
 """One MLX stream per CPU core: each training or evaluation batch split into row shards, one per stream.
 
-MLX runs the operations of one stream one after another on one thread, and the BLAS runs one thread too
-(models/blas.py: a product's bits must not depend on the thread count). Only kbert's CPU kernels use more cores
-by themselves. With one stream per core each core runs a whole shard (its forward, backward or evaluation), the
-data parallelism of a multi-GPU trainer inside one process. The shards' gradients are summed weighted by their
-share of the rows, which is the gradient of the batch's mean loss (as ``--grad-accum`` already assumes).
-
-MLX runs a compiled graph's streams one after another (benchmarks/NOTES.md), so a sharded training step runs
-eagerly; each shard's evaluation forward is compiled on its own stream. ``TrainConfig.cpu_streams``: 0 (auto) is
-one stream per usable core on the CPU and 1 everywhere else; 1 turns sharding off. Results depend on the number
-of shards (dropout draws, summation order), so a seed reproduces a run on machines with the same core count.
+The shards' gradients are summed weighted by their share of the rows, the gradient of the batch's mean loss.
+Training steps run eagerly and each shard's evaluation forward is compiled on its stream (benchmarks/NOTES.md).
+Results depend on the number of shards, so a seed reproduces a run on machines with the same core count.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from kbert.errors import KbertError
 from kbert.io import write_csv
 from kbert.pipeline.config import CompetitionConfig
 from kbert.pipeline.predictions import submission_frame, submission_values
+from kbert.pipeline.provenance import Expected
 from kbert.tasks import Task
 
 
@@ -74,12 +75,12 @@ def write_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competiti
     return write_csv(path, frame)
 
 
-def write_predictions_submission(competition: CompetitionConfig, predictions: np.ndarray, classes: list | None,
-                                 threshold: float | np.ndarray, test_ids: pd.Series, sample: pd.DataFrame | None,
-                                 path: Path) -> Path:
-    """Test predictions (see pipeline/predictions.py) -> the submission's columns and dtypes -> a checked,
-    atomic ``write_submission``."""
+def write_predictions_submission(expected: Expected, predictions: np.ndarray, threshold: float | np.ndarray,
+                                 sample: pd.DataFrame | None, path: Path) -> Path:
+    """Test predictions (see pipeline/predictions.py) of ``expected``'s test rows -> the submission's columns and
+    dtypes -> a checked, atomic ``write_submission``."""
+    competition, test_ids = expected.competition, expected.test_ids
     values = submission_values(competition.task, predictions, competition.value_columns, competition.target_columns,
-                               classes, threshold)
+                               expected.classes, threshold)
     frame = submission_frame(competition.id_column, test_ids, values, competition.submission_columns)
     return write_submission(frame, sample, competition, path, test_ids=test_ids)

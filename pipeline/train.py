@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -24,6 +23,7 @@ from mlx.utils import tree_flatten, tree_map
 from tqdm import tqdm
 
 from kbert.errors import KbertError
+from kbert.models.architecture import Architecture, architecture
 from kbert.models.task_model import TaskModel
 from kbert.pipeline.config import TrainConfig
 from kbert.pipeline.precision import DTYPES, LossScaler, all_finite, compute_precision, in_precision
@@ -54,6 +54,33 @@ class FoldData:
     train_variants: list[list[np.ndarray]] = field(default_factory=list)  # epoch e: variant e % (len + 1)
     valid_tta: list[list[np.ndarray]] = field(default_factory=list)  # averaged with the plain outputs
     test_tta: list[list[np.ndarray]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Validation:
+    """How each epoch is judged: ``evaluate(valid_outputs)`` gives the competition metric of the validation rows."""
+
+    evaluate: Callable[[np.ndarray], float]
+    greater_is_better: bool
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How a training fold shows itself: its name (in its bar and its errors) and its bar: a tqdm bar or none, or
+    ``bar(total steps, description)`` (a fold process's bar, drawn by its parent: pipeline/fold_processes.py)."""
+
+    description: str = "fold"
+    bar: bool | Callable[[int, str], Any] = True
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How a step or a forward pass runs: compiled or eagerly, in which compute dtype (pipeline/precision.py), and
+    with the batch's rows split over which MLX streams (pipeline/streams.py)."""
+
+    compiled: bool = True
+    dtype: mx.Dtype = mx.float32
+    streams: tuple[mx.Stream, ...] = ()
 
 
 @dataclass
@@ -110,20 +137,13 @@ def make_schedule(config: TrainConfig, total_steps: int) -> Callable[[mx.array],
     return optim.join_schedules([optim.linear_schedule(0.0, config.learning_rate, warmup), decay], [warmup])
 
 
-BLOCK_INDEX = re.compile(r"\.(?:layer|layers|transformer_encoder)\.(\d+)\.")
-
-
-def layer_depth(path: str, num_layers: int) -> int:
-    """Depth of a parameter for layer-wise learning-rate decay: 0 for the embeddings, i + 1 for encoder
-    block i, ``num_layers + 1`` for everything above the blocks (final norm, pooler, head)."""
+def layer_depth(path: str, num_layers: int, arch: Architecture) -> int:
+    """Depth of a task-model parameter for layer-wise learning-rate decay: 0 for the embeddings, i + 1 for encoder
+    block i, ``num_layers + 1`` for everything above the blocks (final norm, pooler, head); ``arch`` is the
+    encoder's architecture, which says where its blocks and embeddings are."""
     if not path.startswith("encoder."):
         return num_layers + 1
-    block = BLOCK_INDEX.search(path)
-    if block:
-        return int(block.group(1)) + 1
-    if "embed" in path or path.startswith("encoder.encoder.weight"):  # NeoBERT's token table is "encoder"
-        return 0
-    return num_layers + 1
+    return arch.depth(path.removeprefix("encoder."), num_layers)
 
 
 def make_optimizer(model: TaskModel, config: TrainConfig, total_steps: int) -> optim.Optimizer:
@@ -133,15 +153,17 @@ def make_optimizer(model: TaskModel, config: TrainConfig, total_steps: int) -> o
     decay = config.layerwise_lr_decay
     if decay == 1.0:
         return optim.AdamW(learning_rate=schedule, weight_decay=config.weight_decay)
-    paths = [path for path, _ in tree_flatten(model.trainable_parameters())]
-    blocks = {int(m.group(1)) for m in map(BLOCK_INDEX.search, paths) if m and m.string.startswith("encoder.")}
+    arch = architecture(model.encoder.config.model_type)
+    paths = [path.removeprefix("encoder.") for path, _ in tree_flatten(model.trainable_parameters())
+             if path.startswith("encoder.")]
+    blocks = {arch.block_of(path) for path in paths} - {None}
     num_layers = max(blocks) + 1 if blocks else 0
     optimizers, filters = [], []
     for depth in range(num_layers + 1):  # the top group (factor 1) is MultiOptimizer's fallback, last
         factor = decay ** (num_layers + 1 - depth)
         optimizers.append(optim.AdamW(learning_rate=lambda step, f=factor: schedule(step) * f,
                                       weight_decay=config.weight_decay))
-        filters.append(lambda path, _, d=depth: layer_depth(path, num_layers) == d)
+        filters.append(lambda path, _, d=depth: layer_depth(path, num_layers, arch) == d)
     optimizers.append(optim.AdamW(learning_rate=schedule, weight_decay=config.weight_decay))
     return optim.MultiOptimizer(optimizers, filters)
 
@@ -162,21 +184,22 @@ def add_weighted(total, part, weight: float):
     return part if total is None else tree_map(mx.add, total, part)
 
 
-def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm: float, compiled: bool = True,
-                    loss: Callable = loss_fn, dtype: mx.Dtype = mx.float32,
-                    streams: tuple[mx.Stream, ...] = (),
+def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm: float, *,
+                    execution: Execution = Execution(), loss: Callable = loss_fn,
                     weight: Callable[[mx.array], mx.array] | None = None) -> Callable[..., mx.array]:
     """One optimizer step of ``loss(model, ids, mask, targets, *columns)``; returns the loss. The caller evaluates
-    loss, parameters and optimizer state. ``dtype``: the forward pass runs on a copy of the parameters in that
-    precision (pipeline/precision.py); parameters, gradients and optimizer state stay float32.
+    loss, parameters and optimizer state. ``execution.dtype``: the forward pass runs on a copy of the parameters in
+    that precision (pipeline/precision.py); parameters, gradients and optimizer state stay float32.
 
     ``model.train()`` runs inside the step, so every trace (one per input shape) is a training-mode
     trace: a compiled step keeps the mode it was traced in, whatever mode the model is in later.
-    ``streams`` (pipeline/streams.py): the batch's rows split over them, each shard's loss and gradients on its own
-    stream, weighted by its share of the rows, or of ``weight(targets)`` where the loss is a mean over something
-    else (masked-LM: the predicted tokens); such a step runs eagerly (MLX serializes a compiled graph's streams).
+    ``execution.streams`` (pipeline/streams.py): the batch's rows split over them, each shard's loss and gradients
+    on its own stream, weighted by its share of the rows, or of ``weight(targets)`` where the loss is a mean over
+    something else (masked-LM: the predicted tokens); such a step runs eagerly (MLX serializes a compiled graph's
+    streams).
     """
-    loss_and_grad = nn.value_and_grad(model, in_precision(loss, dtype))
+    streams = execution.streams
+    loss_and_grad = nn.value_and_grad(model, in_precision(loss, execution.dtype))
 
     def gradients(ids: mx.array, mask: mx.array, targets: mx.array, *columns: mx.array) -> tuple[mx.array, dict]:
         if len(streams) < 2:
@@ -197,7 +220,7 @@ def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm:
         optimizer.update(model, grads)
         return value
 
-    if not compiled or len(streams) > 1:
+    if not execution.compiled or len(streams) > 1:
         return step
     optimizer.init(model.trainable_parameters())  # the state must exist before compile captures it
     state = [model.state, optimizer.state, mx.random.state]  # dropout draws from mx.random.state
@@ -239,11 +262,11 @@ def make_update(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm: flo
     return mx.compile(update, inputs=state, outputs=state)
 
 
-def make_forward(model: TaskModel, compiled: bool = True, dtype: mx.Dtype = mx.float32,
-                 streams: tuple[mx.Stream, ...] = ()) -> Callable[..., mx.array]:
-    """Eval-mode logits of ``(ids, mask, *columns)``, computed in ``dtype``, returned in float32. The parameters
-    are inputs of the compiled graph, so later updates are seen. ``streams``: the rows split over them, each
-    shard's forward (compiled on its own stream) run beside the others."""
+def make_forward(model: TaskModel, execution: Execution = Execution()) -> Callable[..., mx.array]:
+    """Eval-mode logits of ``(ids, mask, *columns)``, computed in ``execution.dtype``, returned in float32. The
+    parameters are inputs of the compiled graph, so later updates are seen. ``execution.streams``: the rows split
+    over them, each shard's forward (compiled on its own stream) run beside the others."""
+    compiled, dtype, streams = execution.compiled, execution.dtype, execution.streams
 
     def on(stream: mx.Stream | None) -> Callable[..., mx.array]:
         def forward(ids: mx.array, mask: mx.array, *columns: mx.array) -> mx.array:
@@ -271,8 +294,8 @@ def predict_outputs(model: TaskModel, tokens: list[np.ndarray], config: TrainCon
     """Eval-mode head outputs in input order, (n,) or (n, k); batches are sorted by length, then unsorted.
     ``columns``: the rows' fusion inputs, in the same order as ``tokens``."""
     was_training = model.training
-    forward = forward or make_forward(model, config.compile, DTYPES[compute_precision(config.precision)],
-                                      cpu_streams(config.cpu_streams))
+    forward = forward or make_forward(model, Execution(config.compile, DTYPES[compute_precision(config.precision)],
+                                                       cpu_streams(config.cpu_streams)))
     order = np.argsort([len(t) for t in tokens], kind="stable")
     out = None
     for start in range(0, len(tokens), config.eval_batch_size):
@@ -312,12 +335,22 @@ def check_finite_loss(value: float, which: str, description: str, epoch: int) ->
                          "check the targets")
 
 
-def accumulated_step(grad_step: Callable, update: Callable, scaler: LossScaler | None, data: FoldData,
-                     tokens: list[np.ndarray], index: np.ndarray, config: TrainConfig, width: int | None
-                     ) -> mx.array | None:
+@dataclass(frozen=True)
+class Accumulation:
+    """Gradient accumulation's parts: the micro-batch gradient step (``make_grad_step``), the update that applies
+    the summed gradients (``make_update``) and, with fp16, the loss scaler."""
+
+    grad_step: Callable
+    update: Callable[[dict], None]
+    scaler: LossScaler | None = None
+
+
+def accumulated_step(accumulation: Accumulation, data: FoldData, tokens: list[np.ndarray], index: np.ndarray,
+                     config: TrainConfig, width: int | None) -> mx.array | None:
     """One optimizer step over ``index`` in micro-batches of ``batch_size``: each micro-batch's gradients weighted
     by its share of the rows and summed (the mean loss of the whole step, as one large batch gives it), then one
     update. With fp16 the loss is scaled first and a step whose gradients are not finite is skipped (None)."""
+    grad_step, scaler = accumulation.grad_step, accumulation.scaler
     scale = scaler.scale if scaler else 1.0
     summed = None
     for start in range(0, len(index), config.batch_size):
@@ -330,21 +363,19 @@ def accumulated_step(grad_step: Callable, update: Callable, scaler: LossScaler |
     loss, grads = summed
     if scaler is not None and not scaler.update(bool(all_finite(grads).item())):
         return None
-    update(grads)
+    accumulation.update(grads)
     return loss
 
 
-def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: Callable[[np.ndarray], float],
-               greater_is_better: bool, seed: int, description: str = "fold",
-               progress: bool | Callable[[int, str], Any] = True) -> FoldResult:
+def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, validation: Validation, *, seed: int,
+               progress: Progress = Progress()) -> FoldResult:
     """Train ``model`` in place; on return it holds the weights of the best validation epoch.
 
-    ``evaluate(valid_outputs)`` returns the competition metric for the validation rows; the best epoch
-    is the best score, ties (common for accuracy) going to the lower validation loss. A loss that is not finite
-    raises a KbertError (``check_finite_loss``): the losses are checked where they are fetched anyway.
-    ``progress``: a tqdm bar, or a function ``(total steps, description) -> bar`` (a fold process's bar, drawn by
-    its parent: pipeline/fold_processes.py).
+    The best epoch is the best ``validation`` score, ties (common for accuracy) going to the lower validation
+    loss. A loss that is not finite raises a KbertError (``check_finite_loss``): the losses are checked where they
+    are fetched anyway.
     """
+    evaluate, description = validation.evaluate, progress.description
     started = time.perf_counter()
     rng = np.random.default_rng(seed)
     rows_per_step = config.batch_size * config.grad_accum
@@ -357,22 +388,22 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
     streams = cpu_streams(config.cpu_streams)
     sharded = len(streams) > 1 and not accumulate and model.head.config.loss_is_row_mean()
     if accumulate:
-        grad_step, update = make_grad_step(model, config.compile, dtype=dtype), make_update(
-            model, optimizer, config.max_grad_norm, config.compile)
+        accumulation = Accumulation(make_grad_step(model, config.compile, dtype=dtype),
+                                    make_update(model, optimizer, config.max_grad_norm, config.compile), scaler)
     else:
-        train_step = make_train_step(model, optimizer, config.max_grad_norm, config.compile, dtype=dtype,
-                                     streams=streams if sharded else ())
-    forward = make_forward(model, config.compile, dtype, streams)
+        train_step = make_train_step(model, optimizer, config.max_grad_norm,
+                                     execution=Execution(config.compile, dtype, streams if sharded else ()))
+    forward = make_forward(model, Execution(config.compile, dtype, streams))
     width = batch_width(config)
     valid_targets = mx.array(data.valid_targets)
     best_key: tuple[float, float] | None = None
     best_params, best_valid, best_epoch = None, None, -1
     history: list[dict] = []
     epochs_without_gain = 0
-    sign = 1.0 if greater_is_better else -1.0
+    sign = 1.0 if validation.greater_is_better else -1.0
 
-    bar = (progress(steps_per_epoch * config.epochs, description) if callable(progress) else
-           tqdm(total=steps_per_epoch * config.epochs, desc=description, unit="step", disable=not progress,
+    bar = (progress.bar(steps_per_epoch * config.epochs, description) if callable(progress.bar) else
+           tqdm(total=steps_per_epoch * config.epochs, desc=description, unit="step", disable=not progress.bar,
                 leave=False, dynamic_ncols=True, mininterval=0.5))
     train_sets = [data.train_tokens, *data.train_variants]
     train_lengths = [np.array([len(t) for t in tokens]) for tokens in train_sets]
@@ -384,7 +415,7 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
             for index in epoch_batches(rng, train_lengths[variant], rows_per_step, config.group_by_length):
                 if accumulate:
                     with stage("training steps"):
-                        loss = accumulated_step(grad_step, update, scaler, data, train_tokens, index, config, width)
+                        loss = accumulated_step(accumulation, data, train_tokens, index, config, width)
                         if loss is not None:
                             mx.eval(loss, model.parameters(), optimizer.state)
                     if loss is None:  # fp16: the gradients overflowed; the step is skipped, the scale halved
@@ -409,7 +440,7 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, evaluate: 
             history.append({"epoch": epoch, "train_loss": train_loss,
                             "valid_loss": valid_loss, "valid_score": score,
                             **({"skipped_steps": scaler.skipped, "loss_scale": scaler.scale} if scaler else {})})
-            bar.set_postfix(loss=f"{train_loss:.3f}", valid=f"{score:.4f}")
+            bar.set_postfix({"loss": f"{train_loss:.3f}", "valid": f"{score:.4f}"})
             key = (sign * score, -valid_loss)
             if best_key is None or key > best_key:
                 best_key, best_params, best_valid, best_epoch = key, model.parameters(), valid_outputs, epoch

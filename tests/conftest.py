@@ -8,6 +8,13 @@ import pytest  # noqa: E402
 from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition  # noqa: E402
 
 
+def pytest_collection_modifyitems(items):
+    """Tests that start PostgreSQL (tests/postgres.py, through a fixture named ``postgres``) carry its marker."""
+    for item in items:
+        if "postgres" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.postgres)
+
+
 @pytest.fixture(scope="session")
 def titanic():
     return load_competition("titanic")

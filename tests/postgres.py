@@ -66,7 +66,11 @@ class Postgres:
         return ["runuser", "-u", "postgres", "--", *line] if os.geteuid() == 0 else line
 
     def run(self, *args: str) -> None:
-        subprocess.run(self.command(*args), check=True, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(self.command(*args), capture_output=True, text=True, timeout=120)
+        if done.returncode:
+            log = self.folder / "server.log"
+            raise RuntimeError(f"{args[0]} {args[1]} failed: {done.stderr.strip() or done.stdout.strip()}; server log: "
+                               f"{log.read_text()[-2000:] if log.is_file() else '-'}")
 
     def pg_ctl(self, action: str, *extra: str) -> None:
         self.run("pg_ctl", action, "-D", str(self.data), "-w", "-t", "60", "-l", str(self.folder / "server.log"),

@@ -88,7 +88,7 @@ def test_default_targets_cover_every_linear_layer_of_the_blocks(family):
 def test_training_changes_only_adapters_and_saved_modules(family, kind):
     """Every parameter is compared before and after: the changed ones are exactly the reported trainable ones."""
     model = tiny_model(family, pooling="attention")
-    config = resolve_adapter(kind, **({"group_size": 32} if kind == "qlora" else {}))
+    config = resolve_adapter(kind, {"group_size": 32} if kind == "qlora" else {})
     report = apply_adapters(model, config)
     before = params(model)
     trained(model)
@@ -157,12 +157,12 @@ def test_merged_model_matches_the_adapter_model(family, kind):
     apply_adapters(model, resolve_adapter(kind))
     trained(model, steps=4, lr=2e-3)
     ids, mask = batch(seed=5)
-    adapted_hidden, adapted_logits = np.array(model.encoder(ids, mask)[0]), np.array(model(ids, mask))
-    base_hidden = np.array(tiny_model(family).encoder(ids, mask)[0])
+    adapted_hidden, adapted_logits = np.array(model.encoder(ids, mask).last_hidden_state), np.array(model(ids, mask))
+    base_hidden = np.array(tiny_model(family).encoder(ids, mask).last_hidden_state)
     assert np.abs(adapted_hidden - base_hidden).max() > 1e-3  # the adapters moved the output
     merged = merge_adapters(model)
     assert merged > 0 and not any(isinstance(m, LoRALinear) for m in model.modules())
-    assert np.abs(np.array(model.encoder(ids, mask)[0]) - adapted_hidden).max() <= 1e-5
+    assert np.abs(np.array(model.encoder(ids, mask).last_hidden_state) - adapted_hidden).max() <= 1e-5
     assert np.abs(np.array(model(ids, mask)) - adapted_logits).max() <= 1e-5
     # The merged model is an ordinary model again: the same names as the base, nothing extra.
     assert set(params(model)) == set(params(tiny_model(family)))
@@ -172,7 +172,7 @@ def test_qlora_quantizes_the_base_and_merges_to_its_dequantized_equivalent():
     model = tiny_model("bert")
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and ".layer." in n}
     dense_bytes = sum(m.weight.nbytes for m in linears.values())
-    config = resolve_adapter("qlora", group_size=32)
+    config = resolve_adapter("qlora", {"group_size": 32})
     apply_adapters(model, config)
     layer = model.encoder.encoder.layer[0].attention.self.query
     assert isinstance(layer.base, nn.QuantizedLinear) and layer.base.bits == 4
@@ -205,18 +205,18 @@ def test_qlora_quantizes_the_base_and_merges_to_its_dequantized_equivalent():
 
 def test_qlora_8bit_and_group_size_checks():
     model = tiny_model("bert")
-    apply_adapters(model, resolve_adapter("qlora", bits=8, group_size=64))
+    apply_adapters(model, resolve_adapter("qlora", {"bits": 8, "group_size": 64}))
     assert model.encoder.encoder.layer[0].output.dense.base.bits == 8
     with pytest.raises(KbertError, match="not a multiple of group_size 128"):
-        apply_adapters(tiny_model("bert"), resolve_adapter("qlora", group_size=128))
+        apply_adapters(tiny_model("bert"), resolve_adapter("qlora", {"group_size": 128}))
     with pytest.raises(KbertError, match="bits must be 0"):
-        resolve_adapter("qlora", bits=3)
+        resolve_adapter("qlora", {"bits": 3})
 
 
 @pytest.mark.parametrize("kind", ["dora", "qlora"])
 def test_adapter_checkpoint_round_trip(tmp_path, kind):
     overrides = {"group_size": 32} if kind == "qlora" else {}
-    config = resolve_adapter(kind, **overrides)
+    config = resolve_adapter(kind, overrides)
     model = tiny_model("modernbert")
     apply_adapters(model, config)
     trained(model)
@@ -232,11 +232,11 @@ def test_adapter_checkpoint_round_trip(tmp_path, kind):
     assert np.array_equal(np.array(fresh(ids, mask)), np.array(model(ids, mask)))
 
     other_rank = tiny_model("modernbert")
-    apply_adapters(other_rank, resolve_adapter(kind, rank=4, **overrides))
+    apply_adapters(other_rank, resolve_adapter(kind, {"rank": 4, **overrides}))
     with pytest.raises(KbertError, match="adapter weight shapes do not match"):
         load_adapter_weights(other_rank, tmp_path)
     no_dora = tiny_model("modernbert")
-    apply_adapters(no_dora, resolve_adapter("lora", bits=config.bits, **overrides))
+    apply_adapters(no_dora, resolve_adapter("lora", {"bits": config.bits, **overrides}))
     if kind == "dora":
         with pytest.raises(KbertError, match="unexpected keys: .*magnitude"):
             load_adapter_weights(no_dora, tmp_path)
@@ -336,6 +336,7 @@ def test_gradients_match_peft(kind):
 
 # ---- in the pipeline ------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_run_with_adapters_saves_adapter_only_folds_that_reload(tmp_path):
     """`kbert run --encoder FOLDER --adapter dora`: adapter-only fold checkpoints reload onto the base and give
     the same outputs as the same run saved merged."""
@@ -396,7 +397,7 @@ def test_quantized_base_on_cpu_matches_quantized_matmul():
 
 def test_qlora_quantizes_the_token_table_and_merge_restores_a_plain_model():
     model = tiny_model("neobert")
-    config = resolve_adapter("qlora_memory", group_size=32)
+    config = resolve_adapter("qlora_memory", {"group_size": 32})
     assert config.gradient_checkpointing and config.quantize_embeddings
     apply_adapters(model, config)
     assert isinstance(model.encoder.encoder, nn.QuantizedEmbedding) and model.encoder.recompute_layers
@@ -413,7 +414,7 @@ def test_dora_on_a_quantized_base():
     """QDoRA: the magnitude starts at the dequantized weight's row norms, so the output at initialisation is
     the quantized base's; training and merging work as for DoRA."""
     model = tiny_model("bert")
-    config = resolve_adapter("dora", bits=4, group_size=32, quantize_embeddings=False)
+    config = resolve_adapter("dora", {"bits": 4, "group_size": 32, "quantize_embeddings": False})
     apply_adapters(model, config)
     ids, mask = batch()
     layer = model.encoder.encoder.layer[0].attention.self.query

@@ -36,6 +36,7 @@ def run_on(path: Path, tmp_path: Path):
     return adversarial_validation(config, folds=5, seed=42, log=lambda line: None)
 
 
+@pytest.mark.slow
 def test_a_shifted_column_is_found_and_ranked_first(tmp_path):
     result = run_on(synthetic_competition(tmp_path, shift=1.5), tmp_path)
     assert result.auc > 0.75, result.auc
@@ -47,6 +48,7 @@ def test_a_shifted_column_is_found_and_ranked_first(tmp_path):
     assert not list((tmp_path / "runs").glob("**/*"))  # the library writes nothing
 
 
+@pytest.mark.slow
 def test_no_shift_gives_an_auc_near_one_half(tmp_path):
     result = run_on(synthetic_competition(tmp_path, shift=0.0), tmp_path)
     assert result.auc < 0.6, result.auc
@@ -60,6 +62,7 @@ def test_the_verdict_cut_offs(auc, verdict):
     assert drift_verdict(auc) == verdict
 
 
+@pytest.mark.slow
 def test_the_command_on_titanic_prints_the_auc_and_writes_the_report(tmp_path, capsys):
     assert main(["adversarial", "titanic", "--out", str(tmp_path), "--top", "5"]) == 0
     out = capsys.readouterr().out

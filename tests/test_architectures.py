@@ -13,6 +13,7 @@ from kbert.cli import main
 from kbert.models.encoders import ARCHITECTURES, load_encoder
 from kbert.models.tokenizer import train_wordpiece
 from kbert.pipeline.config import BUNDLED_DATA_DIR
+from tests.tiny import tiny_args
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -29,7 +30,6 @@ CONFIGS = {
     "modernbert": dict(max_position_embeddings=64, global_attn_every_n_layers=2, local_attention=8, pad_token_id=0,
                        bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3),
 }
-TINY_RUN = ["--limit-rows", "60", "--folds", "2", "--epochs", "1", "--max-length", "60", "--no-progress"]
 
 
 def checkpoint_folder(model_type, folder):
@@ -50,6 +50,7 @@ def test_every_architecture_is_covered():
     assert set(CONFIGS) | {"neobert"} == set(ARCHITECTURES)  # NeoBERT's reference is not in transformers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", sorted(set(CONFIGS) - {"bert", "modernbert"}))
 def test_a_pretrained_folder_runs_predicts_embeds_and_pretrains(model_type, tmp_path):
     folder = tmp_path / model_type
@@ -58,8 +59,9 @@ def test_a_pretrained_folder_runs_predicts_embeds_and_pretrains(model_type, tmp_
 
     # kbert run: layer pooling over every layer's output, LoRA in the architecture's own projection names,
     # recomputed layers, the raw columns fused in (their weights train beside the adapters).
-    assert main(["run", "titanic", "--encoder", str(folder), *TINY_RUN, "--pooling", "weighted-layers",
-                 "--adapter", "lora", "--lora-targets", "attention", "--gradient-checkpointing", "--fusion", "gated",
+    assert main(["run", "titanic", "--encoder", str(folder), *tiny_args(60, max_length=60),
+                 "--pooling", "weighted-layers", "--adapter", "lora", "--lora-targets", "attention",
+                 "--gradient-checkpointing", "--fusion", "gated",
                  "--out", str(out), "--submissions-dir", str(subs), "--run-id", "r"]) == 0
     run_dir = out / "titanic" / "r"
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -92,4 +94,4 @@ def test_a_pretrained_folder_runs_predicts_embeds_and_pretrains(model_type, tmp_
                  "--no-progress"]) == 0
     encoder, config, _ = load_encoder(out / "titanic" / "pretrain" / "m")
     assert config.model_type == model_type
-    assert encoder(mx.array(ids), mx.array(mask))[0].shape == (3, width, 32)
+    assert encoder(mx.array(ids), mx.array(mask)).last_hidden_state.shape == (3, width, 32)

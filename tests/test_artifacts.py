@@ -88,6 +88,7 @@ def test_fold_warnings_name_each_fold_that_cannot_see_a_class(mini):
     assert fold_warnings(comp_regression, targets([1.0, 1.0]), [("fold 1/2", np.array([0, 1]))]) == []
 
 
+@pytest.mark.slow
 def test_warnings_are_logged_and_kept_and_scikit_learns_raw_warning_is_not_printed(mini, capsys):
     train = pd.read_csv("data/train.csv")
     train["Survived"] = (train["PassengerId"] == 2).astype(int)  # one survivor: one fold trains on a single class
@@ -105,14 +106,15 @@ def test_warnings_are_logged_and_kept_and_scikit_learns_raw_warning_is_not_print
     assert "least populated" not in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_loss_that_becomes_nan_in_a_later_fold_writes_no_predictions_and_keeps_the_finished_fold(
         mini, monkeypatch):
     real_train_fold = fold_module.train_fold
 
-    def diverging(model, data, config, evaluate, greater_is_better, seed, description="fold", progress=True):
-        if description == "fold 2/2":
-            check_finite_loss(float("nan"), "training", description, 2)
-        return real_train_fold(model, data, config, evaluate, greater_is_better, seed, description, progress)
+    def diverging(model, data, config, validation, *, seed, progress):
+        if progress.description == "fold 2/2":
+            check_finite_loss(float("nan"), "training", progress.description, 2)
+        return real_train_fold(model, data, config, validation, seed=seed, progress=progress)
 
     monkeypatch.setattr(fold_module, "train_fold", diverging)
     with pytest.raises(KbertError, match="^fold 2/2: the training loss became nan in epoch 3; lower --lr or check "
@@ -131,6 +133,7 @@ def test_a_loss_that_becomes_nan_in_a_later_fold_writes_no_predictions_and_keeps
     assert (run_dir / "oof.csv").is_file() and Path("subs/mini-titanic/nan.csv").is_file()
 
 
+@pytest.mark.slow
 def test_a_refusal_in_the_first_fold_leaves_no_run_folder_beside_other_runs(mini, monkeypatch):
     run_competition(mini(), run_id="first", progress=False, log=lambda _: None)
     before = sorted(str(p) for p in Path(".").rglob("*"))

@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from kbert.auto import AutoOptions, run_auto
 from kbert.pipeline.config import BUNDLED_DATA_DIR
-from tests.test_tasks_end_to_end import TINY
+from tests.tiny import TINY
 
+pytestmark = pytest.mark.slow  # trains every member of kbert auto twice
 OVERRIDES = {**TINY, "epochs": 3}
 
 

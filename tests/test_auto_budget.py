@@ -164,12 +164,13 @@ def test_the_driver_never_starts_a_job_that_cannot_finish(tmp_path, monkeypatch)
     assert clock["now"] <= limit
 
 
+@pytest.mark.slow
 def test_the_reserve_from_an_interim_blend_covers_the_final_ensemble(tmp_path):
     """kbert auto keeps, for its final ensemble (3 outer splits, the method choice nested), what its interim blends
     (1 split) measured: 10 s + 3.5 x their seconds a member."""
     import time
 
-    from kbert.ensembles.ensemble import build_ensemble
+    from kbert.ensembles.ensemble import EnsembleSpec, build_ensemble
     from kbert.pipeline.config import load_competition
     from tests.test_ensembles import expected_for, write_member
 
@@ -182,8 +183,8 @@ def test_the_reserve_from_an_interim_blend_covers_the_final_ensemble(tmp_path):
     seconds = {}
     for repeats in (1, 3):
         began = time.perf_counter()
-        result = build_ensemble(load_competition("titanic"), "all", "all", str(tmp_path), write=False,
-                                repeats=repeats, log=lambda _: None)
+        result = build_ensemble(load_competition("titanic"), EnsembleSpec(repeats=repeats), runs_dir=str(tmp_path),
+                                log=lambda _: None)
         seconds[repeats] = time.perf_counter() - began
     assert len(result.honest.blends) == 15  # the final ensemble chose a method in each of its 15 outer folds
     assert seconds[3] <= Estimator(ensemble_seconds=seconds[1] / 4).ensemble_estimate(4)
@@ -376,7 +377,7 @@ def test_a_deadline_on_the_real_clock_stops_a_run_between_folds_and_a_resume_end
     from kbert.auto.budget import SAFETY
     from kbert.pipeline.run import run_competition
     from tests.test_auto import small_titanic
-    from tests.test_tasks_end_to_end import TINY
+    from tests.tiny import TINY
 
     data = small_titanic(tmp_path / "data")
     overrides = {**TINY, "folds": 5, "epochs": 30, "patience": 30}

@@ -36,6 +36,12 @@ CORPUS = Path(__file__).resolve().parent / "bad_inputs"
 CASES = sorted(p.name for p in CORPUS.iterdir() if (p / "case.yaml").is_file())
 
 
+def case(name: str):
+    """A case as a test parameter: slow where its setup trains a run or fits a baseline first."""
+    setup = yaml.safe_load((CORPUS / name / "case.yaml").read_text(encoding="utf-8")).get("setup")
+    return pytest.param(name, marks=[pytest.mark.slow] if setup else [])
+
+
 def folder_state(folder: Path) -> dict[str, tuple[int, int]]:
     """Every file's size and mtime, and every folder (an empty run folder left behind counts too)."""
     return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns) if p.is_file() else (-1, -1)
@@ -103,7 +109,7 @@ def test_the_corpus_has_at_least_20_cases_and_the_base_itself_is_valid(tmp_path,
     assert "valid mini-titanic submission (6 rows)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("name", [case(name) for name in CASES])
 def test_bad_input(name, tmp_path, monkeypatch, capsys):
     folder = tmp_path / name
     spec = prepare_case(name, folder)

@@ -21,6 +21,7 @@ def doctor(env_extra=None):
                           timeout=120, env=env)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not FAST_AVAILABLE, reason="no fast BLAS installed (Linux with mkl or OpenBLAS only)")
 def test_a_fast_blas_is_bound_when_available():
     """Bound, and several times faster than the reference BLAS timed the same way right after it: a ratio holds
@@ -37,6 +38,7 @@ def test_a_fast_blas_is_bound_when_available():
     assert gflops(result) > 4 * gflops(reference), (result.stdout, reference.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="the reference BLAS is a Linux mlx[cpu] matter")
 def test_doctor_warns_on_the_reference_blas():
     result = doctor({"KBERT_BLAS": "reference"})
@@ -78,6 +80,7 @@ def test_numpy_openblas_shim_multiplies_correctly_and_mkl_is_the_fallback(tmp_pa
         assert off.stdout.strip() == "mkl"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux" or bool(_mkl_candidates()) or any(
     __import__("os").path.exists(p) for p in SYSTEM_OPENBLAS), reason="a machine without MKL or a system OpenBLAS")
 def test_without_a_compiler_and_without_mkl_every_command_says_the_blas_is_slow_and_how_to_fix_it():

@@ -28,6 +28,38 @@ def test_help_lists_commands_and_flags(tmp_path):
         assert flag in run.stdout
 
 
+def test_run_options_are_the_declared_settings(tmp_path):
+    """Every run setting declared with a flag (pipeline/config.py) is a `kbert run` option with its declaration's
+    help and choices, set in the run's overrides under its name; building the parser loads no MLX (the choices are
+    read from their modules' source)."""
+    from kbert.cli import build_parser
+    from kbert.cli.run import _overrides
+    from kbert.pipeline.config import FLAG_SECTIONS, flags
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    run = commands.choices["run"]
+    options = {action.dest: action for action in run._actions}
+    declared = {name: f for settings in FLAG_SECTIONS.values() for name, f in flags(settings).items()}
+    assert {"pooling", "folds", "learning_rate", "compile", "out_dir", "threshold"} <= set(declared)
+    for name, f in declared.items():
+        assert options[name].option_strings == [f.metadata["flag"]] and options[name].help == f.metadata["help"]
+        assert tuple(options[name].choices or ()) == f.metadata["choices"], name
+    overrides = _overrides(run.parse_args(["titanic", "--pooling", "mean", "--no-compile", "--folds", "3"]))
+    assert set(overrides) == set(declared)
+    chosen = (overrides["pooling"], overrides["compile"], overrides["folds"], overrides["epochs"])
+    assert chosen == ("mean", False, 3, None)
+    code = "import sys; from kbert.cli import build_parser; build_parser(); print('mlx.core' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_an_unknown_choice_is_refused_by_the_command_line(tmp_path):
+    result = kbert("run", "titanic", "--pooling", "bogus", cwd=tmp_path)
+    assert result.returncode == 2 and "argument --pooling: invalid choice: 'bogus' (choose from" in result.stderr
+    assert "'cls-last4'" in result.stderr
+
+
+@pytest.mark.slow
 def test_smoke_run_writes_artifacts_and_a_valid_submission(tmp_path):
     started = time.perf_counter()
     result = kbert("run", "titanic", *SMOKE, "--run-id", "smoke", "--out", "runs", cwd=tmp_path)
@@ -53,6 +85,7 @@ def test_smoke_run_writes_artifacts_and_a_valid_submission(tmp_path):
     assert list(submission["PassengerId"]) == list(sample["PassengerId"])
 
 
+@pytest.mark.slow
 def test_same_seed_gives_identical_oof(tmp_path):
     for run_id in ("a", "b"):
         result = kbert("run", "titanic", *SMOKE, "--seed", "7", "--run-id", run_id, "--out", "runs", cwd=tmp_path)
@@ -62,6 +95,7 @@ def test_same_seed_gives_identical_oof(tmp_path):
     assert a == b
 
 
+@pytest.mark.slow
 def test_user_errors_exit_nonzero_with_one_line(tmp_path):
     result = kbert("run", "no-such-competition", cwd=tmp_path)
     assert result.returncode == 2
@@ -78,6 +112,7 @@ def test_user_errors_exit_nonzero_with_one_line(tmp_path):
     assert not (tmp_path / "submissions").exists()
 
 
+@pytest.mark.slow
 def test_validate_command_accepts_the_sample_and_rejects_a_short_file(tmp_path):
     sample = BUNDLED_DATA_DIR / "titanic" / "gender_submission.csv"
     ok = kbert("validate", "titanic", str(sample), cwd=tmp_path)
@@ -91,6 +126,7 @@ def test_validate_command_accepts_the_sample_and_rejects_a_short_file(tmp_path):
 REPO_SUBMISSIONS = sorted((Path(__file__).resolve().parent.parent / "submissions" / "titanic").glob("*.csv"))
 
 
+@pytest.mark.slow
 def test_submissions_written_by_full_runs_are_valid(tmp_path):
     """A submission a quick `kbert baseline titanic` writes here, and every one `kbert run titanic` left in
     submissions/titanic/ (none on a clean checkout), match the sample submission."""
@@ -157,6 +193,7 @@ def test_doctor_decides_fast_blas_from_what_is_bound_not_from_a_timing(monkeypat
         assert "note: the sgemm timing (1.5 GFLOP/s) is low for a fast BLAS" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["bert", "modernbert"])
 def test_run_fine_tunes_a_pretrained_encoder_folder(tmp_path, kind):
     """`--encoder FOLDER` loads a Hugging Face checkpoint (here a tiny random one) and its tokenizer."""
@@ -188,6 +225,7 @@ def test_run_fine_tunes_a_pretrained_encoder_folder(tmp_path, kind):
     assert np.abs(np.array(fold_weights[name]) - np.array(reference[name])).max() < 0.01
 
 
+@pytest.mark.slow
 def test_run_trains_a_named_size_from_scratch(tmp_path):
     result = kbert("run", "titanic", "--encoder", "bert-mini", *SMOKE, "--run-id", "mini", "--out", "runs", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -77,16 +77,12 @@ def test_unknown_features_and_missing_columns_fail_loudly():
         add_features("spaceship-titanic", frame, frame)
 
 
+@pytest.mark.slow
 def test_feature_functions_never_see_the_target(tmp_path, monkeypatch):
-    from kbert.pipeline.config import load_competition, resolve_run_config
-    from kbert.pipeline.run import run_competition
+    from tests.tiny import run_tiny
 
     seen = []
     original = features.FEATURES["titanic"]
     monkeypatch.setitem(features.FEATURES, "titanic", lambda rows: seen.append(set(rows.columns)) or original(rows))
-    config = resolve_run_config(load_competition("titanic"), {
-        "folds": 2, "epochs": 1, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-        "intermediate_size": 64, "vocab_size": 300, "limit_rows": 60, "out_dir": str(tmp_path / "runs"),
-        "submissions_dir": str(tmp_path / "subs")})
-    run_competition(config, run_id="t", progress=False, log=lambda _: None)
+    run_tiny("titanic", tmp_path, limit_rows=60)
     assert seen and all("Survived" not in columns and "Name" in columns for columns in seen)

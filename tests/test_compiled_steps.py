@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 from kbert.models.activations import erf_rational, gelu
 from kbert.models.task_model import build_task_model
 from kbert.pipeline.config import TrainConfig
-from kbert.pipeline.train import batch_width, make_forward, make_train_step, pad_batch
+from kbert.pipeline.train import Execution, batch_width, make_forward, make_train_step, pad_batch
 
 TINY = {"model_type": "bert", "vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
         "intermediate_size": 64, "max_position_embeddings": 32, "add_pooling_layer": False}
@@ -34,7 +34,7 @@ def batch(seed: int = 0, width: int = 12):
 def run_steps(compiled: bool, n: int = 4, streams: tuple = ()):
     model = tiny_model(dropout=0.0)
     optimizer = optim.AdamW(learning_rate=optim.linear_schedule(1e-3, 1e-4, 10), weight_decay=0.01)
-    step = make_train_step(model, optimizer, max_grad_norm=1.0, compiled=compiled, streams=streams)
+    step = make_train_step(model, optimizer, max_grad_norm=1.0, execution=Execution(compiled, streams=streams))
     losses = []
     for i in range(n):
         loss = step(*batch(i))
@@ -55,21 +55,22 @@ def test_compiled_train_step_matches_eager():
 
 def test_compiled_forward_sees_weights_updated_after_tracing():
     model, _ = run_steps(compiled=True, n=1)
-    forward = make_forward(model, compiled=True)
+    forward = make_forward(model, Execution(compiled=True))
     ids, mask, _ = batch(0)
     before = np.array(forward(ids, mask))
     model.update({"head": {"classifier": {"bias": model.head.classifier.bias + 1.0}}})
     after = np.array(forward(ids, mask))
     np.testing.assert_allclose(after, before + 1.0, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(after, np.array(make_forward(model, compiled=False)(ids, mask)), rtol=1e-5, atol=1e-5)
+    eager = make_forward(model, Execution(compiled=False))
+    np.testing.assert_allclose(after, np.array(eager(ids, mask)), rtol=1e-5, atol=1e-5)
 
 
 def test_compiled_steps_keep_their_own_mode():
     """The train step drops out even when the model was left in eval mode; the eval step never does."""
     model = tiny_model(dropout=0.5)
     optimizer = optim.SGD(learning_rate=0.0)  # no update: only the loss is compared
-    step = make_train_step(model, optimizer, max_grad_norm=1.0, compiled=True)
-    forward = make_forward(model, compiled=True)
+    step = make_train_step(model, optimizer, max_grad_norm=1.0, execution=Execution(compiled=True))
+    forward = make_forward(model, Execution(compiled=True))
     ids, mask, targets = batch(0)
     model.eval()  # a stale mode must not leak into the train step's trace
     train_losses = {round(step(ids, mask, targets).item(), 6) for _ in range(4)}

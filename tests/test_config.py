@@ -68,7 +68,7 @@ NUMERIC_SECTIONS = {"": ("ModelConfig", "TrainConfig", "HeadOptions"), "folds.":
 
 
 def numeric_fields():
-    """(BOUNDS key, is the annotation int) of every int or float field of the run's dataclasses."""
+    """(setting key, is the annotation int) of every int or float field of the run's dataclasses."""
     from dataclasses import fields
 
     from kbert.models.adapters import AdapterConfig
@@ -86,12 +86,12 @@ def test_every_numeric_run_setting_has_a_bound_and_its_defaults_are_inside_it():
     from dataclasses import asdict
 
     from kbert.models.adapters import AdapterConfig
-    from kbert.pipeline.config import (BOUNDS, FoldConfig, HeadOptions, ModelConfig, TextConfig, TrainConfig,
+    from kbert.pipeline.config import (FoldConfig, HeadOptions, ModelConfig, TextConfig, TrainConfig, bound_of,
                                        check_settings)
 
     for key, integer in numeric_fields():
-        assert key in BOUNDS, f"{key} has no bound in pipeline/config.py BOUNDS"
-        assert BOUNDS[key].integer == integer, key
+        assert bound_of(key) is not None, f"{key} has no bound in its declaration (pipeline/config.py)"
+        assert bound_of(key).integer == integer, key
     for values, prefix in ((asdict(ModelConfig()), ""), (asdict(TrainConfig()), ""), (asdict(HeadOptions()), ""),
                            (asdict(FoldConfig()), "folds."), (asdict(TextConfig("list")), "text."),
                            (asdict(AdapterConfig()), "adapter_options.")):
@@ -111,7 +111,7 @@ def competition_yaml(tmp_path, section: str, key: str, value) -> str:
 
 
 def yaml_place(key: str, value) -> tuple[str, str, object]:
-    """Where a BOUNDS key is written in a competition YAML: (section, key in it, value), and its message name."""
+    """Where a numeric setting's key is written in a competition YAML: (section, key in it, value)."""
     from dataclasses import fields
 
     from kbert.pipeline.config import HeadOptions
@@ -226,16 +226,16 @@ def test_run_config_files_are_checked_like_yaml_and_flags(titanic, tmp_path):
 
 
 CHOICES = [("model", "pooling"), ("model", "spm_normalization"), ("model", "adapter_checkpoint"),
-           ("head", "target_transform"), ("head", "fusion")]
+           ("head", "target_transform"), ("head", "fusion"), ("train", "precision"), ("train", "device")]
 
 
 @pytest.mark.parametrize("section,key", CHOICES)
 def test_every_choice_setting_refuses_an_unknown_word_wherever_it_is_set(titanic, tmp_path, section, key):
     """Flags (overrides), a flat --config file and a resolved config.yaml all name the setting and the words it
     takes; the default of each is one of them."""
-    from kbert.pipeline.config import choice_words, run_config_from_file
+    from kbert.pipeline.config import choices_of, run_config_from_file
 
-    words = choice_words(key)
+    words = choices_of(key)
     assert getattr(getattr(resolve_run_config(titanic), section), key) in words
     known = rf"'bogus' is unknown; known: {', '.join(words)}$"
     with pytest.raises(KbertError, match=rf"^{key} {known}"):
@@ -252,11 +252,11 @@ def test_every_choice_setting_refuses_an_unknown_word_wherever_it_is_set(titanic
         run_config_from_file(path)
 
 
-@pytest.mark.parametrize("key", ["numeric", "truncate", "numbers"])
+@pytest.mark.parametrize("key", ["numeric", "truncate", "numbers", "missing"])
 def test_text_choices_are_checked_in_the_competition_file_and_in_a_resolved_config(titanic, tmp_path, key):
-    from kbert.pipeline.config import choice_words, competition_path, run_config_from_file
+    from kbert.pipeline.config import choices_of, competition_path, run_config_from_file
 
-    known = rf"'bogus' is unknown; known: {', '.join(choice_words(f'text.{key}'))}$"
+    known = rf"'bogus' is unknown; known: {', '.join(choices_of(f'text.{key}'))}$"
     data = yaml.safe_load(competition_path("titanic").read_text())
     data["text"][key] = "bogus"
     path = tmp_path / "c.yaml"
@@ -269,3 +269,55 @@ def test_text_choices_are_checked_in_the_competition_file_and_in_a_resolved_conf
     path.write_text(yaml.safe_dump(resolved, sort_keys=False))
     with pytest.raises(KbertError, match=rf"config\.yaml: competition\.text\.{key} {known}"):
         run_config_from_file(path)
+
+
+SETTINGS_CLASSES = ("TextConfig", "FoldConfig", "ModelConfig", "TrainConfig", "HeadOptions", "RunConfig")
+
+
+@pytest.mark.parametrize("name", SETTINGS_CLASSES)
+def test_every_run_setting_is_declared_once_with_its_help(name):
+    """Each field of the run's settings dataclasses is made by ``setting``: help beside its default, a flag only
+    where `kbert run` offers one, choices and a bound only where a word or a number is checked."""
+    from dataclasses import fields
+
+    from kbert.pipeline import config
+
+    for f in fields(getattr(config, name)):
+        if f.name in ("competition", "model", "train", "head"):  # RunConfig's sections
+            continue
+        meta = f.metadata
+        assert meta.get("help"), f"{name}.{f.name} is not declared with setting(help=...)"
+        assert not meta["flag"] or meta["flag"].startswith("--"), f.name
+        assert not (meta["choices"] and meta["bound"]), f.name
+
+
+CHOICE_CONSTANTS = [("kbert.models.pooling", "POOLING_KINDS"), ("kbert.models.pooling", "EMBED_POOLINGS"),
+                    ("kbert.models.fusion", "FUSION_KINDS"), ("kbert.models.spm", "NORMALIZATIONS"),
+                    ("kbert.pipeline.precision", "PRECISIONS"), ("kbert.pipeline.precision", "DEVICES"),
+                    ("kbert.features.generic", "NUMERIC_MODES"), ("kbert.features.generic", "MISSING_MODES"),
+                    ("kbert.tune.options", "PRUNERS"), ("kbert.auto.plan", "PRESETS")]  # a mapping: its keys
+
+
+@pytest.mark.parametrize("module,name", CHOICE_CONSTANTS)
+def test_choices_read_from_the_owning_module_equal_its_constant(module, name):
+    """``words_of`` reads a constant from its module's source (a model module loads MLX on import): the words
+    are the module's own, and a name that is not written out there is one line naming the file."""
+    import importlib
+
+    from kbert.pipeline.config import words_of
+
+    assert words_of(module, name) == tuple(getattr(importlib.import_module(module), name))
+    with pytest.raises(KbertError, match=r"pooling\.py: no NO_SUCH_WORDS = \(\.\.\.\) at the top level$"):
+        words_of("kbert.models.pooling", "NO_SUCH_WORDS")
+
+
+def test_the_settings_reference_is_current():
+    """docs/settings.md is generated from the declarations; regenerate it with python docs/make_settings.py."""
+    from pathlib import Path
+
+    from kbert.pipeline.config import settings_markdown
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
+    assert path.read_text(encoding="utf-8") == settings_markdown(), "run python docs/make_settings.py"
+    assert "| `pooling` | `--pooling` | `cls` | `cls`, `mean`, `max`, `attention`, `weighted-layers`, `cls-last4` |" \
+        in settings_markdown()

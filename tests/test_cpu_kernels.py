@@ -170,7 +170,7 @@ def test_kernels_can_be_switched_off_and_the_encoder_still_runs():
     code = ("from kbert.models import runtime; runtime.setup(); import mlx.core as mx; "
             "from kbert.models import cpu_kernels; from kbert.models.bert import BertConfig, BertModel; "
             "m = BertModel(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, "
-            "intermediate_size=32)); h, _ = m(mx.array([[1, 2, 3]])); mx.eval(h); "
+            "intermediate_size=32)); h = m(mx.array([[1, 2, 3]])).last_hidden_state; mx.eval(h); "
             "print(cpu_kernels.STATUS.state, cpu_kernels.STATUS.note, h.shape)")
     env = {**os.environ, "KBERT_CPU_KERNELS": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
@@ -212,6 +212,7 @@ def vectorizer_report(folder, march: str) -> tuple[set[int], set[int]]:
     return lines("using 32 byte vectors") | lines("using 64 byte vectors"), lines("couldn't vectorize loop")
 
 
+@pytest.mark.slow
 @needs_avx2
 def test_every_simd_loop_vectorizes_at_full_width_with_avx2_alone(tmp_path):
     """Built for x86-64-v3 (AVX2, no AVX-512), each ``#pragma omp simd`` loop is vectorized with 32-byte vectors
@@ -255,6 +256,7 @@ np.savez(sys.argv[1], state=cpu_kernels.STATUS.state, path=cpu_kernels.STATUS.pa
 """
 
 
+@pytest.mark.slow
 @needs_avx2
 def test_kernels_built_for_avx2_alone_give_the_native_builds_values(tmp_path):
     """What a CPU without AVX-512 runs (KBERT_CPU_ARCH=x86-64-v3, built afresh in its own cache) computes what

@@ -17,12 +17,10 @@ from kbert.errors import KbertError
 from kbert.models.encoders import build_encoder, save_encoder
 from kbert.models.tokenizer import train_wordpiece
 from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition, resolve_run_config
-from kbert.pipeline.run import run_competition
 from tests.test_ensembles import expected_for
+from tests.tiny import run_tiny
 
 NAME = "nlp-getting-started"
-TINY = {"folds": 2, "epochs": 1, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-        "intermediate_size": 64, "vocab_size": 400, "max_length": 64, "limit_rows": 100}
 SIZES = {"folds": 2, "limit_rows": 100}
 
 
@@ -48,16 +46,14 @@ def tiny_encoder(tmp_path_factory):
 def fine_tuned(tmp_path_factory):
     """A finished tiny kbert run (2 folds of the first 100 rows) with its fold models: (out folder, run folder)."""
     out = tmp_path_factory.mktemp("source")
-    config = resolve_run_config(load_competition(NAME), {**TINY, "out_dir": str(out / "runs"),
-                                                         "submissions_dir": str(out / "subs")})
-    result = run_competition(config, run_id="tuned", progress=False, log=lambda _: None)
-    return out / "runs", result.run_dir
+    return out / "runs", run_tiny(NAME, out, "tuned", vocab_size=400, limit_rows=100).run_dir
 
 
 def reducer(run_dir, fold: int) -> dict:
     return json.loads((run_dir / "folds" / str(fold) / REDUCER_FILE).read_text())
 
 
+@pytest.mark.slow
 def test_extreme_validation_text_moves_no_component_of_its_fold_reducer(tmp_path, tiny_encoder):
     plain = run_baseline(baseline_config(tmp_path, "plain"), embeddings=str(tiny_encoder), log=lambda _: None)
     folds = pd.read_csv(plain.run_dir / "folds.csv")
@@ -84,6 +80,7 @@ def test_extreme_validation_text_moves_no_component_of_its_fold_reducer(tmp_path
                            pd.read_csv(plain.run_dir / "oof.csv")["target"][rows])
 
 
+@pytest.mark.slow
 def test_a_fine_tuned_source_on_other_folds_is_refused(tmp_path, fine_tuned, capsys):
     from kbert.cli import main
 
@@ -104,6 +101,7 @@ def test_a_fine_tuned_source_on_other_folds_is_refused(tmp_path, fine_tuned, cap
         run_baseline(config, embeddings="bert-mini", log=lambda _: None)
 
 
+@pytest.mark.slow
 def test_a_fine_tuned_source_gives_a_member_in_the_run_format(fine_tuned, capsys):
     from kbert.cli import main
 

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kbert.ensembles.baseline import column_kinds, fit_predict_fold, make_pipeline, prepare
+from kbert.ensembles.baseline import Baseline, column_kinds, fit_predict_fold, make_pipeline, prepare
 from kbert.ensembles.blend import (BlendOptions, Problem, apply_blend, fit_blend, hill_climb, metric_loss, nested_cv,
                                    paired_bootstrap, score_table)
 from kbert.ensembles.members import select_members
@@ -127,7 +127,8 @@ def calibrated_members(n: int = 600, rate: float = 0.25, seed: int = 11) -> tupl
     return np.stack(members)[:, :, None], y
 
 
-@pytest.mark.parametrize("method", ["mean", "top-k", "weighted", "rank", "hill", "stack"])
+@pytest.mark.parametrize("method", ["mean", "top-k", "weighted", "rank", "hill",
+                                    pytest.param("stack", marks=pytest.mark.slow)])  # a grid search of meta-models
 @pytest.mark.parametrize("setup", ["accuracy", "f1", "roc_auc, label submission", "roc_auc, probability submission"])
 def test_labels_are_cut_where_the_blends_own_fitting_rows_say(method, setup):
     """Every blend method under every metric kind: a label submission is cut at a cut-off fitted on the blend's
@@ -215,6 +216,7 @@ def test_stacking_nested_cv_never_trains_on_the_fold_it_scores():
     assert 0.5 < result.score <= 1.0 and result.in_sample >= result.score - 0.05
 
 
+@pytest.mark.slow
 def test_every_method_runs_for_each_task():
     rng = np.random.default_rng(6)
     n = 200
@@ -301,6 +303,7 @@ def test_member_selection(spaceship_members):
         select_members(runs, "top:x", expected, True)
 
 
+@pytest.mark.slow
 def test_spaceship_ensemble_submission_has_true_false_and_the_sample_ids(spaceship_members, capsys):
     from kbert.cli import main
 
@@ -336,6 +339,7 @@ def test_spaceship_ensemble_submission_has_true_false_and_the_sample_ids(spacesh
 
 # --- baselines -----------------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_baseline_transforms_fit_on_the_training_rows_only(titanic_train, titanic_test):
     from kbert.features import add_features
 
@@ -348,11 +352,12 @@ def test_baseline_transforms_fit_on_the_training_rows_only(titanic_train, titani
         parts = {name: columns for name, _, columns in
                  make_pipeline(model, kinds, True, 0, prepare(fit_rows, kinds))[0].transformers}
         assert parts["target-encoded"] == ["Ticket", "Cabin"] and "Sex" in parts["categorical"]
-        before = fit_predict_fold(model, "binary", fit_rows, y[:600], [test], 0, 0, False, ("PassengerId",))[0]
+        baseline = Baseline(model, "binary", exclude=("PassengerId",))
+        before = fit_predict_fold(baseline, fit_rows, y[:600], [test], 0)[0]
         # Rewriting every non-training row (new names, unseen categories) cannot move a fitted transform.
         scrambled = other_rows.assign(Name="Zzyzx, Mr. Qwerty", Sex="unknown", Ticket="NEW-1", Cabin="Z99")
-        fit_predict_fold(model, "binary", fit_rows, y[:600], [scrambled], 0, 0, False, ("PassengerId",))
-        after = fit_predict_fold(model, "binary", fit_rows, y[:600], [test, scrambled], 0, 0, False, ("PassengerId",))
+        fit_predict_fold(baseline, fit_rows, y[:600], [scrambled], 0)
+        after = fit_predict_fold(baseline, fit_rows, y[:600], [test, scrambled], 0)
         np.testing.assert_array_equal(before, after[0])
         assert before.shape == (len(test), 1) and ((before > 0) & (before < 1)).all()
 
@@ -375,6 +380,7 @@ def test_identifiers_are_dropped_and_trees_skip_short_text():
         assert [name for name, _, _ in parts if name.startswith("text:")] == expected
 
 
+@pytest.mark.slow
 def test_kbert_baseline_writes_a_member_on_the_run_folds(tmp_path, capsys):
     from kbert.cli import main
 
@@ -393,6 +399,7 @@ def test_kbert_baseline_writes_a_member_on_the_run_folds(tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_house_prices_baseline_predicts_prices_in_log_space(tmp_path):
     from kbert.ensembles.baseline import run_baseline
     from kbert.pipeline.config import resolve_run_config
@@ -441,6 +448,7 @@ def test_skewed_log1p_picks_its_columns_on_the_fitting_rows():
     np.testing.assert_array_equal(out[:, 1:], other_rows[:, 1:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["lgbm", "catboost"])
 def test_optional_gradient_boosting_baselines(model, titanic_train, titanic_test):
     pytest.importorskip("lightgbm" if model == "lgbm" else "catboost")
@@ -448,8 +456,8 @@ def test_optional_gradient_boosting_baselines(model, titanic_train, titanic_test
 
     train, test = add_features("titanic", titanic_train.drop(columns=["Survived"]), titanic_test)
     y = titanic_train["Survived"].to_numpy()
-    valid, predicted = fit_predict_fold(model, "binary", train.iloc[:600], y[:600], [train.iloc[600:], test], 0, 0,
-                                        False, ("PassengerId",))
+    valid, predicted = fit_predict_fold(Baseline(model, "binary", exclude=("PassengerId",)), train.iloc[:600], y[:600],
+                                        [train.iloc[600:], test], 0)
     assert predicted.shape == (len(test), 1) and ((predicted > 0) & (predicted < 1)).all()
     assert get_metric("roc_auc")(y[600:], valid[:, 0]) > 0.8
 

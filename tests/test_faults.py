@@ -69,6 +69,7 @@ def no_temp_files(folder: Path) -> bool:
 RUN = ["run", "competition.yaml", "--no-progress", "--run-id", "r"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code", [NO_SPACE, READ_ONLY], ids=["no-space", "read-only"])
 def test_a_run_that_cannot_write_its_predictions_publishes_none_of_them_and_resumes_afterwards(competition,
                                                                                                 monkeypatch,
@@ -93,6 +94,7 @@ def test_a_run_that_cannot_write_its_predictions_publishes_none_of_them_and_resu
     assert (run_dir / "metrics.json").is_file() and (run_dir / "oof.csv").is_file()
 
 
+@pytest.mark.slow
 def test_a_run_that_cannot_write_its_first_fold_leaves_nothing(competition, monkeypatch, capsys):
     fail_writes(monkeypatch, "model.safetensors", NO_SPACE)
     refused(capsys, RUN, f"cannot write {Path('runs/mini-titanic/r/folds/0/model.safetensors')}: "
@@ -106,6 +108,7 @@ def two_baselines(capsys) -> None:
     capsys.readouterr()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failing", ["csv", "json"], ids=["submission", "record"])
 def test_an_ensemble_publishes_its_submission_and_its_record_together_or_neither(competition, monkeypatch, capsys,
                                                                                  failing):
@@ -125,6 +128,7 @@ def test_an_ensemble_publishes_its_submission_and_its_record_together_or_neither
     assert {p: p.read_bytes() for p in subs.iterdir()} == contents
 
 
+@pytest.mark.slow
 def test_predict_and_embed_that_cannot_write_leave_the_previous_file(competition, monkeypatch, capsys):
     assert main(RUN) == 0
     out = competition / "predictions.csv"
@@ -175,6 +179,7 @@ def mount_small_file_system(folder: Path, size: str) -> bool:
     return done.returncode == 0
 
 
+@pytest.mark.slow
 def test_a_run_on_a_real_full_disk_ends_in_one_line(competition, tmp_path):
     disk = tmp_path / "small-disk"
     if not mount_small_file_system(disk, "200k"):

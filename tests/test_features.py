@@ -87,9 +87,14 @@ def test_transform_before_fit_fails(titanic, train_rows):
 
 
 def test_every_named_serializer_satisfies_the_protocol(titanic, train_rows):
-    settings = {"titanic": {"template": titanic.text.template}}
-    for name, make in SERIALIZERS.items():
-        built = make(**settings.get(name, {"template": "{Name}", "exclude": ("PassengerId",)}))
+    from dataclasses import replace
+
+    from kbert.pipeline.config import resolve_run_config
+    from kbert.pipeline.fold import make_serializer
+
+    for name in SERIALIZERS:
+        text = replace(titanic.text, serializer=name, template=titanic.text.template if name == "titanic" else "{Name}")
+        built = make_serializer(resolve_run_config(replace(titanic, text=text)))
         assert isinstance(built, Serializer), name
         fitted = built.fit(train_rows)
         assert fitted is built

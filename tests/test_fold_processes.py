@@ -14,7 +14,7 @@ import pytest
 from kbert.errors import KbertError
 from kbert.io import read_json
 from kbert.pipeline.config import resolve_run_config
-from kbert.pipeline.fold_processes import FoldPlan, plan_folds
+from kbert.pipeline.fold_processes import FoldPlan, Machine, plan_folds
 from kbert.pipeline.profile import profiling
 from kbert.pipeline.run import run_competition
 from kbert.pipeline.train import epoch_batches
@@ -25,27 +25,29 @@ GIB = 2**30
 
 def test_auto_trains_every_fold_at_once_on_a_cpu_with_streams_from_the_run_alone():
     # 2 cores, 5 folds: five processes of one stream each; 16 cores: five of three streams.
-    assert plan_folds(0, "cpu", total=5, k=5, to_train=5, cores=2) == FoldPlan(processes=5, streams=1)
-    assert plan_folds(0, "cpu", total=5, k=5, to_train=5, cores=16) == FoldPlan(processes=5, streams=3)
+    two, sixteen = Machine("cpu", cores=2), Machine("cpu", cores=16)
+    assert plan_folds(0, two, total=5, k=5, to_train=5) == FoldPlan(processes=5, streams=1)
+    assert plan_folds(0, sixteen, total=5, k=5, to_train=5) == FoldPlan(processes=5, streams=3)
     # A resume with two folds left trains them as the first attempt would have: the same streams.
-    assert plan_folds(0, "cpu", total=5, k=5, to_train=2, cores=16) == FoldPlan(processes=2, streams=3)
+    assert plan_folds(0, sixteen, total=5, k=5, to_train=2) == FoldPlan(processes=2, streams=3)
     # Repeats: no more than max(cores, k) at once.
-    assert plan_folds(0, "cpu", total=15, k=5, to_train=15, cores=2) == FoldPlan(processes=5, streams=1)
-    assert plan_folds(0, "cpu", total=15, k=5, to_train=15, cores=8) == FoldPlan(processes=8, streams=1)
+    assert plan_folds(0, two, total=15, k=5, to_train=15) == FoldPlan(processes=5, streams=1)
+    assert plan_folds(0, Machine("cpu", cores=8), total=15, k=5, to_train=15) == FoldPlan(processes=8, streams=1)
     # A GPU, one fold, or --fold-processes 1: one after another, streams as --cpu-streams says.
-    for plan in (plan_folds(0, "gpu", 5, 5, 5, 16), plan_folds(0, "cpu", 1, 1, 1, 16),
-                 plan_folds(1, "cpu", 5, 5, 5, 16)):
+    for plan in (plan_folds(0, Machine("gpu", cores=16), total=5, k=5, to_train=5),
+                 plan_folds(0, sixteen, total=1, k=1, to_train=1), plan_folds(1, sixteen, total=5, k=5, to_train=5)):
         assert plan == FoldPlan(processes=1, streams=0)
     # --fold-processes 2 on 16 cores: eight streams each.
-    assert plan_folds(2, "cpu", 5, 5, 5, 16) == FoldPlan(processes=2, streams=8)
+    assert plan_folds(2, sixteen, total=5, k=5, to_train=5) == FoldPlan(processes=2, streams=8)
 
 
 def test_auto_starts_no_more_fold_processes_than_the_memory_holds():
     # 110M parameters (440 MB of float32) need about 7.6 GB a process: 16 GB hold two.
-    plan = plan_folds(0, "cpu", 5, 5, 5, cores=16, parameter_bytes=440 * 2**20, available=16 * GIB)
+    large, small = Machine("cpu", cores=16, available=16 * GIB), Machine("cpu", cores=16, available=1 * GIB)
+    plan = plan_folds(0, large, total=5, k=5, to_train=5, parameter_bytes=440 * 2**20)
     assert plan == FoldPlan(processes=2, streams=3)  # the streams stay those of five folds at once
-    assert plan_folds(0, "cpu", 5, 5, 5, 16, 440 * 2**20, available=1 * GIB).processes == 1
-    assert plan_folds(3, "cpu", 5, 5, 5, 16, 440 * 2**20, available=1 * GIB).processes == 3  # asked for: as asked
+    assert plan_folds(0, small, total=5, k=5, to_train=5, parameter_bytes=440 * 2**20).processes == 1
+    assert plan_folds(3, small, total=5, k=5, to_train=5, parameter_bytes=440 * 2**20).processes == 3  # as asked
 
 
 def small_config(tmp_path, **overrides):
@@ -98,6 +100,7 @@ def avx2() -> bool:
     return platform.machine() == "x86_64" and " avx2" in Path("/proc/cpuinfo").read_text()
 
 
+@pytest.mark.slow
 def test_a_fold_that_fails_in_its_process_fails_the_run_with_its_own_message_and_leaves_nothing(tmp_path):
     result = kbert("run", "titanic", "--limit-rows", "90", "--folds", "3", "--epochs", "1", "--lr", "1e9",
                    "--no-progress", "--run-id", "nan", "--out", "runs", "--submissions-dir", "subs", cwd=tmp_path)
@@ -107,6 +110,7 @@ def test_a_fold_that_fails_in_its_process_fails_the_run_with_its_own_message_and
     assert not (tmp_path / "runs" / "titanic" / "nan").exists() and not (tmp_path / "subs").exists()
 
 
+@pytest.mark.slow
 def test_a_pruned_trial_ends_the_fold_processes_still_running(tmp_path):
     stopped = []
 
@@ -146,6 +150,7 @@ def test_fold_processes_and_grouping_are_checked_options(tmp_path):
     assert (config.train.fold_processes, config.train.group_by_length) == (2, 3)
 
 
+@pytest.mark.slow
 def test_a_tuning_trial_trains_as_many_folds_at_once_as_its_worker_has_cores(tmp_path, monkeypatch):
     from optuna.trial import TrialState
 

@@ -147,7 +147,8 @@ def test_oof_of_time_series_folds_is_nan_for_the_first_block_only():
 
     fold = np.array([-1, -1, 0, 0, 1, 1])
     folds = [fold_predictions(np.array([2, 3]), 1.0), fold_predictions(np.array([4, 5]), 3.0)]
-    outputs, predictions, test_outputs, _ = collect_predictions(6, folds, fold)
+    collected = collect_predictions(6, folds, fold)
+    outputs, predictions, test_outputs = collected.oof_outputs, collected.oof, collected.test_outputs
     assert np.isnan(outputs[:2]).all() and np.isnan(predictions[:2]).all() and outputs.dtype == np.float32
     np.testing.assert_array_equal(predictions[2:, 0], [1.0, 1.0, 3.0, 3.0])
     np.testing.assert_array_equal(test_outputs, np.full((3, 2), 2.0))
@@ -158,22 +159,19 @@ def test_oof_of_time_series_folds_is_nan_for_the_first_block_only():
         collect_predictions(6, folds, np.array([0, 0, 0, 0, 1, 1]))
 
 
+@pytest.mark.slow
 def test_time_series_run_writes_empty_oof_cells_for_the_first_block_and_scores_the_rest(tmp_path):
     import json
 
-    from kbert.pipeline.config import load_competition, resolve_run_config
+    from kbert.pipeline.config import load_competition
     from kbert.pipeline.data import load_competition_data
     from kbert.pipeline.metrics import get_metric
-    from kbert.pipeline.run import run_competition
+    from tests.tiny import run_tiny
 
     competition = str(HEADS / "elnino.yaml")  # folds: {shuffle: false, purge: 14}
     comp = load_competition(competition)
     rows, purge = 90, comp.folds.purge
-    config = resolve_run_config(comp, {"folds": 2, "epochs": 1, "hidden_size": 32, "num_hidden_layers": 1,
-                                       "num_attention_heads": 2, "intermediate_size": 64, "vocab_size": 300,
-                                       "max_length": 64, "limit_rows": rows, "out_dir": str(tmp_path / "runs"),
-                                       "submissions_dir": str(tmp_path / "subs")})
-    result = run_competition(config, run_id="t", progress=False, log=lambda _: None)
+    result = run_tiny(comp, tmp_path, limit_rows=rows)
     first = rows - 2 * (rows // 3)  # 30 rows: never validated
     oof = pd.read_csv(result.run_dir / "oof.csv")
     assert len(oof) == rows and oof["id"].tolist() == list(range(rows))  # every id is still there

@@ -18,11 +18,11 @@ from kbert.errors import KbertError
 from kbert.features.tabular import MISSING, UNSEEN, TabularFeatures
 from kbert.models.fusion import FUSION_KINDS, Fusion, FusionConfig
 from kbert.models.task_model import build_task_model
-from kbert.pipeline.config import load_competition, resolve_run_config
+from kbert.pipeline.config import load_competition
 from kbert.pipeline.data import load_competition_data
-from kbert.pipeline.run import run_competition
 from tests.tables import write_competition
-from tests.test_tasks_end_to_end import HEADS, TINY
+from tests.test_tasks_end_to_end import HEADS
+from tests.tiny import run_tiny
 
 ROWS = pd.DataFrame({
     "Id": range(8),
@@ -100,11 +100,10 @@ def test_unknown_fusion_is_refused():
 
 def run(competition, tmp_path, **overrides):
     comp = load_competition(str(competition))
-    config = resolve_run_config(comp, {**TINY, "limit_rows": 80, "out_dir": str(tmp_path / "runs"),
-                                       "submissions_dir": str(tmp_path / "subs"), **overrides})
-    return comp, run_competition(config, run_id="t", progress=False, log=lambda _: None).run_dir
+    return comp, run_tiny(comp, tmp_path, limit_rows=80, **overrides).run_dir
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("competition, fusion, extra", [
     ("titanic", "concat", {"augment": 1, "tta": 2}),
     ("house-prices-advanced-regression-techniques", "gated", {"target_transform": "log1p_standardize"}),
@@ -143,15 +142,12 @@ def threshold_competition(folder):
                              folds={"k": 2, "seed": 42}, training={"epochs": 6})
 
 
+@pytest.mark.slow
 def test_a_sharp_threshold_on_one_number_is_learned_with_fusion(tmp_path, capsys):
     competition = threshold_competition(tmp_path / "threshold")
     cv = {}
     for fusion in ("none", "concat"):
-        config = resolve_run_config(load_competition(str(competition)), {
-            "fusion": fusion, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-            "intermediate_size": 64, "vocab_size": 300, "max_length": 32, "out_dir": str(tmp_path / "runs"),
-            "submissions_dir": str(tmp_path / "subs")})
-        result = run_competition(config, run_id=fusion, progress=False, log=lambda _: None)
+        result = run_tiny(competition, tmp_path, run_id=fusion, fusion=fusion, epochs=6, max_length=32)
         cv[fusion] = json.loads((result.run_dir / "metrics.json").read_text())["cv"]
     with capsys.disabled():
         print(f"\nthreshold on one number, CV accuracy: text only {cv['none']:.4f}, --fusion concat {cv['concat']:.4f}")

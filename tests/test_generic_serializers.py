@@ -7,6 +7,7 @@ import pytest
 from kbert.errors import KbertError
 from kbert.features import SERIALIZERS, Serializer
 from kbert.features.generic import humanize, round_value
+from kbert.pipeline.config import TextConfig
 
 ROWS = pd.DataFrame({
     "Id": [1, 2, 3, 4, 5, 6],
@@ -18,8 +19,9 @@ ROWS = pd.DataFrame({
 })
 
 
-def serializer(style, **options):
-    return SERIALIZERS[style](exclude=("Id", "Survived"), **options)
+def serializer(style, exclude=("Id", "Survived"), **text):
+    """The ``style`` serializer of the text settings ``text`` (a competition's ``text:`` section)."""
+    return SERIALIZERS[style](TextConfig(style, **text), exclude=exclude)
 
 
 def test_list_and_sentence_render_every_feature_column_but_id_and_target():
@@ -117,7 +119,7 @@ def test_augmented_variants_shuffle_paraphrase_and_keep_every_fact():
 def test_numeric_jitter_stays_inside_the_fitted_bin():
     rows = pd.DataFrame({"Id": range(200), "Fare": np.random.default_rng(0).lognormal(3, 1, 200),
                          "Rooms": np.random.default_rng(1).integers(1, 12, 200)})
-    fitted = SERIALIZERS["list"](exclude=("Id",), jitter=0.3).fit(rows)
+    fitted = serializer("list", exclude=("Id",), jitter=0.3).fit(rows)
     rng = np.random.default_rng(0)
     for column in ("Fare", "Rooms"):
         edges = fitted.bin_edges_[column]
@@ -129,8 +131,8 @@ def test_numeric_jitter_stays_inside_the_fitted_bin():
     jittered = fitted.transform(rows, rng=np.random.default_rng(1))
     fares = lambda texts: np.array([float(cells_of(t)["Fare"]) for t in texts])
     assert np.mean(np.abs(fares(jittered) / fares(plain) - 1) > 0.01) > 0.5  # ...and it does move them
-    binned = SERIALIZERS["list"](exclude=("Id",), numeric="bins", jitter=0.3, shuffle_columns=False,
-                                 paraphrase=False).fit(rows)
+    binned = serializer("list", exclude=("Id",), numeric="bins", jitter=0.3, shuffle_columns=False,
+                        paraphrase=False).fit(rows)
     assert binned.transform(rows, rng=np.random.default_rng(0)) == binned.transform(rows)  # bin words stay
 
 
@@ -153,12 +155,12 @@ def test_serializers_follow_the_fit_transform_contract():
     with pytest.raises(RuntimeError, match="TableSerializer.fitted_statistics called before fit"):
         unfitted.fitted_statistics()
     fitted = unfitted.fit(ROWS)
-    assert fitted is unfitted and fitted.columns == ["Sex", "Age"] and fitted.columns_ == ["Sex", "Age"]
+    assert fitted is unfitted and fitted.text.columns == ["Sex", "Age"] and fitted.columns_ == ["Sex", "Age"]
     assert fitted.numeric_columns_ == {"Age"} and set(fitted.bin_edges_) == {"Age"}
     everything = serializer("sentence").fit(ROWS)
-    assert everything.columns is None and everything.columns_ == ["Age", "Sex", "Embarked", "GrLivArea"]
+    assert everything.text.columns is None and everything.columns_ == ["Age", "Sex", "Embarked", "GrLivArea"]
     with pytest.raises(TypeError):
-        SERIALIZERS["list"](columns_=["Age"])  # fitted attributes are not constructor arguments
+        SERIALIZERS["list"](TextConfig("list"), columns_=["Age"])  # fitted attributes are not constructor arguments
     with pytest.raises(KbertError, match="no columns"):
         serializer("list", columns=[]).fit(ROWS)
 
@@ -177,10 +179,10 @@ def test_percentile_writes_the_rounded_value_and_its_training_percentile():
 
 
 def test_omit_numbers_leaves_the_numeric_columns_out_of_the_text():
-    fitted = serializer("list", omit_numbers=True, mappings={"GrLivArea": {"1710": "big"}}).fit(ROWS)
+    fitted = serializer("list", numbers="omit", mappings={"GrLivArea": {"1710": "big"}}).fit(ROWS)
     assert fitted.columns_ == ["Sex", "Embarked", "GrLivArea"]  # a mapped column is words, so it stays
     assert fitted.transform(ROWS)[0] == "Sex: male; Embarked: S; GrLivArea: big"
     with pytest.raises(KbertError, match="every column of the list serializer is numeric"):
-        serializer("list", columns=["Age"], omit_numbers=True).fit(ROWS)
+        serializer("list", columns=["Age"], numbers="omit").fit(ROWS)
     with pytest.raises(KbertError, match="text.numbers omit works with the list and sentence serializers"):
-        serializer("template", template="{Sex}", omit_numbers=True).fit(ROWS)
+        serializer("template", template="{Sex}", numbers="omit").fit(ROWS)

@@ -100,7 +100,8 @@ def test_task_models_with_layer_poolings_train_their_head_on_every_layer(pooling
     ids, mask = mx.array([[1, 5, 7, 0], [2, 3, 4, 9]]), mx.array([[1, 1, 1, 0], [1, 1, 1, 1]])
     logits = model(ids, mask)
     assert logits.shape == (2,)
-    hidden, _, states = model.encoder(ids, mask, output_hidden_states=True)
+    out = model.encoder(ids, mask, output_hidden_states=True)
+    hidden, states = out.last_hidden_state, out.hidden_states
     expected = model.head(model.pooler(hidden, mask, states))
     np.testing.assert_allclose(np.array(logits), np.array(expected), atol=1e-6)
     # The head reads the pooled width; the layer weights learn (their gradient is not zero).
@@ -157,6 +158,7 @@ def test_each_head_gives_outputs_a_finite_loss_and_predictions(config, shape):
         assert predictive_std(config, np.array(outputs)).shape == (4,)
 
 
+@pytest.mark.slow
 def test_ordinal_thresholds_stay_ordered_while_training():
     """Targets that pull every row to the extreme classes push the thresholds together; they must not cross."""
     mx.random.seed(0)

@@ -14,6 +14,7 @@ from kbert.models.bert import BertConfig, BertModel
 from kbert.models.bert import sanitize as bert_sanitize
 from kbert.models.modernbert import ModernBertConfig, ModernBertModel
 from kbert.models.modernbert import sanitize as modernbert_sanitize
+from kbert.models.outputs import Recording
 from kbert.models.recompute import set_recompute
 from kbert.models.weights import load_state_strict
 from tests.parity import relative_errors
@@ -63,8 +64,8 @@ def test_every_hidden_state_and_attention_match_transformers(kind):
     with torch.no_grad():
         expected = reference(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask),
                              output_hidden_states=True, output_attentions=True)
-    last, _, hidden_states, attentions = ours(mx.array(ids), mx.array(mask), output_hidden_states=True,
-                                              output_attentions=True)
+    out = ours(mx.array(ids), mx.array(mask), output_hidden_states=True, output_attentions=True)
+    last, hidden_states, attentions = out.last_hidden_state, out.hidden_states, out.attentions
     real = mask.astype(bool)
     assert len(hidden_states) == len(expected.hidden_states) == reference.config.num_hidden_layers + 1
     for got, want in zip(hidden_states, expected.hidden_states, strict=True):
@@ -75,7 +76,7 @@ def test_every_hidden_state_and_attention_match_transformers(kind):
         # probabilities of real queries over every key (padded keys get ~0 in both)
         assert np.abs(np.array(got) - want.numpy()).transpose(0, 2, 1, 3)[real].max() <= TOL
     # Asking for them changes nothing else, and the comparison can fail: one layer off shifts the states.
-    plain, _ = ours(mx.array(ids), mx.array(mask))
+    plain = ours(mx.array(ids), mx.array(mask)).last_hidden_state
     np.testing.assert_allclose(np.array(plain), np.array(last), atol=1e-5)  # fused vs explicit softmax
     assert np.abs(np.array(hidden_states[1]) - expected.hidden_states[2].numpy())[real].max() > 1e-2
 
@@ -99,8 +100,8 @@ def weight_gradients(kind, recompute=False, masked=True, first_token_only=False)
         set_recompute(ours, True)
 
     def loss(model):
-        options = {"first_token_only": True} if first_token_only else {}
-        hidden = model(mx.array(ids), mx.array(mask) if masked else None, **options)[0]
+        record = Recording(first_token=first_token_only)
+        hidden = model.encode(mx.array(ids), mx.array(mask) if masked else None, None, None, record).last_hidden_state
         return (hidden * mx.array(weight[:, :hidden.shape[1]])).sum()
 
     _, grads = nn.value_and_grad(ours, loss)(ours)
@@ -132,7 +133,7 @@ def test_the_first_token_alone_matches_transformers_with_its_weight_gradients():
     ids, mask = batch()
     with torch.no_grad():
         expected = reference(input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask))
-    first, _ = ours(mx.array(ids), mx.array(mask), first_token_only=True)
+    first = ours.encode(mx.array(ids), mx.array(mask), None, None, Recording(first_token=True)).last_hidden_state
     assert first.shape == (len(LENGTHS), 1, BERT["hidden_size"])
     assert np.abs(np.array(first[:, 0]) - expected.last_hidden_state[:, 0].numpy()).max() <= TOL
     for recompute in (False, True):

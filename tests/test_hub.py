@@ -21,8 +21,9 @@ import yaml
 from kbert.models.hub import HubModel, is_hub_name, parse_hub_name
 from kbert.pipeline.config import BUNDLED_DATA_DIR
 from tests.hub_server import FakeHub, hub_server
+from tests.tiny import tiny_args
 
-RUN = ["--limit-rows", "60", "--folds", "2", "--epochs", "1", "--max-length", "32", "--no-progress", "--out", "runs"]
+RUN = [*tiny_args(60, max_length=32), "--out", "runs"]
 TEXTS = "A woman travelling in first class.\nA man in third class.\n"
 
 
@@ -147,6 +148,7 @@ def test_a_local_path_wins_over_a_hub_name(tmp_path, monkeypatch):
 # ---------------------------------------------------------------- runs
 
 
+@pytest.mark.slow
 def test_run_downloads_once_records_the_commit_and_works_offline(hub, tmp_path):
     """A download cut off halfway fails in one line and leaves nothing that loads (offline it is refused as
     incomplete); the healthy Hub then completes it and the run records org/tiny@<commit>; with the Hub stopped and
@@ -190,6 +192,7 @@ def test_run_downloads_once_records_the_commit_and_works_offline(hub, tmp_path):
     assert (run_dir / "predictions" / "test.csv").is_file()
 
 
+@pytest.mark.slow
 def test_a_stopped_hub_falls_back_to_the_cache(hub, tmp_path):
     """Online but unreachable (not HF_HUB_OFFLINE): the cached copy is used; an uncached model is one line."""
     (tmp_path / "texts.txt").write_text(TEXTS)
@@ -203,6 +206,7 @@ def test_a_stopped_hub_falls_back_to_the_cache(hub, tmp_path):
     assert "encoder 'org/binonly'" in error and "cannot be reached" in error
 
 
+@pytest.mark.slow
 def test_offline_without_a_cached_copy_is_refused_in_one_line(hub, tmp_path):
     result = kbert("run", "titanic", "--encoder", "org/tiny", "--run-id", "refused", *RUN, cwd=tmp_path,
                    endpoint=hub.url, offline=True)
@@ -213,6 +217,7 @@ def test_offline_without_a_cached_copy_is_refused_in_one_line(hub, tmp_path):
     assert hub.requests == []
 
 
+@pytest.mark.slow
 def test_a_revision_pins_its_commit(hub, tmp_path):
     assert hub.main != hub.v1
     result = kbert("run", "titanic", "--encoder", "org/tiny@v1", "--run-id", "v1", *RUN, cwd=tmp_path,
@@ -231,6 +236,7 @@ def test_a_revision_pins_its_commit(hub, tmp_path):
 # ---------------------------------------------------------------- weights and failures
 
 
+@pytest.mark.slow
 def test_bin_weights_when_a_repo_has_no_safetensors(hub, tmp_path):
     """pytorch_model.bin (read with torch.load(weights_only=True)) and a vocab.txt tokenizer."""
     (tmp_path / "texts.txt").write_text(TEXTS)
@@ -241,6 +247,7 @@ def test_bin_weights_when_a_repo_has_no_safetensors(hub, tmp_path):
     assert np.load(tmp_path / "v.npy").shape == (2, 32)
 
 
+@pytest.mark.slow
 def test_sharded_weights_load_like_the_local_folder(hub, folders, tmp_path):
     """model.safetensors.index.json and exactly the shards it names: the same embeddings as the local folder."""
     (tmp_path / "texts.txt").write_text(TEXTS)
@@ -255,6 +262,7 @@ def test_sharded_weights_load_like_the_local_folder(hub, folders, tmp_path):
     assert np.array_equal(np.load(tmp_path / "hub.npy"), np.load(tmp_path / "local.npy"))
 
 
+@pytest.mark.slow  # a kbert process each
 @pytest.mark.parametrize("name,expected", [
     ("org/missing", "encoder 'org/missing' is not a local folder, and the Hugging Face Hub"),
     ("org/tiny@nope", "encoder 'org/tiny@nope': the Hub model org/tiny has no revision 'nope'"),

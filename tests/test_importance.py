@@ -14,13 +14,11 @@ import yaml
 from kbert.cli import main
 from kbert.errors import KbertError
 from kbert.features import TableSerializer, TitanicSerializer
-from kbert.pipeline.config import load_competition, resolve_run_config
+from kbert.pipeline.config import TextConfig
 from kbert.pipeline.importance import column_importance, removals, without_column
-from kbert.pipeline.run import run_competition
 from tests.tables import write_competition
+from tests.tiny import run_tiny
 
-TINY = {"folds": 2, "epochs": 4, "batch_size": 16, "hidden_size": 32, "num_hidden_layers": 1,
-        "num_attention_heads": 2, "intermediate_size": 64, "vocab_size": 200, "max_length": 32}
 NOISE_WORDS = [f"w{i}" for i in range(12)]
 
 
@@ -39,11 +37,11 @@ def colour_competition(folder):
 @pytest.fixture(scope="module")
 def colour_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("importance")
-    config = resolve_run_config(load_competition(str(colour_competition(out / "colours"))), {
-        **TINY, "out_dir": str(out / "runs"), "submissions_dir": str(out / "subs")})
-    return run_competition(config, run_id="t", progress=False, log=lambda _: None).run_dir
+    return run_tiny(colour_competition(out / "colours"), out, epochs=4, batch_size=16, vocab_size=200,
+                    max_length=32).run_dir
 
 
+@pytest.mark.slow
 def test_the_deciding_column_is_the_important_one(colour_run):
     lines = []
     importance = column_importance(colour_run, log=lines.append)
@@ -64,6 +62,7 @@ def test_the_deciding_column_is_the_important_one(colour_run):
     assert any(line.startswith("  color") for line in lines)
 
 
+@pytest.mark.slow
 def test_kbert_report_importance_writes_it_and_the_page_shows_it(colour_run, tmp_path, capsys):
     (colour_run / "importance.json").unlink(missing_ok=True)
     assert main(["report", str(colour_run), "--output", str(tmp_path / "plain")]) == 0
@@ -78,7 +77,7 @@ def test_kbert_report_importance_writes_it_and_the_page_shows_it(colour_run, tmp
     assert (tmp_path / "r" / "importance.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_a_baseline_run_or_a_study_is_refused(colour_run, tmp_path, capsys):
+def test_a_baseline_run_or_a_study_is_refused(tmp_path, capsys):
     baseline = tmp_path / "baseline-logreg"
     baseline.mkdir()
     (baseline / "config.yaml").write_text(yaml.safe_dump({"run_id": "b", "baseline": "logreg",
@@ -94,7 +93,7 @@ def test_a_baseline_run_or_a_study_is_refused(colour_run, tmp_path, capsys):
 
 def test_an_ablated_text_uses_the_fitted_serializer_by_transform_only():
     rows = pd.DataFrame({"a": [1.0, 2.0, 3.0, 40.0], "b": ["x", "y", None, "x"], "c": [5, 6, 7, 8]})
-    serializer = TableSerializer(style="list", numeric="bins", bins=3).fit(rows.iloc[:3])
+    serializer = TableSerializer(TextConfig("list", numeric="bins", bins=3)).fit(rows.iloc[:3])
     before = json.dumps(serializer.fitted_statistics())
     view, same_rows = without_column(serializer, rows, "a", "dropped")
     assert same_rows is rows and view is not serializer
@@ -104,7 +103,8 @@ def test_an_ablated_text_uses_the_fitted_serializer_by_transform_only():
     assert json.dumps(serializer.fitted_statistics()) == before and json.dumps(view.fitted_statistics()) != before
     assert removals(serializer, rows.columns, "id") == [("a", "dropped"), ("b", "dropped"), ("c", "dropped")]
 
-    template = replace(serializer, style="template", template="{a} and {b}").fit(rows.iloc[:3])
+    text = replace(serializer.text, serializer="template", template="{a} and {b}")
+    template = TableSerializer(text).fit(rows.iloc[:3])
     assert removals(template, rows.columns, "id")[0] == ("a", "missing")
     view, missing = without_column(template, rows, "b", "missing")
     assert view is template and view.transform(missing)[0] == "low and unknown"

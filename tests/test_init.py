@@ -14,7 +14,8 @@ from sklearn.datasets import load_wine
 
 from kbert.errors import KbertError
 from kbert.pipeline.config import BUNDLED_DIR, find_competition, load_competition
-from kbert.pipeline.init import infer_task, init_competition
+from kbert.pipeline.init import DataFiles, infer_task, init_competition
+from tests.tiny import tiny_args
 
 
 def wine_csvs(folder: Path) -> None:
@@ -45,6 +46,7 @@ def init_wine(folder: Path) -> Path:
     return Path(printed[2])
 
 
+@pytest.mark.slow
 def test_init_then_run_a_new_competition_from_yaml_alone(tmp_path):
     yaml_path = init_wine(tmp_path)
     # The working folder's competitions/, not the installed package's bundled one.
@@ -68,10 +70,10 @@ def test_init_then_run_a_new_competition_from_yaml_alone(tmp_path):
     assert checked.returncode == 0, checked.stderr
 
 
+@pytest.mark.slow
 def test_run_by_name_finds_the_working_folders_yaml(tmp_path):
     init_wine(tmp_path)
-    ran = kbert("run", "wine", "--folds", "2", "--epochs", "1", "--limit-rows", "40", "--no-progress", "--run-id",
-                "n", cwd=tmp_path)
+    ran = kbert("run", "wine", *tiny_args(40), "--run-id", "n", cwd=tmp_path)
     assert ran.returncode == 0, ran.stderr
     assert len(pd.read_csv(tmp_path / "submissions" / "wine" / "n.csv")) == 38
     assert (tmp_path / "runs" / "wine" / "n" / "metrics.json").is_file()
@@ -89,11 +91,12 @@ def test_task_inference_and_refusals(tmp_path):
     assert infer_task(pd.DataFrame({"a": [0, 1], "b": [1, 1]})) == "multilabel"
     wine_csvs(tmp_path / "data")
     out = tmp_path / "wine.yaml"
-    init_competition("wine", tmp_path / "data" / "train.csv", tmp_path / "data" / "test.csv", out=out)
+    files = DataFiles(tmp_path / "data" / "train.csv", tmp_path / "data" / "test.csv")
+    init_competition("wine", files, out=out)
     with pytest.raises(KbertError, match="exists; pass --force"):
-        init_competition("wine", tmp_path / "data" / "train.csv", tmp_path / "data" / "test.csv", out=out)
+        init_competition("wine", files, out=out)
     with pytest.raises(KbertError, match="target is unclear"):
-        init_competition("w2", tmp_path / "data" / "test.csv", tmp_path / "data" / "test.csv", out=tmp_path / "w2.yaml")
+        init_competition("w2", DataFiles(files.test, files.test), out=tmp_path / "w2.yaml")
 
 
 def test_default_location_is_the_working_folder(tmp_path, monkeypatch):
@@ -102,7 +105,7 @@ def test_default_location_is_the_working_folder(tmp_path, monkeypatch):
     project.mkdir()
     monkeypatch.chdir(project)
     train, test = tmp_path / "downloads" / "wine" / "train.csv", tmp_path / "downloads" / "wine" / "test.csv"
-    path = init_competition("wine", train, test)
+    path = init_competition("wine", DataFiles(train, test))
     assert path == Path("competitions") / "wine.yaml" and (project / path).is_file()
     assert find_competition("wine") == path
     assert yaml.safe_load(path.read_text())["data_dir"] == "../../downloads/wine"
@@ -111,7 +114,7 @@ def test_default_location_is_the_working_folder(tmp_path, monkeypatch):
     assert Path(load_competition(str(project / path)).data_dir) == train.parent.resolve()
     for bad in ("a/b", "..", ""):
         with pytest.raises(KbertError, match="kbert init NAME .* is not a plain name"):
-            init_competition(bad, train, test)
+            init_competition(bad, DataFiles(train, test))
 
 
 # --- what the submission holds decides the metric, and kbert auto submits it -----------------------------------------
@@ -142,7 +145,7 @@ def test_init_then_auto_submits_what_the_sample_submission_holds(sample, tmp_pat
     """kbert init, then kbert auto --time-limit 3m (tiny encoders, no study): (a) probabilities scored by ROC AUC,
     (b) 0/1 labels scored by a label metric, at about the training rate of positives, (c) the target's strings."""
     from kbert.auto import AutoOptions, run_auto
-    from tests.test_tasks_end_to_end import TINY
+    from tests.tiny import TINY
 
     data = tmp_path / "data"
     synthetic_csvs(data, sample)
@@ -188,7 +191,7 @@ def test_init_reads_one_probability_column_per_class_and_a_rare_positive_class(t
     test.to_csv(folder / "test.csv", index=False)
     sample = pd.DataFrame({"id": test["id"], "owl": 1 / 3, "cat": 1 / 3, "dog": 1 / 3})
     sample.to_csv(folder / "sample.csv", index=False)
-    path = init_competition("animals", folder / "train.csv", folder / "test.csv", folder / "sample.csv",
+    path = init_competition("animals", DataFiles(folder / "train.csv", folder / "test.csv", folder / "sample.csv"),
                             out=tmp_path / "animals.yaml")
     spec = yaml.safe_load(path.read_text())
     assert (spec["task"], spec["target"], spec["metric"], spec["classes"]) == ("multiclass", "animal", "log_loss",
@@ -197,7 +200,7 @@ def test_init_reads_one_probability_column_per_class_and_a_rare_positive_class(t
     load_competition(str(path))
     # A rare positive class with a label submission (no sample: labels of the target's type): F1, and why.
     train.drop(columns="animal").to_csv(folder / "train.csv", index=False)
-    path = init_competition("fraud", folder / "train.csv", folder / "test.csv", out=tmp_path / "fraud.yaml")
+    path = init_competition("fraud", DataFiles(folder / "train.csv", folder / "test.csv"), out=tmp_path / "fraud.yaml")
     text = path.read_text()
     assert yaml.safe_load(text)["metric"] == "f1" and "positive class 1 is 6% of the training rows" in text
 

@@ -19,9 +19,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from tests.tiny import tiny_args
+
+pytestmark = pytest.mark.slow  # builds and installs a wheel
 ROOT = Path(__file__).resolve().parent.parent
 TOP_LEVEL_FOLDERS = ("models", "pipeline", "features", "competitions", "ensembles")  # mapped into kbert, never top level
-TINY_RUN = ["--folds", "2", "--epochs", "1", "--limit-rows", "40", "--no-progress"]
 
 
 def package_dirs() -> dict[str, str]:
@@ -143,7 +145,7 @@ def test_wheel_install_inits_and_runs_outside_the_repository_and_leaves_the_pack
     assert (work / yaml_path).resolve() == (work / "competitions" / "mini.yaml").resolve()
     assert not (ROOT / "competitions" / "mini.yaml").exists()
 
-    ran = subprocess.run([sys.executable, "-m", "kbert.cli", "run", yaml_path, *TINY_RUN, "--run-id", "w"], cwd=work,
+    ran = subprocess.run([sys.executable, "-m", "kbert.cli", "run", yaml_path, *tiny_args(40), "--run-id", "w"], cwd=work,
                          env=env, capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     submission = pd.read_csv(work / "submissions" / "mini" / "w.csv")

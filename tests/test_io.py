@@ -45,14 +45,14 @@ def test_checked_readers_name_the_file_for_every_kind_of_damage(tmp_path):
     with pytest.raises(KbertError, match=re.escape(f"{tmp_path / 'none.json'}: file not found")):
         read_json(tmp_path / "none.json")
 
-    arrays = write_npz(tmp_path / "outputs.npz", valid=np.arange(50.0), test=np.ones(3))
+    arrays = write_npz(tmp_path / "outputs.npz", {"valid": np.arange(50.0), "test": np.ones(3)})
     assert read_npz(arrays, required=("valid", "test"))["valid"].tolist() == list(range(50))
     with pytest.raises(KbertError, match=re.escape(f"{arrays}: missing array 'oof'")):
         read_npz(arrays, required=("oof",))
     arrays.write_bytes(arrays.read_bytes()[:200])
     with pytest.raises(KbertError, match=re.escape(f"{arrays}: not a readable .npz file (truncated or corrupt?)")):
         read_npz(arrays)
-    write_npz(arrays, objects=np.array([{"a": 1}], dtype=object))
+    write_npz(arrays, {"objects": np.array([{"a": 1}], dtype=object)})
     with pytest.raises(KbertError, match="not a readable .npz file .*allow_pickle=False"):
         read_npz(arrays)
 

@@ -641,6 +641,7 @@ def test_the_cli_does_not_import_kaggle(tmp_path):
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.slow
 def test_first_import_of_kaggle_prints_nothing(server, tmp_path):
     """In a fresh process the package's import-time authenticate prints its help (a rejected token here):
     kbert prints only its own one-line error."""
@@ -663,6 +664,7 @@ def test_first_import_of_kaggle_prints_nothing(server, tmp_path):
     assert "KGAT_not_valid_123" not in result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_doctor_names_the_credential_source_never_its_value(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("KAGGLE_")}
     env.update(HOME=str(tmp_path), KAGGLE_CONFIG_DIR=str(tmp_path / "config"), KAGGLE_API_TOKEN=TOKEN)

@@ -5,21 +5,19 @@ import shutil
 from dataclasses import replace
 
 import pandas as pd
+import pytest
 
-from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition, resolve_run_config
-from kbert.pipeline.run import run_competition
+from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition
+from tests.tiny import run_tiny
 
 NAME = "house-prices-advanced-regression-techniques"
-TINY = {"folds": 2, "epochs": 1, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-        "intermediate_size": 64, "vocab_size": 400, "max_length": 96, "limit_rows": 100, "fusion": "concat"}
 
 
 def run(tmp_path, tag: str, data_dir) -> tuple:
     comp = load_competition(NAME)
     comp = replace(comp, text=replace(comp.text, numeric="bins"))  # quantile bins: a fitted statistic per column
-    config = resolve_run_config(comp, {**TINY, "data_dir": str(data_dir), "out_dir": str(tmp_path / tag),
-                                       "submissions_dir": str(tmp_path / f"{tag}-subs")})
-    result = run_competition(config, run_id="t", progress=False, log=lambda _: None)
+    result = run_tiny(comp, tmp_path / tag, vocab_size=400, max_length=96, limit_rows=100, fusion="concat",
+                      data_dir=str(data_dir))
     return comp, result.run_dir
 
 
@@ -31,6 +29,7 @@ def fold_statistics(run_dir, fold: int) -> dict:
             "tabular": json.loads((folder / "tabular.json").read_text())}
 
 
+@pytest.mark.slow
 def test_extreme_validation_rows_move_no_statistic_of_their_fold(tmp_path):
     comp, plain_dir = run(tmp_path, "plain", BUNDLED_DATA_DIR / NAME)
     folds = pd.read_csv(plain_dir / "folds.csv")

@@ -11,7 +11,7 @@ from kbert.models.task_model import build_task_model
 from kbert.models.weights import load_weights_strict
 from kbert.pipeline.config import TrainConfig
 from kbert.pipeline.metrics import get_metric
-from kbert.pipeline.train import FoldData, pad_batch, predict_outputs, train_fold
+from kbert.pipeline.train import FoldData, Progress, Validation, pad_batch, predict_outputs, train_fold
 
 TINY = {"model_type": "bert", "vocab_size": 50, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
         "intermediate_size": 64, "max_position_embeddings": 32, "add_pooling_layer": False}
@@ -83,8 +83,7 @@ def test_cls_pooling_computes_the_last_layer_for_the_first_token_alone(model_typ
     monkeypatch.setattr(BertLayer, "__call__", recording)
 
     def whole(m):  # the last layer over every token, then the first row
-        hidden, _ = m.encoder(ids, mask)
-        return m.head(m.fusion(m.pooler(hidden, mask), None, None))
+        return m.head(m.fusion(m.pooler(m.encoder(ids, mask).last_hidden_state, mask), None, None))
 
     def loss(forward):
         return lambda m: (forward(m) ** 2).sum()
@@ -119,26 +118,30 @@ def test_padding_does_not_change_outputs():
     np.testing.assert_allclose(batched, alone, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_training_loss_goes_down_on_a_small_batch():
     model = tiny_model()
     tokens, labels = toy_tokens(32)
     labels = labels.astype(np.float32)
     data = FoldData(tokens, labels, tokens, labels, tokens[:4])
     config = TrainConfig(epochs=40, batch_size=32, learning_rate=3e-3, warmup_ratio=0.1, patience=100)
-    result = train_fold(model, data, config, accuracy_of(labels), True, seed=0, progress=False)
+    result = train_fold(model, data, config, Validation(accuracy_of(labels), True), seed=0,
+                        progress=Progress(bar=False))
     losses = [h["train_loss"] for h in result.history]
     assert losses[-1] < 0.5 * losses[0]
     assert result.best_score >= 0.9
     assert result.test_outputs.shape == (4,)
 
 
+@pytest.mark.slow
 def test_early_stopping_keeps_the_best_epoch():
     model = tiny_model()
     tokens, labels = toy_tokens(48)
     labels = labels.astype(np.float32)
     data = FoldData(tokens[:32], labels[:32], tokens[32:], labels[32:], tokens[32:])
     config = TrainConfig(epochs=12, batch_size=16, learning_rate=3e-3, patience=2)
-    result = train_fold(model, data, config, accuracy_of(labels[32:]), True, seed=0, progress=False)
+    result = train_fold(model, data, config, Validation(accuracy_of(labels[32:]), True), seed=0,
+                        progress=Progress(bar=False))
     scores = [h["valid_score"] for h in result.history]
     assert result.best_score == max(scores)
     assert len(result.history) <= config.epochs
@@ -183,8 +186,8 @@ def test_a_loss_that_becomes_nan_stops_the_fold_naming_it_and_the_epoch(spoiled)
     config = TrainConfig(epochs=3, batch_size=16, learning_rate=1e-3)
     with pytest.raises(KbertError, match=rf"^fold 2/5: the {spoiled} loss became nan in epoch 1; lower --lr or "
                                          "check the targets$"):
-        train_fold(tiny_model(), data, config, accuracy_of(labels), True, seed=0, description="fold 2/5",
-                   progress=False)
+        train_fold(tiny_model(), data, config, Validation(accuracy_of(labels), True), seed=0,
+                   progress=Progress("fold 2/5", bar=False))
 
 
 def test_a_damaged_checkpoint_config_is_one_error_naming_it(tmp_path):

@@ -17,7 +17,7 @@ from kbert.models.heads import HeadConfig
 from kbert.models.task_model import build_task_model
 from kbert.pipeline.config import TrainConfig
 from kbert.pipeline.precision import DTYPES, LossScaler, cast_floats, in_precision, resolve_precision
-from kbert.pipeline.train import FoldData, train_fold
+from kbert.pipeline.train import FoldData, Progress, Validation, train_fold
 
 SIZE = {"vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "intermediate_size": 128, "max_position_embeddings": 64}
@@ -53,8 +53,8 @@ def test_half_precision_forward_of_every_architecture_is_within_tolerance(model_
     encoder, _ = build_encoder({"model_type": model_type, **SIZE, **EXTRA.get(model_type, {})})
     encoder.eval()
     ids, mask = batch(np.random.default_rng(0))
-    reference = encoder(ids, mask)[0]
-    half = in_precision(lambda model, *inputs: model(*inputs)[0], DTYPES[precision])(encoder, ids, mask)
+    reference = encoder(ids, mask).last_hidden_state
+    half = in_precision(lambda model, *inputs: model(*inputs).last_hidden_state, DTYPES[precision])(encoder, ids, mask)
     assert half.dtype == mx.float32  # returned in float32 ...
     assert all(a.dtype == mx.float32 for _, a in tree_flatten(encoder.parameters()))  # ... masters untouched
     rows = np.array(mask, dtype=bool)  # padded positions carry no meaning
@@ -78,7 +78,8 @@ def train(config: TrainConfig, values: dict, data: FoldData, seed: int = 0):
 
     seed_everything(seed)
     model = build_task_model(values, HeadConfig(task="binary", num_outputs=1, dropout=0.0), "cls")
-    result = train_fold(model, data, config, lambda outputs: 0.0, True, seed=seed, progress=False)
+    result = train_fold(model, data, config, Validation(lambda outputs: 0.0, True), seed=seed,
+                        progress=Progress(bar=False))
     return model, result
 
 
@@ -86,6 +87,7 @@ BASE = TrainConfig(epochs=1, batch_size=32, learning_rate=1e-3, warmup_ratio=0.0
                    compile=False)
 
 
+@pytest.mark.slow
 def test_grad_accum_4_at_batch_8_equals_batch_32_in_float32():
     data, values = tiny_fold()
     big_model, big = train(replace(BASE, epochs=2, batch_size=32, precision="fp32"), values, data)
@@ -100,6 +102,7 @@ def test_grad_accum_4_at_batch_8_equals_batch_32_in_float32():
     assert abs(plain.history[-1]["train_loss"] - big.history[-1]["train_loss"]) > 1e-3
 
 
+@pytest.mark.slow
 def test_a_bf16_fine_tune_follows_the_float32_loss_curve():
     """30 steps (15 epochs of 2 batches): bf16's per-epoch training loss within 0.015 of float32's (measured: at most
     0.005, where the loss is near 1; a bf16 rounding of the logits alone moves a loss near 0.7 by about 0.003),
@@ -115,6 +118,7 @@ def test_a_bf16_fine_tune_follows_the_float32_loss_curve():
     assert bf16_curve.tolist() != fp32_curve.tolist()  # and not in float32
 
 
+@pytest.mark.slow
 def test_fp16_loss_scaling_recovers_from_an_overflow(monkeypatch):
     """A loss scale of 2^40 overflows float16 (max 65504): the first steps are skipped and the scale halves until
     the gradients are finite; training then goes on, and history.json counts the skipped steps."""
@@ -172,7 +176,7 @@ def test_gradient_checkpointing_gives_the_same_gradients_on_every_architecture(m
     ids, mask = batch(np.random.default_rng(1))
 
     def loss(model, ids, mask):
-        return (model(ids, mask)[0] ** 2).mean()
+        return (model(ids, mask).last_hidden_state ** 2).mean()
 
     plain = nn.value_and_grad(encoder, loss)(encoder, ids, mask)[1]
     set_recompute(encoder, True)

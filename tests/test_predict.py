@@ -6,18 +6,18 @@ import pytest
 
 from kbert.cli import main
 from kbert.pipeline.config import BUNDLED_DATA_DIR
-
-TINY = ["--limit-rows", "150", "--folds", "2", "--epochs", "1", "--no-progress", "--max-length", "64"]
+from tests.tiny import tiny_args
 
 
 @pytest.fixture(scope="module")
 def titanic_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("predict")
-    assert main(["run", "titanic", *TINY, "--tta", "2", "--augment", "1", "--out", str(out / "runs"),
+    assert main(["run", "titanic", *tiny_args(150), "--tta", "2", "--augment", "1", "--out", str(out / "runs"),
                  "--submissions-dir", str(out / "subs"), "--run-id", "tiny"]) == 0
     return out
 
 
+@pytest.mark.slow
 def test_predict_reproduces_the_runs_test_predictions(titanic_run, tmp_path):
     run_dir = titanic_run / "runs" / "titanic" / "tiny"
     test = pd.read_csv(BUNDLED_DATA_DIR / "titanic" / "test.csv")
@@ -43,6 +43,7 @@ def test_predict_reproduces_the_runs_test_predictions(titanic_run, tmp_path):
     np.testing.assert_allclose(merged["Survived"], merged["Survived_all"], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_predict_rejects_bad_rows_and_unknown_runs(titanic_run, tmp_path, capsys):
     test = pd.read_csv(BUNDLED_DATA_DIR / "titanic" / "test.csv")
     test.drop(columns=["Fare"]).to_csv(tmp_path / "no_fare.csv", index=False)
@@ -75,6 +76,7 @@ def record_checksums(fold_dir):
     (fold_dir / "fold.json").write_text(json.dumps(finished))
 
 
+@pytest.mark.slow
 def test_predict_refuses_altered_weights_and_never_writes_nan(titanic_run, tmp_path, capsys):
     import json
 

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from kbert.cli import main
 from kbert.pipeline.config import load_competition, resolve_run_config
-from kbert.pipeline.pretrain import PretrainConfig, build_corpus, mask_tokens
+from kbert.pipeline.pretrain import Masking, PretrainConfig, build_corpus, mask_tokens
 from kbert.tune import TuneOptions, resolve_trial_config
 from kbert.tune.space import parse_space, sample, space_entries, to_overrides
 from tests.tables import write_competition
@@ -66,8 +66,8 @@ def test_masking_follows_80_10_10_and_never_touches_special_tokens():
     words = np.tile(np.arange(64, dtype=np.int32) // 2, (400, 1))  # two pieces per word
     words[:, 0] = -1  # [CLS]
     words[:, 50:] = -1  # [SEP] and padding
-    inputs, labels = mask_tokens(ids, words, np.random.default_rng(1), 0.15, mask_id=4,
-                                 replacement_ids=np.arange(5, 1000, dtype=np.int32))
+    inputs, labels = mask_tokens(ids, words, np.random.default_rng(1),
+                                 Masking(mask_id=4, pad_id=0, replacement_ids=np.arange(5, 1000, dtype=np.int32)))
     selected = labels >= 0
     assert not selected[words < 0].any() and (inputs[words < 0] == ids[words < 0]).all()
     assert selected[words >= 0].mean() == pytest.approx(0.15, abs=0.01)
@@ -77,13 +77,15 @@ def test_masking_follows_80_10_10_and_never_touches_special_tokens():
     assert kept.sum() / selected.sum() == pytest.approx(0.1 + 0.1 / 995, abs=0.02)  # 10% kept (+ random hits)
     assert (inputs[~selected] == ids[~selected]).all()
 
-    inputs, labels = mask_tokens(ids, words, np.random.default_rng(2), 0.15, 4, np.arange(5, 1000), whole_word=True)
+    inputs, labels = mask_tokens(ids, words, np.random.default_rng(2),
+                                 Masking(mask_id=4, pad_id=0, replacement_ids=np.arange(5, 1000), whole_word=True))
     selected = labels >= 0
     pairs = selected[:, 2:50].reshape(400, 24, 2)  # tokens 2..49: words 1..24, two pieces each
     assert (pairs[..., 0] == pairs[..., 1]).all()  # a word is predicted whole or not at all
     assert selected[words >= 0].mean() == pytest.approx(0.15, abs=0.015)
 
 
+@pytest.mark.slow
 def test_tiny_pretraining_improves_masked_accuracy_and_kbert_run_and_the_tuning_space_use_it(tmp_path):
     runs = tmp_path / "runs"
     code = main(["pretrain", "titanic", "--steps", "60", "--batch-size", "32", "--eval-every", "30",
@@ -138,7 +140,7 @@ def test_a_masked_lm_step_over_streams_takes_the_step_of_the_whole_batch():
     from kbert.models.masked_lm import build_masked_lm
     from kbert.pipeline.pretrain import masked_lm_loss
     from kbert.pipeline.streams import _streams
-    from kbert.pipeline.train import make_train_step
+    from kbert.pipeline.train import Execution, make_train_step
 
     values = {**preset_config("bert-tiny"), "vocab_size": 200, "hidden_dropout_prob": 0.0,
               "attention_probs_dropout_prob": 0.0}
@@ -151,8 +153,8 @@ def test_a_masked_lm_step_over_streams_takes_the_step_of_the_whole_batch():
     for streams in ((), _streams(2)):
         mx.random.seed(0)
         model, _ = build_masked_lm(values)
-        step = make_train_step(model, optim.SGD(1.0), 1e9, compiled=False, loss=masked_lm_loss, streams=streams,
-                               weight=lambda t: (t >= 0).sum())
+        step = make_train_step(model, optim.SGD(1.0), 1e9, execution=Execution(compiled=False, streams=streams),
+                               loss=masked_lm_loss, weight=lambda t: (t >= 0).sum())
         loss = step(mx.array(ids), mx.ones(ids.shape, dtype=mx.int32), mx.array(labels))
         mx.eval(loss, model.parameters())
         after.append((float(loss), dict(tree_flatten(model.parameters()))))

@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 
 from kbert.errors import KbertError
 from kbert.models.encoders import SHIPPED, load_encoder, resolve_encoder_path, save_encoder
-from kbert.pipeline.embed import embed_texts
+from kbert.pipeline.embed import Embedding, embed_texts
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -54,7 +54,7 @@ def test_minilm_matches_sentence_transformers_reference(minilm_folder):
     expected, ids, mask = reference_embeddings(minilm_folder, SENTENCES)
     ours_ids = [e.ids for e in tokenizer.encode_batch(SENTENCES)]
     assert ours_ids == [row[m.astype(bool)].tolist() for row, m in zip(ids, mask)]  # token ids match exactly
-    ours = embed_texts(encoder, tokenizer, SENTENCES, pooling="mean", normalize=True)
+    ours = embed_texts(encoder, tokenizer, SENTENCES, Embedding(pooling="mean", normalize=True))
     assert np.abs(ours - expected).max() <= 1e-4
     cosine = ours @ ours.T
     assert cosine[0, 1] > cosine[0, 2]  # the two passengers are closer than passenger vs weather
@@ -104,7 +104,7 @@ def test_pytorch_bin_checkpoints_load_without_code_execution(minilm_folder, tmp_
     torch.save(model.state_dict(), folder / "pytorch_model.bin")
     encoder, _, tokenizer = load_encoder(folder)
     expected, _, _ = reference_embeddings(minilm_folder, SENTENCES[:3])
-    ours = embed_texts(encoder, tokenizer, SENTENCES[:3], pooling="mean", normalize=True)
+    ours = embed_texts(encoder, tokenizer, SENTENCES[:3], Embedding(pooling="mean", normalize=True))
     assert np.abs(ours - expected).max() <= 1e-4
 
 
@@ -129,6 +129,7 @@ def random_reference(kind, vocab_size):
     return transformers.ModernBertModel(config).eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,pooling", [("bert", "cls"), ("bert", "mean"), ("modernbert", "cls"),
                                           ("modernbert", "mean")])
 def test_kbert_embed_matches_random_models_saved_by_transformers(tmp_path, kind, pooling):

@@ -31,6 +31,7 @@ def test_stages_add_up_per_part_and_the_first_call_of_a_shape_is_tracing():
     assert step_stage("evaluation", (1, 2)) == "evaluation"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("processes", ["1", "0"])  # one after another; side by side in fold processes
 def test_kbert_run_profile_prints_and_writes_every_stage_per_fold(tmp_path, processes):
     result = kbert("run", "titanic", *SMOKE, "--run-id", "p", "--out", "runs", "--profile", "--fold-processes",

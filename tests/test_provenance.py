@@ -59,6 +59,7 @@ def test_members_split_into_other_folds_are_not_blended_together(tmp_path):
         select_members(tmp_path, "all", titanic, True)
 
 
+@pytest.mark.slow
 def test_a_resume_on_changed_training_labels_is_refused_naming_the_member(tmp_path):
     from kbert.ensembles.baseline import run_baseline
 
@@ -87,13 +88,9 @@ def test_a_resume_on_changed_training_labels_is_refused_naming_the_member(tmp_pa
 def test_an_encoder_runs_oof_is_the_mean_of_its_folds_own_predictions(tmp_path):
     """A change too small to move the recorded CV (one probability nudged) is still caught: the run's oof.csv must
     be its folds' outputs.npz predictions."""
-    from kbert.pipeline.config import load_competition, resolve_run_config
-    from kbert.pipeline.run import run_competition
-    from tests.test_tasks_end_to_end import TINY
+    from tests.tiny import run_tiny
 
-    config = resolve_run_config(load_competition("titanic"), {**TINY, "epochs": 1, "out_dir": str(tmp_path),
-                                                              "submissions_dir": str(tmp_path / "subs")})
-    run_dir = run_competition(config, run_id="x", progress=False, log=lambda _: None).run_dir
+    run_dir = run_tiny("titanic", tmp_path, run_id="x", out_dir=str(tmp_path)).run_dir
     titanic = expected_for("titanic")
     assert select_members(tmp_path / "titanic", "x", titanic, True)[0].name == "x"
     oof = pd.read_csv(run_dir / "oof.csv")

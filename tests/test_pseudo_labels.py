@@ -15,18 +15,15 @@ from kbert.pipeline.data import load_competition_data
 from kbert.pipeline.provenance import expected_of
 from kbert.pipeline.pseudo import choose, pseudo_labels
 from kbert.pipeline.run import run_competition
-from tests.test_tasks_end_to_end import TINY
-
-SETTINGS = {**TINY, "epochs": 1, "limit_rows": 120}
+from tests.tiny import tiny_config
 
 
 def run(out, run_id: str, data_dir=BUNDLED_DATA_DIR / "titanic", **overrides):
-    config = resolve_run_config(load_competition("titanic"), {
-        **SETTINGS, "data_dir": str(data_dir), "out_dir": str(out), "submissions_dir": str(out / "subs"),
-        **overrides})
+    config = tiny_config("titanic", out, limit_rows=120, data_dir=str(data_dir), out_dir=str(out), **overrides)
     return config, run_competition(config, run_id=run_id, progress=False, log=lambda _: None)
 
 
+@pytest.mark.slow
 def test_validation_rows_of_a_fold_never_reach_its_pseudo_labels(tmp_path):
     _, teacher = run(tmp_path / "plain", "teacher")
     _, student = run(tmp_path / "plain", "student", pseudo_label="teacher", pseudo_threshold=0.5)
@@ -58,12 +55,13 @@ def test_validation_rows_of_a_fold_never_reach_its_pseudo_labels(tmp_path):
     assert not np.array_equal(test_outputs(changed, "1"), test_outputs(student, "1"))
 
 
+@pytest.mark.slow
 def test_each_fold_reads_its_own_teacher_only(tmp_path):
     config, teacher = run(tmp_path, "teacher")
     folds = pd.read_csv(teacher.run_dir / "folds.csv")
     ids = folds["PassengerId"]
-    probe = resolve_run_config(config.competition, {**SETTINGS, "out_dir": str(tmp_path), "pseudo_label": "teacher",
-                                                    "pseudo_threshold": 0.9})
+    probe = tiny_config(config.competition, tmp_path, limit_rows=120, out_dir=str(tmp_path), pseudo_label="teacher",
+                        pseudo_threshold=0.9)
     whole = expected_of(config.competition, load_competition_data(config.competition))
     expected = dataclasses.replace(whole, train_ids=ids, truth=whole.truth[:len(ids)])  # its 120 rows
     before = pseudo_labels(probe, tmp_path / "titanic", expected, [folds["fold"].to_numpy()])

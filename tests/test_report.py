@@ -16,21 +16,11 @@ from kbert.cli import main
 from kbert.errors import KbertError
 from kbert.pipeline.config import load_competition, resolve_run_config
 from kbert.report import format_score, write_report
+from tests.tiny import run_tiny
 
 REPO = Path(__file__).resolve().parent.parent
 HEADS = REPO / "benchmarks" / "heads"
-TINY = {"epochs": 2, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
-        "vocab_size": 300, "max_length": 64}
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-def tiny_run(competition: str, out: Path, run_id: str, limit_rows: int = 120, **overrides) -> Path:
-    from kbert.pipeline.run import run_competition
-
-    config = resolve_run_config(load_competition(competition), {
-        **TINY, "folds": 3, "limit_rows": limit_rows, "out_dir": str(out / "runs"),
-        "submissions_dir": str(out / "subs"), **overrides})
-    return run_competition(config, run_id=run_id, progress=False, log=lambda _: None).run_dir
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +30,7 @@ def titanic_runs(tmp_path_factory) -> Path:
     from kbert.ensembles.baseline import run_baseline
 
     out = tmp_path_factory.mktemp("report")
-    tiny_run("titanic", out, "tiny", threshold="tune")
+    run_tiny("titanic", out, "tiny", limit_rows=120, folds=3, epochs=2, threshold="tune")
     for model in ("logreg", "hgb"):
         config = resolve_run_config(load_competition("titanic"), {"folds": 3, "out_dir": str(out / "runs"),
                                                                   "submissions_dir": str(out / "subs")})
@@ -50,12 +40,11 @@ def titanic_runs(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ensemble_sidecar(titanic_runs) -> Path:
-    from kbert.ensembles.ensemble import build_ensemble
+    from kbert.ensembles.ensemble import EnsembleSpec, build_ensemble, write_ensemble
 
-    result = build_ensemble(load_competition("titanic"), "all", "mean,weighted,hill",
-                            runs_dir=str(titanic_runs / "runs"), submissions_dir=str(titanic_runs / "subs"), folds=3,
-                            repeats=1, log=lambda _: None)
-    return result.sidecar_path
+    result = build_ensemble(load_competition("titanic"), EnsembleSpec(methods="mean,weighted,hill", folds=3, repeats=1),
+                            runs_dir=str(titanic_runs / "runs"), log=lambda _: None)
+    return write_ensemble(result, str(titanic_runs / "subs")).sidecar_path
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +88,7 @@ def assert_report(page: Path, expected: set[str]) -> str:
 # ---------------------------------------------------------------- runs
 
 
+@pytest.mark.slow
 def test_titanic_run_report(titanic_runs):
     run_dir = titanic_runs / "runs" / "titanic" / "tiny"
     page = write_report(str(run_dir))
@@ -112,6 +102,7 @@ def test_titanic_run_report(titanic_runs):
         assert format_score(record["score"]) in text
 
 
+@pytest.mark.slow
 def test_run_id_is_looked_up_and_output_goes_where_asked(titanic_runs, tmp_path):
     page = write_report("tiny", str(titanic_runs / "runs"), str(tmp_path / "elsewhere"))
     assert page == tmp_path / "elsewhere" / "index.html"
@@ -119,6 +110,7 @@ def test_run_id_is_looked_up_and_output_goes_where_asked(titanic_runs, tmp_path)
     assert write_report("tiny", str(titanic_runs / "runs"), str(tmp_path / "elsewhere")) == page  # rewrites in place
 
 
+@pytest.mark.slow
 def test_baseline_report_has_no_curves_and_says_why(titanic_runs):
     run_dir = titanic_runs / "runs" / "titanic" / "baseline-hgb-seed42"
     text = assert_report(write_report(str(run_dir)), {"fold_scores.png", "confusion.png", "calibration.png"})
@@ -128,6 +120,7 @@ def test_baseline_report_has_no_curves_and_says_why(titanic_runs):
     assert format_score(cv) in text
 
 
+@pytest.mark.slow
 def test_permuted_target_run_skips_the_truth_plots_with_a_note(titanic_runs, tmp_path):
     copy = tmp_path / "permuted"
     shutil.copytree(titanic_runs / "runs" / "titanic" / "tiny", copy, ignore=shutil.ignore_patterns("report"))
@@ -139,27 +132,29 @@ def test_permuted_target_run_skips_the_truth_plots_with_a_note(titanic_runs, tmp
     assert "permute_target" in text
 
 
+@pytest.mark.slow
 def test_regression_run_report_draws_residuals(tmp_path):
-    run_dir = tiny_run("house-prices-advanced-regression-techniques", tmp_path, "houses", limit_rows=120, folds=2,
-                       epochs=1)
+    run_dir = run_tiny("house-prices-advanced-regression-techniques", tmp_path, "houses", limit_rows=120).run_dir
     text = assert_report(write_report(str(run_dir)), {"fold_scores.png", "curves.png", "residuals.png"})
     assert not (run_dir / "report" / "confusion.png").exists()
     assert "rmse_log (lower is better)" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("competition, expected", [
     (HEADS / "titanic-pclass.yaml", {"confusion.png", "calibration.png"}),  # multiclass
     (HEADS / "house-prices-overallqual.yaml", {"confusion.png", "residuals.png"}),  # ordinal
     (HEADS / "spaceship-spending.yaml", {"confusion.png", "calibration.png"}),  # multilabel
 ])
 def test_other_tasks_get_their_plots(competition, expected, tmp_path):
-    run_dir = tiny_run(str(competition), tmp_path, "t", limit_rows=90, folds=2, epochs=1)
+    run_dir = run_tiny(str(competition), tmp_path, limit_rows=90).run_dir
     assert_report(write_report(str(run_dir)), {"fold_scores.png", "curves.png", *expected})
 
 
 # ---------------------------------------------------------------- study and ensemble
 
 
+@pytest.mark.slow
 def test_study_report(study_dir, capsys):
     page = write_report(str(study_dir))
     assert page == study_dir / "report" / "index.html"
@@ -169,6 +164,7 @@ def test_study_report(study_dir, capsys):
     assert "trials: 2 complete" in capsys.readouterr().out  # kbert.tune.write_report printed its table
 
 
+@pytest.mark.slow
 def test_ensemble_report(ensemble_sidecar):
     sidecar = json.loads(ensemble_sidecar.read_text())
     page = write_report(str(ensemble_sidecar))
@@ -184,6 +180,7 @@ def test_ensemble_report(ensemble_sidecar):
 # ---------------------------------------------------------------- the CLI and errors
 
 
+@pytest.mark.slow
 def test_cli_prints_the_page_path(titanic_runs, tmp_path, capsys):
     run_dir = titanic_runs / "runs" / "titanic" / "tiny"
     assert main(["report", str(run_dir), "--output", str(tmp_path / "r")]) == 0
@@ -192,20 +189,21 @@ def test_cli_prints_the_page_path(titanic_runs, tmp_path, capsys):
     assert (tmp_path / "id" / "index.html").is_file()
 
 
-def test_wrong_targets_exit_2_naming_the_path(titanic_runs, tmp_path, capsys):
+def test_wrong_targets_exit_2_naming_the_path(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "other.json").write_text('{"cv": 0.8}')
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "table.csv").write_text("a,b\n1,2\n")
     for target in (tmp_path / "nope", tmp_path / "empty", tmp_path / "other.json", tmp_path / "broken.json",
                    tmp_path / "table.csv"):
-        assert main(["report", str(target), "--out", str(titanic_runs / "runs")]) == 2
+        assert main(["report", str(target), "--out", str(tmp_path / "runs")]) == 2
         assert str(target) in capsys.readouterr().err
-    assert main(["report", "no-such-run", "--out", str(titanic_runs / "runs")]) == 2
+    assert main(["report", "no-such-run", "--out", str(tmp_path / "runs")]) == 2
     assert "no-such-run" in capsys.readouterr().err
     assert not (tmp_path / "empty" / "report").exists()
 
 
+@pytest.mark.slow
 def test_missing_matplotlib_is_a_clear_error(titanic_runs, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
     with pytest.raises(KbertError, match=re.escape("pip install 'kbert[report]'")):

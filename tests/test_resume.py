@@ -17,6 +17,7 @@ import pytest
 from kbert.io import read_json, write_json
 from kbert.pipeline.artifacts import lock_run_folder
 
+pytestmark = pytest.mark.slow  # every test trains in kbert processes
 REPO = Path(__file__).resolve().parent.parent
 RUN_ARGS = ["run", "titanic", "--limit-rows", "160", "--folds", "4", "--epochs", "2", "--no-progress"]
 

@@ -4,20 +4,17 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from kbert.cli import main
 from kbert.pipeline.artifacts import fold_names
-from kbert.pipeline.config import load_competition, resolve_run_config
 from kbert.pipeline.data import load_competition_data
 from kbert.pipeline.run import run_competition
-from tests.test_tasks_end_to_end import TINY
-
-SETTINGS = {**TINY, "epochs": 2, "limit_rows": 120}
+from tests.tiny import tiny_config
 
 
 def run(tmp_path, run_id: str, **overrides):
-    config = resolve_run_config(load_competition("titanic"), {
-        **SETTINGS, "out_dir": str(tmp_path / "runs"), "submissions_dir": str(tmp_path / "subs"), **overrides})
+    config = tiny_config("titanic", tmp_path, epochs=2, limit_rows=120, **overrides)
     return config, run_competition(config, run_id=run_id, progress=False, log=lambda _: None)
 
 
@@ -25,6 +22,7 @@ def fold_outputs(run_dir, name: str) -> dict:
     return dict(np.load(run_dir / "folds" / name / "outputs.npz"))
 
 
+@pytest.mark.slow
 def test_three_seeds_share_the_folds_and_average_into_one_member(tmp_path):
     config, result = run(tmp_path, "three", seeds=3)
     run_dir = result.run_dir

@@ -31,6 +31,7 @@ from kbert.errors import KbertError
 from kbert.models.encoders import load_tokenizer
 from kbert.models.spm import CACHE_PREFIX, model_proto_class
 from kbert.pipeline.config import BUNDLED_DATA_DIR
+from tests.tiny import tiny_args
 
 FIXTURE = Path(__file__).parent / "data" / "deberta-v3-spm" / "spm.model"
 PIECES = 2000
@@ -309,6 +310,7 @@ def test_added_token_ids_must_follow_the_pieces(tmp_path):
         load_tokenizer(folder)
 
 
+@pytest.mark.slow
 def test_a_run_on_an_spm_checkpoint_tokenizes_as_asked_and_predict_follows(tmp_path, transformers_tokenizers, capsys):
     """`kbert run --spm-normalization transformers` on a DeBERTa-v3 folder with spm.model only: the run keeps the
     tokenizer it trained with (config.yaml, tokenizer.json) and `kbert predict` reproduces its test predictions."""
@@ -326,8 +328,7 @@ def test_a_run_on_an_spm_checkpoint_tokenizes_as_asked_and_predict_follows(tmp_p
     transformers.DebertaV2Model(config).save_pretrained(folder)
     own, _ = transformers_tokenizers(folder)
     out, run_dir = tmp_path / "runs", tmp_path / "runs" / "titanic" / "r"
-    tiny = ["--limit-rows", "40", "--folds", "2", "--epochs", "1", "--max-length", "64", "--no-progress", "--out",
-            str(out), "--submissions-dir", str(tmp_path / "subs")]
+    tiny = [*tiny_args(40), "--out", str(out), "--submissions-dir", str(tmp_path / "subs")]
     assert main(["run", "titanic", "--encoder", str(folder), "--spm-normalization", "transformers", *tiny,
                  "--run-id", "r"]) == 0
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["spm_normalization"] == "transformers"

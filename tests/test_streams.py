@@ -8,7 +8,7 @@ from mlx.utils import tree_flatten
 from kbert.models.heads import HeadConfig, build_head
 from kbert.pipeline.fold_processes import usable_cores
 from kbert.pipeline.streams import cpu_streams, shard_rows
-from kbert.pipeline.train import make_forward
+from kbert.pipeline.train import Execution, make_forward
 from tests.test_compiled_steps import batch, run_steps
 
 
@@ -43,8 +43,8 @@ def test_sharded_training_steps_match_one_stream(count):
 def test_sharded_forward_matches_one_stream_and_sees_new_weights(compiled):
     model, _ = run_steps(compiled=True, n=1)
     ids, mask, _ = batch(3)
-    want = np.array(make_forward(model, compiled=False)(ids, mask))
-    sharded = make_forward(model, compiled=compiled, streams=cpu_streams(2))
+    want = np.array(make_forward(model, Execution(compiled=False))(ids, mask))
+    sharded = make_forward(model, Execution(compiled, streams=cpu_streams(2)))
     np.testing.assert_allclose(np.array(sharded(ids, mask)), want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.array(sharded(ids[:1], mask[:1])), want[:1], rtol=1e-5, atol=1e-6)  # one row
     model.head.classifier.bias = model.head.classifier.bias + 1.0  # the head's logit moves by 1

@@ -7,23 +7,21 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kbert.pipeline.config import load_competition, resolve_run_config
+from kbert.pipeline.config import load_competition
 from kbert.pipeline.data import load_competition_data
 from kbert.pipeline.run import run_competition
+from tests.tiny import run_tiny, tiny_config
 
 HEADS = Path(__file__).resolve().parent.parent / "benchmarks" / "heads"
-TINY = {"folds": 2, "epochs": 1, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-        "intermediate_size": 64, "vocab_size": 300, "max_length": 64}
 
 
 def run(competition: str, tmp_path, limit_rows: int = 80, **overrides):
     comp = load_competition(competition)
-    config = resolve_run_config(comp, {**TINY, "limit_rows": limit_rows, "out_dir": str(tmp_path / "runs"),
-                                       "submissions_dir": str(tmp_path / "subs"), **overrides})
-    result = run_competition(config, run_id="t", progress=False, log=lambda _: None)
+    result = run_tiny(comp, tmp_path, limit_rows=limit_rows, **overrides)
     return comp, result, json.loads((result.run_dir / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("competition, prediction_columns", [
     (str(HEADS / "titanic-pclass.yaml"), ["1", "2", "3"]),
     (str(HEADS / "spaceship-spending.yaml"), ["spent_RoomService", "spent_FoodCourt", "spent_ShoppingMall",
@@ -52,6 +50,7 @@ def test_each_task_writes_predictions_and_a_submission(competition, prediction_c
     assert np.load(result.run_dir / "outputs.npz")["oof"].shape[0] == 80
 
 
+@pytest.mark.slow
 def test_house_prices_submission_is_on_the_price_scale_and_transform_is_fitted_per_fold(tmp_path):
     comp, result, metrics = run("house-prices-advanced-regression-techniques", tmp_path, limit_rows=120)
     assert metrics["metric"] == "rmse_log" and metrics["greater_is_better"] is False
@@ -68,6 +67,7 @@ def test_house_prices_submission_is_on_the_price_scale_and_transform_is_fitted_p
         assert saved["center"][0] != pytest.approx(log_price.mean())
 
 
+@pytest.mark.slow
 def test_calibration_and_a_tuned_threshold_leave_accuracy_honest(tmp_path):
     _, result, metrics = run("titanic", tmp_path, limit_rows=120, calibrate=True, threshold="tune")
     calibration = metrics["calibration"]
@@ -92,6 +92,7 @@ def test_metric_that_does_not_fit_the_task_is_refused(tmp_path):
         run(str(path), tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("competition, target, values", [
     ("spaceship-titanic", "Transported", {True, False}),
     ("nlp-getting-started", "target", {0, 1}),
@@ -106,6 +107,7 @@ def test_bundled_binary_competitions_run_from_yaml_alone(competition, target, va
         assert "tuned_on_oof" in metrics["threshold"]  # F1 with threshold: tune
 
 
+@pytest.mark.slow
 def test_show_text_prints_examples_with_their_targets():
     import subprocess
     import sys
@@ -117,10 +119,10 @@ def test_show_text_prints_examples_with_their_targets():
     assert "891 training rows" in out.stdout
 
 
+@pytest.mark.slow
 def test_token_budget_is_reported_and_overflow_warned(tmp_path):
     comp = load_competition("house-prices-advanced-regression-techniques")
-    config = resolve_run_config(comp, {**TINY, "limit_rows": 60, "max_length": 32, "out_dir": str(tmp_path / "runs"),
-                                       "submissions_dir": str(tmp_path / "subs")})
+    config = tiny_config(comp, tmp_path, limit_rows=60, max_length=32)
     lines = []
     result = run_competition(config, run_id="t", progress=False, log=lines.append)
     tokens = json.loads((result.run_dir / "metrics.json").read_text())["tokens"]
@@ -128,6 +130,7 @@ def test_token_budget_is_reported_and_overflow_warned(tmp_path):
     assert any(line.startswith("warning: 60 of 60 rows (100.0%) exceed --max-length 32") for line in lines)
 
 
+@pytest.mark.slow
 def test_permute_target_shuffles_labels_but_keeps_their_distribution(tmp_path, monkeypatch):
     import kbert.pipeline.run as run_module
 
@@ -145,6 +148,7 @@ def test_permute_target_shuffles_labels_but_keeps_their_distribution(tmp_path, m
     assert "permute_target: true" in (result.run_dir / "config.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_priority_truncation_drops_whole_low_priority_columns(tmp_path, monkeypatch):
     from dataclasses import replace
 
@@ -157,8 +161,7 @@ def test_priority_truncation_drops_whole_low_priority_columns(tmp_path, monkeypa
                         lambda tok, texts, n: encoded.append((tok, texts)) or original(tok, texts, n))
     comp = load_competition("house-prices-advanced-regression-techniques")
     comp = replace(comp, text=replace(comp.text, truncate="priority"))
-    config = resolve_run_config(comp, {**TINY, "limit_rows": 60, "max_length": 32, "out_dir": str(tmp_path / "runs"),
-                                       "submissions_dir": str(tmp_path / "subs")})
+    config = tiny_config(comp, tmp_path, limit_rows=60, max_length=32)
     lines = []
     run_competition(config, run_id="t", progress=False, log=lines.append)
     assert any("lowest-priority columns are dropped" in line for line in lines)
@@ -168,6 +171,7 @@ def test_priority_truncation_drops_whole_low_priority_columns(tmp_path, monkeypa
         assert all(t.startswith("OverallQualWords: ") and "OverallCondWords" not in t for t in texts)
 
 
+@pytest.mark.slow
 def test_repeated_folds_augmentation_and_tta(tmp_path, monkeypatch):
     import kbert.pipeline.fold as fold_module
 

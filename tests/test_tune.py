@@ -22,12 +22,13 @@ from optuna.trial import TrialState
 from kbert.cli import main
 from kbert.errors import KbertError
 from kbert.io import read_json
+from kbert.models.architecture import ARCHITECTURES
 from kbert.models.heads import HeadConfig
 from kbert.models.task_model import build_task_model
 from kbert.pipeline.config import TrainConfig, load_competition, resolve_run_config, run_config_from_file
 from kbert.pipeline.train import layer_depth, make_optimizer
-from kbert.tune import (Heartbeats, TuneOptions, fail_stale_trials, keep_top_checkpoints, load_study, make_objective,
-                        open_storage, parse_duration, resolve_trial_config, tune, write_report)
+from kbert.tune import (Heartbeats, TrialContext, TuneOptions, fail_stale_trials, keep_top_checkpoints, load_study,
+                        make_objective, open_storage, parse_duration, resolve_trial_config, tune, write_report)
 from kbert.tune.space import default_params, parse_space, sample, space_entries, to_overrides, write_space_file
 
 REPO = Path(__file__).resolve().parent.parent
@@ -148,6 +149,12 @@ def test_space_errors_and_competition_overrides(tmp_path):
         parse_space({"epochs": {"lo": 1, "high": 3}})
     with pytest.raises(KbertError, match="low <= high"):
         parse_space({"epochs": {"low": 5, "high": 3}})
+    with pytest.raises(KbertError, match="^space: 'pooling': choice 2 'nonsense' is unknown; known: cls, mean, max, "
+                                         "attention, weighted-layers, cls-last4$"):
+        parse_space({"pooling": ["cls", "nonsense"]}, "space")
+    with pytest.raises(KbertError, match=r"^space: 'numbers' \(sets text\.numbers\): value 'digits' is unknown"):
+        parse_space({"numbers": {"set": "text.numbers", "value": "digits"}}, "space")
+    assert [p.distribution.choices for p in parse_space({"pooling": ["mean", "cls"]})] == [("mean", "cls")]  # a subset
     competition = load_competition("titanic")
     competition.search_space = {"pooling": None, "epochs": {"low": 2, "high": 4}}
     entries = space_entries(competition)
@@ -190,19 +197,20 @@ def test_layerwise_lr_decay_scales_each_depth():
     depths = {}
     for name in before:
         step = float(mx.abs(before[name] - after[name]).max())
-        depths.setdefault(layer_depth(name, 3), []).append(step)
+        depths.setdefault(layer_depth(name, 3, ARCHITECTURES["bert"]), []).append(step)
     assert set(depths) == {0, 1, 2, 3, 4}
     assert all(max(steps) == pytest.approx(min(steps), rel=1e-3) for steps in depths.values())
     top = depths[4][0]
     assert top > 1e-3
     for depth in range(4):
         assert depths[depth][0] / top == pytest.approx(0.5 ** (4 - depth), rel=1e-3)
-    assert layer_depth("encoder.embeddings.word_embeddings.weight", 3) == 0
-    assert layer_depth("encoder.layers.2.attn.Wqkv.weight", 3) == 3
-    assert layer_depth("encoder.transformer_encoder.0.qkv.weight", 3) == 1
-    assert layer_depth("encoder.encoder.weight", 3) == 0  # NeoBERT's token table
-    assert layer_depth("encoder.final_norm.weight", 3) == 4
-    assert layer_depth("head.classifier.weight", 3) == 4
+    modernbert, neobert = ARCHITECTURES["modernbert"], ARCHITECTURES["neobert"]
+    assert layer_depth("encoder.embeddings.tok_embeddings.weight", 3, modernbert) == 0
+    assert layer_depth("encoder.layers.2.attn.Wqkv.weight", 3, modernbert) == 3
+    assert layer_depth("encoder.transformer_encoder.0.qkv.weight", 3, neobert) == 1
+    assert layer_depth("encoder.encoder.weight", 3, neobert) == 0  # NeoBERT's token table
+    assert layer_depth("encoder.final_norm.weight", 3, modernbert) == 4
+    assert layer_depth("head.classifier.weight", 3, modernbert) == 4
 
 
 def test_layerwise_lr_decay_must_be_in_range():
@@ -213,6 +221,7 @@ def test_layerwise_lr_decay_must_be_in_range():
 # ---------------------------------------------------------------- a study in process
 
 
+@pytest.mark.slow
 def test_study_artifacts_top_checkpoints_report_and_best_yaml_reproduce(tmp_path, capsys, monkeypatch):
     options = tiny_options(tmp_path, keep_top=1)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as a worker of `kbert tune`'s default (one per core) has
@@ -248,26 +257,28 @@ def test_study_artifacts_top_checkpoints_report_and_best_yaml_reproduce(tmp_path
     assert result.fold_scores == pytest.approx(study.best_trial.user_attrs["fold_scores"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_failing_trials_are_recorded_and_the_study_goes_on(tmp_path):
-    space = {"params": {**TINY_SPACE["params"], "pooling": ["cls", "nonsense"]}}
+    space = {"params": {**TINY_SPACE["params"], "target_transform": ["none", "log1p"]}}  # log1p: not for binary
     options = tiny_options(tmp_path, trials=3, space=write_space(tmp_path / "fail.yaml", space))
     study, _, _, _ = load_study(options, create=True)  # queues trial 0, the default configuration
-    study.enqueue_trial({"pooling": "nonsense"})  # trial 1 fails
-    study.enqueue_trial({"pooling": "cls"})
+    study.enqueue_trial({"target_transform": "log1p"})  # trial 1 fails
+    study.enqueue_trial({"target_transform": "none"})
     study, code = tune(options)
     assert code == 0
     assert [t.state for t in study.get_trials()] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE]
     failed = study.get_trials(states=(TrialState.FAIL,))  # ... and counted: --trials 3 ran 3 trials
-    assert all("pooling 'nonsense' is unknown" in t.user_attrs["error"] for t in failed)
+    assert all("target_transform applies to regression" in t.user_attrs["error"] for t in failed)
     assert not any((tmp_path / "runs" / "titanic" / "t" / f"trial-{t.number:04d}").exists() for t in failed)
 
 
+@pytest.mark.slow
 def test_a_study_whose_every_trial_fails_runs_its_trials_once_and_exits_with_the_reason(tmp_path):
     """--trials 2 runs two trials, failed ones included (failures once did not count: the study trained on and on),
     and a study with no completed trial is no result."""
-    space = {"params": {**TINY_SPACE["params"], "pooling": ["nonsense"]}}  # no valid point
+    space = {"params": {**TINY_SPACE["params"], "target_transform": ["log1p"]}}  # no valid point for binary
     options = tiny_options(tmp_path, trials=2, space=write_space(tmp_path / "none.yaml", space), enqueue_default=False)
-    with pytest.raises(KbertError, match=r"^study 't': no trial completed; trial 0: KbertError: .*pooling 'nonsense'"):
+    with pytest.raises(KbertError, match=r"^study 't': no trial completed; trial 0: KbertError: .*target_transform "):
         tune(options)
     assert [t.state for t in load_study(options, create=False)[0].get_trials()] == [TrialState.FAIL] * 2
 
@@ -282,6 +293,7 @@ def test_more_workers_than_the_machine_runs_are_refused_with_the_limit(tmp_path,
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_pruned_trial_is_recorded_and_its_folder_removed_but_never_after_the_last_fold(tmp_path):
     class PruneAfterFirstFold(optuna.pruners.BasePruner):  # trial 1 after fold 1; trial 2 at its last fold
         def prune(self, study, trial):
@@ -290,8 +302,8 @@ def test_pruned_trial_is_recorded_and_its_folder_removed_but_never_after_the_las
     options = tiny_options(tmp_path)
     study, competition, params, directory = load_study(options, create=True)
     study.pruner = PruneAfterFirstFold()
-    study.optimize(make_objective(options, competition, params, directory, 0, time.perf_counter(), log=lambda _: None),
-                   n_trials=3)
+    context = TrialContext(options, competition, params, directory, 0, time.perf_counter(), log=lambda _: None)
+    study.optimize(make_objective(context), n_trials=3)
     first, second, third = study.get_trials()
     assert first.state == TrialState.COMPLETE and second.state == TrialState.PRUNED
     assert list(second.intermediate_values) == [0]
@@ -388,6 +400,7 @@ def running_trial_mid_fold(options: TuneOptions, folds_done: int | None = None):
     return running[0] if running else None
 
 
+@pytest.mark.slow
 def test_sigkill_one_of_two_workers_then_resume(tmp_path):
     space = {"params": {**TINY_SPACE["params"], "epochs": 5}}
     options = tiny_options(tmp_path, space=write_space(tmp_path / "space.yaml", space))
@@ -430,6 +443,7 @@ def test_sigkill_one_of_two_workers_then_resume(tmp_path):
 SLOW_FOLDS = {"epochs": 20, "patience": 100}
 
 
+@pytest.mark.slow
 def test_ctrl_c_abandons_the_trial_and_the_next_run_resumes(tmp_path):
     space = {"params": {**TINY_SPACE["params"], **SLOW_FOLDS}}
     options = tiny_options(tmp_path, space=write_space(tmp_path / "space.yaml", space))
@@ -459,6 +473,7 @@ def test_ctrl_c_abandons_the_trial_and_the_next_run_resumes(tmp_path):
     assert resumed[0].params == abandoned[0].params
 
 
+@pytest.mark.slow
 def test_heartbeats_beat_while_the_trial_runs_and_a_thread_never_stopped_cannot_keep_the_process_alive(tmp_path):
     """A trial's heartbeat file is rewritten while it runs and no more after; a Ctrl-C that lands between the
     heartbeat thread's start and the code that stops it skips the stop, and the process must still end."""
@@ -483,6 +498,7 @@ def test_heartbeats_beat_while_the_trial_runs_and_a_thread_never_stopped_cannot_
     assert (tmp_path / "other" / "9").exists()
 
 
+@pytest.mark.slow
 def test_cli_report_and_run_config(tmp_path, capsys):
     options = tiny_options(tmp_path, trials=2)
     tune(options)
@@ -502,6 +518,7 @@ def test_cli_report_and_run_config(tmp_path, capsys):
     assert main(["tune", "titanic", "--timeout", "soon", "--out", options.out_dir]) == 2
 
 
+@pytest.mark.slow
 def test_timeout_stops_the_running_trial_after_its_fold_and_queues_it_again(tmp_path, monkeypatch, capsys):
     import kbert.pipeline.fold
 
@@ -525,6 +542,7 @@ def test_timeout_stops_the_running_trial_after_its_fold_and_queues_it_again(tmp_
     assert "trial    0 w0: stopped at the --timeout deadline after fold 1; queued again" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_rdb_storage_url_with_heartbeats(tmp_path):
     """--storage takes an RDB URL (here SQLite; PostgreSQL or MySQL for several machines)."""
     options = tiny_options(tmp_path, trials=2, storage=f"sqlite:///{tmp_path / 'study.db'}")
@@ -533,7 +551,7 @@ def test_rdb_storage_url_with_heartbeats(tmp_path):
     storage = optuna.storages.RDBStorage(options.storage)
     assert optuna.load_study(study_name="t", storage=storage).best_value == study.best_value
     opened = open_storage(options, tmp_path / "runs" / "titanic" / "t")  # what load_study gave the study
-    assert isinstance(opened, optuna.storages.RDBStorage) and opened.get_heartbeat_interval() == 1
+    assert isinstance(opened.database, optuna.storages.RDBStorage) and opened.get_heartbeat_interval() == 1
     assert not (tmp_path / "runs" / "titanic" / "t" / "journal.log").exists()  # Optuna's heartbeats, no journal
 
 
@@ -546,6 +564,7 @@ def pid_alive(pid: int) -> bool:
     return not (status.exists() and "State:\tZ" in status.read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_workers_do_not_outlive_a_killed_tune_process(tmp_path):
     space = {"params": {**TINY_SPACE["params"], **SLOW_FOLDS}}
@@ -581,6 +600,7 @@ def test_when_encoder_pretrained_holds_for_every_pretrained_encoder(tmp_path):
                       "org/model@v1": ["lr"], str(tmp_path): ["lr"]}
 
 
+@pytest.mark.slow
 def test_a_study_samples_fusion_and_its_trials_blend(tmp_path):
     """A fusion trial completes like any other and keeps what `kbert predict` and `kbert ensemble` read."""
     space = {"params": {**TINY_SPACE["params"], "fusion": {"choices": ["none", "concat", "gated"]}}}
@@ -627,6 +647,7 @@ def test_without_workers_a_cpu_gets_one_per_core_as_memory_holds_and_a_gpu_one(m
     assert workers.auto_workers(None) == 1
 
 
+@pytest.mark.slow
 def test_the_command_without_workers_starts_one_per_core(tmp_path, capsys, monkeypatch):
     """`kbert tune` with no --workers on a CPU: a worker per core (two here), each trial on its own core."""
     from kbert.pipeline import precision

@@ -38,6 +38,7 @@ REQUIRED = {"boto3": "boto3", "moto": "moto", "flask_cors": "moto[server]"}  # m
 MISSING = [package for module, package in REQUIRED.items() if importlib.util.find_spec(module) is None]
 needs_moto = pytest.mark.skipif(bool(MISSING), reason=f"{' and '.join(MISSING)} not installed "
                                                       f"(pip install 'kbert[test]')")
+pytestmark = pytest.mark.slow  # an S3 server (moto) and studies in kbert processes
 BUCKET = "kbert-trials"
 KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 # no profile, config file or token of the machine's own reaches the test's boto3

@@ -2,7 +2,7 @@
 
 - plan.py: the jobs of each preset, in order
 - budget.py: how long a job will take (measured rates), and whether it fits
-- run.py: the driver (resumable), the live leaderboard and the final ensemble
+- driver.py: the driver (resumable), the live leaderboard and the final ensemble
 - leaderboard.py: the table, leaderboard.csv and its HTML report
 """
 

@@ -1,16 +1,8 @@
-"""How long a job will take: the scheduler of ``kbert auto``.
+"""How long a job will take, and whether it fits: the scheduler of ``kbert auto``.
 
-- An encoder run is priced by a probe of it on this machine, in its real fold layout (pipeline/probe.py): its
-  epochs, folds, waves of folds side by side and tracing, in seconds. Each finished run's measured seconds a
-  fold-epoch over the probe's ``epoch_seconds`` is a correction, and later runs of the same encoder are priced
-  with the mean correction so far (geometric).
-- A tabular baseline is priced by its work (training rows x feature columns) at a rate in seconds a unit: its
-  own kind's measured rate, else the prior below scaled by how much faster this machine ran the other baselines
-  than their priors. Once it has fitted its first fold it is priced again from that fit (kbert/auto/driver.py).
-  The priors were measured on a 2-core x86-64 Linux CPU (2026-11) and rounded up.
-
-``fits`` is the rule: a job starts only if its estimate fits in what is left, less the final ensemble's reserve
-and the safety share of the limit.
+An encoder run is priced by its probe (pipeline/probe.py), corrected by how finished runs compared with theirs; a
+baseline by its work (rows x columns) at its kind's measured rate, else at a prior scaled to this machine. ``fits``
+starts a job only if its estimate fits in what is left, less the final ensemble's reserve and a safety share.
 """
 
 from __future__ import annotations
@@ -18,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-PRIOR_RATE = {  # seconds per work unit (rows x columns)
+PRIOR_RATE = {  # seconds per work unit (rows x columns): measured rates, rounded up (benchmarks/NOTES.md)
     "baseline:hgb": 1.5e-4, "baseline:logreg": 1.2e-4, "baseline:lgbm": 6e-4, "baseline:catboost": 1.5e-3,
     "embedding": 2.0e-3,  # a baseline on encoder embeddings: the rows x columns of the baseline, plus embedding
 }
@@ -69,8 +61,8 @@ class Estimator:
         return FIXED_SECONDS + self.rate(kind) * work
 
     def ensemble_estimate(self, members: int) -> float:
-        """The final ensemble (nested CV of every method and of the choice among them, over 3 outer splits): about
-        3x an interim one (the same over 1 split; tests/test_auto_budget.py times both)."""
+        """The final ensemble (nested CV of every method and of the choice among them, over 3 outer splits), priced
+        from the last interim one (the same over 1 split; tests/test_auto_budget.py times both)."""
         if self.ensemble_seconds is None:
             return ENSEMBLE_PRIOR
         return 10.0 + 3.5 * self.ensemble_seconds * max(members, 1)

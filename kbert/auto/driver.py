@@ -1,27 +1,10 @@
 """``kbert auto``: from the competition's CSVs to the best honest ensemble, within a time limit.
 
-The stages, in order: adversarial validation (drift between train and test, printed first); the jobs of the preset
-(kbert/auto/plan.py), each started only when its estimate fits in the time left (kbert/auto/budget.py); after
-each finished member, a quick blend (one outer split) and the live leaderboard; a tuning study in the time left,
-then more seeds of the best encoder configuration while one fits; at the end, ``kbert ensemble`` over every
-member (nested CV, three outer splits), whose best honest blend is the submission (validated, with its sidecar),
-and leaderboard.csv with its report.
-
-An encoder run is priced before it starts by a probe on this machine (pipeline/probe.py), in the fold layout it
-will train in. When it does not fit it is shrunk before it is skipped: fewer epochs (down to ``LEAST_EPOCHS``),
-then a shorter max length (the 90th, then the 75th percentile of the training rows' token lengths), each priced
-by its own probe; a skip names every form tried and what is kept back. A baseline is priced from its kind's
-rate, then again from its first fold's fit. Each job's estimate and, when it ends, its actual seconds go to the
-log and the state.
-
-Resumable: each job is a member folder ``runs/<competition>/auto-<job>``, done when it holds a metrics.json.
-``runs/<competition>/auto/state.json`` (kbert/auto/state.py) keeps the time spent by finished work and each job's
-record: the settings and form the plan chose (an encoder run resumed after a SIGKILL keeps its epochs and max
-length, so its finished folds are reused; a job skipped under a time limit is not tried again under the same
-one), its estimate and its actual seconds. The time limit is the total over invocations: a rerun with the same
-limit finishes what was left; with a larger one it adds members. Time spent in a job that was killed is not
-counted (it was never recorded). One invocation at a time holds ``runs/<competition>/auto/.lock``. Which members
-a run ends with depends on this machine's speed: the same seed on another machine may plan other forms.
+Adversarial validation first; then the preset's jobs (kbert/auto/plan.py), each started only when its estimate
+fits in the time left (kbert/auto/budget.py), an encoder run shrunk (fewer epochs, shorter rows) before it is
+skipped; then a tuning study and more seeds in the time left, and ``kbert ensemble`` over every member. Resumable:
+each job is a member folder ``runs/<competition>/auto-<job>``, done when it holds a metrics.json, and
+``auto/state.json`` keeps each job's chosen form and the time spent; the time limit is the total over invocations.
 """
 
 from __future__ import annotations
@@ -36,14 +19,14 @@ from pathlib import Path
 from kbert.auto.budget import SAFETY, Estimator
 from kbert.auto.leaderboard import (Row, leaderboard_frame, leaderboard_text, write_leaderboard,
                                     write_leaderboard_report)
-from kbert.auto.plan import BEST_BASELINE, BEST_RUN, Job, plan_jobs
-from kbert.auto.state import AutoState, JobState, Status, read_state
+from kbert.auto.plan import BEST_BASELINE, BEST_RUN, Facts, Job, plan_jobs
+from kbert.auto.state import Action, AutoState, Drift, JobState, Status, read_state
 from kbert.auto.state import seconds as valid_seconds
 from kbert.errors import KbertError
 from kbert.io import check_writable_folder, exclusive_lock, read_json
 from kbert.pipeline.config import RunConfig, load_competition, resolve_run_config
 
-KINDS = {"baseline": "baseline", "run": "encoder", "embedding": "embedding", "tune": "trial"}
+KINDS = {Action.BASELINE: "baseline", Action.RUN: "encoder", Action.EMBEDDING: "embedding", Action.TUNE: "trial"}
 LEAST_EPOCHS = 2  # an encoder run shrunk below this is skipped (its warm-up and early stopping need epochs)
 SHORTER = (90, 75)  # the percentiles of the training token lengths a run's max length is shrunk to, in turn
 SHORTEN_WHEN = 0.8  # ... when that keeps at most this share of the tokens (else it saves too little to probe)
@@ -209,7 +192,7 @@ def auto_jobs(auto: Auto) -> AutoResult:
     if members:
         log(f"finished before: {', '.join(members)}")
     for job in jobs:
-        if auto.done(job.name) or job.action == "tune":
+        if auto.done(job.name) or job.action == Action.TUNE:
             continue
         settings = resolve_settings(auto, job)
         if settings is None:
@@ -217,7 +200,7 @@ def auto_jobs(auto: Auto) -> AutoResult:
         if run_job(auto, job, settings, len(members)):
             members.append(job.name)
             interim_blend(auto, members)
-    tuned = [job for job in jobs if job.action == "tune"]
+    tuned = [job for job in jobs if job.action == Action.TUNE]
     if tuned:
         members += tune_study(auto, tuned[0], len(members))
     members += more_seeds(auto, members)
@@ -230,15 +213,14 @@ def adversarial(auto: Auto) -> None:
 
     if auto.state.adversarial:
         found = auto.state.adversarial
-        auto.log(f"adversarial validation (before): AUC {found['auc']:.3f}, {found['verdict']}")
+        auto.log(f"adversarial validation (before): AUC {found.auc:.3f}, {found.verdict}")
         return
     started = time.perf_counter()
     result = adversarial_validation(auto.run_config({}), folds=3, seed=auto.options.seed, log=lambda _: None)
     write_adversarial(auto.run_config({}), result)
     top = ", ".join(f"{c.column} {c.importance:.3f}" for c in result.importances[:3])
     auto.log(f"adversarial validation: train vs test AUC {result.auc:.3f}, {result.verdict}; drivers: {top}")
-    auto.state.adversarial = {"auc": result.auc, "verdict": result.verdict,
-                              "seconds": round(time.perf_counter() - started, 1)}
+    auto.state.adversarial = Drift(result.auc, result.verdict, round(time.perf_counter() - started, 1))
     auto.save()
 
 
@@ -250,9 +232,10 @@ def plan(auto: Auto) -> list[Job]:
     comp = auto.competition
     kinds = column_kinds(auto.features, exclude=(comp.id_column,))
     installed = {name for name in ("lightgbm", "catboost") if importlib.util.find_spec(name) is not None}
-    return plan_jobs(auto.options.preset, comp.task, bool(kinds.numeric or kinds.categorical),
-                     bool(mostly_free_text(auto.data.train, comp)), shipped_available("minilm-l6"), installed,
-                     auto.options.seed)
+    facts = Facts(comp.task, has_columns=bool(kinds.numeric or kinds.categorical),
+                  free_text=bool(mostly_free_text(auto.data.train, comp)), pretrained=shipped_available("minilm-l6"),
+                  installed=frozenset(installed))
+    return plan_jobs(auto.options.preset, facts, auto.options.seed)
 
 
 def resolve_settings(auto: Auto, job: Job) -> dict | None:
@@ -263,9 +246,9 @@ def resolve_settings(auto: Auto, job: Job) -> dict | None:
         return kept.settings
     settings = dict(job.settings)
     done = {action: [name for name in job.needs if getattr(auto.state.jobs.get(name), "action", None) == action]
-            for action in ("baseline", "run")}
+            for action in (Action.BASELINE, Action.RUN)}
     if BEST_RUN in (settings.get("from"), settings.get("embeddings")):
-        best = auto.best(done["run"])
+        best = auto.best(done[Action.RUN])
         if best is None:
             auto.log(f"skip {job.name}: no finished encoder run")
             return None
@@ -275,7 +258,7 @@ def resolve_settings(auto: Auto, job: Job) -> dict | None:
             settings = {**auto.state.jobs[best].settings, **{k: v for k, v in settings.items() if k != "from"}}
             settings["source"] = best
     if settings.get("pseudo_label") == BEST_BASELINE:
-        teacher = auto.best(done["baseline"])
+        teacher = auto.best(done[Action.BASELINE])
         if teacher is None:
             auto.log(f"skip {job.name}: no finished baseline to label the test rows")
             return None
@@ -286,7 +269,7 @@ def resolve_settings(auto: Auto, job: Job) -> dict | None:
 def baseline_work(auto: Auto, job: Job) -> tuple[str, float]:
     """A baseline's estimator kind and work units (training rows x feature columns, plus its embeddings')."""
     cells = len(auto.features) * len(auto.features.columns)
-    if job.action == "embedding":
+    if job.action == Action.EMBEDDING:
         return "embedding", cells + (len(auto.features) + len(auto.data.test)) * 10
     return f"baseline:{job.settings['model']}", cells
 
@@ -301,7 +284,7 @@ def run_job(auto: Auto, job: Job, settings: dict, members: int) -> bool:
     resumed = kept is not None and kept.status in (Status.RUNNING, Status.STOPPED) and (
         auto.comp_dir / job.name).exists()
     record = JobState(job.action, settings, Status.RUNNING, limit_s=auto.options.time_limit)
-    if job.action == "run":
+    if job.action == Action.RUN:
         try:
             form = kept_form(auto, kept) if resumed else plan_run(auto, job, settings, members)
         except KbertError as exc:  # refused while it was probed (too few rows for a fold, ...): that job only
@@ -329,17 +312,17 @@ def run_job(auto: Auto, job: Job, settings: dict, members: int) -> bool:
         execute(auto, job, record, members)
     except OutOfTime as exc:
         record.status = Status.STOPPED
-        if job.action != "run":  # a baseline is never resumed
+        if job.action != Action.RUN:  # a baseline is never resumed
             shutil.rmtree(auto.comp_dir / job.name, ignore_errors=True)
             record.status, record.form = Status.SKIPPED, str(exc)
         auto.save()
         auto.log(f"stopped {job.name}: {exc}" + ("; a rerun with a larger --time-limit finishes it"
-                                                 if job.action == "run" else ""))
+                                                 if job.action == Action.RUN else ""))
         return False
     except KbertError as exc:  # one member's refusal (too few rows for a fold, a missing library) ends that job only
         return failed(auto, job.name, record, exc)
     record.seconds = round(time.perf_counter() - began, 1)
-    if job.action == "run":
+    if job.action == Action.RUN:
         record.epoch_seconds = measured_epoch_seconds(auto.comp_dir / job.name)
         encoder = auto.run_config(settings).model.encoder
         if record.epoch_seconds and record.epoch_estimate_s:  # against the probe's own figure
@@ -466,7 +449,7 @@ def execute(auto: Auto, job: Job, record: JobState, members: int) -> None:
 
     settings = record.settings
     folder = auto.comp_dir / job.name
-    if job.action == "run":
+    if job.action == Action.RUN:
         run_with_deadline(auto, auto.run_config(settings), job.name, members)
         return
     if folder.exists() and not auto.done(job.name):  # a baseline killed half-way: never resumed, made anew
@@ -525,12 +508,13 @@ def run_with_deadline(auto: Auto, config: RunConfig, name: str, members: int) ->
 def folds_at_once(config: RunConfig, to_train: int) -> int:
     """How many of a run's ``to_train`` folds train side by side, as ``kbert run`` plans them on this machine."""
     from kbert.pipeline.artifacts import fold_layout
-    from kbert.pipeline.fold_processes import available_memory, usable_cores
+    from kbert.pipeline.fold_processes import Machine, available_memory, usable_cores
     from kbert.pipeline.precision import current_device
     from kbert.pipeline.run import plan_folds
 
-    return plan_folds(config.train.fold_processes, current_device(), len(fold_layout(config)),
-                      config.competition.folds.k, to_train, usable_cores(), available=available_memory()).processes
+    machine = Machine(current_device(), usable_cores(), available_memory())
+    return plan_folds(config.train.fold_processes, machine, total=len(fold_layout(config)),
+                      k=config.competition.folds.k, to_train=to_train).processes
 
 
 def one_core_fold_seconds(auto: Auto) -> list[float]:
@@ -544,7 +528,7 @@ def one_core_fold_seconds(auto: Auto) -> list[float]:
 
     seconds = []
     for name, job in auto.state.jobs.items():
-        paths = list((auto.comp_dir / name).glob("folds/*/fold.json")) if job.action == "run" else []
+        paths = list((auto.comp_dir / name).glob("folds/*/fold.json")) if job.action == Action.RUN else []
         if not paths:
             continue
         config = auto.run_config(job.settings)
@@ -573,12 +557,11 @@ def interim_blend(auto: Auto, members: list[str]) -> None:
     if len(members) < 2:
         print_leaderboard(auto, members, None)
         return
-    from kbert.ensembles.ensemble import build_ensemble
+    from kbert.ensembles.ensemble import EnsembleSpec, build_ensemble
 
     began = time.perf_counter()
-    result = build_ensemble(auto.competition, ",".join(members), "all", auto.options.out_dir,
-                            auto.options.submissions_dir, auto.options.data_dir, seed=auto.options.seed, write=False,
-                            repeats=1, log=lambda _: None)
+    result = build_ensemble(auto.competition, EnsembleSpec(",".join(members), seed=auto.options.seed, repeats=1),
+                            runs_dir=auto.options.out_dir, data_dir=auto.options.data_dir, log=lambda _: None)
     auto.estimator.ensemble_seconds = (time.perf_counter() - began) / len(members)
     auto.save()
     print_leaderboard(auto, members, result)
@@ -631,7 +614,7 @@ def tune_study(auto: Auto, job: Job, members: int) -> list[str]:
     """A tuning study in the time left, less the final ensemble and one fold of the slowest encoder run (a study
     stops at its timeout between folds); its best trials (up to ``STUDY_MEMBERS``) join the members when they beat
     the best encoder run so far: the study found a better configuration. (A worse one is a noisier copy of what
-    the blend has: on Titanic, three such trials took the honest CV from 0.8492 to 0.8462.)"""
+    the blend has, and lowered the honest CV: benchmarks/NOTES.md.)"""
     from kbert.ensembles.members import member_folders
     from kbert.tune import TuneOptions, tune
 
@@ -663,7 +646,7 @@ def tune_study(auto: Auto, job: Job, members: int) -> list[str]:
     finished = [p.relative_to(auto.comp_dir).as_posix() for p in member_folders(auto.comp_dir)
                 if p.parent.name == job.name]
     ranked = sorted(finished, key=lambda name: auto.cv(name), reverse=greater_is_better(auto))[:STUDY_MEMBERS]
-    runs = [name for name, done in auto.state.jobs.items() if done.action == "run" and done.status is Status.DONE]
+    runs = [name for name, done in auto.state.jobs.items() if done.action == Action.RUN and done.status is Status.DONE]
     best = auto.best(runs)
     if best is None:
         return ranked
@@ -680,16 +663,16 @@ def more_seeds(auto: Auto, members: list[str]) -> list[str]:
     configuration again with other seeds, one member each (up to ``MORE_SEEDS``), each planned like any encoder
     run (shrunk to fit, skipped when no form does); then, in what no encoder run fits, the baselines a seed
     changes (``SEEDED``), best CV first, again with other seeds, round by round, each while it fits."""
-    runs = [name for name in members if getattr(auto.state.jobs.get(name), "action", None) == "run"]
+    runs = [name for name in members if getattr(auto.state.jobs.get(name), "action", None) == Action.RUN]
     best = auto.best(runs)
     added: list[str] = []
     for n in range(1, MORE_SEEDS + 1 if best is not None else 1):
         settings = {**auto.state.jobs[best].settings, "seed": auto.options.seed + 100 * n, "seeds": 1,
                     "source": best}
-        if not member_added(auto, Job(f"auto-more-seeds-{n}", "run", settings), members, added):
+        if not member_added(auto, Job(f"auto-more-seeds-{n}", Action.RUN, settings), members, added):
             break
     seeded = [name for name in members if getattr(auto.state.jobs.get(name), "action", None) in
-              ("baseline", "embedding") and auto.state.jobs[name].settings.get("model") in SEEDED]
+              (Action.BASELINE, Action.EMBEDDING) and auto.state.jobs[name].settings.get("model") in SEEDED]
     sign = 1 if greater_is_better(auto) else -1
     seeded.sort(key=lambda name: -sign * auto.cv(name))
     for n in range(1, MORE_SEEDS + 1):
@@ -714,7 +697,7 @@ def member_added(auto: Auto, job: Job, members: list[str], added: list[str]) -> 
 
 def final_ensemble(auto: Auto, members: list[str]) -> AutoResult:
     """``kbert ensemble`` over every member (3 outer splits); its best honest blend is the submission."""
-    from kbert.ensembles.ensemble import build_ensemble
+    from kbert.ensembles.ensemble import EnsembleSpec, build_ensemble, write_ensemble
 
     if not members:
         failed = [f"{name}: {job.error}" for name, job in auto.state.jobs.items() if job.status is Status.FAILED]
@@ -723,9 +706,9 @@ def final_ensemble(auto: Auto, members: list[str]) -> AutoResult:
                           "give it more time (--time-limit)"))
     result, submission = None, None
     if len(members) > 1:
-        result = build_ensemble(auto.competition, ",".join(members), "all", auto.options.out_dir,
-                                auto.options.submissions_dir, auto.options.data_dir, seed=auto.options.seed,
-                                log=lambda _: None, name="auto-ensemble")
+        result = build_ensemble(auto.competition, EnsembleSpec(",".join(members), seed=auto.options.seed),
+                                runs_dir=auto.options.out_dir, data_dir=auto.options.data_dir, log=lambda _: None)
+        result = write_ensemble(result, auto.options.submissions_dir, name="auto-ensemble")
         submission = result.submission_path
     else:
         submission = Path(read_json(auto.comp_dir / members[0] / "metrics.json", required=("submission",))

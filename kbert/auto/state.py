@@ -23,9 +23,16 @@ class Status(str, Enum):
     SKIPPED = "skipped"  # no form of it fitted: tried again only under a larger time limit
 
 
+class Action(str, Enum):
+    BASELINE = "baseline"  # kbert baseline on the competition's columns
+    EMBEDDING = "embedding"  # kbert baseline with an encoder's text embeddings
+    RUN = "run"  # kbert run: an encoder
+    TUNE = "tune"  # kbert tune: the closing study
+
+
 @dataclass
 class JobState:
-    action: str  # baseline | embedding | run
+    action: Action
     settings: dict
     status: Status
     form: str = ""  # the plan's decision, in words: "10 epochs", "2 epochs, max length 48", or why it was skipped
@@ -40,6 +47,15 @@ class JobState:
 
 
 @dataclass
+class Drift:
+    """The drift check's result (adversarial validation): the train-vs-test AUC, its verdict and its seconds."""
+
+    auc: float
+    verdict: str
+    seconds: float | None = None
+
+
+@dataclass
 class AutoState:
     competition: str
     preset: str
@@ -50,12 +66,12 @@ class AutoState:
     measured: dict[str, list[list[float]]] = field(default_factory=dict)  # baselines: [work, seconds] by kind
     corrections: dict[str, list[float]] = field(default_factory=dict)  # encoder runs: actual / probed epoch seconds
     ensemble_s_per_member: float | None = None  # the last interim blend's seconds a member
-    adversarial: dict | None = None  # the drift check's result
+    adversarial: Drift | None = None  # the drift check's result
 
     def to_dict(self) -> dict:
         data = asdict(self)
         for job in data["jobs"].values():
-            job["status"] = job["status"].value
+            job["action"], job["status"] = Action(job["action"]).value, Status(job["status"]).value
         return data
 
     def write(self, path: Path) -> None:
@@ -108,7 +124,9 @@ def read_state(path: Path, competition: str) -> AutoState:
     if not isinstance(data.get("jobs", {}), dict):
         raise refuse("jobs must be a mapping of job names to their records")
     jobs = {name: read_job(name, job, refuse) for name, job in data.get("jobs", {}).items()}
-    return AutoState(**{**data, "jobs": jobs})
+    drift = (None if adversarial is None else
+             Drift(adversarial["auc"], adversarial["verdict"], adversarial.get("seconds")))
+    return AutoState(**{**data, "jobs": jobs, "adversarial": drift})
 
 
 def read_job(name: str, job, refuse) -> JobState:
@@ -120,9 +138,14 @@ def read_job(name: str, job, refuse) -> JobState:
     except ValueError:
         raise refuse(f"jobs.{name}.status {job['status']!r} is not one of "
                      f"{', '.join(s.value for s in Status)}") from None
+    try:
+        action = Action(job["action"])
+    except ValueError:
+        raise refuse(f"jobs.{name}.action {job['action']!r} is not one of "
+                     f"{', '.join(a.value for a in Action)}") from None
     if not isinstance(job["settings"], dict):
         raise refuse(f"jobs.{name}.settings must be a mapping")
     for key in ("limit_s", "estimate_s", "epoch_estimate_s", "probe_s", "seconds", "epoch_seconds"):
         if job.get(key) is not None and not seconds(job[key]):
             raise refuse(f"jobs.{name}.{key} {job[key]!r} is not a number of seconds >= 0")
-    return JobState(**{**job, "status": status})
+    return JobState(**{**job, "action": action, "status": status})

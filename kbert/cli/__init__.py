@@ -1,25 +1,10 @@
 """The ``kbert`` command line: ``main`` (the console script) and ``build_parser``.
 
-Each command's options and handler sit together in one module, which adds its subparser(s) with ``add_parser`` and
-names the handler with ``set_defaults(handler=...)``:
-
-- auto.py: ``kbert auto``
-- run.py: ``kbert run``
-- tune.py: ``kbert tune``
-- baseline.py: ``kbert baseline``
-- ensemble.py: ``kbert ensemble``
-- adversarial.py: ``kbert adversarial``
-- predict.py: ``kbert predict`` and ``kbert embed``
-- doctor.py: ``kbert doctor``
-- competition.py: ``kbert validate`` and ``kbert init``
-- pretrain.py: ``kbert pretrain``
-- kaggle.py: ``kbert download``, ``submit``, ``submissions`` and ``leaderboard``
-- report.py: ``kbert report``
-- show_text.py: ``kbert show-text``
-
-common.py holds what several of them share (the competition, --data-dir, --out and --submissions-dir options, the
-closing lines of a run). Handlers import MLX, pandas and the pipeline lazily, so ``kbert --help`` stays fast and
-``runtime.setup()`` runs before MLX loads."""
+Each command's options and handler sit together in one module of this package, which adds its subparser with
+``add_parser`` and names the handler with ``set_defaults(handler=...)``; common.py holds the options several share.
+Handlers import MLX, pandas and the pipeline lazily, so ``kbert --help`` stays fast and ``runtime.setup()`` runs
+before MLX loads.
+"""
 
 from __future__ import annotations
 

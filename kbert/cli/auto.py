@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kbert.cli.common import add_command, add_competition, add_data_dir, add_number, add_out, add_submissions_dir
+from kbert.cli.common import add_command, add_competition, add_data_dir, add_out, add_setting, add_submissions_dir
 
 EPILOG = """examples:
   kbert auto titanic --time-limit 30m                  baselines, encoder runs, the best honest blend
@@ -18,6 +18,8 @@ submission: <submissions-dir>/<competition>/auto-ensemble.csv (+ .json sidecar)"
 
 
 def add_parser(commands) -> None:
+    from kbert.pipeline.config import words_of
+
     auto = add_command(commands, "auto", help="baselines, encoder runs and a blend within a time limit",
                        description="Run the tabular baselines, then encoder runs (and a tuning study) while the time "
                                    "limit allows, each estimated from the finished ones, and submit the ensemble with "
@@ -25,10 +27,10 @@ def add_parser(commands) -> None:
                        epilog=EPILOG)
     add_competition(auto)
     auto.add_argument("--time-limit", required=True, help="total time, e.g. 30m, 2h, 1h30m (over every rerun)")
-    auto.add_argument("--preset", choices=("fast", "balanced", "best"), default="fast",
+    auto.add_argument("--preset", choices=words_of("kbert.auto.plan", "PRESETS"), default="fast",
                       help="fast: baselines, one encoder, its embeddings, pseudo-labels and seeds; balanced, best: "
                            "more epochs, the concat fusion and a tuning study (default fast)")
-    add_number(auto, "--seed", int, "seed", default=42, help="seed of every member (default 42)")
+    add_setting(auto, "seed", default=42, help="seed of every member (default 42)")
     add_data_dir(auto)
     add_out(auto)
     add_submissions_dir(auto)

@@ -1,17 +1,16 @@
 """What several ``kbert`` command modules share: adding a subcommand, the options they repeat (competition,
---data-dir, --out, --submissions-dir) and the closing lines of a run.
+--data-dir, --out, --submissions-dir), a run setting's option as pipeline/config.py declares it, and the closing
+lines of a run.
 
 The option helpers take the help text and default where commands differ, so each command's ``--help`` reads as
-it always has; the ``*_HELP`` constants are the wordings most commands use."""
+it always has."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 COMPETITION_HELP = "a name under competitions/ or a path to a competition YAML"
-DATA_DIR_HELP = "folder with the competition's CSV files (default: the bundled copy)"
-OUT_HELP = "runs folder (default: runs)"
-SUBMISSIONS_DIR_HELP = "submissions folder (default: submissions)"
 
 
 def add_command(commands, name: str, help: str, description: str | None = None,
@@ -31,24 +30,42 @@ def add_competition(parser: argparse.ArgumentParser, help: str = COMPETITION_HEL
         parser.add_argument("competition", help=help)
 
 
-def add_data_dir(parser: argparse.ArgumentParser, help: str = DATA_DIR_HELP) -> None:
-    parser.add_argument("--data-dir", help=help)
+def add_data_dir(parser: argparse.ArgumentParser, help: str | None = None) -> None:
+    add_setting(parser, "data_dir", help=help)
 
 
-def add_out(parser: argparse.ArgumentParser, default: str | None = None, help: str = OUT_HELP) -> None:
+def add_out(parser: argparse.ArgumentParser, default: str | None = None, help: str | None = None) -> None:
     """``--out``: the runs folder, as ``args.out_dir``."""
-    parser.add_argument("--out", dest="out_dir", default=default, help=help)
+    add_setting(parser, "out_dir", help=help, default=default)
 
 
-def add_submissions_dir(parser: argparse.ArgumentParser, default: str | None = None,
-                        help: str = SUBMISSIONS_DIR_HELP) -> None:
-    parser.add_argument("--submissions-dir", default=default, help=help)
+def add_submissions_dir(parser: argparse.ArgumentParser, default: str | None = None, help: str | None = None) -> None:
+    add_setting(parser, "submissions_dir", help=help, default=default)
+
+
+def add_setting(parser: argparse.ArgumentParser, key: str, help: str | None = None, default: Any = None) -> None:
+    """The option of run setting ``key`` (kbert.pipeline.config.SETTINGS) as its declaration gives it: its flag,
+    help, the words it takes, a number ``check_numbers`` checks, or a switch away from a bool's default; its value
+    is ``args.<key>``. ``help`` and ``default`` where a command words or uses it its own way."""
+    from kbert.pipeline.config import SETTINGS, Bound
+
+    declared = SETTINGS[key]
+    meta, bound = declared.metadata, declared.metadata["bound"]
+    options = {"dest": key, "default": default, "help": help or meta["help"]}
+    if meta["metavar"]:
+        options["metavar"] = meta["metavar"]
+    if isinstance(declared.default, bool):
+        parser.add_argument(meta["flag"], action="store_const", const=not declared.default, **options)
+    elif isinstance(bound, Bound) and not bound.words:
+        add_number(parser, meta["flag"], int if bound.integer else float, key, **options)
+    else:
+        parser.add_argument(meta["flag"], choices=meta["choices"] or None, **options)
 
 
 def add_number(parser: argparse.ArgumentParser, flag: str, type: type, bound: str | dict[str, float],
                **kwargs) -> None:
     """A numeric option that ``main`` checks before the handler runs: a finite number (an integer for
-    ``type=int``) within ``bound``, the run setting's limits (a name in kbert.pipeline.config.BOUNDS) or
+    ``type=int``) within ``bound``, the run setting's limits (a key of kbert.pipeline.config.SETTINGS) or
     ``at_least``/``above``/``at_most``/``below``; a refusal is one line naming ``flag``."""
     action = parser.add_argument(flag, type=type, **kwargs)
     numbers = {**(parser.get_default("numbers") or {}), action.dest: (flag, type is int, bound)}
@@ -60,12 +77,12 @@ def check_numbers(args: argparse.Namespace) -> None:
     argparse's ``type=float`` takes nan and inf, and ``type=int`` takes 0 and negatives: they stop here."""
     from dataclasses import replace
 
-    from kbert.pipeline.config import BOUNDS, Bound, check_number
+    from kbert.pipeline.config import Bound, bound_of, check_number
 
     for dest, (flag, integer, bound) in (getattr(args, "numbers", None) or {}).items():
         value = getattr(args, dest)
         if value is not None:  # not given, and no default
-            limits = replace(BOUNDS[bound], optional=False) if isinstance(bound, str) else Bound(integer, **bound)
+            limits = replace(bound_of(bound), optional=False) if isinstance(bound, str) else Bound(integer, **bound)
             check_number(value, flag, limits)
 
 

@@ -51,9 +51,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from kbert.pipeline.init import init_competition
+    from kbert.pipeline.init import DataFiles, init_competition
 
-    path = init_competition(args.name, args.train, args.test, args.sample_submission, args.out, args.id_column,
-                            args.target, args.force)
+    path = init_competition(args.name, DataFiles(args.train, args.test, args.sample_submission), out=args.out,
+                            id_column=args.id_column, target=args.target, force=args.force)
     print(f"wrote {path}; check it, then: kbert run {path}")
     return 0

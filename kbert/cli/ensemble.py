@@ -54,7 +54,7 @@ def add_parser(commands) -> None:
 
 def cmd_ensemble(args: argparse.Namespace) -> int:
     from kbert.ensembles.blend import BlendOptions
-    from kbert.ensembles.ensemble import build_ensemble, ensemble_table
+    from kbert.ensembles.ensemble import EnsembleSpec, build_ensemble, ensemble_table, write_ensemble
     from kbert.pipeline.config import load_competition
 
     check_member_ids(args.members)
@@ -62,8 +62,10 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
     if args.study:
         fetch_study_trials(args)
     options = BlendOptions(top_k=args.top_k, seed=args.seed, decision=args.threshold)
-    result = build_ensemble(competition, args.members, args.method, args.out_dir, args.submissions_dir, args.data_dir,
-                            args.outer_folds, args.seed, options, repeats=args.outer_repeats)
+    spec = EnsembleSpec(args.members, args.method, folds=args.outer_folds, repeats=args.outer_repeats, seed=args.seed,
+                        options=options)
+    result = build_ensemble(competition, spec, runs_dir=args.out_dir, data_dir=args.data_dir)
+    result = write_ensemble(result, args.submissions_dir)
     print(ensemble_table(result, competition.metric))
     print(f"submission: {result.submission_path}")
     print(f"members, weights and honest CV: {result.sidecar_path}")

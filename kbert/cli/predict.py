@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import argparse
 
-from kbert.cli.common import add_command, add_number, add_out, check_run_id
+from kbert.cli.common import add_command, add_number, add_out, add_setting, check_run_id
 
 EMBED_LENGTH = 256  # kbert embed's default --max-length (the encoder's positions when it has fewer)
 
 
 def add_parser(commands) -> None:
+    from kbert.pipeline.config import words_of
+
     predict = add_command(commands, "predict", help="predict a CSV with a finished run's fold models",
                           description="Predict new rows with every saved fold model of a run and average "
                                       "them; the text is serialized as the run did, fold by fold.")
     predict.add_argument("run", help="a run folder, or a run id under <out>/<competition>/")
     predict.add_argument("--data", required=True, help="CSV with the competition's input columns (and ids)")
-    add_number(predict, "--tta", int, "tta", default=1, help="average over this many serializations (default 1: off)")
+    add_setting(predict, "tta", default=1, help="average over this many serializations (default 1: off)")
     predict.add_argument("--output", help="where to write id + predictions (default <run>/predictions/<name>.csv)")
     add_out(predict, default="runs", help="runs folder to look run ids up in")
     predict.set_defaults(handler=cmd_predict)
@@ -28,11 +30,11 @@ def add_parser(commands) -> None:
                                      "(org/name[@revision])")
     embed.add_argument("--texts", required=True, help="UTF-8 text file, one text per line")
     embed.add_argument("--out", required=True, help="output .npy file")
-    embed.add_argument("--pooling", choices=("cls", "mean", "max"), default="mean",
-                       help="how to pool tokens (default mean)")
+    embed.add_argument("--pooling", choices=words_of("kbert.models.pooling", "EMBED_POOLINGS"), default="mean",
+                       help="how to pool tokens (default mean)")  # not the run's pooling: no learned weights here
     embed.add_argument("--normalize", action="store_true", help="L2-normalise each embedding")
-    embed.add_argument("--spm-normalization", choices=("sentencepiece", "transformers"), default="sentencepiece",
-                       help="text normalisation of an spm.model-only (DeBERTa-v2/v3) checkpoint, as in kbert run")
+    add_setting(embed, "spm_normalization", default="sentencepiece",
+                help="text normalisation of an spm.model-only (DeBERTa-v2/v3) checkpoint, as in kbert run")
     add_number(embed, "--max-length", int, "max_length", default=None,
                help=f"maximum tokens per text (default {EMBED_LENGTH}, or the encoder's positions if fewer; more "
                     "than its positions is refused)")
@@ -58,7 +60,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from kbert.errors import KbertError
     from kbert.io import check_writable_folder, write_npy
     from kbert.models.encoders import load_encoder, max_tokens, read_config, resolve_encoder_path
-    from kbert.pipeline.embed import embed_texts
+    from kbert.pipeline.embed import Embedding, embed_texts
 
     out = Path(args.out)
     with_suffix = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")
@@ -70,7 +72,8 @@ def cmd_embed(args: argparse.Namespace) -> int:
     folder = resolve_encoder_path(args.model)
     max_length = args.max_length or min(EMBED_LENGTH, max_tokens(read_config(folder)) or EMBED_LENGTH)
     encoder, _, tokenizer = load_encoder(folder, args.spm_normalization, max_length)
-    vectors = embed_texts(encoder, tokenizer, texts, args.pooling, args.normalize, max_length, args.batch_size)
+    embedding = Embedding(args.pooling, args.normalize, max_length, args.batch_size)
+    vectors = embed_texts(encoder, tokenizer, texts, embedding)
     write_npy(with_suffix, vectors)
     print(f"{with_suffix}: {vectors.shape[0]} x {vectors.shape[1]} embeddings")
     return 0

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kbert.cli.common import (add_command, add_competition, add_data_dir, add_number, add_out, add_submissions_dir,
-                              print_run_result)
+from kbert.cli.common import add_command, add_competition, add_number, add_setting, print_run_result
 from kbert.errors import KbertError
 
 EPILOG = """examples:
@@ -22,15 +21,6 @@ submission: <submissions-dir>/<competition>/<run-id>.csv
 resume: after Ctrl-C or a crash, rerun the same command with --run-id <run-id> (printed first): finished folds
 are kept, the others are trained"""
 
-# RunConfig fields set by the flag of the same name (None: the config's or competition's value)
-OVERRIDES = ("folds", "seed", "seeds", "encoder", "epochs", "batch_size", "learning_rate", "max_length", "data_dir",
-             "out_dir", "submissions_dir", "limit_rows", "compile", "gradient_checkpointing", "dynamic_padding", "pooling", "loss",
-             "label_smoothing", "focal_gamma", "head_dropout", "target_transform", "calibrate", "permute_target",
-             "repeats", "augment", "tta", "adapter", "adapter_checkpoint", "spm_normalization", "fusion",
-             "pseudo_label", "pseudo_threshold", "precision", "device", "grad_accum", "cpu_streams",
-             "fold_processes", "group_by_length")
-
-
 def add_parser(commands) -> None:
     run = add_command(commands, "run", help="train k fold models and write OOF, test predictions and a submission",
                       description="Run the whole pipeline for one competition: folds -> text -> tokens -> "
@@ -38,122 +28,33 @@ def add_parser(commands) -> None:
                       epilog=EPILOG)
     add_competition(run, help="a name under competitions/ (e.g. titanic) or a path to a competition YAML",
                     optional=True)
-    _add_data_options(run)
-    _add_encoder_options(run)
-    _add_training_options(run)
-    _add_output_options(run)
-    _add_head_options(run)
-    _add_speed_options(run)
-    run.set_defaults(handler=cmd_run)
-
-
-def _add_data_options(run: argparse.ArgumentParser) -> None:
     run.add_argument("--config", help="a run config YAML: a run's config.yaml, `kbert tune --report`'s best.yaml, "
                      "or `competition: <name>` with settings (flags override them)")
-    add_number(run, "--folds", int, "folds", help="number of CV folds (default: the competition's, 5 for titanic)")
-    add_number(run, "--repeats", int, "repeats", help="repeated k-fold: this many different splits, OOF averaged")
-    add_number(run, "--augment", int, "augment", help="augmented serializations of the training rows (column shuffle, "
-               "paraphrase, numeric jitter); epochs cycle through them (default 0: off)")
-    add_number(run, "--tta", int, "tta", help="test-time augmentation: average over this many serializations "
-               "(default 1: off)")
-    add_number(run, "--seed", int, "seed", help="training seed: initialisation, dropout, batch order (default 42)")
-    run.add_argument("--pseudo-label", metavar="RUN",
-                     help="add confidently predicted test rows to each fold's training rows, labelled by RUN's model "
-                          "of that fold (a finished run, trial or baseline on the same folds), so the OOF stays honest")
-    add_number(run, "--pseudo-threshold", float, "pseudo_threshold",
-               help="...the test rows whose predicted class has at least this probability (default 0.95)")
-    add_number(run, "--seeds", int, "seeds", help="train every fold with seeds S, S+1, ... on the same folds and "
-               "average their predictions into one member (default 1)")
-
-
-def _add_encoder_options(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--encoder", help="bert (a small BERT trained from scratch; the default, except minilm-l6 "
-                                       "where the text is mostly free text), a size to train from scratch (bert-tiny, "
-                                       "modernbert-base, deberta-v3-xsmall, ...), a shipped pretrained name "
-                                       "(minilm-l6), a local Hugging Face model folder, or a Hugging Face Hub id "
-                                       "(org/name[@revision], downloaded once into the Hugging Face cache)")
-    run.add_argument("--spm-normalization", choices=("sentencepiece", "transformers"),
-                     help="DeBERTa-v2/v3 checkpoints with spm.model and no tokenizer.json: normalise text with the "
-                          "model's own table as in pretraining (sentencepiece, the default) or as transformers 5's "
-                          "tokenizer does (NFC; ids equal to a transformers 5 notebook's)")
-    run.add_argument("--adapter", help="train adapters on a pretrained encoder instead of all its weights: a preset "
-                     "(efficient r=4, balanced r=8, expressive r=16, qlora_memory: 4-bit base r=8) or a kind "
-                     "(lora, rslora, dora, qlora)")
-    add_number(run, "--lora-rank", int, "adapter_options.rank", help="adapter rank (overrides the preset's)")
-    add_number(run, "--lora-alpha", float, "adapter_options.alpha",
-               help="adapter alpha: the update is scaled by alpha / rank")
-    add_number(run, "--lora-dropout", float, "adapter_options.dropout", help="dropout on the adapters' input")
-    run.add_argument("--lora-targets", help="encoder layers to adapt: a set named in each architecture's own "
-                     "layer names (default: every linear layer of the blocks; attention: the q/k/v projections; "
-                     "query-value), or comma-separated name patterns (e.g. query,value or attention.* or Wqkv,Wo,Wi)")
-    run.add_argument("--adapter-checkpoint", choices=("adapter", "merged"),
-                     help="fold checkpoints hold the adapter weights only (default) or the merged full model")
-
-
-def _add_training_options(run: argparse.ArgumentParser) -> None:
-    add_number(run, "--epochs", int, "epochs", help="maximum epochs per fold (early stopping may end sooner)")
-    add_number(run, "--batch-size", int, "batch_size", help="training batch size")
-    add_number(run, "--lr", float, "learning_rate", dest="learning_rate", help="peak learning rate")
-    add_number(run, "--max-length", int, "max_length", help="maximum tokens per row")
-
-
-def _add_output_options(run: argparse.ArgumentParser) -> None:
-    add_data_dir(run)
-    add_out(run)
-    add_submissions_dir(run)
     run.add_argument("--run-id", help="name of the run folder (default: <timestamp>-seed<S>)")
-    add_number(run, "--limit-rows", int, "limit_rows", help="use only the first N training rows (quick smoke runs)")
     run.add_argument("--no-progress", action="store_true", help="hide the per-fold progress bars")
-
-
-def _add_head_options(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--pooling", choices=("cls", "mean", "max", "attention", "weighted-layers", "cls-last4"),
-                     help="how token states are pooled: weighted-layers is a learned mix of the last 4 layers, "
-                          "then the mean; cls-last4 joins the CLS vectors of the last 4 layers")
-    run.add_argument("--fusion", choices=("none", "concat", "gated"),
-                     help="join the pooled text with a learned vector of the row's raw columns (numbers quantile-"
-                          "transformed, categories embedded, fitted per fold): concat or gated (default none)")
-    run.add_argument("--loss", help="the head's loss (e.g. focal, huber, gaussian_nll; see models/heads.py)")
-    add_number(run, "--label-smoothing", float, "label_smoothing", help="multiclass cross-entropy label smoothing")
-    add_number(run, "--focal-gamma", float, "focal_gamma", help="focal loss gamma")
-    add_number(run, "--head-dropout", float, "head_dropout", help="dropout before the head")
-    run.add_argument("--target-transform", choices=("none", "log1p", "standardize", "log1p_standardize"),
-                     help="regression/timeseries target transform, fitted per fold")
-    run.add_argument("--threshold", help="binary/multilabel cut-off for label submissions: a probability or 'tune'")
-    run.add_argument("--calibrate", action="store_const", const=True,
-                     help="temperature-scale binary/multiclass probabilities on OOF logits")
-    run.add_argument("--permute-target", action="store_const", const=True,
-                     help="sanity check: shuffle the training targets; the CV should fall to the trivial baseline")
-
-
-def _add_speed_options(run: argparse.ArgumentParser) -> None:
-    run.add_argument("--gradient-checkpointing", action="store_const", const=True,
-                     help="recompute encoder layers in the backward pass: much less memory, about 1/3 more time")
-    run.add_argument("--no-compile", dest="compile", action="store_const", const=False,
-                     help="run the train and eval steps eagerly instead of with mx.compile")
-    run.add_argument("--no-dynamic-padding", dest="dynamic_padding", action="store_const", const=False,
-                     help="pad every batch to --max-length instead of to its own longest row")
-    run.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"),
-                     help="compute precision with float32 master weights (default auto: bf16 on a GPU, fp32 on a "
-                          "CPU, where MLX's half precision is about 15x slower)")
-    run.add_argument("--device", choices=("auto", "cpu", "gpu"),
-                     help="where MLX trains (default auto: the GPU when this MLX build has one)")
-    add_number(run, "--grad-accum", int, "grad_accum",
-               help="accumulate gradients over N batches of --batch-size per optimizer step (a batch N times "
-                    "larger in less memory)")
-    add_number(run, "--cpu-streams", int, "cpu_streams",
-               help="on a CPU, split each batch over N MLX streams, one per core (default 0: one per usable core; "
-                    "1: off)")
-    add_number(run, "--group-by-length", int, "group_by_length",
-               help="sort each epoch's shuffled rows by length in groups of N batches before batching, so that a "
-                    "batch pads less (default 1: plain shuffled batches; batches of like-length table rows are batches of "
-                    "like rows)")
-    add_number(run, "--fold-processes", int, "fold_processes",
-               help="on a CPU, train the folds side by side in N processes (default 0: every fold at once, each on "
-                    "cores/folds streams; 1: one after another, each batch split over the cores)")
     run.add_argument("--profile", action="store_true",
                      help="print where the wall time went (preparation, tokenization, tracing, training steps, "
                           "evaluation, writing) per fold, and write it to the run folder's profile.json")
+    from kbert.pipeline.config import FLAG_SECTIONS, flags
+
+    for section, settings in FLAG_SECTIONS.items():
+        group = run.add_argument_group(f"{section} settings")
+        for key in flags(settings):
+            add_setting(group, key)
+        if section == "model":
+            _add_adapter_options(group)
+    run.set_defaults(handler=cmd_run)
+
+
+def _add_adapter_options(group) -> None:
+    """The --lora-* flags: models/adapters.py AdapterConfig settings under the model's adapter_options."""
+    add_number(group, "--lora-rank", int, "adapter_options.rank", help="adapter rank (overrides the preset's)")
+    add_number(group, "--lora-alpha", float, "adapter_options.alpha",
+               help="adapter alpha: the update is scaled by alpha / rank")
+    add_number(group, "--lora-dropout", float, "adapter_options.dropout", help="dropout on the adapters' input")
+    group.add_argument("--lora-targets", help="encoder layers to adapt: a set named in each architecture's own "
+                       "layer names (default: every linear layer of the blocks; attention: the q/k/v projections; "
+                       "query-value), or comma-separated name patterns (e.g. query,value or attention.* or Wqkv,Wo,Wi)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -185,17 +86,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _overrides(args: argparse.Namespace) -> dict:
-    """The flags as RunConfig overrides: OVERRIDES, the --lora-* adapter options and a parsed --threshold."""
-    overrides = {name: getattr(args, name) for name in OVERRIDES}
+    """The flags as RunConfig overrides: the flagged settings, the --lora-* adapter options, a parsed --threshold."""
+    from kbert.pipeline.config import FLAG_SECTIONS, flags
+
+    overrides = {name: getattr(args, name) for settings in FLAG_SECTIONS.values() for name in flags(settings)}
     adapter_options = {name: getattr(args, f"lora_{name}") for name in ("rank", "alpha", "dropout", "targets")
                        if getattr(args, f"lora_{name}") is not None}
     if adapter_options:
         overrides["adapter_options"] = adapter_options
     if args.threshold is not None:
-        from kbert.pipeline.config import BOUNDS, check_number
+        from kbert.pipeline.config import bound_of, check_number
 
         threshold = args.threshold if args.threshold == "tune" else _probability(args.threshold)
-        overrides["threshold"] = check_number(threshold, "--threshold", BOUNDS["threshold"])
+        overrides["threshold"] = check_number(threshold, "--threshold", bound_of("threshold"))
     return overrides
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kbert.cli.common import add_command, add_competition, add_data_dir, add_number, add_out
+from kbert.cli.common import add_command, add_competition, add_data_dir, add_number, add_out, add_setting
 
 EPILOG = """examples:
   kbert tune titanic --timeout 8h                  overnight (on a CPU, a worker per core)
@@ -22,6 +22,8 @@ study: runs/<competition>/<study>/{journal.log, trial-<NNNN>/ (run artifacts), r
 
 
 def add_parser(commands) -> None:
+    from kbert.pipeline.config import words_of
+
     tune = add_command(commands, "tune",
                        help="tune settings with Optuna over the k folds (resumable, pruned, parallel)",
                        description="Run an Optuna study: each trial is a full k-fold run with sampled "
@@ -48,7 +50,7 @@ def add_parser(commands) -> None:
                help="worker processes, each running one trial at a time (default: on a CPU one per core, each "
                     "trial on its core; on a GPU one)")
     tune.add_argument("--space", help="search space YAML replacing kbert/tune/search_space.yaml")
-    tune.add_argument("--pruner", choices=("wilcoxon", "median", "none"),
+    tune.add_argument("--pruner", choices=words_of("kbert.tune.options", "PRUNERS"),
                       help="fold-wise pruning (default: the study's; a new study wilcoxon)")
     add_number(tune, "--prune-p", float, {"at_least": 0, "at_most": 1},
                help="Wilcoxon p-value threshold; larger prunes more (default: the study's; a new study 0.2, "
@@ -58,9 +60,8 @@ def add_parser(commands) -> None:
     add_number(tune, "--heartbeat", float, {"above": 0}, default=30.0,
                help="seconds between heartbeats; a trial silent for 4 is stale and retried (default 30)")
     add_number(tune, "--seed", int, "seed", dest="sampler_seed", help="the TPE sampler's seed (default: random)")
-    add_number(tune, "--folds", int, "folds", help="number of CV folds for every trial")
-    add_number(tune, "--limit-rows", int, "limit_rows",
-               help="every trial uses the first N training rows (quick studies)")
+    add_setting(tune, "folds", help="number of CV folds for every trial")
+    add_setting(tune, "limit_rows", help="every trial uses the first N training rows (quick studies)")
     add_data_dir(tune)
     add_out(tune, default="runs", help="runs folder (default runs)")
     tune.add_argument("--report", action="store_true",

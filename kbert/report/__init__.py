@@ -1,30 +1,8 @@
 """``kbert report <run-id|study|ensemble>``: PNG plots and a small self-contained ``index.html`` beside them.
 
-Targets and what each report draws:
-
-- a run folder or run id (``kbert run``, a tuning trial, ``kbert baseline``): fold_scores.png, curves.png
-  (when the folds kept a history.json), and from the OOF predictions against the competition's targets:
-  confusion.png + calibration.png (binary, multiclass, multilabel), residuals.png (regression, timeseries),
-  confusion.png + residuals.png (ordinal). Written to ``<run>/report/``.
-- a study folder (``runs/<competition>/<study>``, holding journal.log): Optuna's history.png, importances.png and
-  parallel_coordinate.png plus best.yaml (``kbert.tune.write_report``), and the best trial's fold_scores.png
-  and curves.png. Written to ``<study>/report/``.
-- an ensemble sidecar JSON (``kbert ensemble``): weights.png, correlations.png (members' OOF predictions) and
-  methods.png (honest CV per method). Written to ``<json stem>-report/`` beside the JSON.
-
-The page links its pictures by relative ``src`` (the folder can be moved or zipped), has inline CSS and no
-scripts. matplotlib is an optional extra (``kbert[report]``), imported only when a report is drawn. Every file
-is written atomically (kbert/io.py).
-
-What lives where:
-
-- here: ``write_report``, the entry point (``kbert report``);
-- ``target``: ``resolve_target`` (run, study or ensemble?) and each one's default output folder;
-- ``runs``: the run report (its facts, the fold plots, the truth read back for the OOF plots);
-- ``studies``: the study report (Optuna's plots via ``kbert.tune``, the best trial's fold plots);
-- ``ensembles``: the ensemble report and its plots (weights, correlations, methods);
-- ``plots``: matplotlib (``pyplot``, ``save_figure``) and the plots of a run's folds and OOF predictions;
-- ``page``: ``Page`` (what index.html shows), ``format_score`` and ``render_html``.
+``write_report`` is the entry point; ``resolve`` tells a run, a study and an ensemble sidecar apart, and
+``run_page``, ``study_page`` and ``ensemble_page`` draw each. The page links its pictures by relative path and runs
+no scripts; matplotlib (``kbert[report]``) is imported only when a report is drawn.
 """
 
 from __future__ import annotations

@@ -1,14 +1,5 @@
-"""The plots of a run's results, and the matplotlib plumbing every report uses.
-
-- ``pyplot()`` (matplotlib on the Agg backend, imported only when a report is drawn: it is the optional extra
-  ``kbert[report]``) and ``save_figure`` (an atomic PNG write, kbert/io.py);
-- the fold plots, drawn for a run and for a study's best trial: ``plot_fold_scores`` (fold_scores.png) and
-  ``plot_curves`` (curves.png);
-- the OOF predictions against the truth, drawn for a run: ``plot_confusion``, ``plot_binary_calibration``,
-  ``plot_top_label_calibration``, ``plot_label_confusion``, ``plot_label_calibration`` and ``plot_residuals``
-  (which of them a task gets is ``kbert.report.run_page.oof_plots``);
-- a run's column importance (``kbert report --importance``, pipeline/importance.py): ``plot_importance``;
-- the helpers the ensemble plots share: ``fit_ylim``.
+"""The plots of a run's results (fold scores, curves, OOF predictions against the truth, column importance), and the
+matplotlib plumbing every report uses: ``pyplot()`` (imported only when a report is drawn) and ``save_figure``.
 """
 
 from __future__ import annotations
@@ -205,8 +196,8 @@ def plot_binary_calibration(y: np.ndarray, p: np.ndarray, threshold: float, name
     """Reliability diagram (left) and the OOF probabilities of each true class (right)."""
     plt = pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    reliability_panel(left, y, p, 0, f"mean predicted P({name})", f"observed share with {name} = 1",
-                      "reliability diagram (quantile bins of the predictions)")
+    reliability_panel(left, y, p, 0, (f"mean predicted P({name})", f"observed share with {name} = 1",
+                                       "reliability diagram (quantile bins of the predictions)"))
     histogram_panel(right, [(p[y == value], color, f"true {name} = {value} ({(y == value).sum()})")
                             for value, color in ((0, "#e45756"), (1, "#4c78a8"))],
                     f"predicted P({name})", "OOF probabilities by true class", threshold)
@@ -220,17 +211,19 @@ def plot_top_label_calibration(y: np.ndarray, probabilities: np.ndarray, path: P
     confidence = probabilities.max(axis=1)
     correct = (probabilities.argmax(axis=1) == y).astype(int)
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    reliability_panel(left, correct, confidence, 1.0 / probabilities.shape[1], "mean confidence in the predicted "
-                      "class", "accuracy", f"top-label reliability (accuracy {correct.mean():.3f})")
+    reliability_panel(left, correct, confidence, 1.0 / probabilities.shape[1],
+                      ("mean confidence in the predicted class", "accuracy",
+                       f"top-label reliability (accuracy {correct.mean():.3f})"))
     histogram_panel(right, [(confidence[correct == 1], "#4c78a8", f"right ({correct.sum()})"),
                             (confidence[correct == 0], "#e45756", f"wrong ({(correct == 0).sum()})")],
                     "confidence in the predicted class", "OOF confidence of right and wrong predictions")
     return save_figure(figure, path)
 
 
-def reliability_panel(axes, y: np.ndarray, p: np.ndarray, low: float, xlabel: str, ylabel: str, title: str) -> None:
+def reliability_panel(axes, y: np.ndarray, p: np.ndarray, low: float, text: tuple[str, str, str]) -> None:
     """A reliability diagram of 0/1 outcomes ``y`` against probabilities ``p`` (the curve only when both outcomes
-    occur), with the diagonal from (low, low) to (1, 1)."""
+    occur), with the diagonal from (low, low) to (1, 1); ``text``: its x label, y label and title."""
+    xlabel, ylabel, title = text
     axes.plot([low, 1], [low, 1], color="gray", linestyle=":", label="perfectly calibrated")
     if len(np.unique(y)) == 2:
         predicted, observed, counts = reliability(y, p)

@@ -63,7 +63,7 @@ def run_report(run_dir: Path, out: Path) -> Page:
         page.notes.append(f"truth-based plots skipped: {exc}")
         return page
     covered = ~np.isnan(predictions).all(axis=1)  # time-series folds: the first block has no OOF prediction
-    page.figures += oof_plots(task, metric, metrics, truth[covered], classes, predictions[covered], columns, out)
+    page.figures += oof_plots(metrics, truth[covered], classes, predictions[covered], columns, out)
     return page
 
 
@@ -294,10 +294,10 @@ def load_truth(run_dir: Path, task: str, ids: pd.Series) -> tuple[np.ndarray, li
     return values[position], targets.classes
 
 
-def oof_plots(task: str, metric: str, metrics: dict, truth: np.ndarray, classes: list | None,
-              predictions: np.ndarray, columns: list[str], out: Path) -> list[tuple[str, str]]:
-    """The task's truth-based plots; returns (file name, caption) for each."""
-    figures = []
+def oof_plots(metrics: dict, truth: np.ndarray, classes: list | None, predictions: np.ndarray, columns: list[str],
+              out: Path) -> list[tuple[str, str]]:
+    """The truth-based plots of the task in ``metrics`` (metrics.json); returns (file name, caption) for each."""
+    task, metric, figures = metrics["task"], metrics["metric"], []
     tuned = (metrics.get("threshold") or {}).get("tuned_on_oof")
     if task == Task.BINARY:
         threshold = float(tuned[0]) if tuned else 0.5

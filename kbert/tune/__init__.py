@@ -1,29 +1,17 @@
 """Optuna tuning over k folds: ``kbert tune <competition>``.
 
-A study lives in ``runs/<competition>/<study>/``: ``journal.log`` (Optuna's JournalStorage, safe for several
-processes), ``journal.log.heartbeats/`` (one file per running trial), ``trial-<NNNN>/`` per completed trial in
-the run artifact layout (so that any trial can be blended; fold weights for the best ``keep_top`` only) and
-``report/`` (best.yaml and plots). Each trial is one ``run_competition`` over the k folds, reported fold by fold
-and pruned when clearly worse; its value is the mean fold score. Ctrl-C, a crash or a kill loses no finished
-trial, and the same command resumes: an abandoned or stale trial is queued again with the same parameters.
+A study lives in ``runs/<competition>/<study>/``: ``journal.log`` (or an RDB URL), ``journal.log.heartbeats/``,
+one ``trial-<NNNN>/`` run folder per completed trial, and ``report/``. Each trial is one ``run_competition`` over
+the k folds, reported fold by fold and pruned when clearly worse; a killed or abandoned trial is queued again with
+the same parameters, so the same command resumes.
 
-What lives where:
+- ``options.py``: one invocation's settings; ``space.py`` + ``search_space.yaml``: the search space;
+- ``storage.py``: where trials are kept, and finding a dead worker's trial; ``database.py``: an RDB URL;
+  ``trial_store.py``: ``--artifacts``;
+- ``study.py``: open or create the study; ``objective.py``: one trial; ``workers.py``: ``tune()`` and its workers;
+- ``summary.py``: the trials table, best.yaml and the plots (``kbert tune --report``).
 
-- ``options.py``: ``TuneOptions`` (one invocation's settings), ``parse_duration``, ``format_duration``;
-- ``space.py`` + ``search_space.yaml``: the search space (YAML format, parsing, sampling, run overrides);
-- ``storage.py``: the journal file or RDB URL (drivers, waiting out a lost database), and the heartbeat files
-  that find a dead worker's trial;
-- ``artifacts.py``: the shared artifact store (--artifacts): upload each trial's folder, fetch what a machine
-  lacks;
-- ``study.py``: open or create the study (sampler, pruner, trial 0 = the default configuration), trial
-  folders, keeping the best fold weights;
-- ``objective.py``: one trial: sample, run the folds, report each, prune;
-- ``workers.py``: ``tune()``, how many workers (``auto_workers``: one per core on a CPU), worker processes,
-  signals, resuming abandoned trials;
-- ``report.py``: the trials table, best.yaml and the plots (``kbert tune --report``), the dashboard.
-
-Optuna is used through its public API only. No module here imports MLX when it is imported (a spawned worker
-calls ``runtime.setup()`` first; see workers.py).
+No module here imports MLX when it is imported: a spawned worker calls ``runtime.setup()`` first.
 """
 
 import warnings

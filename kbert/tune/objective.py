@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -98,13 +98,11 @@ def objective(trial: optuna.Trial, context: TrialContext) -> float:
     return record_result(trial, context, result, scores, time.perf_counter() - began)
 
 
-def make_objective(options: TuneOptions, competition: CompetitionConfig, params: list[Param], directory: Path,
-                   worker: int, started: float, log: Callable[[str], None] = print,
-                   parent_pid: int | None = None) -> Callable[[optuna.Trial], float]:
-    """``objective`` bound to one worker's context, for ``study.optimize``."""
-    store = open_artifact_store(options.artifacts) if options.artifacts else None
-    return partial(objective, context=TrialContext(options, competition, params, directory, worker, started, log,
-                                                   parent_pid, store))
+def make_objective(context: TrialContext) -> Callable[[optuna.Trial], float]:
+    """``objective`` bound to one worker's context, its artifact store (``--artifacts``) opened, for
+    ``study.optimize``."""
+    store = open_artifact_store(context.options.artifacts) if context.options.artifacts else None
+    return partial(objective, context=replace(context, store=store))
 
 
 def check_needed(trial: optuna.Trial, target: int | None) -> None:

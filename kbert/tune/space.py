@@ -13,7 +13,7 @@ import optuna
 
 from kbert.errors import KbertError
 from kbert.io import write_yaml
-from kbert.pipeline.config import BOUNDS, Bound, CompetitionConfig, RunConfig, check_number, read_yaml
+from kbert.pipeline.config import Bound, CompetitionConfig, RunConfig, bound_of, check_number, choices_of, read_yaml
 
 DEFAULT_SPACE = Path(__file__).resolve().parent / "search_space.yaml"
 SET_PREFIXES = ("adapter_options.", "text.")
@@ -139,16 +139,17 @@ def make_distribution(entry: dict, where: str) -> optuna.distributions.BaseDistr
 
 
 def check_entry_values(entry: dict, target: str, where: str) -> None:
-    """The numbers an entry can give its run setting (``low``, ``high``, each choice, the fixed ``value``) are
-    ones the setting accepts (kbert.pipeline.config.BOUNDS): a space never samples a NaN or a zero batch size."""
-    bound = BOUNDS.get(target)
-    if bound is None:
-        return
+    """The values an entry can give its run setting (``low``, ``high``, each choice, the fixed ``value``) are ones
+    the setting's declaration accepts (kbert.pipeline.config.SETTINGS): a space never samples a NaN, a zero batch
+    size or a word its setting does not know; it may sample a subset of a setting's choices."""
     given = [(key, entry[key]) for key in ("low", "high", "value") if key in entry]
-    given += [(f"choice {i + 1}", choice) for i, choice in enumerate(entry.get("choices") or [])
-              if not isinstance(choice, str)]
+    given += [(f"choice {i + 1}", choice) for i, choice in enumerate(entry.get("choices") or [])]
+    bound, words = bound_of(target), choices_of(target)
     for key, value in given:
-        check_number(value, f"{where}: {key}", bound)
+        if bound is not None:
+            check_number(value, f"{where}: {key}", bound)
+        elif words and value not in words:
+            raise KbertError(f"{where}: {key} {value!r} is unknown; known: {', '.join(words)}")
 
 
 ENCODER_KINDS = ("pretrained", "scratch")  # `when: {encoder: pretrained}` holds for every pretrained encoder

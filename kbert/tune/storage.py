@@ -1,34 +1,10 @@
-"""Where a study's trials are kept, and how the trial of a dead worker is found and run again.
+"""Where a study's trials are kept (a journal file, or an RDB URL for several machines), and how a dead worker's
+trial is found and run again.
 
-Two storages:
-
-- a journal file (default ``runs/<competition>/<study>/journal.log``): Optuna's ``JournalStorage``, safe for
-  several processes on one machine;
-- an RDB URL (``postgresql://``, ``mysql://``, ``sqlite:///``) for several machines: Optuna's ``RDBStorage``
-  with its own heartbeats (``heartbeat_interval``, ``grace_period``) and ``RetryHeartbeatStaleTrialCallback``;
-  Optuna's optimize loop then fails and retries stale trials by itself. ``postgresql://`` is routed to psycopg 3
-  (``postgresql+psycopg://``, ``pip install "kbert[distributed]"``); a missing driver is named in one line.
-  ``RetryingRDBStorage`` rides out a database restart: every storage call that fails because the connection
-  was lost waits and tries again with backoff (pooled connections are pinged before use), so a worker goes on
-  and a trial that finished while the database was down is recorded when it comes back.
-
-A journal file is checked before Optuna reads it and before the first append (``open_journal``): a kill in the
-middle of an append leaves a torn last line, which Optuna's reader skips but which the next append is glued onto,
-breaking the file for good. Under the journal's own lock (Optuna's ``JournalFileSymlinkLock``, the one its backend
-appends under) the torn bytes are cut back to the last newline, and a torn fragment that an older append was
-glued onto is cut from the front of that line; the warning says so once. A line that is neither is refused in
-one line. A journal (and its folder) that this opening creates is taken back when the command is refused
-(``kbert.io.removed_on_refusal``).
-
-Optuna implements heartbeats for ``RDBStorage`` only, so for a journal file ``Heartbeats`` does the same with
-public calls: while a trial runs, a daemon thread of its worker rewrites
-``<study folder>/journal.log.heartbeats/<trial number>`` every interval; a worker, when it starts and after each
-of its trials, fails every RUNNING trial whose file (before its first beat: whose start) is older than the
-grace period (``study.tell(number, state=FAIL)``) and queues it again with the same parameters and user
-attributes through Optuna's retry callback (system attributes ``failed_trial`` and ``retry_history``, at most
-``max_retry`` times), which leaves the study as ``RDBStorage`` would.
-
-Imports no MLX: a spawned worker imports this before ``runtime.setup()``.
+A journal file is repaired before it is read or appended to (``open_journal``): a kill in the middle of an append
+leaves a torn line, which is cut under Optuna's own journal lock. For a journal, ``Heartbeats`` does with public
+calls what Optuna's ``RDBStorage`` heartbeats do: a stale RUNNING trial is failed and queued again with the same
+parameters. Imports no MLX: a spawned worker imports this before ``runtime.setup()``.
 """
 
 from __future__ import annotations
@@ -50,14 +26,9 @@ from optuna.trial import FrozenTrial, TrialState
 
 from kbert.errors import KbertError
 from kbert.io import atomic_write, make_folder, removed_on_refusal, write_text
+from kbert.tune.database import RetryStaleTrial, open_rdb, url_label
 from kbert.tune.options import TuneOptions
 
-# Optuna >= 4.9 names the callback RetryHeartbeatStaleTrialCallback (and RDBStorage's argument
-# heartbeat_stale_trial_callback); older versions RetryFailedTrialCallback (failed_trial_callback).
-NEW_NAMES = hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback")
-RetryStaleTrial = optuna.storages.RetryHeartbeatStaleTrialCallback if NEW_NAMES else \
-    optuna.storages.RetryFailedTrialCallback
-RDB_CALLBACK_ARGUMENT = "heartbeat_stale_trial_callback" if NEW_NAMES else "failed_trial_callback"
 JOURNAL = "journal.log"
 HEARTBEATS = "journal.log.heartbeats"
 
@@ -169,11 +140,7 @@ def journal_path(options: TuneOptions, directory: Path) -> Path:
 
 def storage_label(options: TuneOptions, directory: Path) -> str:
     """The storage as printed: the journal path, or the URL without its password."""
-    if not options.rdb:
-        return str(journal_path(options, directory))
-    import sqlalchemy
-
-    return sqlalchemy.engine.make_url(options.storage).render_as_string(hide_password=True)
+    return url_label(options.storage) if options.rdb else str(journal_path(options, directory))
 
 
 def heartbeats_of(options: TuneOptions, directory: Path) -> Heartbeats | None:
@@ -336,133 +303,3 @@ def began_as_record(fragment: bytes) -> bool:
     end = fragment.find(RECORD_START, 1)
     first = fragment if end == -1 else fragment[:end]
     return first.startswith(RECORD_START) or RECORD_START.startswith(first)
-
-
-# --------------------------------------------------------------------------- RDB URLs (several machines)
-
-DRIVERS = {  # SQLAlchemy dialect -> how to install its driver
-    "postgresql": 'pip install "kbert[distributed]" (psycopg 3)',
-    "mysql": "pip install mysqlclient, or pip install pymysql and write mysql+pymysql://",
-}
-
-
-def rdb_url(url: str) -> str:
-    """``postgresql://`` and ``postgres://`` go to psycopg 3 (SQLAlchemy's default would be psycopg2)."""
-    for prefix in ("postgresql://", "postgres://"):
-        if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix):]
-    return url
-
-
-def open_rdb(options: TuneOptions) -> RetryingRDBStorage:
-    import sqlalchemy
-
-    url = rdb_url(options.storage)
-    label = storage_label(options, Path())
-    try:
-        dialect = sqlalchemy.engine.make_url(url).get_backend_name()
-    except sqlalchemy.exc.ArgumentError:
-        raise KbertError(f"--storage {label}: not a database URL (e.g. postgresql://user@host/db)") from None
-    callback = {RDB_CALLBACK_ARGUMENT: RetryStaleTrial(max_retry=options.max_retry)}
-    try:
-        return RetryingRDBStorage(url, engine_kwargs={"pool_pre_ping": True},
-                                  heartbeat_interval=max(1, int(options.heartbeat)),
-                                  grace_period=max(2, int(options.grace)), wait=options.db_wait, **callback)
-    except ImportError as exc:
-        missing = exc.__cause__ or exc
-        install = DRIVERS.get(dialect, f"install the {dialect} driver SQLAlchemy names")
-        raise KbertError(f"--storage {label}: the {dialect} driver is missing ({missing}); {install}") from None
-    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as exc:
-        cause = connection_error(exc) or exc
-        reason = str(getattr(cause, "orig", None) or cause).strip().splitlines()[0]
-        raise KbertError(f"--storage {label}: cannot open the database: {reason}") from None
-
-
-def connection_error(exc: BaseException) -> BaseException | None:
-    """The lost or refused connection behind a storage error, or None when the error is anything else (bad
-    data, a constraint): only those are worth waiting for."""
-    import sqlalchemy
-
-    while exc is not None:
-        if isinstance(exc, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
-                            sqlalchemy.exc.PendingRollbackError)) or (  # a session left behind by a lost connection
-                isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated):
-            return exc
-        exc = exc.__cause__
-    return None
-
-
-class RetryingRDBStorage(optuna.storages.RDBStorage):
-    """Optuna's RDBStorage whose calls wait out a lost database: a call that fails on the connection is tried
-    again after 0.5, 1, 2 ... 30 s until ``wait`` seconds have passed, then the error is raised. A retried write
-    that had in fact committed (the connection dropped before the answer) is recognized where it matters: a
-    trial already finished in the state and values being told counts as told."""
-
-    def __init__(self, url: str, *, wait: float, **kwargs) -> None:
-        self.wait = wait
-        super().__init__(url, **kwargs)
-
-    def retrying(self, name: str, call, *args, **kwargs):
-        delay, waited, lost = 0.5, 0.0, None
-        while True:
-            try:
-                result = call(*args, **kwargs)
-            except Exception as exc:
-                error = connection_error(exc)
-                if error is None or waited >= self.wait:
-                    raise
-                if lost is None:
-                    lost = time.monotonic()
-                    print(f"database unreachable ({type(error).__name__} in {name}); retrying for up to "
-                          f"{self.wait:.0f}s", file=sys.stderr, flush=True)
-                self.remove_session()  # the next attempt starts a new session, not the broken transaction
-                time.sleep(delay)
-                waited += delay
-                delay = min(delay * 2, 30.0)
-                continue
-            if lost is not None:
-                print(f"database back after {time.monotonic() - lost:.1f}s", file=sys.stderr, flush=True)
-            return result
-
-    def set_trial_state_values(self, trial_id, state, values=None) -> bool:
-        attempts = []
-
-        def once():
-            attempts.append(1)
-            try:
-                return optuna.storages.RDBStorage.set_trial_state_values(self, trial_id, state, values)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                if len(attempts) > 1 and already_told(self.get_trial(trial_id), state, values):
-                    return True  # the attempt that lost its connection had committed
-                raise
-
-        return self.retrying("set_trial_state_values", once)
-
-
-def already_told(trial: FrozenTrial, state: TrialState, values) -> bool:
-    return trial.state == state and (values is None or list(trial.values or []) == list(values))
-
-
-def retried(name: str):
-    method = getattr(optuna.storages.RDBStorage, name)
-
-    def call(self, *args, **kwargs):
-        return self.retrying(name, method, self, *args, **kwargs)
-
-    call.__name__ = name
-    call.__doc__ = method.__doc__
-    return call
-
-
-# Every call that reaches the database: the public ones, and the four private ones that Optuna's own cache in
-# front of every RDBStorage (optuna.storages._CachedStorage) calls instead of their public forms, plus the
-# stale-trial check that Optuna's fail_stale_trials makes. A call nested in another is retried by the inner one.
-RETRIED = ("create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
-           "get_study_id_from_name", "get_study_name_from_id", "get_study_directions", "get_study_user_attrs",
-           "get_study_system_attrs", "get_all_studies", "create_new_trial", "set_trial_param",
-           "get_trial_id_from_study_id_trial_number", "get_trial_number_from_id", "get_trial_param",
-           "set_trial_intermediate_value", "set_trial_user_attr", "set_trial_system_attr", "get_trial",
-           "get_all_trials", "get_n_trials", "get_best_trial", "record_heartbeat", "_get_stale_trial_ids",
-           "_create_new_trial", "_set_trial_param", "_get_trials", "_get_best_trial_id")
-for _name in RETRIED:
-    setattr(RetryingRDBStorage, _name, retried(_name))

@@ -138,7 +138,8 @@ def serve_dashboard(options: TuneOptions, host: str, port: int) -> int:
     import subprocess
 
     from kbert.pipeline.config import load_competition
-    from kbert.tune.storage import journal_path, rdb_url, repair_journal
+    from kbert.tune.database import rdb_url
+    from kbert.tune.storage import journal_path, repair_journal
     from kbert.tune.study import study_dir
 
     program = shutil.which("optuna-dashboard", path=os.pathsep.join([str(Path(sys.executable).parent),

@@ -1,21 +1,9 @@
-"""Shared trial artifacts (``kbert tune --artifacts``): every completed trial's run folder goes to an artifact store
-that every machine reaches, so that any machine can blend every trial and rerun the best one.
+"""Shared trial artifacts (``kbert tune --artifacts``): every completed trial's run folder goes to a store that every
+machine reaches, so that any machine can blend every trial and rerun the best one.
 
-The store is Optuna's artifact store API: ``FileSystemArtifactStore`` for a folder every machine mounts, or
-``Boto3ArtifactStore`` for ``s3://bucket`` (S3-compatible storage through boto3, the ``distributed`` extra; endpoint
-and keys from boto3's usual environment variables; tests/test_tune_s3.py runs it against moto's S3 server). A trial
-uploads two archives before it is told:
-
-- ``run.tar.gz``: the run folder without weights (config.yaml, folds.csv, oof.csv, test.csv, submission.csv,
-  metrics.json, inputs.json, each fold's history, predictions, serializer and tokenizer);
-- ``weights.tar``: the folds' weight files, kept in the store for the best ``--keep-top`` trials only, as in the
-  local study folder.
-
-Their artifact ids are the trial's ``artifacts`` user attribute. ``fetch_trials`` unpacks what a machine lacks
-into its own study folder (``runs/<competition>/<study>/trial-NNNN/``), the same layout a local trial has, so
-``kbert ensemble`` and ``kbert tune --report`` read it as if the trial had run there.
-
-Imports no MLX.
+The store is Optuna's artifact store (a shared folder, or ``s3://bucket`` through boto3). A trial uploads
+``run.tar.gz`` (its run folder without weights) and ``weights.tar`` (kept for the best ``--keep-top`` trials only);
+``fetch_trials`` unpacks what a machine lacks into the same ``trial-NNNN/`` layout a local trial has. Imports no MLX.
 """
 
 from __future__ import annotations

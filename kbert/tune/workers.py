@@ -1,23 +1,9 @@
-"""Workers: ``tune()`` runs the study in this process or in ``--workers`` spawned processes, each optimizing the
-same study until it has ``--trials`` finished trials or the ``--timeout`` deadline passes.
+"""``tune()``: run the study in this process or in ``--workers`` spawned processes, each optimizing the same study
+until it has ``--trials`` finished trials or the ``--timeout`` deadline passes.
 
-- ``run_worker``: one worker's loop, one trial at a time: its own sampler seed, heartbeats for a journal-file
-  study (kbert/tune/storage.py), stale trials of dead workers failed and queued again before each trial, no
-  trial started past --trials (a worker waits for the others' last trials instead), the housekeeping after
-  each trial, a stop after MAX_FAILURES_IN_A_ROW failures.
-- ``worker_main``: the entry point of a spawned worker process.
-- ``run_processes``: start the workers, pass ``kill PID`` (SIGTERM) on to them as a Ctrl-C, wait for them.
-- ``requeue_abandoned``: queue again the trials that Ctrl-C or the deadline abandoned.
-
-Exit codes: 0; 130 after Ctrl-C (the running trials are queued again: the same command resumes); ``tune``
-returns 1 when a worker died (its trial goes stale and is retried). A worker whose ``kbert tune`` is gone
-abandons its trial after the current fold and stops.
-
-Workers are spawned, not forked: MLX and BLAS threads do not survive a fork. A spawned worker imports this
-module to find its entry point, and ``kbert.models.runtime.setup()`` must bind the fast BLAS before anything
-imports ``mlx.core`` (else every trial trains on the reference BLAS: ``"blas": "reference"`` in its
-metrics.json). So kbert.tune imports no MLX at the top of any module (the objective imports the run inside
-the trial; tests/test_layers.py checks it), and ``worker_main`` calls ``setup()`` first.
+Exit codes: 0; 130 after Ctrl-C (the running trials are queued again, so the same command resumes); 1 when a
+worker died. Workers are spawned, not forked (MLX and BLAS threads do not survive a fork), and ``worker_main``
+calls ``runtime.setup()`` before anything imports ``mlx.core``, so no module of kbert.tune imports MLX at its top.
 """
 
 from __future__ import annotations
@@ -41,7 +27,7 @@ from kbert.models import runtime
 from kbert.pipeline.fold_processes import (PROCESS_MEMORY, available_memory, memory_holds, thread_environment,
                                            usable_cores)
 from kbert.tune.trial_store import drop_weights, open_artifact_store
-from kbert.tune.objective import make_objective, parent_gone
+from kbert.tune.objective import TrialContext, make_objective, parent_gone
 from kbert.tune.options import TuneOptions, format_duration
 from kbert.tune.storage import (Heartbeats, fail_stale_trials, forget_finished, heartbeats_of, queued_again, retry,
                                 storage_label)
@@ -98,10 +84,8 @@ def auto_workers(trials: int | None) -> int:
     than ``trials``), each training its trials' folds one after another on its core; on a GPU one worker, which
     runs a trial's folds one after another on the GPU.
 
-    One trial at a time with its folds side by side (pipeline/fold_processes.py) leaves cores idle: a 5-fold
-    trial on 2 cores trains its folds in pairs, and the fifth fold alone; each pair waits on its slower fold; and
-    the pruner, which can first stop a trial on its third fold score, sees the third and fourth at once. A
-    worker per core keeps every core on a fold, and stops a pruned trial after its third fold."""
+    One trial at a time with its folds side by side (pipeline/fold_processes.py) leaves cores idle while a trial's
+    last folds wait on each other; a worker per core keeps every core on a fold (benchmarks/NOTES.md)."""
     from kbert.pipeline.precision import gpu_available  # loads MLX: the command ran runtime.setup() first
 
     if gpu_available():
@@ -150,8 +134,7 @@ def worker_main(options: dict, worker: int, started_wall: float) -> None:
 def cores_shared(workers: int) -> Iterator[None]:
     """While the workers are spawned, each gets cores // workers BLAS and kernel threads (unless the user set
     them; pipeline/fold_processes.py ``thread_environment``). One thread per core in every worker oversubscribes
-    the CPU ``workers`` times over and the BLAS threads spin against each other: on 2 cores, two Titanic trials
-    at once took 85 s against 10 s for one alone, and 11 s with a thread each."""
+    the CPU ``workers`` times over and the BLAS threads spin against each other (benchmarks/NOTES.md)."""
     with thread_environment(max(1, usable_cores() // workers)):
         yield
 
@@ -169,7 +152,8 @@ def run_worker(options: TuneOptions, worker: int = 0, started: float | None = No
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     if options.sampler_seed is not None:  # workers must not propose the same parameters
         study.sampler = make_sampler(options.sampler_seed + worker)
-    objective = make_objective(options, competition, params, directory, worker, started, parent_pid=parent_pid)
+    objective = make_objective(TrialContext(options, competition, params, directory, worker, started,
+                                            parent_pid=parent_pid))
     heartbeats = heartbeats_of(options, directory)
     if heartbeats is not None:  # a journal file: kbert's heartbeats (RDBStorage: Optuna's own)
         objective = with_heartbeat(objective, heartbeats)

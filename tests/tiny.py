@@ -1,0 +1,31 @@
+"""The tiny run that training tests share: a one-layer BERT 32 wide, 2 folds of 1 epoch, short texts."""
+
+from pathlib import Path
+
+from kbert.pipeline.artifacts import RunResult
+from kbert.pipeline.config import CompetitionConfig, RunConfig, load_competition, resolve_run_config
+from kbert.pipeline.run import run_competition
+
+TINY = {"folds": 2, "epochs": 1, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "intermediate_size": 64, "vocab_size": 300, "max_length": 64}
+
+
+def tiny_args(limit_rows: int, max_length: int = 64) -> list[str]:
+    """TINY's folds, epochs and length as `kbert run` options (the command trains the competition's own model)."""
+    return ["--limit-rows", str(limit_rows), "--folds", "2", "--epochs", "1", "--max-length", str(max_length),
+            "--no-progress"]
+
+
+def tiny_config(competition: str | Path | CompetitionConfig, out: Path, **overrides) -> RunConfig:
+    """TINY's settings for a competition (its name, its YAML's path or itself), writing runs to out/runs and
+    submissions to out/subs; ``overrides`` change any run setting."""
+    if not isinstance(competition, CompetitionConfig):
+        competition = load_competition(str(competition))
+    return resolve_run_config(competition, {**TINY, "out_dir": str(out / "runs"), "submissions_dir": str(out / "subs"),
+                                            **overrides})
+
+
+def run_tiny(competition: str | Path | CompetitionConfig, out: Path, run_id: str = "t", **overrides) -> RunResult:
+    """Train tiny_config's run quietly."""
+    return run_competition(tiny_config(competition, out, **overrides), run_id=run_id, progress=False,
+                           log=lambda _: None)
