@@ -34,6 +34,11 @@ class MaskedLM:
     # share ``bias``. Empty where the head has no such pair.
     decoder_bias: str = ""
     bias: str = ""
+    # Where a config setting moves the head (DeBERTa's legacy): the layout that config picks, None for this one.
+    by_config: Callable[[Any], MaskedLM | None] | None = None
+
+    def for_config(self, config: Any) -> MaskedLM:
+        return (self.by_config(config) if self.by_config else None) or self
 
 
 @dataclass(frozen=True)

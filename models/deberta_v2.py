@@ -532,9 +532,14 @@ ARCHITECTURE = Architecture(
                      "attention": "query_proj,key_proj,value_proj", "query-value": "query_proj,value_proj"},
     blocks="encoder.layer", embeddings=("embeddings.", "encoder.rel_embeddings."),
     # transformers' default (legacy) head; the released checkpoints' lm_predictions.* / mask_predictions.* (the
-    # pretraining heads) are dropped, so they load encoder-only with a fresh head, as in transformers.
+    # pretraining heads) are dropped, so they load encoder-only with a fresh head, as in transformers. With
+    # ``legacy: false`` the head is lm_predictions.lm_head.* (always tied: no decoder weight stored).
     masked_lm=MaskedLM(DebertaV2ForMaskedLM, "deberta", ("cls.",), "cls.predictions.decoder.weight",
                        "embeddings.word_embeddings.weight", "DebertaV2ForMaskedLM",
                        ignored=("lm_predictions.", "mask_predictions."),
-                       decoder_bias="cls.predictions.decoder.bias", bias="cls.predictions.bias"),
+                       decoder_bias="cls.predictions.decoder.bias", bias="cls.predictions.bias",
+                       by_config=lambda config: None if config.legacy else LM_PREDICTIONS),
 )
+LM_PREDICTIONS = MaskedLM(DebertaV2ForMaskedLM, "deberta", ("lm_predictions.",), "",
+                          "embeddings.word_embeddings.weight", "DebertaV2ForMaskedLM",
+                          ignored=("cls.", "mask_predictions."))

@@ -51,7 +51,7 @@ def layout_of(model: nn.Module) -> MaskedLM:
     if arch is None or arch.masked_lm is None or not isinstance(model, arch.masked_lm.model):
         classes = sorted({a.masked_lm.model.__name__ for a in ARCHITECTURES.values() if a.masked_lm is not None})
         raise TypeError(f"{type(model).__name__} is not a masked-LM model ({', '.join(classes)})")
-    return arch.masked_lm
+    return arch.masked_lm.for_config(model.config)
 
 
 def encoder_of(model: nn.Module) -> nn.Module:
@@ -87,7 +87,7 @@ def split_checkpoint(model_type: str, weights: dict[str, mx.array], config: Any
     what an untied transformers 5 model computes with; tied, the two must be equal).
     Nothing else is renamed or dropped, so a strict load reports any other mismatch.
     """
-    layout = masked_lm_of(model_type)
+    layout = masked_lm_of(model_type).for_config(config)
     kept = {k: v for k, v in weights.items() if not k.startswith(layout.ignored)} if layout.ignored else weights
     head = {k: v for k, v in kept.items() if k.startswith(layout.head)}
     rest = {k: v for k, v in kept.items() if k not in head}

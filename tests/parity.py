@@ -96,8 +96,7 @@ ARCHS = {
                     masked_lm={**UNTIED, "unprojected": {"embedding_size": 32}}),
     "deberta-v3": Arch("DebertaV2", V3, **DEBERTA, masked_lm={**UNTIED, "lm_predictions": {"legacy": False}},
                        mistakes=("relative bucket", "no c2p", "no p2c", "scale without the relative terms",
-                                 "key-only padding mask"),
-                       gaps={"lm_predictions": "load_masked_lm_weights drops lm_predictions.* even with legacy false"}),
+                                 "key-only padding mask")),
     "deberta-v2": Arch("DebertaV2", V2, **DEBERTA, mistakes=("relative bucket",)),
     # c2p alone, with its own key projection; no relative attention at all (only absolute positions)
     "deberta-c2p": Arch("DebertaV2", dict(V3, share_att_key=False, pos_att_type=["c2p"], max_relative_positions=20),

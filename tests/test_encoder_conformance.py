@@ -273,7 +273,7 @@ def test_deberta_log_buckets_equal_transformers_at_released_sizes():
 
 
 def test_deberta_lm_predictions_head_matches_transformers_loaded_by_its_names():
-    """``legacy: false``; kbert's masked-LM loader drops this head (the gap in tests/parity.py ARCHS)."""
+    """``legacy: false``: the head's parameters carry transformers' names."""
     reference, (ids, mask, _) = reference_model(DEBERTA, "ForMaskedLM", {"legacy": False}, seed=5), batch(DEBERTA)
     ours, _ = build_masked_lm(reference.config.to_dict())
     load_state_strict(ours, {k: mx.array(v.numpy()) for k, v in reference.state_dict().items()}, "by name")
