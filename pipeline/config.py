@@ -109,14 +109,20 @@ def words_of(module: str, name: str) -> tuple[str, ...]:
     """The words of ``name`` in kbert module ``module`` (a tuple, or a mapping's keys), the one copy of a setting's
     choices, read from the module's source: importing a model module loads MLX, which must wait for
     ``runtime.setup()``, and a command's options are built before that."""
-    package, _, leaf = module.rpartition(".")
-    spec = importlib.util.find_spec(package)  # imports the package, not the module
-    path = Path(spec.submodule_search_locations[0]) / f"{leaf}.py"
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.Assign) and any(getattr(target, "id", None) == name for target in node.targets):
+    path, assignments = _top_level_assignments(module)
+    for node in assignments:
+        if any(getattr(target, "id", None) == name for target in node.targets):
             words = node.value.keys if isinstance(node.value, ast.Dict) else ast.literal_eval(node.value)
             return tuple(ast.literal_eval(word) if isinstance(word, ast.AST) else word for word in words)
     raise KbertError(f"{path}: no {name} = (...) at the top level")
+
+
+@functools.cache  # a module's source is read and parsed once, however many of its constants are asked for
+def _top_level_assignments(module: str) -> tuple[Path, list[ast.Assign]]:
+    package, _, leaf = module.rpartition(".")
+    spec = importlib.util.find_spec(package)  # imports the package, not the module
+    path = Path(spec.submodule_search_locations[0]) / f"{leaf}.py"
+    return path, [node for node in ast.parse(path.read_text(encoding="utf-8")).body if isinstance(node, ast.Assign)]
 
 
 def setting(default: Any = MISSING, *, help: str, flag: str = "", choices: tuple[str, ...] = (),
