@@ -21,7 +21,7 @@ from kbert.errors import KbertError
 from kbert.io import write_json, written_together
 from kbert.pipeline.config import CompetitionConfig, FoldConfig
 from kbert.pipeline.data import CompetitionData, load_competition_data
-from kbert.pipeline.splits import fold_groups, make_folds
+from kbert.pipeline.splits import make_folds, row_groups
 from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.pipeline.predictions import metric_targets, native
 from kbert.pipeline.provenance import Expected, expected_of
@@ -130,15 +130,15 @@ def load_problem(competition: CompetitionConfig, data_dir: str | None):
 
 def outer_folds(competition: CompetitionConfig, train: pd.DataFrame, stratify: np.ndarray | None,
                 spec: EnsembleSpec) -> np.ndarray:
-    """The nested CV's outer splits, (repeats, rows): the competition's fold strategy (stratified, grouped, ...)
-    with ``spec.folds`` folds and seeds seed, seed + 1, ...; forward-chaining time-series folds do not depend on
-    the seed: one split."""
+    """The nested CV's outer splits, (repeats, rows): the competition's fold strategy (stratified, grouped, repeated
+    text in one fold, ...) with ``spec.folds`` folds and seeds seed, seed + 1, ...; forward-chaining time-series
+    folds do not depend on the seed: one split."""
     stratify = None if stratify is None else pd.Series(stratify)
+    grouping = row_groups(train, competition)
     sets = []
     for r in range(spec.repeats if competition.folds.shuffle else 1):
-        config = replace(competition.folds, k=spec.folds, seed=spec.seed + r)
-        groups = fold_groups(train, config, competition.train_file)
-        sets.append(make_folds(train[competition.id_column], stratify, config, groups)["fold"].to_numpy())
+        config = replace(grouping.config, k=spec.folds, seed=spec.seed + r)
+        sets.append(make_folds(train[competition.id_column], stratify, config, grouping.groups)["fold"].to_numpy())
     return np.stack(sets)
 
 

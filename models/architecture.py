@@ -12,6 +12,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+
 from kbert.errors import KbertError
 
 # What a config without ``model_type`` describes (the checkpoints of kbert's first versions).
@@ -140,3 +144,30 @@ def architecture(model_type: str) -> Architecture:
 def architecture_of(encoder: Any) -> Architecture | None:
     """The architecture whose encoder class ``encoder`` is, None for any other module."""
     return next((arch for arch in ARCHITECTURES.values() if type(encoder) is arch.model), None)
+
+
+def reinitialise_top_blocks(encoder: nn.Module, count: int, std: float = 0.02) -> list[str]:
+    """Re-initialise the top ``count`` blocks of ``encoder`` as transformers' ``_init_weights`` does for BERT; returns
+    the names of the parameters it set.
+
+    Linear weights are drawn from Normal(0, ``std``) (a config's ``initializer_range``) with ``mx.random``'s
+    state, in the blocks' module order; biases become 0, norm weights 1. A block parameter of any other module is
+    a ValueError."""
+    arch = architecture_of(encoder)
+    blocks = sorted({arch.block_of(name) for name, _ in tree_flatten(encoder.parameters())} - {None})
+    top = set(blocks[len(blocks) - count:]) if count else set()
+    fresh = {}
+    for path, module in encoder.named_modules():
+        if arch.block_of(path) not in top or not isinstance(module, (nn.Linear, nn.LayerNorm, nn.RMSNorm)):
+            continue
+        for key, value in module.items():
+            if key == "weight" and isinstance(module, nn.Linear):
+                fresh[f"{path}.{key}"] = (mx.random.normal(value.shape) * std).astype(value.dtype)
+            elif isinstance(value, mx.array):
+                fresh[f"{path}.{key}"] = (mx.ones if key == "weight" else mx.zeros)(value.shape, dtype=value.dtype)
+    missed = [name for name, _ in tree_flatten(encoder.parameters()) if arch.block_of(name) in top
+              and name not in fresh]
+    if missed:
+        raise ValueError(f"no initialisation known for {', '.join(missed[:4])}")
+    encoder.update(tree_unflatten(list(fresh.items())))
+    return list(fresh)

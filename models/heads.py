@@ -26,6 +26,7 @@ class HeadConfig:
     task: str = "binary"
     num_outputs: int = 1  # classes (multiclass, ordinal), labels (multilabel) or horizons (timeseries)
     dropout: float = 0.1
+    dropout_samples: int = 1  # multi-sample dropout: training outputs average this many masks (sampled_dropout)
     loss: str = "default"
     focal_gamma: float = 2.0
     focal_alpha: float | None = None  # binary/multilabel focal loss: weight of the positive class
@@ -59,6 +60,8 @@ def check_head_config(config: HeadConfig) -> None:
     loss = config.resolved_loss()
     if loss not in task.losses:
         raise ValueError(f"loss '{loss}' does not fit task '{config.task}'; choose one of {', '.join(task.losses)}")
+    if not isinstance(config.dropout_samples, int) or config.dropout_samples < 1:
+        raise ValueError(f"dropout_samples must be an integer >= 1, got {config.dropout_samples!r}")
     if not 0.0 <= config.label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {config.label_smoothing}")
     if config.class_weights is not None and len(config.class_weights) != config.num_outputs:
@@ -82,8 +85,19 @@ def output_size(config: HeadConfig) -> int:
     return config.num_outputs
 
 
+def sampled_dropout(layer: nn.Module, dropout: nn.Dropout, pooled: mx.array, samples: int) -> mx.array:
+    """``layer(dropout(pooled))``; in training, its mean over ``samples`` independent dropout masks.
+
+    Multi-sample dropout: each sample draws its own mask from ``mx.random``'s state, in turn. In eval mode the
+    dropout is off, so one pass is the same output as any number of them."""
+    if samples == 1 or not dropout.training:
+        return layer(dropout(pooled))
+    return sum(layer(dropout(pooled)) for _ in range(samples)) / samples
+
+
 class LinearHead(nn.Module):
-    """Dropout + a linear layer; the binary, multiclass, multilabel, regression and time-series heads."""
+    """Dropout + a linear layer (``dropout_samples`` masks averaged in training); the binary, multiclass,
+    multilabel, regression and time-series heads."""
 
     def __init__(self, hidden_size: int, config: HeadConfig):
         super().__init__()
@@ -93,7 +107,7 @@ class LinearHead(nn.Module):
         self.classifier = nn.Linear(hidden_size, output_size(config))
 
     def __call__(self, pooled: mx.array) -> mx.array:
-        out = self.classifier(self.dropout(pooled))
+        out = sampled_dropout(self.classifier, self.dropout, pooled, self.config.dropout_samples)
         if self.classifier.weight.shape[0] == 1:
             return out.squeeze(-1)  # (n,) for one logit or one value
         return out
@@ -144,7 +158,7 @@ class OrdinalHead(nn.Module):
         return mx.concatenate([self.threshold_start, self.threshold_start + mx.cumsum(gaps)])
 
     def __call__(self, pooled: mx.array) -> mx.array:
-        score = self.score(self.dropout(pooled))  # (n, 1)
+        score = sampled_dropout(self.score, self.dropout, pooled, self.config.dropout_samples)  # (n, 1)
         return score - self.thresholds()[None, :]  # (n, K-1) cumulative logits of P(y > k)
 
     def loss(self, outputs: mx.array, targets: mx.array) -> mx.array:

@@ -27,7 +27,7 @@ from kbert.io import (check_field, check_writable_folder, exclusive_lock, file_s
 from kbert.models.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from kbert.models.checkpoints import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
 from kbert.models.checkpoints import TOKENIZER_FILE, WEIGHTS_FILE
-from kbert.pipeline.config import CompetitionConfig, RunConfig, read_yaml
+from kbert.pipeline.config import CompetitionConfig, RunConfig, read_yaml, run_config_from_dict
 from kbert.pipeline.metrics import Metric
 from kbert.pipeline.predictions import predictions_frame
 from kbert.tasks import Task
@@ -147,11 +147,12 @@ def lock_run_folder(run_dir: Path) -> Iterator[None]:
 
 def check_resumable(run_dir: Path, config: RunConfig, inputs: dict[str, str] | None = None) -> None:
     """An existing run folder may be resumed only with the config and (``inputs``) the data files it was started
-    with; a folder from before inputs were recorded is checked on its config alone."""
+    with; a folder from before inputs were recorded is checked on its config alone, and settings its config.yaml
+    predates are read at their defaults (``with_defaults``)."""
     config_path = run_dir / CONFIG_FILE
     if not config_path.is_file():
         raise KbertError(f"run folder already exists and has no config.yaml: {run_dir}; pick another --run-id")
-    saved = read_run_config(config_path, "; pick another --run-id")
+    saved = with_defaults(read_run_config(config_path, "; pick another --run-id"))
     current = yaml.safe_load(yaml.safe_dump(config.to_dict(), sort_keys=False))
     changed = config_differences(saved, current)
     if changed:
@@ -172,6 +173,17 @@ def check_same_inputs(run_dir: Path, inputs: dict[str, str]) -> None:
                          "pick another --run-id")
 
 
+def with_defaults(saved: dict) -> dict:
+    """A saved run config with the settings added to kbert since it was written at their defaults, which are the
+    behaviour it was run with (a new setting defaults to off; folds.duplicates' auto is checked on the folds
+    themselves, ``write_folds_table``); as saved when this kbert cannot read it as a run config."""
+    try:
+        filled = run_config_from_dict(saved).to_dict()
+    except (TypeError, KeyError, AttributeError):  # a setting since removed, or a section missing
+        return saved
+    return yaml.safe_load(yaml.safe_dump(filled, sort_keys=False))
+
+
 def config_differences(saved: object, current: object, prefix: str = "") -> list[str]:
     """``key: saved -> current`` for every leaf that differs between two config dicts."""
     if isinstance(saved, dict) and isinstance(current, dict):
@@ -183,11 +195,18 @@ def config_differences(saved: object, current: object, prefix: str = "") -> list
 
 
 def write_folds_table(run_dir: Path, comp: CompetitionConfig, ids: pd.Series, fold_sets: list[np.ndarray]) -> None:
-    """folds.csv: each training row's fold, one column per repeat."""
+    """folds.csv: each training row's fold, one column per repeat. A resumed run's folds.csv must hold these folds:
+    else its finished folds were validated on other rows (e.g. a run from before folds.duplicates, on free text)."""
     table = pd.DataFrame({comp.id_column: ids.to_numpy(), "fold": fold_sets[0]})
     for r, fold_of_row in enumerate(fold_sets[1:], start=1):
         table[f"fold_repeat{r}"] = fold_of_row
-    write_csv(run_dir / "folds.csv", table)
+    path, folds = run_dir / "folds.csv", table.drop(columns=comp.id_column)
+    if path.is_file():  # resumed: its rows are in this order (the data files are those it recorded)
+        saved = read_folds_table(path, comp.id_column).drop(columns=comp.id_column)
+        if list(saved.columns) != list(folds.columns) or not np.array_equal(saved.to_numpy(), folds.to_numpy()):
+            raise KbertError(f"{path}: run '{run_dir.name}' was split into other folds than its settings make now "
+                             "(a free-text run from before folds.duplicates?); pick another --run-id")
+    write_csv(path, table)
 
 
 def read_folds_table(path: Path, id_column: str) -> pd.DataFrame:

@@ -184,6 +184,10 @@ class FoldConfig:
     group_column: str = setting("", help="rows sharing a group stay in one fold (group k-fold; stratified too when "
                                          "stratify)")
     group_regex: str = setting("", help="optional: the group is this regex's first capture group in group_column")
+    duplicates: str = setting("auto", choices=words_of("kbert.pipeline.splits", "DUPLICATE_MODES"),
+                              help="rows whose free text is the same once normalised share a fold: auto (when the "
+                                   "table is mostly free text), group (every free-text column) or ignore; with "
+                                   "group_column, rows linked by either share a fold")
     repeats: int = setting(1, bound=SIZE, flag="--repeats",
                            help="repeated k-fold: this many different splits, OOF averaged")
 
@@ -245,6 +249,12 @@ class ModelConfig:
     hidden_dropout_prob: float = setting(0.1, bound=SHARE, help="encoder dropout")
     attention_probs_dropout_prob: float = setting(0.1, bound=SHARE, help="attention dropout")
     head_dropout: float = setting(0.1, bound=SHARE, flag="--head-dropout", help="dropout before the head")
+    dropout_samples: int = setting(1, bound=SIZE, flag="--dropout-samples", metavar="K",
+                                   help="multi-sample dropout: in training the head averages its outputs over K "
+                                        "dropout masks (default 1: off; evaluation is one plain pass either way)")
+    reinit_layers: int = setting(0, bound=COUNT, flag="--reinit-layers", metavar="N",
+                                 help="re-initialise the top N encoder blocks of a pretrained encoder before "
+                                      "fine-tuning, as transformers initialises them (default 0: off)")
     pooling: str = setting("cls", choices=words_of("kbert.models.pooling", "POOLING_KINDS"), flag="--pooling",
                            help="how token states are pooled: weighted-layers is a learned mix of the last 4 layers, "
                                 "then the mean; cls-last4 joins the CLS vectors of the last 4 layers")
@@ -328,6 +338,30 @@ class TrainConfig:
                                   help="on a CPU, train the folds side by side in N processes (default 0: every fold "
                                        "at once, each on cores/folds streams; 1: one after another, each batch split "
                                        "over the cores)")
+    ema: float = setting(0.0, bound=SHARE, flag="--ema", metavar="DECAY",
+                         help="keep an exponential moving average of the trained weights, updated after every "
+                              "optimizer step with this decay (e.g. 0.999); validation, early stopping, the test "
+                              "predictions and the saved model use it (default 0: off)")
+    adversarial: str = setting("none", choices=words_of("kbert.pipeline.train", "ADVERSARIAL_KINDS"),
+                               flag="--adversarial",
+                               help="adversarial training on the word embeddings: each step adds the gradients at "
+                                    "the embeddings moved along their gradient, by --adversarial-epsilon (fgm) or by "
+                                    "--adversarial-lr of the table's norm within --adversarial-epsilon of each weight "
+                                    "(awp) (default none)")
+    adversarial_epsilon: float = setting(1.0, bound=POSITIVE, flag="--adversarial-epsilon", metavar="EPS",
+                                         help="fgm: the perturbation's L2 norm (default 1.0); awp: each embedding "
+                                              "weight moves at most this share of its size (AWP's adv_eps, e.g. "
+                                              "0.001)")
+    adversarial_lr: float = setting(1e-4, bound=POSITIVE, flag="--adversarial-lr", metavar="LR",
+                                    help="awp: the perturbation's norm as a share of the embedding table's (AWP's "
+                                         "adv_lr, default 1e-4)")
+    adversarial_start: int = setting(1, bound=SIZE, flag="--adversarial-start", metavar="EPOCH",
+                                     help="the first epoch, counted from 1, that trains adversarially (default 1; "
+                                          "Kaggle recipes often start at 2)")
+    average_best: int = setting(0, bound=COUNT, flag="--average-best", metavar="K",
+                                help="end each fold with the mean of the trained weights of its K best epochs (by "
+                                     "the early-stopping score; with --ema their EMA weights), outputs and score "
+                                     "recomputed (default 0: off; 1 is off too)")
 
 
 @dataclass
@@ -750,6 +784,7 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
                          f"scratch, so every weight trains anyway; drop --adapter or pass a pretrained --encoder")
     if adapter is not None and model.adapter_checkpoint == "merged" and adapter.bits and not adapter.merge_dequantize:
         raise KbertError("adapter_checkpoint: merged with a quantized base needs merge_dequantize: true")
+    check_reinit_layers(model)
     if train.learning_rate is None:  # adapters train few weights from zero: a LoRA-sized rate
         small = trains_from_scratch(model.encoder) or pretrained_from_scratch(model.encoder)
         default = 1e-3 if small else 5e-5 if adapter is None else 5e-4
@@ -758,6 +793,22 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     # folds and can be blended on OOF; --seed changes initialisation, dropout and batch order.
     run = RunConfig(competition=replace(competition, folds=folds), model=model, train=train, head=head)
     return replace(run, **{k: merged[k] for k in RUN_FIELDS if k in merged})
+
+
+def check_reinit_layers(model: ModelConfig, where: str = "") -> None:
+    """--reinit-layers needs a pretrained encoder whose weights all train (its layer count is checked once the
+    encoder is read, pipeline/fold.py ``load_encoder_source``)."""
+    from kbert.models.encoders import trains_from_scratch
+
+    if not model.reinit_layers:
+        return
+    if trains_from_scratch(model.encoder):
+        raise KbertError(f"{where}--reinit-layers {model.reinit_layers} needs a pretrained encoder: "
+                         f"'{model.encoder}' trains from scratch, so every block starts fresh anyway; drop "
+                         "--reinit-layers or pass a pretrained --encoder")
+    if adapter_config(model) is not None:
+        raise KbertError(f"{where}--reinit-layers {model.reinit_layers} with --adapter {model.adapter} would only add "
+                         "noise: adapters keep the re-initialised blocks frozen; drop one of them")
 
 
 def adapter_config(model: ModelConfig):
@@ -830,3 +881,4 @@ def check_resolved_config(config: RunConfig, where: str) -> None:
     check_settings({name: getattr(config, name) for name in RUN_FIELDS}, lambda key: f"{where}{key}")
     check_competition_settings(config.competition, f"{where}competition.")
     check_model_sizes(config.model, f"{where}model: ")
+    check_reinit_layers(config.model, f"{where}model: ")

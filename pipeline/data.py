@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -234,16 +235,86 @@ def data_warnings(train: pd.DataFrame, test: pd.DataFrame, competition: Competit
 FREE_TEXT_WORDS = 8  # a text column whose values average this many words or more is free text (tweets: ~15)
 
 
+def text_columns(competition: CompetitionConfig) -> list[str]:
+    """The columns a row's text is made of: ``text.columns``, else every input column but the id."""
+    return competition.text.columns or [c for c in competition.columns if c != competition.id_column]
+
+
 def mostly_free_text(train: pd.DataFrame, competition: CompetitionConfig) -> dict[str, float]:
-    """The competition's free-text columns (string columns whose values average at least ``FREE_TEXT_WORDS``
-    words; a name, a code or a category is a few words at most), with that average, when they hold most of a
-    row's words (tweets: yes; a table with one comment column among thirty numbers: no); else an empty dict."""
-    columns = competition.text.columns or [c for c in competition.columns if c != competition.id_column]
+    """The competition's free-text columns (``free_text_columns`` of its ``text_columns``) when they hold most of
+    a row's words; else an empty dict."""
+    return free_text_columns(train, text_columns(competition), mostly=True)
+
+
+def free_text_columns(train: pd.DataFrame, columns: list[str], *, mostly: bool = False) -> dict[str, float]:
+    """The free-text columns among ``columns`` (string columns whose values average at least ``FREE_TEXT_WORDS``
+    words; a name, a code or a category is a few words at most), with that average. ``mostly``: only when they
+    hold most of a row's words (tweets: yes; a table with one comment column among thirty numbers: no), else {}."""
     words = {c: train[c].dropna().astype(str).str.split().str.len() for c in columns if c in train.columns}
     free = {c: round(float(n.mean()), 1) for c, n in words.items()
             if len(n) and not pd.api.types.is_numeric_dtype(train[c]) and n.mean() >= FREE_TEXT_WORDS}
     total = sum(n.sum() for n in words.values())
-    return free if free and sum(words[c].sum() for c in free) > 0.5 * total else {}
+    return free if free and (not mostly or sum(words[c].sum() for c in free) > 0.5 * total) else {}
+
+
+URL = re.compile(r"https?://\S+|www\.\S+")
+MENTION = re.compile(r"@\w+")
+EDGE_PUNCTUATION = re.compile(r"^[\W_]+|[\W_]+$")  # what is not a letter or digit, at either end
+
+
+def normalised_text(rows: pd.DataFrame, columns: list[str]) -> pd.Series:
+    """Each row's text in ``columns`` as duplicates are found: per cell lower-cased, every URL the word ``url`` and
+    every @mention ``@user``, runs of whitespace one space, what is not a letter or digit stripped from both ends
+    (``"Fire!! http://t.co/x "`` -> ``"fire!! url"``); a missing cell is empty; the cells joined by a tab. Kept small
+    on purpose: retweets with another link or mention, or ``...``/``!`` at the end, match; edits inside do not."""
+    def cell(value: object) -> str:
+        if not isinstance(value, str):
+            return "" if pd.isna(value) else str(value)
+        text = MENTION.sub("@user", URL.sub("url", value.lower()))
+        return EDGE_PUNCTUATION.sub("", " ".join(text.split()))
+    cells = [rows[c].map(cell) for c in columns]
+    return cells[0].str.cat(cells[1:], sep="\t") if len(cells) > 1 else cells[0]
+
+
+def duplicate_groups(texts: pd.Series) -> np.ndarray:
+    """Each row's group: one number for the rows of one text, numbered in order of first appearance (the same on
+    every machine); a row whose text is empty (or only tabs and spaces) is a group of its own."""
+    groups = pd.factorize(texts.where(texts.str.strip() != ""))[0]  # an empty text: -1
+    alone = groups < 0
+    groups[alone] = groups.max(initial=-1) + 1 + np.arange(int(alone.sum()))
+    return pd.factorize(groups)[0]
+
+
+@dataclass(frozen=True)
+class Duplicates:
+    """Rows whose text repeats: ``rows`` in a group of two or more, ``groups`` such groups, ``conflicting`` of
+    them with more than one target value."""
+
+    rows: int
+    groups: int
+    conflicting: int
+
+
+def count_duplicates(groups: np.ndarray, targets: pd.DataFrame) -> Duplicates:
+    """The ``Duplicates`` of rows grouped as ``groups`` (``duplicate_groups``), ``targets`` their target columns."""
+    sizes = np.bincount(groups)
+    repeated = sizes[groups] >= 2
+    if not repeated.any():
+        return Duplicates(0, 0, 0)
+    distinct = targets.reset_index(drop=True)[repeated].groupby(groups[repeated]).nunique(dropna=False).max(axis=1)
+    return Duplicates(int(repeated.sum()), int((sizes >= 2).sum()), int((distinct > 1).sum()))
+
+
+def duplicate_report(train: pd.DataFrame, columns: list[str], target_columns: list[str]) -> str:
+    """One line on the repeated free text of a table whose ``columns`` are mostly free text (``mostly_free_text``),
+    compared as ``normalised_text`` does; "" for other tables."""
+    free = list(free_text_columns(train, columns, mostly=True))
+    if not free:
+        return ""
+    found = count_duplicates(duplicate_groups(normalised_text(train, free)), train[target_columns])
+    return (f"duplicated text ({', '.join(free)}, normalised): {found.rows} rows in {found.groups} groups of 2+, "
+            f"{found.conflicting} of them with conflicting targets (folds.duplicates: auto or group keeps each group "
+            "in one fold, ignore does not)")
 
 
 def default_encoder(train: pd.DataFrame, competition: CompetitionConfig, pretrained_available: bool) -> tuple[str, str]:

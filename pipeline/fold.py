@@ -27,7 +27,7 @@ from kbert.features.tabular import TabularFeatures
 from kbert.io import write_csv, write_json
 from kbert.models import runtime
 from kbert.models.adapters import AdapterConfig, apply_adapters, merge_adapters, weights_fingerprint
-from kbert.models.architecture import architecture
+from kbert.models.architecture import architecture, reinitialise_top_blocks
 from kbert.models.bert import BertConfig
 from kbert.models.checkpoints import AdapterOnly, save_checkpoint
 from kbert.models.encoders import (SHIPPED, is_preset, load_encoder, preset_config, read_config,
@@ -208,10 +208,11 @@ def scratch_encoder_config(config: RunConfig, vocab_size: int) -> dict:
 
 
 def make_head_config(config: RunConfig, outputs: int) -> HeadConfig:
-    """The head of this run: the task and its output count, plus every loss option the run's HeadOptions share
-    with HeadConfig (loss, focal, smoothing, weights, huber delta)."""
+    """The head of this run: the task and its output count, its dropout (and dropout samples) from ModelConfig, plus
+    every loss option the run's HeadOptions share with HeadConfig (loss, focal, smoothing, weights, huber delta)."""
     shared = {f.name: getattr(config.head, f.name) for f in fields(HeadConfig) if hasattr(config.head, f.name)}
-    head = HeadConfig(task=config.competition.task, num_outputs=outputs, dropout=config.model.head_dropout, **shared)
+    head = HeadConfig(task=config.competition.task, num_outputs=outputs, dropout=config.model.head_dropout,
+                      dropout_samples=config.model.dropout_samples, **shared)
     try:
         check_head_config(head)
     except ValueError as exc:
@@ -236,6 +237,9 @@ def load_encoder_source(config: RunConfig) -> EncoderSource:
     pretrained, loaded_config, tokenizer = load_encoder(folder, config.model.spm_normalization,
                                                         config.train.max_length)
     encoder_config = {**read_config(folder), **loaded_config.to_dict()}  # as loaded: without a pooler it has none
+    if config.model.reinit_layers > loaded_config.num_hidden_layers:
+        raise KbertError(f"--reinit-layers {config.model.reinit_layers} asks for more blocks than encoder "
+                         f"'{config.model.encoder}' has ({loaded_config.num_hidden_layers})")
     return EncoderSource(name=hub.pinned if hub is not None else config.model.encoder, from_scratch=False,
                          folder=folder, config=encoder_config, tokenizer=tokenizer,
                          weights=dict(tree_flatten(pretrained.parameters())), adapter=adapter,
@@ -367,6 +371,9 @@ def prepare_fold(job: FoldJob, source: EncoderSource, log) -> PreparedFold:
     model = build_task_model(encoder_config, head, config.model.pooling, fusion=fusion)
     if source.weights is not None:  # every fold starts from the pretrained weights
         load_state_strict(model.encoder, source.weights, source.name)
+    if config.model.reinit_layers:  # after the pretrained weights, drawn from the fold's seed
+        reinitialise_top_blocks(model.encoder, config.model.reinit_layers,
+                                encoder_config.get("initializer_range", 0.02))
     if config.train.gradient_checkpointing:
         set_recompute(model.encoder, True)
     if source.adapter is not None:
@@ -403,7 +410,8 @@ def train_one_fold(job: FoldJob, source: EncoderSource, *, progress, log) -> Fol
         record={"fold": split.k, "repeat": split.repeat, "seed": config.seed + split.seed_index,
                 "score": result.best_score, "best_epoch": result.best_epoch,
                 "n_train": len(split.train_index), "n_valid": len(split.valid_index),
-                "seconds": round(result.seconds, 2), "blas": runtime.status().blas.identity()},
+                "seconds": round(result.seconds, 2), "blas": runtime.status().blas.identity(),
+                **({"averaged_epochs": result.averaged_epochs} if result.averaged_epochs else {})},
         tokens=budget,
     )
     comp = config.competition
@@ -417,8 +425,13 @@ def train_one_fold(job: FoldJob, source: EncoderSource, *, progress, log) -> Fol
             write_json(fold_dir / "tabular.json", fit.tabular.fitted_statistics())
         write_finished_fold(fold_dir, fold)
     log(f"{split.description}: {comp.metric} {result.best_score:.4f} "
-        f"(best epoch {result.best_epoch + 1}, {result.seconds:.0f}s)")
+        f"(best epoch {result.best_epoch + 1}{averaged_words(result.averaged_epochs)}, {result.seconds:.0f}s)")
     return fold
+
+
+def averaged_words(epochs: list[int]) -> str:
+    """``--average-best``: the epochs whose weights the fold model averages, for its log line."""
+    return f"; weights of epochs {', '.join(str(e + 1) for e in epochs)} averaged" if epochs else ""
 
 
 def probe_fold(job: FoldJob, source: EncoderSource) -> dict:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from kbert.errors import KbertError
 from kbert.io import write_text
 from kbert.names import check_name
 from kbert.pipeline.config import USER_DIR
-from kbert.pipeline.data import near_header, plain, read_csv
+from kbert.pipeline.data import duplicate_report, near_header, plain, read_csv
 from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.tasks import Task, submission_kind
 
@@ -171,9 +172,10 @@ class DataFiles:
 
 
 def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id_column: str | None = None,
-                     target: str | None = None, force: bool = False) -> Path:
+                     target: str | None = None, force: bool = False, log: Callable[[str], None] = print) -> Path:
     """Infer and write ``out`` (default: ``competitions/<name>.yaml`` under the working folder); returns its path.
-    ``id_column`` and ``target``: given instead of inferred."""
+    ``id_column`` and ``target``: given instead of inferred. ``log`` gets the line on repeated free text, if any
+    (``duplicate_report``)."""
     check_name(name, "kbert init NAME")
     train_path, test_path, sample_path = Path(files.train).resolve(), Path(files.test).resolve(), files.sample
     if train_path.parent != test_path.parent or (sample_path and Path(sample_path).resolve().parent != train_path.parent):
@@ -225,4 +227,7 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
         text = text.replace("\nclasses:", f"\n# [negative, positive]: {classes[1]!r} is the rarer value; swap them to "
                                            "predict the other\nclasses:", 1)
     write_text(out, header + text)
+    duplicates = duplicate_report(train, data["text"]["columns"], targets)
+    if duplicates:
+        log(duplicates)
     return out

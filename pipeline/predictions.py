@@ -56,6 +56,20 @@ def tune_threshold(metric: Metric, targets: np.ndarray, probabilities: np.ndarra
     return float(candidates[best])
 
 
+def cross_fitted_threshold_score(metric: Metric, labels: np.ndarray, probabilities: np.ndarray,
+                                 fold: np.ndarray) -> tuple[float, list[float]]:
+    """The honest score of a tuned binary cut-off: each fold's rows cut at the threshold tuned on the other folds'
+    predictions (``tune_threshold``), then scored together; also each fold's threshold. A row's fold is ``fold``
+    (repeats and seeds share one layout, so a row has one)."""
+    cut = np.empty(len(labels), dtype=int)
+    thresholds = []
+    for f in np.unique(fold):
+        held_out = fold == f
+        thresholds.append(tune_threshold(metric, labels[~held_out], probabilities[~held_out]))
+        cut[held_out] = probabilities[held_out] >= thresholds[-1]
+    return float(metric(labels, cut)), thresholds
+
+
 def tune_label_thresholds(targets: np.ndarray, probabilities: np.ndarray, metric: Metric | None = None) -> np.ndarray:
     """Multilabel: one cut-off per label, each maximising that label's F1 (or ``metric``, a label metric) on the
     (OOF) predictions."""

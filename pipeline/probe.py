@@ -25,7 +25,8 @@ from kbert.pipeline.config import RunConfig
 PROBE_STEPS = 6  # training steps in each of the probe's two epochs
 PACE_FREE = ("seed", "epochs", "patience", "learning_rate", "weight_decay", "warmup_ratio", "min_lr_ratio",
              "max_grad_norm", "layerwise_lr_decay", "pseudo_threshold", "hidden_dropout_prob",
-             "attention_probs_dropout_prob", "head_dropout", "out_dir", "submissions_dir", "data_dir", "search_space")
+             "attention_probs_dropout_prob", "head_dropout", "reinit_layers", "adversarial_epsilon", "adversarial_lr",
+             "out_dir", "submissions_dir", "data_dir", "search_space")
 
 
 @dataclass(frozen=True)

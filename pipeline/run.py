@@ -37,7 +37,7 @@ from kbert.pipeline.fold_processes import (FoldJob, FoldPlan, Machine, available
 from kbert.pipeline.splits import fold_rows
 from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.pipeline.precision import backend, compute_precision, current_device, resolve_precision, use_device
-from kbert.pipeline.predictions import (average_folds, metric_targets, score,
+from kbert.pipeline.predictions import (average_folds, cross_fitted_threshold_score, metric_targets, score,
                                         tune_label_thresholds, tune_threshold)
 from kbert.pipeline.profile import add_part, set_part, stage
 from kbert.pipeline.pseudo import pseudo_labels
@@ -382,6 +382,9 @@ def post_process(inputs: RunInputs, predictions: RunPredictions, fold_of_row: np
         extra["threshold"] = {"tuned_on_oof": np.atleast_1d(threshold).tolist(),
                               "cv_at_tuned_threshold_optimistic": score(metric, task, truth, covered, threshold,
                                                                         classes)}
+        if task == Task.BINARY and metric.kind == "label" and len(np.unique(fold_of_row[rows])) > 1:
+            extra["threshold"]["cv_cross_fitted"], extra["threshold"]["cross_fitted_per_fold"] = (
+                cross_fitted_threshold_score(metric, labels.astype(int), covered, fold_of_row[rows]))
     return PostProcessed(oof=oof_predictions, test=test_predictions, threshold=threshold, cv=cv, extra=extra)
 
 

@@ -3,24 +3,33 @@
 Fold k validates on the rows marked k and trains on the others (``purge_training_rows``). Time series
 (``folds.shuffle: false``) are forward-chaining as scikit-learn's ``TimeSeriesSplit(gap=purge)``: the first block
 is never validated and is marked fold -1, so its rows have no OOF prediction (empty cells in oof.csv).
+
+Rows whose free text is the same once normalised (``normalised_text``) share a fold (``folds.duplicates``: by
+default when the table is mostly free text), so that a repeated tweet is never both trained on and validated; with
+``group_column`` too, rows linked by either share a fold (``united``).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 from sklearn.model_selection import GroupKFold, KFold, StratifiedGroupKFold, StratifiedKFold, TimeSeriesSplit
 
 from kbert.errors import KbertError
 from kbert.io import read_table, write_csv
-from kbert.pipeline.config import FoldConfig, RunConfig
+from kbert.pipeline.config import CompetitionConfig, FoldConfig, RunConfig
+from kbert.pipeline.data import (FREE_TEXT_WORDS, duplicate_groups, free_text_columns, mostly_free_text,
+                                 normalised_text, text_columns)
 from kbert.pipeline.targets import Targets
 
 NEVER_VALIDATED = -1  # the fold of a forward-chaining split's first block: a training row in every fold
+DUPLICATE_MODES = ("auto", "group", "ignore")  # folds.duplicates
 
 
 def fold_strategy(config: FoldConfig, stratified: bool = True) -> str:
@@ -30,7 +39,7 @@ def fold_strategy(config: FoldConfig, stratified: bool = True) -> str:
             raise KbertError("folds.group_column needs folds.shuffle: true; time-series folds (shuffle: false) "
                              "follow the row order, not groups")
         return "forward"
-    if config.group_column:
+    if config.group_column or config.duplicates == "group":
         return "stratified_group" if config.stratify and stratified else "group"
     return "stratified" if config.stratify and stratified else "kfold"
 
@@ -53,6 +62,58 @@ def fold_groups(rows: pd.DataFrame, config: FoldConfig, source: str = "train") -
                              f"'{config.group_column}' value {value!r}")
         groups.append(match.group(1))
     return np.asarray(groups)
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """How a table's rows are grouped for its folds: the fold settings with ``duplicates`` resolved (group when
+    some rows share a normalised text and are grouped by it, else ignore) and each row's group (None: none)."""
+
+    config: FoldConfig
+    groups: np.ndarray | None
+
+
+def row_groups(train: pd.DataFrame, competition: CompetitionConfig) -> Grouping:
+    """The ``Grouping`` of ``train``: ``group_column``'s groups, the duplicate groups of ``duplicate_columns``,
+    or both united; a table without repeated text keeps the split it had before duplicates were grouped."""
+    folds = competition.folds
+    by_column = fold_groups(train, folds, competition.train_file)
+    columns = duplicate_columns(train, competition)
+    by_text = duplicate_groups(normalised_text(train, columns)) if columns else None
+    if by_text is None or len(np.unique(by_text)) == len(by_text):
+        return Grouping(replace(folds, duplicates="ignore"), by_column)
+    return Grouping(replace(folds, duplicates="group"), by_text if by_column is None else united(by_column, by_text))
+
+
+def duplicate_columns(train: pd.DataFrame, competition: CompetitionConfig) -> list[str]:
+    """The free-text columns whose normalised text groups rows: with ``folds.duplicates`` auto, those of a table
+    that is mostly free text (``mostly_free_text``; none for time-series folds); with group, every free-text
+    column; with ignore, none."""
+    folds = competition.folds
+    if folds.duplicates == "ignore" or folds.duplicates == "auto" and not folds.shuffle:
+        return []
+    if folds.duplicates == "auto":
+        return list(mostly_free_text(train, competition))
+    if not folds.shuffle:
+        raise KbertError("folds.duplicates: group needs folds.shuffle: true; time-series folds (shuffle: false) "
+                         "follow the row order, not groups")
+    free = list(free_text_columns(train, text_columns(competition)))
+    if not free:
+        raise KbertError(f"{competition.train_file}: folds.duplicates: group, but no text column is free text "
+                         f"(averaging {FREE_TEXT_WORDS} words or more) to compare; use auto or ignore")
+    return free
+
+
+def united(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """One group per set of rows linked by sharing a group of either labelling (the connected components of the
+    rows and both labellings' groups), numbered in order of first appearance."""
+    n = len(first)
+    a = n + pd.factorize(first)[0]  # node ids: the rows, then the first labelling's groups, then the second's
+    b = a.max() + 1 + pd.factorize(second)[0]
+    rows = np.arange(n)
+    edges = coo_matrix((np.ones(2 * n), (np.concatenate([rows, rows]), np.concatenate([a, b]))),
+                       shape=(b.max() + 1,) * 2)
+    return pd.factorize(connected_components(edges, directed=False)[1][:n])[0]
 
 
 def make_folds(ids: pd.Series, targets: pd.Series | None, config: FoldConfig,
@@ -87,6 +148,8 @@ def folds_path(competition_dir: Path, config: FoldConfig, stratified: bool = Tru
         return Path(competition_dir) / "folds" / f"forward-k{config.k}.csv"
     if config.group_column:
         kind += "-by-" + re.sub(r"[^A-Za-z0-9]+", "_", config.group_column)
+    if config.duplicates == "group":
+        kind += "-duplicates"
     return Path(competition_dir) / "folds" / f"{kind}-k{config.k}-seed{config.seed}.csv"
 
 
@@ -143,13 +206,13 @@ def make_fold_sets(config: RunConfig, train: pd.DataFrame, targets: Targets, com
     Fold files live in ``runs/<competition>/folds/`` and are shared by every run with the same split."""
     comp = config.competition
     stratify = pd.Series(targets.stratify) if targets.stratify is not None else None
-    groups = fold_groups(train, comp.folds, comp.train_file)
+    grouping = row_groups(train, comp)
     fold_sets = []
     for r in range(comp.folds.repeats):
-        fold_config = replace(comp.folds, seed=comp.folds.seed + r)
+        fold_config = replace(grouping.config, seed=comp.folds.seed + r)
         fold_file = folds_path(comp_dir, fold_config, stratified=targets.stratify is not None)
         if config.limit_rows is not None:
             fold_file = fold_file.with_name(fold_file.stem + f"-first{config.limit_rows}.csv")
-        folds = load_or_make_folds(fold_file, train[comp.id_column], stratify, fold_config, groups)
+        folds = load_or_make_folds(fold_file, train[comp.id_column], stratify, fold_config, grouping.groups)
         fold_sets.append(folds["fold"].to_numpy())
     return fold_sets

@@ -3,15 +3,18 @@
 Knows nothing about runs, folds on disk, tasks or tuning: it takes token arrays and training-space
 targets, scores each epoch with the caller's ``evaluate`` and returns the raw head outputs. A training or
 validation loss that becomes NaN or infinite stops the fold with a KbertError naming it and the epoch.
+Optional parts of the Kaggle recipe, each off by default: a weight EMA (``WeightEma``), adversarial training on
+the word embeddings (``Adversary``, FGM or AWP) and the mean of the best epochs' weights (``mean_tree``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import time
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,6 +94,7 @@ class FoldResult:
     best_score: float  # of valid_outputs (with test-time augmentation when it is on)
     history: list[dict] = field(default_factory=list)
     seconds: float = 0.0
+    averaged_epochs: list[int] = field(default_factory=list)  # average_best: the epochs whose weights were averaged
 
 
 def pad_batch(sequences: list[np.ndarray], length_bucket: int, pad_id: int = 0,
@@ -184,9 +188,138 @@ def add_weighted(total, part, weight: float):
     return part if total is None else tree_map(mx.add, total, part)
 
 
+ADVERSARIAL_KINDS = ("none", "fgm", "awp")  # TrainConfig.adversarial's choices
+
+
+@dataclass(frozen=True)
+class Adversary:
+    """An adversarial perturbation of the word-embedding table E along its loss gradient g.
+
+    fgm (Miyato et al. 2017; Kaggle's ``FGM``): E + epsilon * g / ||g||. awp (Wu et al. 2020; Kaggle's ``AWP`` on the
+    embeddings): E + lr * g / (||g|| + 1e-6) * (||E|| + 1e-6), clamped element-wise to E +- epsilon * |E|. A
+    gradient whose norm is zero or not finite leaves E as it is. ``path``: E's parameter name in the model.
+    """
+
+    kind: str
+    epsilon: float
+    path: str
+    lr: float = 1e-4
+
+    def perturbed(self, table: mx.array, grad: mx.array) -> mx.array:
+        norm = mx.sqrt(mx.sum(mx.square(grad)))
+        if self.kind == "fgm":
+            moved = table + self.epsilon * grad / norm
+        else:
+            step = self.lr * grad / (norm + 1e-6) * (mx.sqrt(mx.sum(mx.square(table))) + 1e-6)
+            reach = self.epsilon * mx.abs(table)
+            moved = mx.minimum(mx.maximum(table + step, table - reach), table + reach)
+        return mx.where(mx.isfinite(norm) & (norm > 0), moved, table)
+
+
+def at(tree: Any, path: str) -> Any:
+    """The node at a dotted ``path`` of a module or a tree of dicts."""
+    return functools.reduce(lambda node, key: node[key], path.split("."), tree)
+
+
+def without(tree: dict, path: str) -> dict:
+    """``tree`` less the leaf at a dotted ``path`` (the dicts on the way copied, the rest shared)."""
+    head, _, rest = path.partition(".")
+    return {**{k: v for k, v in tree.items() if k != head}, **({head: without(tree[head], rest)} if rest else {})}
+
+
+def word_embedding_path(model: TaskModel) -> str:
+    """The task model's word-embedding table, as its architecture names it (``MaskedLM.embeddings``)."""
+    config = model.encoder.config
+    arch = architecture(config.model_type)
+    if arch.masked_lm is None:
+        raise KbertError(f"--adversarial: the {config.model_type} architecture declares no word-embedding table")
+    return "encoder." + arch.masked_lm.for_config(config).embeddings
+
+
+def make_adversary(model: TaskModel, config: TrainConfig) -> Adversary | None:
+    """The run's adversary, None with ``adversarial: none``. A quantized table (QLoRA's quantize_embeddings) is
+    refused: it cannot be moved along a gradient."""
+    if config.adversarial == "none":
+        return None
+    path = word_embedding_path(model)
+    if isinstance(at(model, path.rpartition(".")[0]), nn.QuantizedEmbedding):
+        raise KbertError(f"--adversarial {config.adversarial} perturbs the word embeddings, which the adapter's "
+                         "quantize_embeddings (--adapter qlora, qlora_memory) keeps quantized; drop one of them")
+    return Adversary(config.adversarial, config.adversarial_epsilon, path, config.adversarial_lr)
+
+
+def attacked(model: nn.Module, gradients: Callable[..., tuple[mx.array, dict]],
+             adversary: Adversary) -> Callable[..., tuple[mx.array, dict]]:
+    """``gradients(*inputs) -> (loss, grads over the trainable parameters)`` made adversarial: the gradients at the
+    word embeddings E and at the adversary's perturbation of E, summed, with the clean loss; E is restored before
+    the return, so the optimizer sees the sum and the clean table. A frozen E (adapters) is made trainable for the
+    two passes only, so that its gradient exists, and is left out of what is returned. Runs inside a compiled step
+    as well as eagerly."""
+    module_path, _, key = adversary.path.rpartition(".")
+    module = at(model, module_path)
+    frozen = key not in module.trainable_parameters()
+
+    def attack(*inputs: mx.array) -> tuple[mx.array, dict]:
+        table = module[key]
+        if frozen:
+            module.unfreeze(recurse=False, keys=[key])
+        try:
+            value, grads = gradients(*inputs)
+            module[key] = adversary.perturbed(table, at(grads, adversary.path))
+            _, again = gradients(*inputs)
+        finally:
+            module[key] = table
+            if frozen:
+                module.freeze(recurse=False, keys=[key])
+        grads = tree_map(mx.add, grads, again)
+        return value, without(grads, adversary.path) if frozen else grads
+
+    return attack
+
+
+@dataclass(eq=False)
+class WeightEma:
+    """The exponential moving average of a model's trainable parameters: ``update`` after each optimizer step makes
+    e = decay * e + (1 - decay) * theta, e starting as the parameters before the first step."""
+
+    model: nn.Module
+    decay: float
+    compiled: bool = True
+    average: dict = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.average = self.model.trainable_parameters()
+        decay = self.decay
+
+        def blend(average: dict, params: dict) -> dict:
+            return tree_map(lambda e, p: decay * e + (1 - decay) * p, average, params)
+
+        self._blend = mx.compile(blend) if self.compiled else blend
+
+    def update(self) -> None:
+        """Fold the model's current trainable parameters in (lazily: evaluate ``average`` with the step)."""
+        self.average = self._blend(self.average, self.model.trainable_parameters())
+
+    @contextmanager
+    def swapped_in(self) -> Iterator[None]:
+        """The model holds the average inside the block, its training weights again after it."""
+        training = self.model.trainable_parameters()
+        self.model.update(self.average)
+        try:
+            yield
+        finally:
+            self.model.update(training)
+
+
+def mean_tree(trees: list[dict]) -> dict:
+    """The element-wise mean of parameter trees of one structure."""
+    return tree_map(lambda *leaves: functools.reduce(mx.add, leaves) / len(leaves), *trees)
+
+
 def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm: float, *,
                     execution: Execution = Execution(), loss: Callable = loss_fn,
-                    weight: Callable[[mx.array], mx.array] | None = None) -> Callable[..., mx.array]:
+                    weight: Callable[[mx.array], mx.array] | None = None,
+                    adversary: Adversary | None = None) -> Callable[..., mx.array]:
     """One optimizer step of ``loss(model, ids, mask, targets, *columns)``; returns the loss. The caller evaluates
     loss, parameters and optimizer state. ``execution.dtype``: the forward pass runs on a copy of the parameters in
     that precision (pipeline/precision.py); parameters, gradients and optimizer state stay float32.
@@ -196,7 +329,7 @@ def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm:
     ``execution.streams`` (pipeline/streams.py): the batch's rows split over them, each shard's loss and gradients
     on its own stream, weighted by its share of the rows, or of ``weight(targets)`` where the loss is a mean over
     something else (masked-LM: the predicted tokens); such a step runs eagerly (MLX serializes a compiled graph's
-    streams).
+    streams). ``adversary``: the batch's gradients are made adversarial (``attacked``).
     """
     streams = execution.streams
     loss_and_grad = nn.value_and_grad(model, in_precision(loss, execution.dtype))
@@ -213,6 +346,9 @@ def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm:
                 total = add_weighted(total, part, share)
         return total
 
+    if adversary is not None:
+        gradients = attacked(model, gradients, adversary)
+
     def step(ids: mx.array, mask: mx.array, targets: mx.array, *columns: mx.array) -> mx.array:
         model.train()
         value, grads = gradients(ids, mask, targets, *columns)
@@ -228,18 +364,23 @@ def make_train_step(model: nn.Module, optimizer: optim.Optimizer, max_grad_norm:
 
 
 def make_grad_step(model: nn.Module, compiled: bool = True, loss: Callable = loss_fn,
-                   dtype: mx.Dtype = mx.float32) -> Callable[..., tuple[mx.array, dict]]:
+                   dtype: mx.Dtype = mx.float32, *,
+                   adversary: Adversary | None = None) -> Callable[..., tuple[mx.array, dict]]:
     """``(scale, ids, mask, targets, *columns) -> (loss * scale, gradients)`` of one micro-batch, for gradient
-    accumulation and fp16's loss scaling (``make_update`` applies the summed gradients)."""
+    accumulation and fp16's loss scaling (``make_update`` applies the summed gradients). ``adversary``: each
+    micro-batch's gradients are made adversarial (``attacked``), as Kaggle's FGM and AWP do per backward pass."""
 
     def scaled(model, scale, *inputs):
         return in_precision(loss, dtype)(model, *inputs) * scale
 
     loss_and_grad = nn.value_and_grad(model, scaled)
+    gradients = functools.partial(loss_and_grad, model)
+    if adversary is not None:
+        gradients = attacked(model, gradients, adversary)
 
     def step(scale: mx.array, ids: mx.array, mask: mx.array, targets: mx.array, *columns: mx.array):
         model.train()
-        return loss_and_grad(model, scale, ids, mask, targets, *columns)
+        return gradients(scale, ids, mask, targets, *columns)
 
     if not compiled:
         return step
@@ -373,7 +514,10 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, validation
 
     The best epoch is the best ``validation`` score, ties (common for accuracy) going to the lower validation
     loss. A loss that is not finite raises a KbertError (``check_finite_loss``): the losses are checked where they
-    are fetched anyway.
+    are fetched anyway. ``config.ema``: every epoch is judged, and the best kept, with the EMA weights;
+    ``config.adversarial``: the epochs from ``adversarial_start`` (1-based) train adversarially;
+    ``config.average_best`` K > 1: the model ends with the mean of the K best epochs' trainable weights, and the
+    outputs and score are those of the mean.
     """
     evaluate, description = validation.evaluate, progress.description
     started = time.perf_counter()
@@ -387,17 +531,31 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, validation
     scaler = LossScaler() if precision == "fp16" else None
     streams = cpu_streams(config.cpu_streams)
     sharded = len(streams) > 1 and not accumulate and model.head.config.loss_is_row_mean()
-    if accumulate:
-        accumulation = Accumulation(make_grad_step(model, config.compile, dtype=dtype),
-                                    make_update(model, optimizer, config.max_grad_norm, config.compile), scaler)
-    else:
-        train_step = make_train_step(model, optimizer, config.max_grad_norm,
-                                     execution=Execution(config.compile, dtype, streams if sharded else ()))
+    adversary = make_adversary(model, config)
+    update = make_update(model, optimizer, config.max_grad_norm, config.compile) if accumulate else None
+
+    def build(attacker: Adversary | None) -> Accumulation | Callable[..., mx.array]:  # a step, plain or adversarial
+        if accumulate:
+            return Accumulation(make_grad_step(model, config.compile, dtype=dtype, adversary=attacker), update,
+                                scaler)
+        return make_train_step(model, optimizer, config.max_grad_norm, adversary=attacker,
+                               execution=Execution(config.compile, dtype, streams if sharded else ()))
+
+    plain_step = build(None)
+    adversarial_step = build(adversary) if adversary is not None else plain_step
+    ema = WeightEma(model, config.ema, config.compile) if config.ema else None
+
+    def evaluate_step(loss: mx.array) -> None:  # the step's loss, weights and optimizer state, and the EMA's
+        if ema is not None:
+            ema.update()
+        mx.eval(loss, model.parameters(), optimizer.state, ema.average if ema is not None else [])
+
     forward = make_forward(model, Execution(config.compile, dtype, streams))
     width = batch_width(config)
     valid_targets = mx.array(data.valid_targets)
     best_key: tuple[float, float] | None = None
     best_params, best_valid, best_epoch = None, None, -1
+    kept: list[tuple[tuple[float, float], int, dict]] = []  # average_best: (key, epoch, trainable weights), best first
     history: list[dict] = []
     epochs_without_gain = 0
     sign = 1.0 if validation.greater_is_better else -1.0
@@ -411,13 +569,14 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, validation
         for epoch in range(config.epochs):
             variant = epoch % len(train_sets)
             train_tokens = train_sets[variant]
+            step = adversarial_step if epoch + 1 >= config.adversarial_start else plain_step
             losses = []
             for index in epoch_batches(rng, train_lengths[variant], rows_per_step, config.group_by_length):
                 if accumulate:
                     with stage("training steps"):
-                        loss = accumulated_step(accumulation, data, train_tokens, index, config, width)
+                        loss = accumulated_step(step, data, train_tokens, index, config, width)
                         if loss is not None:
-                            mx.eval(loss, model.parameters(), optimizer.state)
+                            evaluate_step(loss)
                     if loss is None:  # fp16: the gradients overflowed; the step is skipped, the scale halved
                         bar.update(1)
                         continue
@@ -425,30 +584,34 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, validation
                     with stage("batching"):
                         ids, mask = pad_batch([train_tokens[i] for i in index], config.length_bucket, width=width)
                     with stage(step_stage("training steps", ids.shape, config.compile and not sharded)):
-                        loss = train_step(ids, mask, mx.array(data.train_targets[index]),
-                                          *column_batch(data.train_columns, index))
-                        mx.eval(loss, model.parameters(), optimizer.state)
+                        loss = step(ids, mask, mx.array(data.train_targets[index]),
+                                    *column_batch(data.train_columns, index))
+                        evaluate_step(loss)
                 losses.append(loss.item())
                 check_finite_loss(losses[-1], "training", description, epoch)
                 bar.update(1)
-            valid_outputs = predict_outputs(model, data.valid_tokens, config, forward, data.valid_columns)
-            with stage("evaluation"):
-                valid_loss = model.head.loss(mx.array(valid_outputs), valid_targets).item()
-                check_finite_loss(valid_loss, "validation", description, epoch)
-                score = float(evaluate(valid_outputs))
-            train_loss = float(np.mean(losses)) if losses else float("nan")  # nan: every fp16 step overflowed
-            history.append({"epoch": epoch, "train_loss": train_loss,
-                            "valid_loss": valid_loss, "valid_score": score,
-                            **({"skipped_steps": scaler.skipped, "loss_scale": scaler.scale} if scaler else {})})
-            bar.set_postfix({"loss": f"{train_loss:.3f}", "valid": f"{score:.4f}"})
-            key = (sign * score, -valid_loss)
-            if best_key is None or key > best_key:
-                best_key, best_params, best_valid, best_epoch = key, model.parameters(), valid_outputs, epoch
-                epochs_without_gain = 0
-            else:
-                epochs_without_gain += 1
-                if epochs_without_gain >= config.patience:
-                    break
+            with ema.swapped_in() if ema is not None else nullcontext():  # judged, and kept, with the EMA weights
+                valid_outputs = predict_outputs(model, data.valid_tokens, config, forward, data.valid_columns)
+                with stage("evaluation"):
+                    valid_loss = model.head.loss(mx.array(valid_outputs), valid_targets).item()
+                    check_finite_loss(valid_loss, "validation", description, epoch)
+                    score = float(evaluate(valid_outputs))
+                train_loss = float(np.mean(losses)) if losses else float("nan")  # nan: every fp16 step overflowed
+                history.append({"epoch": epoch, "train_loss": train_loss,
+                                "valid_loss": valid_loss, "valid_score": score,
+                                **({"skipped_steps": scaler.skipped, "loss_scale": scaler.scale} if scaler else {})})
+                bar.set_postfix({"loss": f"{train_loss:.3f}", "valid": f"{score:.4f}"})
+                key = (sign * score, -valid_loss)
+                if config.average_best > 1:
+                    kept = sorted(kept + [(key, epoch, model.trainable_parameters())], key=lambda entry: entry[0],
+                                  reverse=True)[: config.average_best]
+                if best_key is None or key > best_key:
+                    best_key, best_params, best_valid, best_epoch = key, model.parameters(), valid_outputs, epoch
+                    epochs_without_gain = 0
+                else:
+                    epochs_without_gain += 1
+                    if epochs_without_gain >= config.patience:
+                        break
     except RuntimeError as exc:  # MLX's allocator: a batch that does not fit the device's memory
         if not is_out_of_memory(exc):
             raise
@@ -456,9 +619,17 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, validation
     finally:
         bar.close()
     model.update(best_params)  # parameters are immutable arrays, so the saved tree is the best epoch's
+    averaged = sorted(epoch for _, epoch, _ in kept) if len(kept) > 1 else []
+    if averaged:
+        model.update(mean_tree([params for _, _, params in kept]))
     mx.eval(model.parameters())
-    test_outputs = predict_outputs(model, data.test_tokens, config, forward, data.test_columns)
     best_score = sign * best_key[0]
+    if averaged:
+        best_valid = predict_outputs(model, data.valid_tokens, config, forward, data.valid_columns)
+        best_score = float(evaluate(best_valid))
+        for epoch in averaged:
+            history[epoch]["averaged"] = True
+    test_outputs = predict_outputs(model, data.test_tokens, config, forward, data.test_columns)
     if data.valid_tta or data.test_tta:  # test-time augmentation: average the outputs over the serializations
         best_valid = np.mean([best_valid] + [predict_outputs(model, v, config, forward, data.valid_columns)
                                              for v in data.valid_tta], axis=0)
@@ -466,4 +637,5 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, validation
                                                  for t in data.test_tta], axis=0)
         best_score = float(evaluate(best_valid))
     return FoldResult(valid_outputs=best_valid, test_outputs=test_outputs, best_epoch=best_epoch,
-                      best_score=best_score, history=history, seconds=time.perf_counter() - started)
+                      best_score=best_score, history=history, seconds=time.perf_counter() - started,
+                      averaged_epochs=averaged)

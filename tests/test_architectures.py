@@ -27,6 +27,7 @@ CONFIGS = {
     "deberta-v2": dict(max_position_embeddings=64, relative_attention=True, position_buckets=8,
                        norm_rel_ebd="layer_norm", share_att_key=True, pos_att_type=["p2c", "c2p"],
                        position_biased_input=False, type_vocab_size=0, max_relative_positions=-1),
+    "mpnet": dict(max_position_embeddings=66),
     "modernbert": dict(max_position_embeddings=64, global_attn_every_n_layers=2, local_attention=8, pad_token_id=0,
                        bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3),
 }

@@ -86,6 +86,52 @@ def test_a_run_is_shrunk_epochs_first_then_max_length_and_skipped_only_when_no_f
                                "needs ~37s)"), said[-1]
 
 
+def test_the_strongest_pretrained_encoder_that_fits_is_fine_tuned_and_the_words_say_why(tmp_path, monkeypatch):
+    import kbert.pipeline.probe as probe
+    from kbert.auto.plan import ENCODER_STRENGTH, STRONGEST_FITTING, Facts, plan_jobs
+
+    facts = Facts("binary", has_columns=False, free_text=True, pretrained=frozenset(ENCODER_STRENGTH))
+    job = next(job for job in plan_jobs("fast", facts) if job.settings.get("encoder") == STRONGEST_FITTING)
+    strengths = [ENCODER_STRENGTH[name] for name in job.encoders]
+    assert set(job.encoders) == set(ENCODER_STRENGTH) and strengths == sorted(strengths, reverse=True)
+    assert not any(j.settings.get("encoder") == STRONGEST_FITTING
+                   for j in plan_jobs("fast", dataclasses.replace(facts, free_text=False)))
+    job = dataclasses.replace(job, encoders=("big", "small"))  # "big" is 10x slower than "small"
+    probed = []
+
+    def probe_run(config, log=None):
+        probed.append(config.model.encoder)
+        return fake_probe(100.0 if config.model.encoder == "big" else 10.0)
+
+    from kbert.pipeline.config import load_competition, resolve_run_config
+
+    base = resolve_run_config(load_competition("titanic"), {"max_length": 64})
+    monkeypatch.setattr(probe, "probe_run", probe_run)
+    monkeypatch.setattr(driver.Auto, "run_config", lambda auto, settings: dataclasses.replace(  # names, not folders
+        base, model=dataclasses.replace(base.model, encoder=settings["encoder"]),
+        train=dataclasses.replace(base.train, epochs=settings["epochs"], max_length=settings.get("max_length", 64))))
+    said = []
+    auto = driver.Auto(AutoOptions("titanic", 1000, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"),
+                                   progress=False), log=said.append)
+    auto.load_state()
+    auto.estimator.ensemble_seconds = 1.0
+    settings = {**job.settings, "epochs": 4}
+    auto.started -= 1000 - 400  # 349.5 s free: "big" needs 205 s for 2 epochs: it fits at 3 epochs
+    form = driver.plan_run(auto, job, settings, 2)
+    assert form.settings["encoder"] == "big" and form.settings["epochs"] == 3
+    assert form.words.startswith("big, the strongest pretrained encoder that fits: 3 epochs"), form.words
+    auto.started -= 200  # 149.5 s free: "big" fits in no form, "small" in 4 epochs (45 s)
+    form = driver.plan_run(auto, job, settings, 2)
+    assert form.settings["encoder"] == "small" and form.settings["epochs"] == 4
+    assert form.words.startswith("small, the strongest pretrained encoder that fits (big: 2 epochs at max length "
+                                 "64 ~205s"), form.words
+    assert probed == ["big", "big", "big", "small"]  # at 64 tokens, then its 90th and 75th percentiles' lengths
+    auto.started -= 145  # 4.5 s free: neither is probed again, and the skip names both
+    assert driver.plan_run(auto, job, settings, 2) is None
+    assert said[-1].startswith("skip auto-finetune: no form fits (big: not probed"), said[-1]
+    assert "; small: " in said[-1]
+
+
 def test_shorter_lengths_are_probed_only_when_they_cut_enough_and_a_refused_probe_fails_that_job_alone(
         tmp_path, monkeypatch):
     import kbert.pipeline.probe as probe

@@ -14,7 +14,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from kbert.errors import KbertError
-from kbert.models import deberta_v2, roberta
+from kbert.models import deberta_v2, mpnet, roberta
 from kbert.models.architecture import ARCHITECTURES, architecture
 from kbert.models.deberta_v2 import build_relative_position
 from kbert.models.encoders import build_encoder
@@ -231,6 +231,7 @@ MISTAKES = {  # name -> (case, monkeypatch) -> kbert's encoder with it, or None:
     "key-only padding mask": lambda c, mp: mp.setattr(deberta_v2, "pairwise_padding_mask", lambda m, dtype: (
         (1 - m.astype(dtype)) * mx.finfo(dtype).min)[None, :, None, :]),  # padded queries then see real keys
     "RoPE left out": lambda c, mp: mp.setattr(mx.fast, "rope", lambda x, *args, **kwargs: x),
+    "one relative bucket": lambda c, mp: mp.setattr(mpnet, "relative_buckets", lambda n: np.zeros((n, n), int)),
     "BERT's positions": positions(0),
     "positions count padding": positions(2),
 }

@@ -422,3 +422,20 @@ def test_perfect_predictions():
         close(get_metric(name)(y, y), 1.0)
     for name in ("roc_auc", "map@3", "top_k_accuracy@1"):
         close(get_metric(name)(y, one_hot), 1.0)
+
+
+def test_cross_fitted_threshold_cuts_each_fold_at_the_other_folds_threshold():
+    from kbert.pipeline.predictions import cross_fitted_threshold_score, tune_threshold
+
+    r = rng(7)
+    labels = r.integers(0, 2, N)
+    probabilities = np.clip(labels * 0.3 + r.random(N) * 0.7, 0, 1)
+    fold = np.arange(N) % 3
+    f1 = get_metric("f1")
+    honest, thresholds = cross_fitted_threshold_score(f1, labels, probabilities, fold)
+    expected = np.empty(N, dtype=int)
+    for f, cut in zip(range(3), thresholds):
+        assert cut == tune_threshold(f1, labels[fold != f], probabilities[fold != f])
+        expected[fold == f] = probabilities[fold == f] >= cut
+    assert honest == pytest.approx(skm.f1_score(labels, expected))
+    assert honest <= f1(labels, (probabilities >= tune_threshold(f1, labels, probabilities)).astype(int)) + 1e-12

@@ -75,6 +75,9 @@ def test_calibration_and_a_tuned_threshold_leave_accuracy_honest(tmp_path):
     assert metrics["cv"] == pytest.approx(calibration["cv_uncalibrated"])  # scaling logits keeps accuracy
     assert 0.05 <= metrics["threshold"]["tuned_on_oof"][0] <= 0.95
     assert metrics["threshold"]["cv_at_tuned_threshold_optimistic"] >= metrics["cv"] - 1e-12
+    per_fold = metrics["threshold"]["cross_fitted_per_fold"]
+    assert len(per_fold) == 2 and all(0.05 <= t <= 0.95 for t in per_fold)
+    assert metrics["threshold"]["cv_cross_fitted"] <= metrics["threshold"]["cv_at_tuned_threshold_optimistic"] + 1e-12
     assert set(pd.read_csv(result.submission_path)["Survived"]) <= {0, 1}
 
 

@@ -13,13 +13,13 @@ import importlib.util
 import math
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from kbert.auto.budget import SAFETY, Estimator
 from kbert.auto.leaderboard import (Row, leaderboard_frame, leaderboard_text, write_leaderboard,
                                     write_leaderboard_report)
-from kbert.auto.plan import BEST_BASELINE, BEST_RUN, Facts, Job, plan_jobs
+from kbert.auto.plan import BEST_BASELINE, BEST_RUN, STRONGEST_FITTING, Facts, Job, plan_jobs
 from kbert.auto.state import Action, AutoState, Drift, JobState, Status, read_state
 from kbert.auto.state import seconds as valid_seconds
 from kbert.errors import KbertError
@@ -226,14 +226,15 @@ def adversarial(auto: Auto) -> None:
 
 def plan(auto: Auto) -> list[Job]:
     from kbert.ensembles.baseline import column_kinds
-    from kbert.models.encoders import shipped_available
+    from kbert.models.encoders import SHIPPED, shipped_available
     from kbert.pipeline.data import mostly_free_text
 
     comp = auto.competition
     kinds = column_kinds(auto.features, exclude=(comp.id_column,))
     installed = {name for name in ("lightgbm", "catboost") if importlib.util.find_spec(name) is not None}
     facts = Facts(comp.task, has_columns=bool(kinds.numeric or kinds.categorical),
-                  free_text=bool(mostly_free_text(auto.data.train, comp)), pretrained=shipped_available("minilm-l6"),
+                  free_text=bool(mostly_free_text(auto.data.train, comp)),
+                  pretrained=frozenset(name for name in SHIPPED if shipped_available(name)),
                   installed=frozenset(installed))
     return plan_jobs(auto.options.preset, facts, auto.options.seed)
 
@@ -349,17 +350,33 @@ def failed(auto: Auto, name: str, record: JobState, exc: KbertError) -> bool:
 
 
 def plan_run(auto: Auto, job: Job, settings: dict, members: int) -> Form | None:
+    """The form of an encoder run that fits (``fitting_form``); for the encoder ``STRONGEST_FITTING``, that of the
+    first of the job's candidate encoders (strongest first) that has one, its words saying why it was picked. None
+    (and a skip that names every form tried) when none fits."""
+    if settings.get("encoder") != STRONGEST_FITTING:
+        form, tried = fitting_form(auto, job, settings, members)
+        return form if form is not None else skip_run(auto, job, settings, members, tried)
+    passed = []
+    for encoder in job.encoders:
+        form, tried = fitting_form(auto, job, {**settings, "encoder": encoder}, members)
+        if form is not None:
+            why = f"{encoder}, the strongest pretrained encoder that fits" + (f" ({'; '.join(passed)})" if passed
+                                                                                else "")
+            return replace(form, words=f"{why}: {form.words}")
+        passed.append(f"{encoder}: {'; '.join(tried)}")
+    return skip_run(auto, job, settings, members, passed)
+
+
+def fitting_form(auto: Auto, job: Job, settings: dict, members: int) -> tuple[Form | None, list[str]]:
     """The largest form of an encoder run that fits: its epochs lowered to ``LEAST_EPOCHS``, then its max length
-    shortened (``SHORTER``), each form priced by a probe. None (and a skip that names every form tried) when none
-    fits."""
+    shortened (``SHORTER``), each form priced by a probe; else None and the forms tried, in words."""
     from kbert.pipeline.probe import probe_run
 
     encoder = auto.run_config(settings).model.encoder
     floor = auto.floors.get(encoder, 0.0)
     if auto.free(members) <= floor:  # not even worth its probe
-        return skip_run(auto, job, settings, members, ["not probed: no time is free" if not floor else
-                                                       f"not probed: the least form of {encoder} probed so far "
-                                                       f"needs ~{floor / FLOOR_SHARE:.0f}s"])
+        return None, ["not probed: no time is free" if not floor else
+                      f"not probed: the least form of {encoder} probed so far needs ~{floor / FLOOR_SHARE:.0f}s"]
     tried, lengths, seen = [], [None], set()  # None: the run's own max length; then shorter ones from its probe
     while lengths:
         max_length = lengths.pop(0)
@@ -388,9 +405,9 @@ def plan_run(auto: Auto, job: Job, settings: dict, members: int) -> Form | None:
             if seconds <= free:
                 changed = ", shrunk to fit" if epochs < settings["epochs"] or max_length else ""
                 return Form({**form, "epochs": epochs}, seconds, probe.epoch_seconds() * correction, probe_s,
-                            f"{epochs} epochs, {words}{changed}")
+                            f"{epochs} epochs, {words}{changed}"), tried
         tried.append(f"{LEAST_EPOCHS} epochs at {words} ~{least:.0f}s")
-    return skip_run(auto, job, settings, members, tried)
+    return None, tried
 
 
 def skip_run(auto: Auto, job: Job, settings: dict, members: int, tried: list[str]) -> None:
@@ -722,6 +739,8 @@ def final_ensemble(auto: Auto, members: list[str]) -> AutoResult:
              ("chosen blend", result.chosen if result is not None else members[0]),
              ("its honest CV", "-" if honest is None else f"{honest:.4f}"),
              ("submission", str(submission))]
+    facts += [(f"{name} ({job.status.value})", job.form) for name, job in auto.state.jobs.items()
+              if job.action == Action.RUN and job.form]  # which encoder, epochs and length, and why
     from kbert.pipeline.metrics import get_metric
 
     report = write_leaderboard_report(auto.folder, frame, text, facts, auto.competition.metric,

@@ -1,7 +1,8 @@
 """What ``kbert auto`` tries, in order, for a competition and a preset: the job list.
 
-Tabular baselines first, then (where text dominates) MiniLM embeddings, a BERT from scratch with fusion, a
-baseline on its embeddings, pseudo-labels, extra seeds and a tuning study. Every job is a member folder
+Tabular baselines first, then (where text dominates) MiniLM embeddings and the strongest pretrained encoder that
+fits fine-tuned with the recipe, a BERT from scratch with fusion, a baseline on its embeddings, pseudo-labels,
+extra seeds and a tuning study. Every job is a member folder
 ``runs/<competition>/auto-<job>``, done when it holds a metrics.json; a source such as "the best baseline" is
 chosen when the job starts, from the finished members' CVs.
 """
@@ -33,18 +34,26 @@ PRESETS = {
     "best": Preset(epochs=30, patience=6, extra_seeds=3, concat=True, trials=200),
 }
 BEST_BASELINE, BEST_RUN = "<best baseline>", "<best encoder run>"
+STRONGEST_FITTING = "<the strongest pretrained encoder that fits>"
+
+# The shipped pretrained encoders by their measured strength on free text: the mean CV F1 of the recipe's base,
+# fine-tuned on Disaster Tweets under one protocol (benchmarks/recipe_ablation.py; benchmarks/NOTES.md). kbert auto
+# fine-tunes the strongest one whose run fits the time left.
+ENCODER_STRENGTH = {"mpnet-base": 0.0, "minilm-l6": 0.0}
+# The recipe's parts that helped in that measurement (benchmarks/NOTES.md), set on the fine-tuned encoder run.
+RECIPE: dict = {}
 
 
 @dataclass(frozen=True)
 class Facts:
     """What the job list depends on: the task; whether the table has numeric or categorical input columns (fusion
-    has something to read); whether most of a row's words are free text; whether MiniLM is installed; the optional
-    baseline libraries present (lightgbm, catboost)."""
+    has something to read); whether most of a row's words are free text; the shipped pretrained encoders installed;
+    the optional baseline libraries present (lightgbm, catboost)."""
 
     task: str
     has_columns: bool
     free_text: bool
-    pretrained: bool
+    pretrained: frozenset[str] = frozenset()
     installed: frozenset[str] = frozenset()
 
 
@@ -54,6 +63,7 @@ class Job:
     action: Action
     settings: dict = field(default_factory=dict)  # run overrides, or {"model": ..., "embeddings": ...}
     needs: tuple[str, ...] = ()  # jobs that must be done first (BEST_* resolve among the done ones)
+    encoders: tuple[str, ...] = ()  # encoder STRONGEST_FITTING: the candidates, strongest first
 
 
 def plan_jobs(preset: str, facts: Facts, seed: int = 42) -> list[Job]:
@@ -69,10 +79,12 @@ def plan_jobs(preset: str, facts: Facts, seed: int = 42) -> list[Job]:
     baselines = tuple(job.name for job in jobs)
 
     runs = []
-    if facts.free_text and facts.pretrained:  # the pretrained MiniLM's embeddings, then MiniLM fine-tuned if it fits
+    if facts.free_text and "minilm-l6" in facts.pretrained:  # the pretrained MiniLM's sentence embeddings
         jobs.append(Job("auto-hgb-minilm", Action.EMBEDDING, {"model": "hgb", "embeddings": "minilm-l6"}))
-        runs.append(Job("auto-minilm", Action.RUN, {**training, "encoder": "minilm-l6",
-                                                    "epochs": min(options.epochs, 4)}))
+    candidates = tuple(sorted(facts.pretrained & set(ENCODER_STRENGTH), key=lambda n: (-ENCODER_STRENGTH[n], n)))
+    if facts.free_text and candidates:  # the strongest pretrained encoder that fits, fine-tuned with the recipe
+        runs.append(Job("auto-finetune", Action.RUN, {**training, **RECIPE, "encoder": STRONGEST_FITTING,
+                                                      "epochs": min(options.epochs, 4)}, encoders=candidates))
     fusion = "gated" if facts.has_columns else "none"
     runs.append(Job(f"auto-bert-{fusion}", Action.RUN, {**training, "encoder": "bert", "fusion": fusion}))
     if options.concat and facts.has_columns:

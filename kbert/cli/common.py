@@ -103,6 +103,11 @@ def check_run_id(value: str, what: str) -> str:
 def print_run_result(result) -> None:
     """The closing lines of `kbert run` and `kbert baseline` (a kbert.pipeline.artifacts.RunResult)."""
     print(f"CV {result.metric}: {result.cv_score:.4f}  (folds: {', '.join(f'{s:.4f}' for s in result.fold_scores)})")
+    from kbert.io import read_json
+
+    threshold = read_json(result.run_dir / "metrics.json").get("threshold") or {}
+    if "cv_cross_fitted" in threshold:
+        print(f"CV {result.metric} at a threshold tuned on the other folds: {threshold['cv_cross_fitted']:.4f}")
     print(f"run folder: {result.run_dir}")
     print(f"submission: {result.submission_path}")
     print(f"wall time: {result.seconds:.0f}s")

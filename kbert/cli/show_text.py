@@ -20,7 +20,7 @@ def add_parser(commands) -> None:
 def cmd_show_text(args: argparse.Namespace) -> int:
     from kbert.features import add_features
     from kbert.pipeline.config import load_competition, resolve_run_config
-    from kbert.pipeline.data import load_competition_data
+    from kbert.pipeline.data import duplicate_report, load_competition_data, text_columns
     from kbert.pipeline.fold import make_serializer
 
     competition = load_competition(args.competition)
@@ -33,4 +33,7 @@ def cmd_show_text(args: argparse.Namespace) -> int:
         target = ", ".join(f"{c}={row[c]}" for c in competition.target_columns)
         print(f"[{row[competition.id_column]}] {target}\n  {text}")
     print(f"{len(features)} training rows; words per row: mean {sum(lengths) / len(lengths):.1f}, max {max(lengths)}")
+    duplicates = duplicate_report(data.train, text_columns(competition), competition.target_columns)
+    if duplicates:
+        print(duplicates)
     return 0

@@ -98,6 +98,9 @@ def run_facts(run_dir: Path, metrics: dict) -> list[tuple[str, str]]:
         if "cv_at_tuned_threshold_optimistic" in threshold:
             facts.append(("CV at the tuned threshold (optimistic)",
                           format_score(threshold["cv_at_tuned_threshold_optimistic"])))
+        if "cv_cross_fitted" in threshold:
+            facts.append(("CV at thresholds tuned on the other folds (honest)",
+                          format_score(threshold["cv_cross_fitted"])))
     calibration = metrics.get("calibration") or {}
     if "temperature" in calibration:
         facts.append(("temperature (calibration)", f"{calibration['temperature']:.3f}"))
