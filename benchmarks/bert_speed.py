@@ -60,6 +60,8 @@ SIZES = {
                       num_attention_heads=12, intermediate_size=3072),
     "deberta-v3-base": dict(**DEBERTA_V3, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                             intermediate_size=3072),
+    "mpnet-base": dict(model_type="mpnet", vocab_size=30527, hidden_size=768, num_hidden_layers=12,
+                       num_attention_heads=12, intermediate_size=3072, pad_token_id=1, layer_norm_eps=1e-5),
     "roberta-base": dict(model_type="roberta", vocab_size=50265, hidden_size=768, num_hidden_layers=12,
                          num_attention_heads=12, intermediate_size=3072, pad_token_id=1, type_vocab_size=1,
                          layer_norm_eps=1e-5),
@@ -92,6 +94,14 @@ def cpu_header() -> str:
             + (f"yes ({' '.join(avx512)})" if avx512 else "no") + ", AMX " + (f"yes ({' '.join(amx)})" if amx else "no"))
 
 
+def computes_first_token_alone(size: dict) -> bool:
+    """Whether the architecture's last layer can compute the first token alone (a layer's ``first_token``)."""
+    from kbert.models.encoders import build_encoder
+
+    encoder, _ = build_encoder({**size, "num_hidden_layers": 1, "vocab_size": 8})
+    return any(getattr(module, "first_token", False) for _, module in encoder.named_modules())
+
+
 def train_flops(size: dict, batch: int, seq: int, pooling: str = "cls") -> float:
     """Matmul FLOPs of kbert's training step (forward x 3), as in the usual 6 * params * tokens estimate: with "cls"
     pooling a BERT-family last layer computes the first token alone (DeBERTa's relative-position terms are left out,
@@ -101,7 +111,7 @@ def train_flops(size: dict, batch: int, seq: int, pooling: str = "cls") -> float
     def layer(queries: int) -> int:  # one sequence: keys and values for every token, the rest for the queries
         return 2 * (2 * h * h * seq + (2 * h * h + 2 * h * i) * queries) + 2 * 2 * queries * seq * h
 
-    first_token_only = pooling == "cls" and size["model_type"] in ("bert", "roberta", "electra")
+    first_token_only = pooling == "cls" and computes_first_token_alone(size)
     return 3 * batch * ((layers - 1) * layer(seq) + layer(1 if first_token_only else seq))
 
 

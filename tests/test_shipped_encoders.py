@@ -26,16 +26,10 @@ from kbert.models.encoders import SHIPPED, Shipped, load_encoder, shipped_availa
 from kbert.models.mpnet import relative_buckets
 from kbert.pipeline.embed import Embedding, embed_texts
 from tests.parity import TOL, torch, transformers
+from tests.test_pretrained import SENTENCES
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-SENTENCES = [
-    "A woman with the title missus, travelling in first class.",
-    "A man with the title mister, travelling in third class.",
-    "The weather is lovely today.",
-    "Kaggle competitions reward careful cross-validation!",
-    "Ünïcode, numbers like 3.14159, and emoji 🚢 are tokenized too.",
-]
 NEW = {"mpnet-base": ("mpnet", 768, 12)}  # the names this file adds: model_type, hidden size, layers
 
 
