@@ -252,7 +252,8 @@ def describe(framework: str) -> str:
                 f"{peak:.0f} GFLOP/s, CPU kernels {cpu_kernels.STATUS.state}, malloc {status.malloc}")
     import torch
 
-    return f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"torch {torch.__version__}, {torch.get_num_threads()} threads{gpu}"
 
 
 def worker(framework: str) -> None:
@@ -392,7 +393,7 @@ def main() -> None:
                   args.device, precision, pooling)
         print(f"{size:17} {seq:>4} {precision:>4} {pooling:>4} | {r['mlx_train']:9.1f} {r['torch_train']:11.1f} "
               f"{r['train_ratio']:5.2f} | {r['mlx_infer']:9.1f} {r['torch_infer']:11.1f} {r['infer_ratio']:5.2f} | "
-              f"{r['mlx_train_mfu']:5.1%}", flush=True)
+              + (f"{r['mlx_train_mfu']:5.1%}" if args.device == "cpu" else "    -"), flush=True)  # a CPU peak
         print(f"{'':32} per repetition: train " + " ".join(f"{x:.2f}" for x in r["train_ratios"])
               + " | infer " + " ".join(f"{x:.2f}" for x in r["infer_ratios"]), flush=True)
     for w in workers.values():

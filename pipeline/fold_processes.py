@@ -153,13 +153,22 @@ def train_folds(jobs: list[FoldJob], plan: FoldPlan, progress: bool, log: Callab
                     bars.pop(index).close()
                 yield index, body[0], body[1]
     finally:
-        for process in running.values():
-            process.terminate()
-        for process in running.values():
-            process.join()
+        end_processes(list(running.values()))
         for bar in bars.values():
             bar.close()
         messages.close()
+
+
+def end_processes(processes: list, grace: float = 10.0) -> None:
+    """SIGTERM each process (a fold exits through Python, removing a temp file it was writing), then SIGKILL one
+    still alive ``grace`` seconds later: nothing a child does on its way out can hang the run."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(grace)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def check_alive(running: dict[int, multiprocessing.Process], jobs: list[FoldJob]) -> None:
@@ -214,8 +223,7 @@ class QueueBar:
 def fold_process(job: bytes, index: int, messages) -> None:
     """A spawned fold process: bind the fast BLAS, then unpickle its job (which loads MLX), train and report."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the parent, which ends the fold processes
-    # ... with SIGTERM: exit through Python, so that a write under way removes its temp file (kbert.io)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    exit_on_sigterm(messages)
     end_with_parent()
     from kbert.models import runtime
 
@@ -248,6 +256,18 @@ def fold_process(job: bytes, index: int, messages) -> None:
         messages.put(("error", index, traceback.format_exc(), True))
     finally:  # nothing is being written now: a SIGTERM during the interpreter's shutdown must not raise in it
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def exit_on_sigterm(messages) -> None:
+    """The parent ends a fold with SIGTERM: exit through Python, so that a write under way removes its temp file
+    (kbert.io), without waiting at exit for ``messages`` the parent no longer reads to drain into the pipe (a
+    result larger than the pipe's buffer would otherwise block the exit, and the parent's join, for ever)."""
+
+    def leave(*_) -> None:
+        messages.cancel_join_thread()
+        sys.exit(128 + signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, leave)
 
 
 def end_with_parent() -> None:

@@ -4,8 +4,10 @@
 import multiprocessing
 import os
 import platform
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ import pytest
 from kbert.errors import KbertError
 from kbert.io import read_json
 from kbert.pipeline.config import resolve_run_config
-from kbert.pipeline.fold_processes import FoldPlan, Machine, plan_folds
+from kbert.pipeline.fold_processes import FoldPlan, Machine, end_processes, exit_on_sigterm, plan_folds
 from kbert.pipeline.profile import profiling
 from kbert.pipeline.run import run_competition
 from kbert.pipeline.train import epoch_batches
@@ -177,3 +179,37 @@ def test_a_fold_process_gets_its_streams_as_threads_whatever_was_set(monkeypatch
     with thread_environment(2, keep_users=False):
         assert all(os.environ[name] == "2" for name in THREAD_VARIABLES)
     assert os.environ["OMP_NUM_THREADS"] == "8" and "MKL_NUM_THREADS" not in os.environ
+
+
+def _stuck_sender(messages, ready) -> None:
+    """A fold process whose result outgrew the pipe the parent no longer reads, then waits to be ended."""
+    exit_on_sigterm(messages)
+    messages.put(b"x" * 2**21)
+    ready.set()
+    while True:
+        time.sleep(0.01)
+
+
+def _deaf(ready) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready.set()
+    while True:
+        time.sleep(0.01)
+
+
+def test_ending_fold_processes_never_waits_on_an_unread_queue_or_a_child_that_ignores_sigterm():
+    context = multiprocessing.get_context("spawn")
+    messages, ready = context.Queue(), context.Event()
+    stuck = context.Process(target=_stuck_sender, args=(messages, ready), daemon=True)
+    stuck.start()
+    assert ready.wait(60)
+    began = time.perf_counter()
+    end_processes([stuck], grace=60)
+    # It exited by itself through SIGTERM's handler: without dropping the unsent result it would block at exit.
+    assert stuck.exitcode == 128 + signal.SIGTERM and time.perf_counter() - began < 30
+    deaf_ready = context.Event()
+    deaf = context.Process(target=_deaf, args=(deaf_ready,), daemon=True)
+    deaf.start()
+    assert deaf_ready.wait(60)
+    end_processes([deaf], grace=0.5)
+    assert deaf.exitcode == -signal.SIGKILL

@@ -139,14 +139,8 @@ def synthetic_csvs(folder: Path, sample: str, rows: int = 240, tests: int = 400)
     pd.DataFrame({"row_id": test["row_id"], "target": value}).to_csv(folder / "sample_submission.csv", index=False)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sample", ["probability", "label", "strings"])
-def test_init_then_auto_submits_what_the_sample_submission_holds(sample, tmp_path, monkeypatch):
-    """kbert init, then kbert auto --time-limit 3m (tiny encoders, no study): (a) probabilities scored by ROC AUC,
-    (b) 0/1 labels scored by a label metric, at about the training rate of positives, (c) the target's strings."""
-    from kbert.auto import AutoOptions, run_auto
-    from tests.tiny import TINY
-
+def init_table(tmp_path: Path, sample: str) -> dict:
+    """synthetic_csvs(sample), then `kbert init table` with the sample submission; checks and returns the YAML."""
     data = tmp_path / "data"
     synthetic_csvs(data, sample)
     made = kbert("init", "table", "--train", str(data / "train.csv"), "--test", str(data / "test.csv"),
@@ -159,7 +153,34 @@ def test_init_then_auto_submits_what_the_sample_submission_holds(sample, tmp_pat
     assert (spec["metric"], spec["submission"]["columns"]["target"]) == expected[sample]
     assert re.search(r"\n# (roc_auc|accuracy): the s.*\nmetric: ", text)  # the YAML says why
     assert spec.get("classes") == (["fresh", "rotten"] if sample == "strings" else None)
+    return spec
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sample", ["probability", "label", "strings"])
+def test_init_then_run_submits_what_the_sample_submission_holds(sample, tmp_path):
+    """kbert init, then kbert run: (a) probabilities scored by ROC AUC, (b) 0/1 labels scored by a label metric,
+    (c) the target's strings."""
+    init_table(tmp_path, sample)
+    ran = kbert("run", "table", *tiny_args(240), "--run-id", "r", cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    submission = pd.read_csv(tmp_path / "submissions" / "table" / "r.csv")
+    assert submission["row_id"].tolist() == list(range(241, 641))
+    values = submission["target"]
+    if sample == "probability":
+        assert values.between(0, 1).all() and values.nunique() > 10  # probabilities, not labels
+    else:
+        assert set(values) <= ({0, 1} if sample == "label" else {"fresh", "rotten"})
+
+
+@pytest.mark.slow
+def test_init_then_auto_submits_the_target_strings_at_about_the_training_rate(tmp_path, monkeypatch):
+    """kbert init, then kbert auto --time-limit 3m (tiny encoders, no study) where the sample submission holds the
+    target's strings: a label metric, its cut-off chosen inside the nesting, the strings written."""
+    from kbert.auto import AutoOptions, run_auto
+    from tests.tiny import TINY
+
+    spec = init_table(tmp_path, "strings")
     monkeypatch.chdir(tmp_path)
     from kbert.auto import driver as driver
 
@@ -170,14 +191,9 @@ def test_init_then_auto_submits_what_the_sample_submission_holds(sample, tmp_pat
     assert submission["row_id"].tolist() == list(range(241, 641))
     sidecar = json.loads(result.submission.with_suffix(".json").read_text())
     assert sidecar["metric"] == spec["metric"] and sidecar["method_choice_nested"]
-    values = submission["target"]
-    train = pd.read_csv(data / "train.csv")["target"]
-    if sample == "probability":
-        assert values.between(0, 1).all() and values.nunique() > 10  # probabilities, not labels
-        return
-    positive = 1 if sample == "label" else "rotten"
-    assert set(values) <= ({0, 1} if sample == "label" else {"fresh", "rotten"})
-    assert abs((values == positive).mean() - (train == positive).mean()) <= 0.05
+    values, train = submission["target"], pd.read_csv(tmp_path / "data" / "train.csv")["target"]
+    assert set(values) <= {"fresh", "rotten"}
+    assert abs((values == "rotten").mean() - (train == "rotten").mean()) <= 0.05
 
 
 def test_init_reads_one_probability_column_per_class_and_a_rare_positive_class(tmp_path):
