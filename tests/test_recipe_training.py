@@ -309,7 +309,8 @@ def test_settings_out_of_range_are_refused_in_one_line(titanic, setting, value, 
 
 def test_a_run_with_the_recipe_interrupted_after_its_first_fold_resumes_to_the_files_of_an_uninterrupted_one(
         tmp_path, monkeypatch):
-    settings = {"limit_rows": 40, "epochs": 3, "ema": 0.9, "adversarial": "fgm", "average_best": 2, "dropout_samples": 3}
+    settings = {"limit_rows": 40, "epochs": 3, "ema": 0.9, "adversarial": "fgm", "average_best": 2,
+                "dropout_samples": 3}
     run_tiny("titanic", tmp_path, run_id="whole", **settings)
     real, started = fold.train_fold, []
 

@@ -438,10 +438,9 @@ def test_sigkill_one_of_two_workers_then_resume(tmp_path):
         assert blas and not blas & {"reference", "unbound"}, blas
 
 
-# A tiny model learns nothing on 60 rows and early stopping would end a fold after 7 epochs (~0.5 s): folds of a
-# second or more let the signal tests see a trial between two folds and land their signal inside the next one.
-# Folds of about 2 s each on 2 cores (20 epochs took 0.2 s: a kill sent after the first fold could land after the
-# trial had completed, when the tests polling every 0.2 s ran slowly under load).
+# A tiny model learns nothing on 60 rows and early stopping would end a fold after 7 epochs. Folds of about 2 s on 2
+# cores let the signal tests see a trial between two folds and land their signal inside the next one (at 20 epochs a
+# fold took 0.2 s, and under load a kill sent after the first fold could land after the trial had completed).
 SLOW_FOLDS = {"epochs": 200, "patience": 1000}
 
 
