@@ -236,39 +236,61 @@ class Baseline:
     exclude: tuple[str, ...] = ()
 
 
-def fit_predict_fold(baseline: Baseline, train_rows: pd.DataFrame, train_targets: np.ndarray,
-                     others: list[pd.DataFrame], seed: int) -> list[np.ndarray]:
-    """Fit on ``train_rows`` alone, then predict each frame in ``others``: prediction tables (rows, columns)
-    as in ensembles/blend.py (binary P(positive), class probabilities, label probabilities or values)."""
-    model, task, classes, log_target = baseline.model, baseline.task, baseline.classes, baseline.log_target
+@dataclass
+class FittedFold:
+    """A fold's fitted baseline: the column kinds it read (decided on its training rows), one fitted pipeline per
+    output (one for a class task), and the classes its training rows held (a class task; the others get
+    probability 0)."""
+
+    kinds: ColumnKinds
+    models: list
+    found: list[int] | None = None
+
+
+def fit_fold(baseline: Baseline, train_rows: pd.DataFrame, train_targets: np.ndarray, seed: int) -> FittedFold:
+    """Fit on ``train_rows`` alone: a class task one pipeline, otherwise one per output column (with
+    ``log_target`` the model learns log1p(y))."""
     kinds = column_kinds(train_rows, baseline.exclude)
     X = prepare(train_rows, kinds)
-    frames = [prepare(rows, kinds) for rows in others]
-    if Task(task).classes:
-        pipeline = make_pipeline(model, kinds, True, seed, X).fit(X, train_targets.astype(int))
-        found = pipeline.classes_.astype(int)
-        tables = []
-        for frame in frames:  # a class absent from this fold's training rows gets probability 0
-            table = np.zeros((len(frame), classes))
-            table[:, found] = pipeline.predict_proba(frame)
-            tables.append(table)
-        return tables
+    if Task(baseline.task).classes:
+        pipeline = make_pipeline(baseline.model, kinds, True, seed, X).fit(X, train_targets.astype(int))
+        return FittedFold(kinds, [pipeline], pipeline.classes_.astype(int).tolist())
     targets = np.asarray(train_targets, dtype=np.float64).reshape(len(train_targets), -1)
-    columns: list[list[np.ndarray]] = [[] for _ in frames]
+    models = []
     for j in range(targets.shape[1]):
-        if Task(task).probabilities:
+        if Task(baseline.task).probabilities:
             y = targets[:, j].astype(int)
             if len(np.unique(y)) < 2:
                 raise KbertError(f"a fold's training rows hold a single class of output {j}; use fewer folds")
-            fitted = make_pipeline(model, kinds, True, seed, X).fit(X, y)
-            outputs = [fitted.predict_proba(frame)[:, 1] for frame in frames]
-        else:  # with log_target the model learns log1p(y); its predictions are mapped back with expm1
-            forward, inverse = (np.log1p, np.expm1) if log_target else (np.asarray, np.asarray)
-            fitted = make_pipeline(model, kinds, False, seed, X).fit(X, forward(targets[:, j]))
-            outputs = [inverse(fitted.predict(frame)) for frame in frames]
-        for column, output in zip(columns, outputs):
-            column.append(output)
-    return [np.stack(column, axis=1) for column in columns]
+            models.append(make_pipeline(baseline.model, kinds, True, seed, X).fit(X, y))
+        else:
+            y = np.log1p(targets[:, j]) if baseline.log_target else targets[:, j]
+            models.append(make_pipeline(baseline.model, kinds, False, seed, X).fit(X, y))
+    return FittedFold(kinds, models)
+
+
+def predict_fold(baseline: Baseline, fitted: FittedFold, frames: list[pd.DataFrame]) -> list[np.ndarray]:
+    """Prediction tables (rows, columns) of each frame as in ensembles/blend.py (binary P(positive), class
+    probabilities, label probabilities or values)."""
+    tables = []
+    for rows in frames:
+        X = prepare(rows, fitted.kinds)
+        if Task(baseline.task).classes:
+            table = np.zeros((len(X), baseline.classes))
+            table[:, fitted.found] = fitted.models[0].predict_proba(X)
+        elif Task(baseline.task).probabilities:
+            table = np.stack([model.predict_proba(X)[:, 1] for model in fitted.models], axis=1)
+        else:
+            inverse = np.expm1 if baseline.log_target else np.asarray
+            table = np.stack([inverse(model.predict(X)) for model in fitted.models], axis=1)
+        tables.append(table)
+    return tables
+
+
+def fit_predict_fold(baseline: Baseline, train_rows: pd.DataFrame, train_targets: np.ndarray,
+                     others: list[pd.DataFrame], seed: int) -> list[np.ndarray]:
+    """Fit on ``train_rows`` alone, then predict each frame in ``others``."""
+    return predict_fold(baseline, fit_fold(baseline, train_rows, train_targets, seed), others)
 
 
 def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = None, log=print,
@@ -276,6 +298,8 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
     """Train ``model`` on the competition's folds; write a member in the run-artifact format. ``embeddings``: a
     finished run on the same folds, or a pretrained encoder, whose text embeddings join the raw columns.
     ``on_fold(k, seconds)`` is called after each fold's fit; it may raise to stop the baseline (kbert auto)."""
+    from kbert.ensembles.baseline_models import save_fold_models  # it reads this module's types
+
     if model not in MODELS:
         raise KbertError(f"unknown baseline model '{model}'; known: {', '.join(MODELS)}")
     started = time.perf_counter()
@@ -318,6 +342,7 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
             write_run_config(run_dir, {"run_id": run_id, "baseline": model, "competition": comp.name,
                                        "seed": config.seed, "folds": comp.folds.k, "data_dir": config.data_dir,
                                        "limit_rows": config.limit_rows, "log_target": log_target,
+                                       "run_config": config.to_dict(),  # what kbert predict reads it with
                                        **({"embeddings": source.describe()} if source is not None else {})},
                              expected.inputs)
             write_folds_table(run_dir, comp, train[comp.id_column], [fold_of_row])
@@ -337,8 +362,8 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
                 if source is not None:
                     frames = with_embeddings(source, config, k, frames, run_dir / "folds" / str(k), log)
                 try:
-                    valid_table, test_table = fit_predict_fold(baseline, frames[0], fit_targets[train_index],
-                                                               frames[1:], config.seed + k)
+                    fitted = fit_fold(baseline, frames[0], fit_targets[train_index], config.seed + k)
+                    valid_table, test_table = predict_fold(baseline, fitted, frames[1:])
                 except ValueError as exc:  # scikit-learn's refusal of too few rows (its early-stopping split, ...)
                     raise KbertError(f"fold {k + 1}/{comp.folds.k}: the {model} baseline cannot be fitted on its "
                                      f"{len(train_index)} training rows: {exc}") from None
@@ -346,6 +371,7 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
                     oof = np.full((len(train), valid_table.shape[1]), np.nan)  # time series: no first block
                 oof[valid_index] = valid_table
                 test_tables.append(test_table)
+                save_fold_models(run_dir / "folds" / str(k), baseline, fitted)  # kbert predict reads them
                 # Fold k's own test predictions: a teacher for --pseudo-label, which must not see the other folds'.
                 write_csv(run_dir / "folds" / str(k) / "test.csv", predictions_frame(
                     comp, targets.classes, data.test[comp.id_column], native(task, test_table)))

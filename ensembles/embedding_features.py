@@ -19,7 +19,7 @@ import pandas as pd
 from sklearn.decomposition import PCA
 
 from kbert.errors import KbertError
-from kbert.io import write_json
+from kbert.io import atomic_write, write_json
 from kbert.models.encoders import load_encoder, max_tokens, trains_from_scratch
 from kbert.models.pooling import Pooler
 from kbert.models.tokenizer import special_token_id
@@ -31,7 +31,8 @@ from kbert.pipeline.provenance import Expected, check_member
 
 COMPONENTS = 32  # PCA components kept per fold: enough for the text signal, few enough for trees on 1-10k rows
 PREFIX = "emb_"
-REDUCER_FILE = "embedding_reducer.json"
+REDUCER_FILE = "embedding_reducer.json"  # its statistics, to read
+REDUCER_MODEL = "embedding_reducer.skops"  # the fitted PCA itself, to apply
 BATCH_SIZE = 64
 
 
@@ -128,9 +129,9 @@ def cached_vectors(cache: dict[bytes, np.ndarray], tokens: list[np.ndarray],
 
 
 def fold_embeddings(source: EmbeddingSource, config: RunConfig, k: int, train_rows: pd.DataFrame,
-                    others: list[pd.DataFrame]) -> list[np.ndarray]:
-    """Raw vectors of the fold's training rows, then of each frame in ``others``; the training rows first, in a
-    call of their own."""
+                    others: list[pd.DataFrame], with_training: bool = True) -> list[np.ndarray]:
+    """Raw vectors of the fold's training rows (unless ``with_training`` is false: new rows to predict need only
+    the serializer they fit), then of each frame in ``others``; the training rows first, in a call of their own."""
     if source.run_dir is not None:  # fold k's fine-tuned model, its serializer and tokenizer as the run used them
         fold_dir, run_config = source.fold_dirs[k], source.run_config
         serializer = refitted(make_serializer(run_config), train_rows, fold_dir / "serializer.json")
@@ -151,7 +152,8 @@ def fold_embeddings(source: EmbeddingSource, config: RunConfig, k: int, train_ro
         encoder.eval()
         return pooled_vectors(vectors, tokens, pad_id, normalize, BATCH_SIZE)
 
-    train_vectors = cached_vectors(cache, tokenize(run_config, tokenizer, serializer, train_rows, fold=(0, k)), embed)
+    train_vectors = (cached_vectors(cache, tokenize(run_config, tokenizer, serializer, train_rows, fold=(0, k)), embed)
+                     if with_training else None)
     other_tokens = [tokenize(run_config, tokenizer, serializer, rows, fold=(0, k)) for rows in others]
     together = cached_vectors(cache, [t for tokens in other_tokens for t in tokens], embed)
     bounds = np.cumsum([0] + [len(tokens) for tokens in other_tokens])
@@ -184,9 +186,31 @@ def with_embeddings(source: EmbeddingSource, config: RunConfig, k: int, frames: 
                          f"the embedding columns are named {PREFIX}0, {PREFIX}1, ...")
     vectors = fold_embeddings(source, config, k, train_rows, others)
     reducer = fit_reducer(vectors[0], config.seed + k)
+    import skops.io as sio  # here: it imports torch where installed
+
+    atomic_write(fold_dir / REDUCER_MODEL, lambda tmp: sio.dump(reducer, tmp))  # kbert predict applies it
     write_json(fold_dir / REDUCER_FILE, reducer_statistics(reducer, source))
     log(f"fold {k + 1}/{config.competition.folds.k}: {vectors[0].shape[1]}-d embeddings from {source.name}, "
         f"{reducer.n_components_} components ({reducer.explained_variance_ratio_.sum():.1%} of the variance)")
+    return [with_components(rows, reducer, table) for rows, table in zip([train_rows, *others], vectors)]
+
+
+def with_components(rows: pd.DataFrame, reducer: PCA, vectors: np.ndarray) -> pd.DataFrame:
+    """``rows`` with the columns ``emb_0..``: ``vectors`` reduced."""
     columns = [f"{PREFIX}{i}" for i in range(reducer.n_components_)]
-    return [pd.concat([rows, pd.DataFrame(reducer.transform(table), index=rows.index, columns=columns)], axis=1)
-            for rows, table in zip([train_rows, *others], vectors)]
+    return pd.concat([rows, pd.DataFrame(reducer.transform(vectors), index=rows.index, columns=columns)], axis=1)
+
+
+def new_rows_with_embeddings(source: EmbeddingSource, config: RunConfig, k: int, train_rows: pd.DataFrame,
+                             rows: pd.DataFrame, fold_dir: Path) -> pd.DataFrame:
+    """New ``rows`` with fold ``k``'s embedding columns, as the baseline's fold made them: the source's vectors
+    (its serializer refitted on the fold's training rows), reduced by the PCA the fold saved."""
+    from kbert.ensembles.baseline_models import load_skops
+
+    path = fold_dir / REDUCER_MODEL
+    if not path.is_file():
+        raise KbertError(f"{path}: missing; the fold's embedding reducer (a baseline made before kbert saved it: "
+                         "run kbert baseline again to predict new rows with it)")
+    reducer = load_skops(path)
+    vectors = fold_embeddings(source, config, k, train_rows, [rows], with_training=False)[1]
+    return with_components(rows, reducer, vectors)

@@ -6,7 +6,7 @@ member was trained on forward-chaining time-series folds, whose first block has 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -69,6 +69,8 @@ class Pool:
     T: np.ndarray  # (members, test rows, ...) test predictions
     fold_of_row: np.ndarray  # (repeats, rows): each row's outer fold in each outer split
     outer: FoldConfig  # the outer folds' settings
+    runs_dir: str = "runs"  # where the members are: <runs_dir>/<competition>/<member>
+    data_dir: str | None = None  # where the competition's files were read (None: its own folder)
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,8 @@ def load_pool(competition: CompetitionConfig, spec: EnsembleSpec, *, runs_dir: s
     fold_of_row = outer_folds(competition, data.train.iloc[rows].reset_index(drop=True), stratify, spec)
     return Pool(competition=competition, data=data, expected=expected, problem=problem.on_rows(rows), members=members,
                 rows=rows, P=np.stack([m.oof[rows] for m in members]), T=np.stack([m.test for m in members]),
-                fold_of_row=fold_of_row, outer=replace(competition.folds, k=spec.folds))
+                fold_of_row=fold_of_row, outer=replace(competition.folds, k=spec.folds), runs_dir=str(runs_dir),
+                data_dir=data_dir)
 
 
 def score_methods(pool: Pool, spec: EnsembleSpec) -> Scores:
@@ -241,7 +244,9 @@ def ensemble_record(result: EnsembleResult, path: Path) -> dict:
     pool, final, spec, honest = result.pool, result.final, result.spec, result.honest
     metric = pool.problem.metric
     return {
-        "competition": pool.competition.name, "metric": metric.name,
+        "competition": pool.competition.name, "competition_config": asdict(pool.competition),
+        "options": asdict(spec.blend_options), "runs_dir": pool.runs_dir, "data_dir": pool.data_dir,
+        "metric": metric.name,
         "greater_is_better": metric.greater_is_better, "method": result.chosen,
         "honest_cv": honest.score, "honest_cv_per_split": honest.repeat_scores,
         "method_choice_nested": result.choice_nested, "chosen_per_outer_fold": choices(honest),

@@ -281,12 +281,13 @@ class ModelConfig:
 class TrainConfig:
     """How each fold trains."""
 
-    epochs: int = setting(20, bound=SIZE, flag="--epochs",
-                          help="maximum epochs per fold (early stopping may end sooner)")
+    epochs: int | None = setting(None, bound=Bound(integer=True, at_least=1, optional=True), flag="--epochs",
+                                 help="maximum epochs per fold, early stopping may end sooner (default: 4 fine-tuning "
+                                      "every weight of a pretrained encoder, else 20)")
     batch_size: int = setting(32, bound=SIZE, flag="--batch-size", help="training batch size")
     eval_batch_size: int = setting(128, bound=SIZE, help="evaluation batch size")
     learning_rate: float | None = setting(None, bound=Bound(above=0, optional=True), flag="--lr",
-                                          help="peak learning rate (default: 1e-3 from scratch, 5e-5 for a "
+                                          help="peak learning rate (default: 1e-3 from scratch, 1e-5 for a "
                                                "pretrained encoder, 5e-4 for its adapters)")
     weight_decay: float = setting(0.01, bound=NON_NEGATIVE, help="AdamW weight decay")
     warmup_ratio: float = setting(0.1, bound=SHARE, help="the share of the steps that warm the learning rate up")
@@ -785,10 +786,15 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     if adapter is not None and model.adapter_checkpoint == "merged" and adapter.bits and not adapter.merge_dequantize:
         raise KbertError("adapter_checkpoint: merged with a quantized base needs merge_dequantize: true")
     check_reinit_layers(model)
-    if train.learning_rate is None:  # adapters train few weights from zero: a LoRA-sized rate
-        small = trains_from_scratch(model.encoder) or pretrained_from_scratch(model.encoder)
-        default = 1e-3 if small else 5e-5 if adapter is None else 5e-4
-        train = replace(train, learning_rate=default)
+    # Fine-tuning every weight of a pretrained encoder: a low rate over few epochs, decayed (on Disaster Tweets,
+    # minilm-l6 at 1e-5 for 4 epochs beat 2e-5, 3e-5 and 5e-5: benchmarks/NOTES.md). Adapters train few weights
+    # from zero: a LoRA-sized rate.
+    small = trains_from_scratch(model.encoder) or pretrained_from_scratch(model.encoder)
+    fine_tune = not small and adapter is None
+    if train.learning_rate is None:
+        train = replace(train, learning_rate=1e-3 if small else 1e-5 if fine_tune else 5e-4)
+    if train.epochs is None:
+        train = replace(train, epochs=4 if fine_tune else 20)
     # The fold split keeps the competition's own seed, so runs with different training seeds share
     # folds and can be blended on OOF; --seed changes initialisation, dropout and batch order.
     run = RunConfig(competition=replace(competition, folds=folds), model=model, train=train, head=head)
@@ -818,14 +824,16 @@ def adapter_config(model: ModelConfig):
     return resolve_adapter(model.adapter, model.adapter_options)
 
 
+def competition_from_dict(data: dict[str, Any]) -> CompetitionConfig:
+    """Inverse of ``asdict(CompetitionConfig)`` (a run's config.yaml, an ensemble's JSON)."""
+    return CompetitionConfig(**{**data, "text": TextConfig(**data["text"]), "folds": FoldConfig(**data["folds"])})
+
+
 def run_config_from_dict(data: dict[str, Any]) -> RunConfig:
     """Inverse of ``RunConfig.to_dict`` (reads a run's ``config.yaml``)."""
-    comp = dict(data["competition"])
-    comp["text"] = TextConfig(**comp["text"])
-    comp["folds"] = FoldConfig(**comp["folds"])
     rest = {k: v for k, v in data.items() if k not in ("competition", "model", "train", "head")}
     return RunConfig(
-        competition=CompetitionConfig(**comp),
+        competition=competition_from_dict(data["competition"]),
         model=ModelConfig(**data["model"]),
         train=TrainConfig(**data["train"]),
         head=HeadOptions(**data.get("head", {})),

@@ -35,6 +35,7 @@ NO_CREDENTIALS = (f"no Kaggle credentials found: create a token at {SETTINGS_URL
 OFFLINE = "could not reach Kaggle: check your connection (and any proxy settings), then retry"
 LEADERBOARD_PAGE = 200  # the most rows the API sends per page
 DESCRIPTION_WIDTH = 40  # longer submission descriptions and team names are cut in the tables
+DATASET_WAIT_S, DATASET_POLL_S = 600.0, 10.0  # kbert push waits this long for Kaggle to process a dataset
 
 
 # ---------------------------------------------------------------- credentials
@@ -180,12 +181,15 @@ def _server_message(response: Any) -> str:
     return _redact(re.sub(r"\s+", " ", message)).strip()
 
 
-def _http_error(exc: Any, slug: str, source: str) -> str:
-    """One sentence for an HTTP error from Kaggle."""
+def _http_error(exc: Any, slug: str, source: str, kind: str = "competition") -> str:
+    """One sentence for an HTTP error from Kaggle about the ``kind`` (competition, dataset, notebook) ``slug``."""
     response = getattr(exc, "response", None)
     status = response.status_code if response is not None else None
     if status == 401:
         return _bad_credentials(source)
+    if kind != "competition" and status in (403, 404):
+        return (f"Kaggle {'refused access to' if status == 403 else 'does not know'} the {kind} '{slug}' (HTTP "
+                f"{status}): is the owner in its id your Kaggle user name?")
     if status == 403:
         return (f"Kaggle refused access to '{slug}' (HTTP 403): accept the rules at "
                 f"https://www.kaggle.com/competitions/{slug}/rules, then retry")
@@ -214,7 +218,7 @@ def _silenced(occasion: str) -> Iterator[None]:
 
 
 @contextmanager
-def _translated(slug: str, source: str) -> Iterator[None]:
+def _translated(slug: str, source: str, kind: str = "competition") -> Iterator[None]:
     """Run kaggle package calls: their prints go to the debug log (redacted), their errors become KbertError."""
     import requests
 
@@ -224,7 +228,7 @@ def _translated(slug: str, source: str) -> Iterator[None]:
     except SystemExit:  # authenticate() calls exit(1) when no credential works
         raise KbertError(_bad_credentials(source)) from None
     except requests.HTTPError as exc:
-        raise KbertError(_http_error(exc, slug, source)) from None
+        raise KbertError(_http_error(exc, slug, source, kind)) from None
     except (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError):
         raise KbertError(OFFLINE) from None
     except requests.RequestException as exc:
@@ -415,3 +419,61 @@ def leaderboard_table(slug: str, top: int) -> str:
     rows = [[str(rank), _cell(e.team_name, DESCRIPTION_WIDTH), _cell(e.score), _cell(e.submission_date)]
             for rank, e in enumerate(entries[:top], start=1)]
     return _table(["rank", "team", "score", "date"], rows)
+
+
+# ---------------------------------------------------------------- push a package (dataset and notebook)
+
+
+def push_package(dataset_dir: Path, notebook_dir: Path, notes: str) -> list[str]:
+    """Create the dataset of ``dataset_dir`` (its dataset-metadata.json's id), or add a version when it exists, wait
+    until Kaggle has processed it, then push the notebook of ``notebook_dir``; one line per step."""
+    import time
+
+    import requests
+
+    from kbert.io import read_json
+
+    dataset = str(read_json(Path(dataset_dir) / "dataset-metadata.json", required=("id",))["id"])
+    kernel = str(read_json(Path(notebook_dir) / "kernel-metadata.json", required=("id",))["id"])
+    api, source = _connect(dataset)
+    lines = []
+    with _translated(dataset, source, "dataset"):
+        try:
+            api.dataset_status(dataset)
+            exists = True
+        except requests.HTTPError as exc:
+            if getattr(exc.response, "status_code", None) != 404:
+                raise
+            exists = False
+        try:  # the package's own checks of the folder (title, slug, license) raise ValueError
+            if exists:
+                answer = api.dataset_create_version(str(dataset_dir), notes, quiet=True, dir_mode="zip")
+            else:
+                answer = api.dataset_create_new(str(dataset_dir), public=False, quiet=True, dir_mode="zip")
+        except ValueError as exc:
+            raise KbertError(f"{dataset_dir}: the kaggle package refused it: {_redact(str(exc))}") from None
+    if (answer.status or "").lower() != "ok":
+        raise KbertError(f"Kaggle did not take the dataset {dataset}: {_redact(answer.error or answer.status)}")
+    lines.append(f"dataset {dataset}: {'a new version' if exists else 'created'} ({answer.url})")
+    waited = 0.0
+    with _translated(dataset, source, "dataset"):
+        status = api.dataset_status(dataset)
+        while status != "ready" and waited < DATASET_WAIT_S:
+            time.sleep(DATASET_POLL_S)
+            waited += DATASET_POLL_S
+            status = api.dataset_status(dataset)
+    if status != "ready":
+        raise KbertError(f"Kaggle has not processed the dataset {dataset} after {waited:.0f}s (status {status}); "
+                         f"push the notebook later: kaggle kernels push -p {notebook_dir}")
+    with _translated(kernel, source, "notebook"):
+        try:
+            pushed = api.kernels_push(str(notebook_dir))
+        except ValueError as exc:
+            raise KbertError(f"{notebook_dir}: the kaggle package refused it: {_redact(str(exc))}") from None
+    invalid = [*pushed.invalid_dataset_sources, *pushed.invalid_competition_sources]
+    if pushed.error or invalid:
+        raise KbertError(f"Kaggle did not take the notebook {kernel}: "
+                         f"{_redact(pushed.error) or 'unknown sources ' + ', '.join(invalid)}")
+    lines.append(f"notebook {kernel}: version {pushed.version_number} ({pushed.url}); it runs on Kaggle now: "
+                 f"kaggle kernels status {kernel}")
+    return lines

@@ -27,7 +27,7 @@ from kbert.models.task_model import TaskModel
 from kbert.models.tokenizer import read_tokenizer
 from kbert.pipeline.artifacts import fold_layout, fold_name, missing_fold_part, read_metrics, verify_fold_files
 from kbert.pipeline.calibration import apply_temperature
-from kbert.pipeline.config import RunConfig, run_config_from_file
+from kbert.pipeline.config import CompetitionConfig, RunConfig, run_config_from_file
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
 from kbert.pipeline.fold import make_serializer, make_tabular, to_predictions, tokenize
 from kbert.pipeline.splits import fold_rows
@@ -51,8 +51,10 @@ def resolve_run_dir(run: str, runs_dir: str = "runs") -> Path:
     raise KbertError(f"no run '{run}': not a run folder and not under {runs_dir}/<competition>/")
 
 
-def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None = None, log=print) -> Path:
-    """Predict the rows of ``data_path`` with every fold model of ``run_dir``; write id + prediction columns."""
+def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None = None, data_dir: str | None = None,
+                log=print) -> Path:
+    """Predict the rows of ``data_path`` with every fold model of ``run_dir``; write id + prediction columns.
+    ``data_dir``: where the competition's files are now (default: where the run read them)."""
     run_dir = Path(run_dir)
     config = run_config_from_file(run_dir / "config.yaml")
     resolve_precision(config.train.precision, use_device(config.train.device))  # as the run asked, on this machine
@@ -63,10 +65,9 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     fold_models = check_fold_models(run_dir, config)
     out = Path(out) if out else run_dir / "predictions" / f"{Path(data_path).stem}.csv"
     check_output_file(out)
-    data = load_competition_data(comp, config.data_dir or None)
+    data = load_competition_data(comp, data_dir if data_dir is not None else config.data_dir or None)
     train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows].reset_index(drop=True)
-    features, new_features = add_features(comp.features, train.drop(columns=comp.target_columns),
-                                          rows[list(comp.columns)])
+    features, new_features = new_row_features(comp, train.drop(columns=comp.target_columns), data.test, rows)
     folds = read_fold_table(run_dir / "folds.csv", comp.id_column, comp.folds.repeats, train[comp.id_column])
     targets = encode_targets(train, comp)
 
@@ -99,6 +100,30 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
         mean = to_predictions(head, apply_temperature(average_folds(outputs), metrics["calibration"]["temperature"]),
                               None)
     return write_csv(out, predictions_frame(comp, targets.classes, rows[comp.id_column], mean))
+
+
+def new_row_features(comp: CompetitionConfig, train: pd.DataFrame, test: pd.DataFrame,
+                     rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The feature rows of the training data and of ``rows``, made as the run made the test's: a feature step may
+    read the train and test rows together (Titanic's ticket group sizes), so it runs over the training rows, the
+    competition's test rows and those of ``rows`` that are not among them. A test row keeps the features it had in
+    the run, in any subset or order; a row the test does not hold (another id, or other values) joins the
+    context, as the rows of Kaggle's hidden test do."""
+    columns, id_column = list(comp.columns), comp.id_column
+    new = rows[columns].reset_index(drop=True)
+    if not comp.features:
+        return add_features("", train, new)
+    known = test[columns].drop_duplicates(id_column).set_index(id_column)
+    same = known.reindex(new[id_column]).to_numpy(object)
+    values = new.set_index(id_column).to_numpy(object)
+    in_test = new[id_column].isin(known.index).to_numpy() & ((same == values) |
+                                                              (pd.isna(same) & pd.isna(values))).all(axis=1)
+    context = pd.concat([test[columns], new[~in_test]], ignore_index=True)
+    train_features, context_features = add_features(comp.features, train, context)
+    first = pd.Series(np.arange(len(test)), index=test[id_column].to_numpy()).groupby(level=0).first()
+    positions = np.where(in_test, first.reindex(new[id_column]).fillna(0).to_numpy(int),
+                         len(test) + np.cumsum(~in_test) - 1)
+    return train_features, context_features.iloc[positions].set_index(rows.index)
 
 
 def refitted(transform, train_rows: pd.DataFrame, saved: Path):

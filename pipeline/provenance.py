@@ -58,7 +58,7 @@ class Checked:
 
     metrics: dict
     oof: np.ndarray
-    test: np.ndarray
+    test: np.ndarray | None
     folds: np.ndarray
 
 
@@ -70,8 +70,10 @@ def expected_of(comp: CompetitionConfig, data: CompetitionData) -> Expected:
                     data.test[comp.id_column], truth, targets.classes)
 
 
-def check_member(folder: Path, expected: Expected, who: str) -> Checked:
-    """The member in ``folder``, checked as the module says; ``who`` names it in the one-line refusal."""
+def check_member(folder: Path, expected: Expected, who: str, with_test: bool = True) -> Checked:
+    """The member in ``folder``, checked as the module says; ``who`` names it in the one-line refusal. Without
+    ``with_test`` (a member predicting new rows) its test file and test predictions are not compared: the rows to
+    predict may come with another test file, as on Kaggle's rerun of a notebook; ``Checked.test`` is None."""
     comp = expected.competition
     metrics = read_metrics(folder / "metrics.json")
     if metrics.get("schema") != SCHEMA:
@@ -81,12 +83,13 @@ def check_member(folder: Path, expected: Expected, who: str) -> Checked:
         if metrics.get(key) != ours:
             raise KbertError(f"{who}: made for {key} {metrics.get(key)!r}, not {ours!r}")
     recorded = metrics.get("inputs") if isinstance(metrics.get("inputs"), dict) else {}
-    changed = sorted(name for name in {**recorded, **expected.inputs} if recorded.get(name) != expected.inputs.get(name))
+    compared = {**recorded, **expected.inputs} if with_test else [comp.train_file]
+    changed = sorted(name for name in compared if recorded.get(name) != expected.inputs.get(name))
     if changed:
         raise KbertError(f"{who}: trained on other data ({', '.join(changed)} differ from the files read now); "
                          "rerun it on these files")
     oof = aligned(folder / "oof.csv", expected, expected.train_ids, "training", who, empty_rows=True)
-    test = aligned(folder / "test.csv", expected, expected.test_ids, "test", who)
+    test = aligned(folder / "test.csv", expected, expected.test_ids, "test", who) if with_test else None
     folds = read_folds_table(folder / "folds.csv", comp.id_column)
     if len(folds) != len(expected.train_ids) or set(folds[comp.id_column]) != set(expected.train_ids):
         raise KbertError(f"{who}: its folds.csv does not split this competition's training ids")

@@ -212,7 +212,7 @@ def test_run_fine_tunes_a_pretrained_encoder_folder(tmp_path, kind):
 
     model, config = load_checkpoint(saved)
     assert config["encoder_config"]["model_type"] == kind and config["source"] == str(folder)
-    # Each fold started from the checkpoint's weights: 2 epochs at lr 5e-5 move a weight by well under 0.01,
+    # Each fold started from the checkpoint's weights: 2 epochs at lr 1e-5 move a weight by well under 0.01,
     # while a fresh random initialisation would differ by about the init scale.
     import numpy as np
     from mlx.utils import tree_flatten

@@ -28,7 +28,7 @@ def test_bad_settings_are_rejected(titanic, tmp_path):
         resolve_run_config(titanic, {"epocs": 3})
     with pytest.raises(KbertError, match="folds must be an integer >= 2, got 1"):
         resolve_run_config(titanic, {"folds": 1})
-    with pytest.raises(KbertError, match="epochs must be an integer >= 1, got 0"):
+    with pytest.raises(KbertError, match="epochs must be an integer >= 1, or null, got 0"):
         resolve_run_config(titanic, {"epochs": 0})
     broken = tmp_path / "broken.yaml"
     broken.write_text("name: broken\ntask: binary\n")
@@ -54,7 +54,19 @@ def test_every_named_size_resolves_to_a_buildable_config(titanic):
         values = scratch_encoder_config(config, vocab_size=251)
         parsed = architecture(values["model_type"]).config.from_dict(values)
         assert parsed.vocab_size == 251
-    assert resolve_run_config(titanic, {"encoder": "minilm-l6"}).train.learning_rate == 5e-5
+    assert resolve_run_config(titanic, {"encoder": "minilm-l6"}).train.learning_rate == 1e-5
+
+
+def test_epochs_and_rate_default_by_what_trains():
+    """Fine-tuning every weight of a pretrained encoder: 4 epochs at 1e-5; from scratch 20 at 1e-3; adapters 20 at
+    5e-4; a competition's or the command line's value wins."""
+    tweets = load_competition("nlp-getting-started")
+    trained = {(name, adapter): resolve_run_config(tweets, {"encoder": name, "adapter": adapter}).train
+               for name, adapter in (("minilm-l6", None), ("bert", None), ("minilm-l6", "lora"))}
+    assert {key: (t.epochs, t.learning_rate) for key, t in trained.items()} == {
+        ("minilm-l6", None): (4, 1e-5), ("bert", None): (20, 1e-3), ("minilm-l6", "lora"): (20, 5e-4)}
+    assert resolve_run_config(tweets, {"encoder": "minilm-l6", "epochs": 7}).train.epochs == 7
+    assert resolve_run_config(load_competition("titanic"), {"encoder": "minilm-l6"}).train.epochs == 20
 
 
 def test_shipped_pretrained_names_are_not_size_presets():
@@ -146,7 +158,7 @@ def test_nan_and_infinity_are_refused_for_every_numeric_setting_from_yaml(tmp_pa
     ({"max_length": 0}, "max_length must be an integer >= 1, got 0"),
     ({"length_bucket": 0}, "length_bucket must be an integer >= 1, got 0"),
     ({"batch_size": 2.5}, "batch_size must be an integer >= 1, got 2.5"),
-    ({"epochs": True}, "epochs must be an integer >= 1, got True"),
+    ({"epochs": True}, "epochs must be an integer >= 1, or null, got True"),
     ({"augment": -1}, "augment must be an integer >= 0, got -1"),
     ({"layerwise_lr_decay": 0.0}, r"layerwise_lr_decay must be a finite number in \(0, 1\], got 0.0"),
     ({"pos_weight": [1.0, float("inf")]}, r"pos_weight must be .*, got \[1.0, inf\]"),

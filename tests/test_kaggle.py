@@ -92,6 +92,10 @@ class FakeKaggle:
     fail_message: str = ""  # overrides FAILURES' message
     zip_bytes: bytes = b""
     page_cap: int = 200  # most leaderboard rows per page
+    blobs: dict[str, tuple[str, bytes]] = field(default_factory=dict)  # upload token -> (file name, bytes)
+    datasets: dict[str, list[dict[str, bytes]]] = field(default_factory=dict)  # owner/slug -> versions' files
+    kernels: dict[str, list[dict]] = field(default_factory=dict)  # owner/slug -> pushed versions (SaveKernel bodies)
+    processing: int = 0  # GetDatasetStatus answers "BLOBS_RECEIVED" this many times before "READY"
 
     def rpcs(self) -> list[str]:
         return [s.path.rsplit("/", 1)[-1] for s in self.seen if s.path.startswith("/v1/")]
@@ -109,6 +113,9 @@ class FakeKaggle:
             return _send(handler, 200, self.zip_bytes, "application/zip")
         if method == "PUT" and path == f"/upload/{UPLOAD_TOKEN}":
             return _send_json(handler, self.fail.get("PUT", 200), {})
+        if method == "PUT" and path.startswith("/upload/") and path[8:] in self.blobs:
+            self.blobs[path[8:]] = (self.blobs[path[8:]][0], body)
+            return _send_json(handler, 200, {})
         if method != "POST" or not path.startswith("/v1/"):
             return _send_json(handler, 404, {"code": 404, "message": "no such route"})
         name, request = path.rsplit("/", 1)[-1], json.loads(body or b"{}")
@@ -120,6 +127,8 @@ class FakeKaggle:
         if name in self.fail:
             status = self.fail[name]
             return _send_json(handler, status, {"code": status, "message": self.fail_message or FAILURES[status]})
+        if name in DATASET_AND_KERNEL_RPCS:
+            return _send_json(handler, *self.datasets_and_kernels(name, request))
         if request.get("competitionName") != "titanic":
             return _send_json(handler, 404, {"code": 404, "message": FAILURES[404]})
         if name == "DownloadDataFiles":
@@ -141,6 +150,40 @@ class FakeKaggle:
             return _send_json(handler, 200, {"submissions": LEADERBOARD[start:stop],
                                              "nextPageToken": str(stop) if more else ""})
         return _send_json(handler, 404, {"code": 404, "message": f"unknown method {name}"})
+
+
+    def datasets_and_kernels(self, name: str, request: dict) -> tuple[int, dict]:
+        """Datasets (status, blob uploads, create, new version) and notebooks (push, status), as the API answers."""
+        if name == "GetDatasetStatus":
+            ref = f"{request['ownerSlug']}/{request['datasetSlug']}"
+            if ref not in self.datasets:
+                return 404, {"code": 404, "message": "Dataset not found"}
+            if self.processing:
+                self.processing -= 1
+                return 200, {"status": "BLOBS_RECEIVED"}
+            return 200, {"status": "READY"}
+        if name == "StartBlobUpload":
+            token = f"blob-{len(self.blobs) + 1}"
+            self.blobs[token] = (request["name"], b"")
+            return 200, {"token": token, "createUrl": f"{self.url}/upload/{token}"}
+        if name in ("CreateDataset", "CreateDatasetVersion"):
+            ref = f"{request['ownerSlug']}/{request.get('slug') or request.get('datasetSlug')}"
+            files = request["files"] if name == "CreateDataset" else request["body"]["files"]
+            self.datasets.setdefault(ref, []).append(dict(self.blobs[f["token"]] for f in files))
+            return 200, {"ref": ref, "url": f"https://www.kaggle.com/datasets/{ref}", "status": "ok"}
+        if name == "SaveKernel":
+            unknown = [ref for ref in request.get("datasetDataSources", []) if ref not in self.datasets]
+            if unknown:
+                return 200, {"invalidDatasetSources": unknown}
+            versions = self.kernels.setdefault(request["slug"], [])
+            versions.append(request)
+            return 200, {"ref": f"/code/{request['slug']}", "url": f"https://www.kaggle.com/code/{request['slug']}",
+                         "versionNumber": len(versions)}
+        return 200, {"status": "COMPLETE"}  # GetKernelSessionStatus
+
+
+DATASET_AND_KERNEL_RPCS = ("GetDatasetStatus", "StartBlobUpload", "CreateDataset", "CreateDatasetVersion",
+                           "SaveKernel", "GetKernelSessionStatus")
 
 
 def _read_body(handler: BaseHTTPRequestHandler) -> bytes:
@@ -677,3 +720,80 @@ def test_doctor_names_the_credential_source_never_its_value(tmp_path):
     result = subprocess.run([sys.executable, "-m", "kbert.cli", "doctor"], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=120)
     assert "kaggle credentials: none (kbert download/submit need a token)" in result.stdout
+
+
+# ---------------------------------------------------------------- push a package
+
+
+def hand_made_package(root: Path, dataset: str) -> Path:
+    """A folder laid out as kbert package writes one, with a stand-in wheel (the real build needs pip and the
+    index: tests/test_package.py)."""
+    from kbert.ensembles.package import NOTEBOOK, dataset_metadata, inference_notebook, kernel_metadata
+
+    package = root / "package"
+    (package / "dataset" / "wheels").mkdir(parents=True)
+    (package / "dataset" / "wheels" / "kbert-0.1.0-py3-none-any.whl").write_bytes(b"a wheel")
+    (package / "dataset" / "ensemble.json").write_text("{}")
+    (package / "dataset" / "dataset-metadata.json").write_text(json.dumps(dataset_metadata(dataset, "kbert titanic")))
+    (package / "notebook").mkdir()
+    (package / "notebook" / "kernel-metadata.json").write_text(json.dumps(kernel_metadata(dataset, "titanic", False)))
+    (package / "notebook" / NOTEBOOK).write_text(json.dumps(inference_notebook(
+        dataset.split("/")[1], "titanic", "ensemble.json", ["numpy"], ["kbert-0.1.0-py3-none-any.whl"], True)))
+    return package
+
+
+@pytest.fixture
+def uploads_here(tmp_path, monkeypatch):
+    """The kaggle client keeps resumable-upload state under tempfile.gettempdir(): a folder of this test's."""
+    import tempfile
+
+    folder = tmp_path / "uploads-tmp"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+
+
+def test_push_creates_the_dataset_then_versions_it_and_pushes_the_notebook(server, login, kbert, tmp_path,
+                                                                         uploads_here, monkeypatch):
+    from kbert.pipeline import kaggle
+
+    monkeypatch.setattr(kaggle, "DATASET_POLL_S", 0.01)
+    login("token-env")
+    ref = f"{USERNAME}/kbert-titanic-blend"
+    package = hand_made_package(tmp_path, ref)
+    server.processing = 2  # Kaggle is still processing the new dataset twice: push waits
+    result = kbert("push", package)
+    assert result.code == 0, result.err
+    assert result.out.splitlines() == [
+        f"dataset {ref}: created (https://www.kaggle.com/datasets/{ref})",
+        f"notebook {ref}-predict: version 1 (https://www.kaggle.com/code/{ref}-predict); it runs on Kaggle now: "
+        f"kaggle kernels status {ref}-predict"]
+    [files] = server.datasets[ref]
+    assert set(files) == {"wheels.zip", "ensemble.json"}  # a sub-folder travels as a zip that Kaggle unpacks
+    with zipfile.ZipFile(io.BytesIO(files["wheels.zip"])) as archive:
+        assert archive.read("kbert-0.1.0-py3-none-any.whl") == b"a wheel"
+    assert server.rpc("CreateDataset").json()["isPrivate"] is True
+    [pushed] = server.kernels[f"{ref}-predict"]
+    assert pushed["enableInternet"] is False and pushed["datasetDataSources"] == [ref]
+    assert pushed["competitionDataSources"] == ["titanic"] and pushed["kernelType"] == "notebook"
+    assert "--no-index" in json.loads(pushed["text"])["cells"][1]["source"]
+
+    again = kbert("push", package, "--notes", "second")
+    assert again.code == 0, again.err
+    assert again.out.startswith(f"dataset {ref}: a new version")
+    assert len(server.datasets[ref]) == 2 and len(server.kernels[f"{ref}-predict"]) == 2
+    assert server.rpc("CreateDatasetVersion").json()["body"]["versionNotes"] == "second"
+
+
+def test_push_failures_are_one_line(server, login, kbert, tmp_path, uploads_here):
+    login("token-env")
+    package = hand_made_package(tmp_path, f"{USERNAME}/kbert-titanic-other")
+    server.fail["CreateDataset"] = 403
+    assert "Kaggle refused access to the dataset 'kbert-tester/kbert-titanic-other' (HTTP 403)" in one_line_error(
+        kbert("push", package))
+    del server.fail["CreateDataset"]
+    kernel = json.loads((package / "notebook" / "kernel-metadata.json").read_text())
+    kernel["dataset_sources"] = ["someone/not-there"]
+    (package / "notebook" / "kernel-metadata.json").write_text(json.dumps(kernel))
+    assert "did not take the notebook kbert-tester/kbert-titanic-other-predict: unknown sources someone/not-there" \
+        in one_line_error(kbert("push", package))
+    assert "no dataset/dataset-metadata.json" in one_line_error(kbert("push", tmp_path))

@@ -403,7 +403,7 @@ def fitting_form(auto: Auto, job: Job, settings: dict, members: int) -> tuple[Fo
         for epochs in range(config.train.epochs, LEAST_EPOCHS - 1, -1):
             seconds = probe.run_seconds(epochs) * correction
             if seconds <= free:
-                changed = ", shrunk to fit" if epochs < settings["epochs"] or max_length else ""
+                changed = ", shrunk to fit" if epochs < config.train.epochs or max_length else ""
                 return Form({**form, "epochs": epochs}, seconds, probe.epoch_seconds() * correction, probe_s,
                             f"{epochs} epochs, {words}{changed}"), tried
         tried.append(f"{LEAST_EPOCHS} epochs at {words} ~{least:.0f}s")

@@ -85,8 +85,8 @@ def plan_jobs(preset: str, facts: Facts, seed: int = 42) -> list[Job]:
         jobs.append(Job("auto-hgb-minilm", Action.EMBEDDING, {"model": "hgb", "embeddings": "minilm-l6"}))
     candidates = tuple(sorted(facts.pretrained & set(ENCODER_STRENGTH), key=lambda n: (-ENCODER_STRENGTH[n], n)))
     if facts.free_text and candidates:  # the strongest pretrained encoder that fits, fine-tuned with the recipe
-        runs.append(Job("auto-finetune", Action.RUN, {**training, **RECIPE, "encoder": STRONGEST_FITTING,
-                                                      "epochs": min(options.epochs, 4)}, encoders=candidates))
+        recipe = {**{k: v for k, v in training.items() if k != "epochs"}, **RECIPE}  # the fine-tuning default
+        runs.append(Job("auto-finetune", Action.RUN, {**recipe, "encoder": STRONGEST_FITTING}, encoders=candidates))
     fusion = "gated" if facts.has_columns else "none"
     runs.append(Job(f"auto-bert-{fusion}", Action.RUN, {**training, "encoder": "bert", "fusion": fusion}))
     if options.concat and facts.has_columns:

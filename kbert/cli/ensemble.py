@@ -46,6 +46,8 @@ def add_parser(commands) -> None:
                                            "--artifacts into the runs folder first")
     ensemble.add_argument("--storage", help="the study's storage: journal file or RDB URL, as given to kbert tune")
     ensemble.add_argument("--artifacts", help="the study's shared artifact store, as given to kbert tune")
+    ensemble.add_argument("--name", help="the submission's file name, without .csv (default "
+                                          "ensemble-<method>-<time>); its JSON is <name>.json beside it")
     add_data_dir(ensemble)
     add_out(ensemble, default="runs", help="runs folder to read members from")
     add_submissions_dir(ensemble, default="submissions", help="where the submission goes")
@@ -58,6 +60,10 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
     from kbert.pipeline.config import load_competition
 
     check_member_ids(args.members)
+    if args.name is not None:
+        from kbert.names import check_name
+
+        check_name(args.name, "--name")
     competition = load_competition(args.competition)
     if args.study:
         fetch_study_trials(args)
@@ -65,7 +71,7 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
     spec = EnsembleSpec(args.members, args.method, folds=args.outer_folds, repeats=args.outer_repeats, seed=args.seed,
                         options=options)
     result = build_ensemble(competition, spec, runs_dir=args.out_dir, data_dir=args.data_dir)
-    result = write_ensemble(result, args.submissions_dir)
+    result = write_ensemble(result, args.submissions_dir, args.name)
     print(ensemble_table(result, competition.metric))
     print(f"submission: {result.submission_path}")
     print(f"members, weights and honest CV: {result.sidecar_path}")

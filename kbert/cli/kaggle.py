@@ -13,6 +13,8 @@ SLUG_HELP = "a competition name, YAML path or Kaggle slug"
 
 
 def add_parser(commands) -> None:
+    from kbert.pipeline.config import words_of
+
     download = add_command(commands, "download", help="download and unzip a Kaggle competition's files",
                            description="Fetch a competition's files with the official kaggle package and "
                                        "unzip them into data/<slug>/, the folder kbert run reads first. "
@@ -40,6 +42,36 @@ def add_parser(commands) -> None:
     add_competition(leaderboard, help=SLUG_HELP)
     add_number(leaderboard, "--top", int, {"at_least": 1}, default=20, help="rows to show (default 20)")
     leaderboard.set_defaults(handler=cmd_leaderboard)
+
+    package = add_command(commands, "package", help="a run, baseline or ensemble as an offline Kaggle notebook package",
+                          description="Write a Kaggle dataset (kbert's wheels for one Python, the members' models, "
+                                      "the competition's YAML) and an inference notebook that installs from it with "
+                                      "no network, predicts the competition's test.csv and writes "
+                                      "/kaggle/working/submission.csv.")
+    package.add_argument("source", help="an ensemble's JSON (submissions/<competition>/<name>.json), or a run or "
+                                         "baseline folder")
+    package.add_argument("--out", required=True, help="the package folder to write (a new one)")
+    package.add_argument("--dataset", required=True, help="the Kaggle dataset to upload it as: OWNER/SLUG")
+    package.add_argument("--python", choices=words_of("kbert.ensembles.package", "PYTHONS"), default="3.11",
+                         help="the Python of the notebook's image the wheels are for (default 3.11)")
+    package.add_argument("--device", choices=words_of("kbert.ensembles.package", "DEVICES"), default="cpu",
+                         help="MLX's CPU build (default) or its CUDA 12 build for a GPU notebook")
+    package.add_argument("--competition", default="", help="the competition's Kaggle slug, if not its name")
+    package.add_argument("--push", action="store_true",
+                         help="then upload the dataset (a new version if it exists) and push the notebook through "
+                              "the official kaggle client, with kbert submit's credentials")
+    package.add_argument("--notes", default="kbert package", help="the dataset version's notes (with --push)")
+    package.add_argument("--resolve-only", action="store_true",
+                         help="only check that every wheel exists for this Python and print them; write nothing")
+    package.set_defaults(handler=cmd_package)
+
+    push = add_command(commands, "push", help="upload a kbert package's dataset and push its notebook to Kaggle",
+                       description="Create the package's Kaggle dataset (or add a version when it exists), wait "
+                                   "until Kaggle has processed it, then push the inference notebook, through the "
+                                   "official kaggle client with kbert submit's credentials.")
+    push.add_argument("package", help="a folder kbert package wrote (dataset/ and notebook/)")
+    push.add_argument("--notes", default="kbert package", help="the dataset version's notes")
+    push.set_defaults(handler=cmd_push)
 
 
 def kaggle_slug(competition: str) -> str:
@@ -92,4 +124,46 @@ def cmd_leaderboard(args: argparse.Namespace) -> int:
     from kbert.pipeline.kaggle import leaderboard_table
 
     print(leaderboard_table(kaggle_slug(args.competition), args.top))
+    return 0
+
+
+def cmd_package(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kbert.errors import KbertError
+    from kbert.ensembles.package import (PackageSpec, build_package, check_backend, check_spec, package_contents,
+                                         requirements, resolve_wheels)
+
+    spec = PackageSpec(Path(args.source), Path(args.out), args.dataset, args.python, args.device, args.competition)
+    if args.resolve_only:
+        check_spec(spec, writing=False)
+        contents = package_contents(spec.source, spec.competition)
+        wheels = resolve_wheels(requirements(spec.device, contents.libraries), spec.python)
+        for wheel in check_backend(wheels, spec.device, spec.python):
+            print(wheel)
+        return 0
+    if args.push:
+        from kbert.pipeline.kaggle import NO_CREDENTIALS, credential_source
+
+        if credential_source() is None:  # before minutes of building
+            raise KbertError(NO_CREDENTIALS)
+    build_package(spec)
+    if args.push:
+        args.package = str(spec.out)
+        return cmd_push(args)
+    return 0
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kbert.errors import KbertError
+    from kbert.pipeline.kaggle import push_package
+
+    package = Path(args.package)
+    for part, metadata in (("dataset", "dataset-metadata.json"), ("notebook", "kernel-metadata.json")):
+        if not (package / part / metadata).is_file():
+            raise KbertError(f"{package}: no {part}/{metadata}; give a folder kbert package wrote")
+    for line in push_package(package / "dataset", package / "notebook", args.notes):
+        print(line)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from kbert.cli.common import add_command, add_number, add_out, add_setting, check_run_id
+from kbert.cli.common import add_command, add_data_dir, add_number, add_out, add_setting, check_run_id
 
 EMBED_LENGTH = 256  # kbert embed's default --max-length (the encoder's positions when it has fewer)
 
@@ -13,14 +13,23 @@ EMBED_LENGTH = 256  # kbert embed's default --max-length (the encoder's position
 def add_parser(commands) -> None:
     from kbert.pipeline.config import words_of
 
-    predict = add_command(commands, "predict", help="predict a CSV with a finished run's fold models",
-                          description="Predict new rows with every saved fold model of a run and average "
-                                      "them; the text is serialized as the run did, fold by fold.")
-    predict.add_argument("run", help="a run folder, or a run id under <out>/<competition>/")
+    predict = add_command(commands, "predict", help="predict a CSV with a run, a baseline or an ensemble",
+                          description="Predict new rows with every saved fold model of a run or baseline and "
+                                      "average them, as it predicted its test rows; or with an ensemble (the JSON "
+                                      "beside its submission): every member predicts, then the ensemble's blend, "
+                                      "in the submission's format.")
+    predict.add_argument("run", help="a run or baseline folder, its id under <out>/<competition>/, or an "
+                                     "ensemble's JSON (submissions/<competition>/<name>.json)")
     predict.add_argument("--data", required=True, help="CSV with the competition's input columns (and ids)")
-    add_setting(predict, "tta", default=1, help="average over this many serializations (default 1: off)")
-    predict.add_argument("--output", help="where to write id + predictions (default <run>/predictions/<name>.csv)")
-    add_out(predict, default="runs", help="runs folder to look run ids up in")
+    add_setting(predict, "tta", default=1, help="average over this many serializations (default 1: off; an "
+                                                "ensemble's members use their own)")
+    predict.add_argument("--output", help="where to write the predictions (default <run>/predictions/<name>.csv; "
+                                          "required for an ensemble)")
+    predict.add_argument("--submission", action="store_true",
+                         help="a run or baseline: write its submission's format (labels at the cut-off its own "
+                              "submission used, its own --tta) instead of id + predictions; needs --output")
+    add_out(predict, help="runs folder to look run ids up in (default runs; an ensemble: the one it was made from)")
+    add_data_dir(predict, help="where the competition's files are now, if not where the run or ensemble read them")
     predict.set_defaults(handler=cmd_predict)
 
     embed = add_command(commands, "embed", help="write sentence embeddings of a text file with an encoder",
@@ -45,11 +54,32 @@ def add_parser(commands) -> None:
 def cmd_predict(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from kbert.errors import KbertError
     from kbert.pipeline.new_rows import predict_run, resolve_run_dir
 
+    from kbert.ensembles.predict import is_baseline, predict_baseline, predict_ensemble, predict_submission
+
+    if args.run.endswith(".json"):
+        if not args.output:
+            raise KbertError(f"kbert predict {args.run}: an ensemble needs --output (the submission file to write)")
+        path = predict_ensemble(Path(args.run), args.data, Path(args.output), args.out_dir, args.data_dir)
+        print(f"submission: {path}")
+        return 0
     if not (Path(args.run) / "config.yaml").is_file():
         check_run_id(args.run, "kbert predict RUN")
-    path = predict_run(resolve_run_dir(args.run, args.out_dir), args.data, args.tta, args.output)
+    run_dir = resolve_run_dir(args.run, args.out_dir or "runs")
+    if args.submission:
+        if not args.output or args.tta > 1:
+            raise KbertError("--submission needs --output (the submission file) and takes the run's own --tta")
+        path = predict_submission(run_dir, args.data, Path(args.output), args.data_dir)
+        print(f"submission: {path}")
+        return 0
+    if is_baseline(run_dir):
+        if args.tta > 1:
+            raise KbertError(f"--tta {args.tta}: {run_dir} is a baseline, which reads the columns, not a text")
+        path = predict_baseline(run_dir, args.data, args.output, args.data_dir)
+    else:
+        path = predict_run(run_dir, args.data, args.tta, args.output, args.data_dir)
     print(f"predictions: {path}")
     return 0
 

@@ -1,0 +1,200 @@
+"""``kbert predict`` for members that are not encoder runs: a baseline's saved fold models on new rows (encoder runs:
+pipeline/new_rows.py).
+
+The new rows get the features the baseline's folds read: the competition's feature step with the test rows as
+context (``new_row_features``), and with ``--embeddings`` fold k's embedding columns from the same source, reduced
+by the PCA fold k saved. Every fold's files are read and checked before anything is written.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kbert.ensembles.baseline import Baseline, predict_fold
+from kbert.ensembles.baseline_models import load_fold_models
+from kbert.ensembles.blend import BlendOptions, apply_blend, apply_decision, fit_blend
+from kbert.ensembles.embedding_features import new_rows_with_embeddings, open_embedding_source
+from kbert.ensembles.ensemble import load_problem
+from kbert.ensembles.members import Member, common_rows
+from kbert.errors import KbertError
+from kbert.io import read_json, read_predictions, write_csv
+from kbert.names import check_name
+from kbert.pipeline.config import RunConfig, competition_from_dict, read_yaml, run_config_from_dict, run_config_from_file
+from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
+from kbert.pipeline.new_rows import check_output_file, new_row_features, predict_run, read_fold_table
+from kbert.pipeline.predictions import average_folds, native, predictions_frame
+from kbert.pipeline.provenance import Expected, check_member, expected_of
+from kbert.pipeline.splits import fold_rows
+from kbert.pipeline.submission import write_predictions_submission
+from kbert.pipeline.targets import encode_targets
+
+
+def is_baseline(run_dir: Path) -> bool:
+    saved = read_yaml(Path(run_dir) / "config.yaml")
+    return isinstance(saved, dict) and "baseline" in saved
+
+
+def member_config(run_dir: Path) -> RunConfig:
+    """The run config a run or baseline folder was made with."""
+    saved = read_yaml(Path(run_dir) / "config.yaml")
+    if not isinstance(saved, dict) or "baseline" not in saved:
+        return run_config_from_file(Path(run_dir) / "config.yaml")
+    if "run_config" not in saved:
+        raise KbertError(f"{run_dir}: a baseline made by a kbert that kept no fitted models; run kbert baseline "
+                         "again to predict new rows with it")
+    return run_config_from_dict(saved["run_config"])
+
+
+def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, data_dir: str | None = None,
+                     log=print) -> Path:
+    """Predict the rows of ``data_path`` with every fold model of the baseline in ``run_dir``, averaged as its
+    test predictions were; write id + prediction columns. ``data_dir``: where the competition's files are now
+    (default: where the baseline read them)."""
+    run_dir = Path(run_dir)
+    saved = read_yaml(run_dir / "config.yaml")
+    config = member_config(run_dir)
+    comp = config.competition
+    rows = read_csv(Path(data_path))  # the user's file first: its mistakes are the likeliest
+    check_feature_rows(rows, comp, Path(data_path))
+    out = Path(out) if out else run_dir / "predictions" / f"{Path(data_path).stem}.csv"
+    check_output_file(out)
+    data = load_competition_data(comp, data_dir if data_dir is not None else config.data_dir or None)
+    if config.limit_rows is not None:
+        raise KbertError(f"{run_dir}: a --limit-rows {config.limit_rows} baseline; kbert predict reads baselines "
+                         "trained on every row")
+    check_member(run_dir, expected_of(comp, data), str(run_dir), with_test=False)  # this competition, its files
+    train = data.train
+    targets = encode_targets(train, comp)
+    baseline = Baseline(saved["baseline"], comp.task, len(targets.classes) if targets.classes is not None else 0,
+                        bool(saved.get("log_target")), exclude=(comp.id_column,))
+    features, new_features = new_row_features(comp, train.drop(columns=comp.target_columns), data.test, rows)
+    folds = read_fold_table(run_dir / "folds.csv", comp.id_column, 1, train[comp.id_column])["fold"].to_numpy()
+    fold_dirs = [run_dir / "folds" / str(k) for k in range(comp.folds.k)]
+    fitted = [load_fold_models(fold_dir, baseline) for fold_dir in fold_dirs]  # all of them, before any work
+    source = None
+    if saved.get("embeddings"):
+        source = open_embedding_source(saved["embeddings"]["source"], config, Path(config.out_dir) / comp.name,
+                                       expected_of(comp, data), folds)
+    tables = []
+    for k, (fold_dir, models) in enumerate(zip(fold_dirs, fitted)):
+        frame = new_features
+        if source is not None:
+            train_index = fold_rows(folds, k, comp.folds)[0]
+            frame = new_rows_with_embeddings(source, config, k, features.iloc[train_index], new_features, fold_dir)
+        table = predict_fold(baseline, models, [frame])[0]
+        if not np.isfinite(table).all():
+            raise KbertError(f"{fold_dir}: its model predicts NaN or infinite values; nothing was written")
+        tables.append(table)
+        log(f"{fold_dir.name}: {len(rows)} rows predicted")
+    predictions = native(comp.task, average_folds(tables))
+    return write_csv(out, predictions_frame(comp, targets.classes, rows[comp.id_column], predictions))
+
+
+def member_table(folder: Path, data_path: Path, scratch: Path, columns: list[str], ids: pd.Series,
+                 data_dir: str | None, log) -> np.ndarray:
+    """A member's predictions of the new rows (rows, columns), written and read back as its test.csv was: what a
+    blend of its test predictions read, to the last bit."""
+    out = scratch / f"{len(list(scratch.iterdir()))}.csv"
+    if is_baseline(folder):
+        predict_baseline(folder, data_path, out, data_dir=data_dir, log=log)
+    else:
+        predict_run(folder, data_path, member_config(folder).train.tta, out, data_dir=data_dir, log=log)
+    frame = read_predictions(out)
+    return frame.set_index(frame.columns[0]).loc[ids.to_numpy(), columns].to_numpy(dtype=np.float64)
+
+
+def predict_ensemble(record_path: Path, data_path: Path, out: Path, runs_dir: str | None = None,
+                     data_dir: str | None = None, log=print) -> Path:
+    """The ensemble ``record_path`` (the JSON beside its submission) on new rows: every member predicts them from
+    its own fold models, the chosen blend is refitted on the members' stored OOF predictions exactly as
+    ``kbert ensemble`` fitted it (and must give the weights and cut-off the record holds), then applied; the file
+    has the submission's format."""
+    record_path = Path(record_path)
+    record = read_json(record_path, required=("competition", "method", "members", "decision"))
+    missing = [key for key in ("competition_config", "options", "runs_dir") if key not in record]
+    if missing:
+        raise KbertError(f"{record_path}: made by a kbert that did not record {', '.join(missing)}; run kbert "
+                         "ensemble again to predict new rows with it")
+    try:
+        comp = competition_from_dict(record["competition_config"])
+        names = [member["name"] for member in record["members"]]
+        options = BlendOptions(**record["options"])
+    except (TypeError, KeyError) as exc:
+        raise KbertError(f"{record_path}: not an ensemble record kbert wrote ({type(exc).__name__}: {exc})") from None
+    data_dir = data_dir if data_dir is not None else record.get("data_dir")
+    runs_dir = runs_dir if runs_dir is not None else record["runs_dir"]
+    new_rows = read_csv(Path(data_path))
+    check_feature_rows(new_rows, comp, Path(data_path))
+    check_output_file(Path(out))
+    data, _, problem = load_problem(comp, data_dir)
+    expected = expected_of(comp, data)
+    members = [trained_member(Path(runs_dir) / comp.name, name, expected) for name in names]
+    rows = common_rows(members)
+    final = fit_blend(record["method"], np.stack([m.oof[rows] for m in members]), problem.on_rows(rows),
+                      np.arange(len(rows)), options)
+    check_refitted(record_path, record, final, members)
+    ids = new_rows[comp.id_column]
+    with tempfile.TemporaryDirectory() as scratch:
+        T = np.stack([member_table(member.path, Path(data_path), Path(scratch), expected.columns, ids, data_dir, log)
+                      for member in members])
+    table = apply_decision(comp.task, apply_blend(final, T, comp.task), final.decision)
+    return write_new_submission(expected, data, ids, table, final.decision.threshold, Path(out))
+
+
+def predict_submission(run_dir: Path, data_path: Path, out: Path, data_dir: str | None = None, log=print) -> Path:
+    """A run's or baseline's submission for new rows: its predictions (with its own test-time augmentation) at the
+    cut-off its submission used, in the submission's format."""
+    run_dir = Path(run_dir)
+    config = member_config(run_dir)
+    comp = config.competition
+    rows = read_csv(Path(data_path))
+    check_feature_rows(rows, comp, Path(data_path))
+    ids = rows[comp.id_column]
+    check_output_file(Path(out))
+    data = load_competition_data(comp, data_dir if data_dir is not None else config.data_dir or None)
+    expected = expected_of(comp, data)
+    with tempfile.TemporaryDirectory() as scratch:
+        table = member_table(run_dir, Path(data_path), Path(scratch), expected.columns, ids, data_dir, log)
+    metrics = read_json(run_dir / "metrics.json", required=("cv_threshold",))
+    tuned = (metrics.get("threshold") or {}).get("tuned_on_oof")  # what the run's own submission was cut at
+    threshold = np.asarray(tuned if tuned is not None else metrics["cv_threshold"], dtype=float)
+    threshold = float(threshold[0]) if comp.task == "binary" and threshold.size == 1 else threshold
+    return write_new_submission(expected, data, ids, table, threshold, Path(out))
+
+
+def write_new_submission(expected: Expected, data, ids: pd.Series, table: np.ndarray, threshold, out: Path) -> Path:
+    """New rows' prediction table in the submission's format, ordered as the sample submission when it holds
+    exactly these rows (the competition's own test file), else as given."""
+    comp = expected.competition
+    sample = data.sample_submission
+    same_rows = sample is not None and set(sample[comp.id_column]) == set(ids) and len(sample) == len(ids)
+    return write_predictions_submission(replace(expected, test_ids=ids), native(comp.task, table), threshold,
+                                        sample if same_rows else None, out)
+
+
+def trained_member(competition_dir: Path, name: str, expected: Expected) -> Member:
+    """A member as the ensemble blended it: checked against the competition and its training file (not its test
+    file: the rows to predict may come with another one, as on Kaggle's rerun), its OOF predictions."""
+    for part in name.split("/"):  # a run id or <study>/trial-NNNN, never a path out of the runs folder
+        check_name(part, f"member {name!r}:")
+    folder = competition_dir / name
+    if not (folder / "metrics.json").is_file():
+        raise KbertError(f"member {name}: no finished run in {competition_dir} (no metrics.json)")
+    checked = check_member(folder, expected, f"member {name}", with_test=False)
+    return Member(name=name, path=folder, cv=float(checked.metrics["cv"]), oof=checked.oof, test=checked.test,
+                  columns=expected.columns, folds=checked.folds)
+
+
+def check_refitted(record_path: Path, record: dict, final, members: list[Member]) -> None:
+    """The blend refitted on the stored OOF predictions is the one the record describes: its weights and its
+    cut-off or class weights (a member file changed since, or another kbert, would differ)."""
+    weights = ({} if final.weights is None else
+               {m.name: round(float(w), 6) for m, w in zip(members, final.weights)})
+    if weights != record.get("weights", {}) or final.decision.to_dict() != record["decision"]:
+        raise KbertError(f"{record_path}: its blend, refitted on the members' OOF predictions, is not the one it "
+                         "records (weights or cut-off differ): a member changed since kbert ensemble wrote it")

@@ -1,0 +1,129 @@
+"""`kbert package`: an ensemble as a Kaggle dataset and notebook that install kbert and predict with no network.
+
+The slow test builds the package (its wheels come from the package index through pip), makes a fresh virtual
+environment, and runs the notebook's code inside a network namespace with no network (`unshare -n`) against
+folders laid out as /kaggle/input/<dataset>/ and /kaggle/input/<competition>/; the submission it writes must be
+`kbert predict`'s.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kbert.cli import main
+from kbert.ensembles.package import notebook_script
+from kbert.pipeline.config import BUNDLED_DATA_DIR
+from tests.tiny import run_tiny
+
+TITANIC = BUNDLED_DATA_DIR / "titanic"
+DATASET = "kbert-tester/kbert-titanic-offline"
+
+
+@pytest.fixture(scope="module")
+def ensemble_json(tmp_path_factory):
+    out = tmp_path_factory.mktemp("package")
+    where = ["--out", str(out / "runs"), "--submissions-dir", str(out / "subs")]
+    for model in ("hgb", "logreg"):
+        assert main(["baseline", "titanic", "--model", model, "--folds", "3", "--run-id", model, *where]) == 0
+    run_tiny("titanic", out, "tiny", folds=3, epochs=1, max_length=48)
+    assert main(["ensemble", "titanic", "--members", "hgb,logreg,tiny", "--method", "weighted", "--name", "blend",
+                 "--outer-repeats", "1", *where]) == 0
+    return out / "subs" / "titanic" / "blend.json"
+
+
+def offline(command: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["unshare", "-n", "--", *command], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=900)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root's unshare -n")
+def test_the_package_installs_offline_and_its_notebook_writes_kbert_predicts_submission(ensemble_json, tmp_path):
+    package = tmp_path / "package"
+    assert main(["package", str(ensemble_json), "--out", str(package), "--dataset", DATASET]) == 0
+    dataset, notebook = package / "dataset", package / "notebook"
+    metadata = json.loads((notebook / "kernel-metadata.json").read_text())
+    assert metadata["enable_internet"] is False and metadata["dataset_sources"] == [DATASET]
+    assert metadata["competition_sources"] == ["titanic"]
+    assert json.loads((dataset / "dataset-metadata.json").read_text())["id"] == DATASET
+    wheels = sorted(p.name for p in (dataset / "wheels").glob("*.whl"))
+    assert any(w.startswith("kbert-") for w in wheels) and any(w.startswith("skops-") for w in wheels)
+    assert not any(w.startswith(("optuna-", "kaggle-", "torch-", "pytest-")) for w in wheels), wheels
+
+    # /kaggle/input/<dataset>/ and /kaggle/input/titanic/, /kaggle/working/; pip reads no config (no other index)
+    inputs, working = tmp_path / "input", tmp_path / "working"
+    shutil.copytree(dataset, inputs / DATASET.split("/")[1])
+    shutil.copytree(TITANIC, inputs / "titanic")
+    working.mkdir()
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
+    python = str(tmp_path / "venv" / "bin" / "python")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path / "home"), "PIP_CONFIG_FILE": os.devnull,
+           "KBERT_KAGGLE_INPUT": str(inputs), "KBERT_KAGGLE_WORKING": str(working),
+           "KBERT_CACHE": os.environ.get("KBERT_CACHE", str(Path.home() / ".cache" / "kbert"))}
+    no_network = offline([python, "-c", "import socket; socket.create_connection(('pypi.org', 443), timeout=5)"],
+                         env, tmp_path)
+    assert no_network.returncode != 0 and ("Errno" in no_network.stderr or "gaierror" in no_network.stderr)
+    (tmp_path / "notebook.py").write_text(notebook_script(notebook / "predict.ipynb"))
+    ran = offline([python, str(tmp_path / "notebook.py")], env, tmp_path)
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
+    assert main(["predict", str(ensemble_json), "--data", str(TITANIC / "test.csv"), "--output",
+                 str(tmp_path / "here.csv")]) == 0
+    assert (working / "submission.csv").read_bytes() == (tmp_path / "here.csv").read_bytes()
+
+
+@pytest.mark.slow
+def test_wheels_resolve_for_python_3_12_with_the_cuda_build(ensemble_json, capsys):
+    """No 3.12 interpreter is here to install them: the package's wheels are resolved for it, not run."""
+    assert main(["package", str(ensemble_json), "--out", "unused", "--dataset", DATASET, "--python", "3.12",
+                 "--device", "cuda", "--resolve-only"]) == 0
+    wheels = capsys.readouterr().out.split()
+    assert any(w.startswith("mlx-cuda-12==") for w in wheels) and any(w.startswith("numpy==") for w in wheels)
+    assert not any(w.startswith(("optuna==", "kaggle==", "mlx-cpu==")) for w in wheels)
+
+
+def test_a_package_is_refused_in_one_line_for_bad_input(tmp_path, capsys):
+    record = tmp_path / "e.json"
+    record.write_text(json.dumps({"competition": "titanic", "members": [{"name": "../x"}], "runs_dir": "runs",
+                                  "competition_config": {"name": "titanic"}}))
+    for args, says in (
+            ([str(record), "--dataset", "bad"], "--dataset 'bad': give it as OWNER/SLUG"),
+            ([str(record), "--dataset", DATASET], "member '../x': '..' is not a plain name"),
+            ([str(tmp_path), "--dataset", DATASET], "neither an ensemble's JSON nor a run folder")):
+        assert main(["package", *args, "--out", str(tmp_path / "pkg")]) == 2
+        assert says in capsys.readouterr().err
+        assert not (tmp_path / "pkg").exists()
+
+
+@pytest.mark.slow
+def test_a_package_of_a_member_that_cannot_predict_or_of_another_competition_is_refused(ensemble_json, tmp_path,
+                                                                                       capsys):
+    runs = tmp_path / "runs"
+    shutil.copytree(ensemble_json.parent.parent.parent / "runs", runs)
+    (runs / "titanic" / "hgb" / "folds" / "2" / "baseline.json").unlink()
+    record = json.loads(ensemble_json.read_text())
+    (tmp_path / "moved.json").write_text(json.dumps({**record, "runs_dir": str(runs)}))
+    (runs / "titanic" / "tiny" / "folds" / "1" / "model.safetensors").write_bytes(b"damaged")
+    for source, extra, says in (
+            (tmp_path / "moved.json", [], "hgb/folds/2: no baseline.json"),
+            (runs / "titanic" / "tiny", [], "model.safetensors: not the file this fold was trained to"),
+            (runs / "titanic" / "logreg", ["--competition", "spaceship-titanic"],
+             "a run of competition 'titanic'; this package is for 'spaceship-titanic'")):
+        assert main(["package", str(source), "--out", str(tmp_path / "pkg"), "--dataset", DATASET, *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], err
+        assert not (tmp_path / "pkg").exists()
+
+
+@pytest.mark.slow
+def test_a_requirement_without_a_wheel_for_the_python_is_one_line():
+    from kbert.errors import KbertError
+    from kbert.ensembles.package import resolve_wheels
+
+    with pytest.raises(KbertError, match=r"^kbert package: no wheel of kbert-no-such-package-4f2a for Python 3.12 "
+                                         r"on Linux x86-64$"):
+        resolve_wheels(["kbert-no-such-package-4f2a"], "3.12")
