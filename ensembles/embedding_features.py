@@ -76,13 +76,13 @@ def run_folder(spec: str, comp_dir: Path) -> Path | None:
 
 
 def open_embedding_source(spec: str, config: RunConfig, comp_dir: Path, expected: Expected,
-                          fold_of_row: np.ndarray) -> EmbeddingSource:
+                          fold_of_row: np.ndarray, with_test: bool = True) -> EmbeddingSource:
     """The checked source, before the baseline writes anything: a run must be a finished kbert run made for this
-    competition and these data files (pipeline/provenance.py), on these folds, with every fold model; an encoder
-    must load."""
+    competition and these data files (pipeline/provenance.py; without ``with_test``, predicting new rows, its
+    training file only), on these folds, with every fold model; an encoder must load."""
     run_dir = run_folder(spec, comp_dir)
     if run_dir is not None:
-        return open_run_source(spec, run_dir, config, expected, fold_of_row)
+        return open_run_source(spec, run_dir, config, expected, fold_of_row, with_test)
     if trains_from_scratch(spec):
         raise KbertError(f"--embeddings {spec}: a from-scratch encoder has no trained weights; pass a finished run "
                          "(its folder, or its id under --out) or a pretrained encoder such as minilm-l6")
@@ -98,14 +98,14 @@ def open_embedding_source(spec: str, config: RunConfig, comp_dir: Path, expected
 
 
 def open_run_source(spec: str, run_dir: Path, config: RunConfig, expected: Expected,
-                    fold_of_row: np.ndarray) -> EmbeddingSource:
+                    fold_of_row: np.ndarray, with_test: bool = True) -> EmbeddingSource:
     comp = config.competition
     saved = read_yaml(run_dir / "config.yaml")
     if isinstance(saved, dict) and "baseline" in saved:
         raise KbertError(f"--embeddings {run_dir}: a baseline has no fold models to embed with; pass a kbert run")
     if not (run_dir / "metrics.json").is_file():
         raise KbertError(f"--embeddings {run_dir}: an unfinished run (no metrics.json); finish it first")
-    checked = check_member(run_dir, expected, f"--embeddings {spec}")
+    checked = check_member(run_dir, expected, f"--embeddings {spec}", with_test)
     if not np.array_equal(checked.folds, np.asarray(fold_of_row)):
         raise KbertError(f"--embeddings: the source run's folds ({run_dir / 'folds.csv'}) differ from this "
                          f"baseline's ({comp.folds.k} folds of {len(fold_of_row)} rows, fold seed {comp.folds.seed}, "

@@ -55,7 +55,8 @@ class PackageSpec:
         python: the Python of the Kaggle image the wheels are for.
         device: ``cpu`` (MLX's CPU build) or ``cuda`` (its CUDA 12 build, for a GPU notebook).
         dataset: the Kaggle dataset, ``owner/slug``.
-        competition: the Kaggle competition's slug (default: the competition's name).
+        competition: the competition the package is for (its name, which is its Kaggle slug); a run made for
+            another is refused. Default: the source's.
     """
 
     source: Path
@@ -161,8 +162,10 @@ def run_competition(folder: Path) -> dict:
 
 def embedding_runs(folder: Path) -> list[Path]:
     """The run an embedding baseline reads its fold models from (it predicts through them)."""
+    from kbert.ensembles.predict import embedding_spec
+
     embeddings = read_yaml(folder / "config.yaml").get("embeddings") or {}
-    return [Path(embeddings["run_dir"])] if embeddings.get("run_dir") else []
+    return [Path(embedding_spec(folder, embeddings))] if embeddings.get("run_dir") else []
 
 
 def pretrained_encoders(saved: dict) -> set[str]:

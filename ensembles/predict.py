@@ -1,9 +1,11 @@
-"""``kbert predict`` for members that are not encoder runs: a baseline's saved fold models on new rows (encoder runs:
-pipeline/new_rows.py).
+"""``kbert predict`` beyond an encoder run (pipeline/new_rows.py): a baseline's saved fold models on new rows, a run's
+or baseline's submission for them, and an ensemble's.
 
-The new rows get the features the baseline's folds read: the competition's feature step with the test rows as
+A baseline's new rows get the features its folds read: the competition's feature step with the test rows as
 context (``new_row_features``), and with ``--embeddings`` fold k's embedding columns from the same source, reduced
-by the PCA fold k saved. Every fold's files are read and checked before anything is written.
+by the PCA fold k saved. An ensemble predicts with every member, then refits its blend on the members' stored OOF
+predictions (it must come out as its JSON records it) and applies it. Every file is read and checked before
+anything is written.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from kbert.ensembles.members import Member, common_rows
 from kbert.errors import KbertError
 from kbert.io import read_json, read_predictions, write_csv
 from kbert.names import check_name
-from kbert.pipeline.config import RunConfig, competition_from_dict, read_yaml, run_config_from_dict, run_config_from_file
+from kbert.pipeline.config import (RunConfig, competition_from_dict, read_yaml, run_config_from_dict,
+                                   run_config_from_file)
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
 from kbert.pipeline.new_rows import check_output_file, new_row_features, predict_run, read_fold_table
 from kbert.pipeline.predictions import average_folds, native, predictions_frame
@@ -78,8 +81,8 @@ def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, da
     fitted = [load_fold_models(fold_dir, baseline) for fold_dir in fold_dirs]  # all of them, before any work
     source = None
     if saved.get("embeddings"):
-        source = open_embedding_source(saved["embeddings"]["source"], config, Path(config.out_dir) / comp.name,
-                                       expected_of(comp, data), folds)
+        source = open_embedding_source(embedding_spec(run_dir, saved["embeddings"]), config, run_dir.parent,
+                                       expected_of(comp, data), folds, with_test=False)
     tables = []
     for k, (fold_dir, models) in enumerate(zip(fold_dirs, fitted)):
         frame = new_features
@@ -93,6 +96,15 @@ def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, da
         log(f"{fold_dir.name}: {len(rows)} rows predicted")
     predictions = native(comp.task, average_folds(tables))
     return write_csv(out, predictions_frame(comp, targets.classes, rows[comp.id_column], predictions))
+
+
+def embedding_spec(run_dir: Path, embeddings: dict) -> str:
+    """An embedding baseline's source as it reads it now: a run beside the baseline (where a package puts it), else
+    where it was when the baseline was made; a pretrained encoder by its name."""
+    if not embeddings.get("run_dir"):
+        return str(embeddings["source"])
+    beside = run_dir.parent / Path(embeddings["run_dir"]).name
+    return str(beside if (beside / "config.yaml").is_file() else embeddings["run_dir"])
 
 
 def member_table(folder: Path, data_path: Path, scratch: Path, columns: list[str], ids: pd.Series,

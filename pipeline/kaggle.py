@@ -474,6 +474,9 @@ def push_package(dataset_dir: Path, notebook_dir: Path, notes: str) -> list[str]
     if pushed.error or invalid:
         raise KbertError(f"Kaggle did not take the notebook {kernel}: "
                          f"{_redact(pushed.error) or 'unknown sources ' + ', '.join(invalid)}")
-    lines.append(f"notebook {kernel}: version {pushed.version_number} ({pushed.url}); it runs on Kaggle now: "
+    with _translated(kernel, source, "notebook"):
+        state = api.kernels_status(kernel)
+    status = getattr(state.status, "name", str(state.status)).lower()
+    lines.append(f"notebook {kernel}: version {pushed.version_number} ({pushed.url}), {status}; follow it with "
                  f"kaggle kernels status {kernel}")
     return lines

@@ -765,8 +765,10 @@ def test_push_creates_the_dataset_then_versions_it_and_pushes_the_notebook(serve
     assert result.code == 0, result.err
     assert result.out.splitlines() == [
         f"dataset {ref}: created (https://www.kaggle.com/datasets/{ref})",
-        f"notebook {ref}-predict: version 1 (https://www.kaggle.com/code/{ref}-predict); it runs on Kaggle now: "
+        f"notebook {ref}-predict: version 1 (https://www.kaggle.com/code/{ref}-predict), complete; follow it with "
         f"kaggle kernels status {ref}-predict"]
+    assert server.rpc("GetKernelSessionStatus").json() == {"userName": USERNAME,
+                                                           "kernelSlug": "kbert-titanic-blend-predict"}
     [files] = server.datasets[ref]
     assert set(files) == {"wheels.zip", "ensemble.json"}  # a sub-folder travels as a zip that Kaggle unpacks
     with zipfile.ZipFile(io.BytesIO(files["wheels.zip"])) as archive:
@@ -777,6 +779,7 @@ def test_push_creates_the_dataset_then_versions_it_and_pushes_the_notebook(serve
     assert pushed["competitionDataSources"] == ["titanic"] and pushed["kernelType"] == "notebook"
     assert "--no-index" in json.loads(pushed["text"])["cells"][1]["source"]
 
+    server.seen.clear()
     again = kbert("push", package, "--notes", "second")
     assert again.code == 0, again.err
     assert again.out.startswith(f"dataset {ref}: a new version")

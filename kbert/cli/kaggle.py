@@ -56,7 +56,9 @@ def add_parser(commands) -> None:
                          help="the Python of the notebook's image the wheels are for (default 3.11)")
     package.add_argument("--device", choices=words_of("kbert.ensembles.package", "DEVICES"), default="cpu",
                          help="MLX's CPU build (default) or its CUDA 12 build for a GPU notebook")
-    package.add_argument("--competition", default="", help="the competition's Kaggle slug, if not its name")
+    package.add_argument("--competition", default="",
+                         help="the competition the package is for (its name is its Kaggle slug); a run made for "
+                              "another is refused (default: the source's)")
     package.add_argument("--push", action="store_true",
                          help="then upload the dataset (a new version if it exists) and push the notebook through "
                               "the official kaggle client, with kbert submit's credentials")
