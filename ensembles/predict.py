@@ -34,7 +34,6 @@ from kbert.pipeline.predictions import average_folds, native, predictions_frame
 from kbert.pipeline.provenance import Expected, check_member, expected_of
 from kbert.pipeline.splits import fold_rows
 from kbert.pipeline.submission import write_predictions_submission
-from kbert.pipeline.targets import encode_targets
 
 
 def is_baseline(run_dir: Path) -> bool:
@@ -70,10 +69,10 @@ def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, da
     if config.limit_rows is not None:
         raise KbertError(f"{run_dir}: a --limit-rows {config.limit_rows} baseline; kbert predict reads baselines "
                          "trained on every row")
-    check_member(run_dir, expected_of(comp, data), str(run_dir), with_test=False)  # this competition, its files
+    expected = expected_of(comp, data)
+    check_member(run_dir, expected, str(run_dir), with_test=False)  # this competition, its files
     train = data.train
-    targets = encode_targets(train, comp)
-    baseline = Baseline(saved["baseline"], comp.task, len(targets.classes) if targets.classes is not None else 0,
+    baseline = Baseline(saved["baseline"], comp.task, len(expected.classes) if expected.classes is not None else 0,
                         bool(saved.get("log_target")), exclude=(comp.id_column,))
     features, new_features = new_row_features(comp, train.drop(columns=comp.target_columns), data.test, rows)
     folds = read_fold_table(run_dir / "folds.csv", comp.id_column, 1, train[comp.id_column])["fold"].to_numpy()
@@ -82,7 +81,7 @@ def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, da
     source = None
     if saved.get("embeddings"):
         source = open_embedding_source(embedding_spec(run_dir, saved["embeddings"]), config, run_dir.parent,
-                                       expected_of(comp, data), folds, with_test=False)
+                                       expected, folds, with_test=False)
     tables = []
     for k, (fold_dir, models) in enumerate(zip(fold_dirs, fitted)):
         frame = new_features
@@ -95,7 +94,7 @@ def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, da
         tables.append(table)
         log(f"{fold_dir.name}: {len(rows)} rows predicted")
     predictions = native(comp.task, average_folds(tables))
-    return write_csv(out, predictions_frame(comp, targets.classes, rows[comp.id_column], predictions))
+    return write_csv(out, predictions_frame(comp, expected.classes, rows[comp.id_column], predictions))
 
 
 def embedding_spec(run_dir: Path, embeddings: dict) -> str:
