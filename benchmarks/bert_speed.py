@@ -14,6 +14,7 @@ other's. ``--same-process`` runs both in this process instead (kbert's settings 
     python benchmarks/bert_speed.py --size deberta-v3-xsmall roberta-base --seq 128 --reps 3 --steps 2
     python benchmarks/bert_speed.py --end-to-end          # also time `kbert run titanic`
     python benchmarks/bert_speed.py --isa avx2            # as on a CPU without AVX-512: both sides limited to AVX2
+    python benchmarks/bert_speed.py --size minilm --lengths tweets reviews --pooling mean  # real lengths, padded per batch
     python benchmarks/bert_speed.py --device gpu --precision fp32 bf16 --size minilm bert-base deberta-v3-base \
         --seq 128 --batch 32 --infer-batch 128            # on a GPU: kbert bf16/fp32 against PyTorch fp32/autocast
 
@@ -24,6 +25,11 @@ token's); "mean" reads every token, so both sides do the same matmuls: ``--pooli
 ``--precision bf16`` is kbert's mixed precision (pipeline/precision.py: float32 master weights, the passes in
 bf16) against PyTorch's ``torch.autocast(dtype=torch.bfloat16)`` with float32 weights; ``--device gpu`` puts
 MLX on its GPU (Metal or CUDA) and PyTorch on CUDA (synchronized before each timing ends).
+
+``--lengths tweets`` times a pass over batches of the token lengths kbert gives Disaster Tweets' training rows (its
+YAML's text, MiniLM-L6's tokenizer, max_length 96), ``reviews`` a synthetic long-review distribution (log-normal,
+median 180 tokens, 32-512), instead of every row at ``--seq``: rows shuffled once, each batch padded to its longest
+row rounded up to kbert's length bucket (16), as `kbert run` pads; PyTorch gets the same padded batches and masks.
 
 Needs the test extras (torch==2.13.0, transformers).
 """
@@ -192,6 +198,46 @@ def torch_setup(size: dict, seq: int, device: str = "cpu", precision: str = "fp3
     return model, train_step, infer
 
 
+LENGTH_BUCKET = 16  # kbert's default length_bucket: batches are padded to their longest row rounded up to it
+
+
+def tweet_lengths() -> np.ndarray:
+    """Token lengths of Disaster Tweets' training rows as `kbert run nlp-getting-started --encoder minilm-l6`
+    tokenizes them (the bundled data)."""
+    from kbert.pipeline.config import load_competition, resolve_run_config
+    from kbert.pipeline.data import load_competition_data
+    from kbert.pipeline.fold import load_encoder_source, make_serializer, tokenize
+
+    config = resolve_run_config(load_competition("nlp-getting-started"), {"encoder": "minilm-l6"})
+    train = load_competition_data(config.competition).train
+    tokenizer = load_encoder_source(config).tokenizer
+    return np.array([len(t) for t in tokenize(config, tokenizer, make_serializer(config).fit(train), train,
+                                              fold=(0, 0))])
+
+
+def review_lengths(rows: int = 4000) -> np.ndarray:
+    """A synthetic long-review distribution: log-normal around 180 tokens, 32 to 512."""
+    rng = np.random.default_rng(1)
+    return np.clip(np.round(rng.lognormal(np.log(180), 0.6, rows)), 32, 512).astype(int)
+
+
+LENGTHS = {"tweets": tweet_lengths, "reviews": review_lengths}
+
+
+def length_plan(lengths: np.ndarray, batch: int, batches: int) -> list[np.ndarray]:
+    """``batches`` batches of row lengths drawn from ``lengths`` (shuffled once, seed 0)."""
+    order = np.random.default_rng(0).permutation(len(lengths))
+    return [lengths[order[i * batch:(i + 1) * batch]] for i in range(batches)]
+
+
+def padded(row_lengths: np.ndarray, vocab_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, mask) of one batch padded to its longest row rounded up to the length bucket, as kbert's pad_batch."""
+    width = -(-int(row_lengths.max()) // LENGTH_BUCKET) * LENGTH_BUCKET
+    ids = np.random.default_rng(seed).integers(5, vocab_size, (len(row_lengths), width)).astype(np.int32)
+    mask = (np.arange(width)[None, :] < row_lengths[:, None]).astype(np.int32)
+    return ids * mask, mask
+
+
 def timed(fn, args, steps: int) -> float:
     started = time.perf_counter()
     for _ in range(steps):
@@ -207,31 +253,58 @@ def batches(size: dict, seq: int, batch: int, infer_batch: int):
     return ids, infer_ids, targets
 
 
+def batch_arrays(size: dict, seq: int, batch: int, infer_batch: int, lengths: str, count: int) -> tuple[list, list]:
+    """(train batches, inference batches) as numpy (ids, mask[, targets]): every row ``seq`` tokens, or with
+    ``lengths`` a plan of ``count`` batches of that distribution's lengths, each padded as kbert pads."""
+    if lengths == "fixed":
+        ids, infer_ids, targets = batches(size, seq, batch, infer_batch)
+        return [(ids, np.ones_like(ids), targets)], [(infer_ids, np.ones_like(infer_ids))]
+    distribution = LENGTHS[lengths]()
+    targets = np.random.default_rng(0).integers(0, 2, batch).astype(np.float32)
+    train = [(*padded(b, size["vocab_size"], i), targets[:len(b)])
+             for i, b in enumerate(length_plan(distribution, batch, count))]
+    infer = [padded(b, size["vocab_size"], i) for i, b in enumerate(length_plan(distribution, infer_batch, count))]
+    return train, infer
+
+
 def setup(framework: str, size_name: str, seq: int, batch: int, infer_batch: int, compiled: bool,
-          device: str = "cpu", precision: str = "fp32", pooling: str = "cls"):
-    """(train, infer) callables taking no arguments, warmed up (compiled steps traced)."""
+          device: str = "cpu", precision: str = "fp32", pooling: str = "cls", lengths: str = "fixed",
+          batches: int = 1):
+    """(train, infer) callables taking no arguments, each a pass over its batches, warmed up (every padded width
+    traced once by a compiled step)."""
     size = SIZES[size_name]
-    ids, infer_ids, targets = batches(size, seq, batch, infer_batch)
+    train_batches, infer_batches = batch_arrays(size, seq, batch, infer_batch, lengths, batches)
+    longest = max(ids.shape[1] for ids, *_ in train_batches + infer_batches)
     if framework == "mlx":
         import mlx.core as mx
 
         mx.random.seed(0)
-        _, train, infer = mlx_setup(size, seq, compiled, device, precision, pooling)
-        train_args = (mx.array(ids), mx.ones(ids.shape, dtype=mx.int32), mx.array(targets))
-        infer_args = (mx.array(infer_ids), mx.ones(infer_ids.shape, dtype=mx.int32))
+        _, train, infer = mlx_setup(size, longest, compiled, device, precision, pooling)
+        convert = mx.array
     else:
         import torch
 
         torch.manual_seed(0)
-        _, train, infer = torch_setup(size, seq, device, precision)
+        _, train, infer = torch_setup(size, longest, device, precision)
         target = "cuda" if device == "gpu" else "cpu"
-        train_args = (torch.tensor(ids, dtype=torch.long, device=target),
-                      torch.ones(ids.shape, dtype=torch.long, device=target), torch.tensor(targets, device=target))
-        infer_args = (torch.tensor(infer_ids, dtype=torch.long, device=target),
-                      torch.ones(infer_ids.shape, dtype=torch.long, device=target))
-    train(*train_args)
-    infer(*infer_args)
-    return (lambda: train(*train_args)), (lambda: infer(*infer_args))
+
+        def convert(a):
+            return torch.tensor(a, dtype=torch.float32 if a.dtype == np.float32 else torch.long, device=target)
+
+    train_args = [tuple(convert(a) for a in b) for b in train_batches]
+    infer_args = [tuple(convert(a) for a in b) for b in infer_batches]
+    for args in {a[0].shape[1]: a for a in train_args}.values():
+        train(*args)
+    for args in {a[0].shape[1]: a for a in infer_args}.values():
+        infer(*args)
+
+    def over(step, arguments):
+        def run():
+            for args in arguments:
+                step(*args)
+        return run
+
+    return over(train, train_args), over(infer, infer_args)
 
 
 def describe(framework: str) -> str:
@@ -275,8 +348,8 @@ class Worker:
         self.counts: dict[str, int] = {}
 
     def ask(self, line: str) -> str:
-        """`describe`, `setup SIZE SEQ BATCH INFER_BATCH COMPILED DEVICE PRECISION POOLING`, `train STEPS` or
-        `infer STEPS` (sequences/s)."""
+        """`describe`, `setup SIZE SEQ BATCH INFER_BATCH COMPILED DEVICE PRECISION POOLING LENGTHS BATCHES`,
+        `train STEPS` or `infer STEPS` (sequences/s; a step is a pass over the batches)."""
         if self.proc is not None:
             self.proc.stdin.write(line + "\n")
             self.proc.stdin.flush()
@@ -288,11 +361,11 @@ class Worker:
         if command == "describe":
             return describe(self.framework)
         if command == "setup":
-            size_name, seq, batch, infer_batch, compiled, device, precision, pooling = rest
+            size_name, seq, batch, infer_batch, compiled, device, precision, pooling, lengths, batches = rest
             self.runners["train"], self.runners["infer"] = setup(self.framework, size_name, int(seq), int(batch),
                                                                  int(infer_batch), compiled == "1", device, precision,
-                                                                 pooling)
-            self.counts = {"train": int(batch), "infer": int(infer_batch)}
+                                                                 pooling, lengths, int(batches))
+            self.counts = {"train": int(batch) * int(batches), "infer": int(infer_batch) * int(batches)}
             return "ready"
         return str(self.counts[command] / timed(self.runners[command], (), int(rest[0])))
 
@@ -302,11 +375,18 @@ class Worker:
             self.proc.wait()
 
 
+def quartiles(values: list[float]) -> tuple[float, float]:
+    """The first and third quartiles (the interquartile range's ends)."""
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    return q[0], q[2]
+
+
 def bench(workers: dict[str, Worker], size_name: str, seq: int, batch: int, infer_batch: int, reps: int,
           steps: int, peak: float, compiled: bool, device: str = "cpu", precision: str = "fp32",
-          pooling: str = "cls") -> dict:
+          pooling: str = "cls", lengths: str = "fixed", batches: int = 1) -> dict:
     for w in workers.values():
-        w.ask(f"setup {size_name} {seq} {batch} {infer_batch} {int(compiled)} {device} {precision} {pooling}")
+        w.ask(f"setup {size_name} {seq} {batch} {infer_batch} {int(compiled)} {device} {precision} {pooling} "
+              f"{lengths} {batches}")
     results = {"mlx_train": [], "torch_train": [], "mlx_infer": [], "torch_infer": []}
     for _ in range(reps):  # alternate, so drifting machine load hits both sides alike
         for kind in ("train", "infer"):
@@ -323,7 +403,9 @@ def bench(workers: dict[str, Worker], size_name: str, seq: int, batch: int, infe
         "infer_ratio": statistics.median(ratios_infer),
         "train_ratios": ratios_train,
         "infer_ratios": ratios_infer,
-        "mlx_train_mfu": median["mlx_train"] / batch * step_flops / (peak * 1e9),
+        "train_iqr": quartiles(ratios_train),
+        "infer_iqr": quartiles(ratios_infer),
+        "mlx_train_mfu": median["mlx_train"] / batch * step_flops / (peak * 1e9) if lengths == "fixed" else None,
     }
 
 
@@ -349,6 +431,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), nargs="+", default=["minilm", "scratch"])
     parser.add_argument("--seq", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--lengths", choices=["fixed", *LENGTHS], nargs="+", default=["fixed"],
+                        help="fixed: every row --seq tokens; tweets, reviews: rows of those token lengths, each "
+                             "batch padded to its longest row (--seq is then unused)")
+    parser.add_argument("--batches", type=int, default=8, help="--lengths other than fixed: batches per pass")
     parser.add_argument("--batch", type=int, default=32, help="training batch size")
     parser.add_argument("--infer-batch", type=int, default=64)
     parser.add_argument("--reps", type=int, default=5, help="alternating MLX/PyTorch repetitions")
@@ -385,17 +471,23 @@ def main() -> None:
     peak = float(mlx_line.split()[0].removeprefix("peak="))
     print(mlx_line.split(" ", 1)[1] + "; " + workers["torch"].ask("describe")
           + ("; one process" if args.same_process else "; one worker process each"))
-    header = f"{'size':17} {'seq':>4} {'prec':>4} {'pool':>4} | {'MLX train':>9} {'torch train':>11} {'ratio':>5} | " \
+    header = f"{'size':17} {'seq':>7} {'prec':>4} {'pool':>4} | {'MLX train':>9} {'torch train':>11} {'ratio':>5} | " \
              f"{'MLX infer':>9} {'torch infer':>11} {'ratio':>5} | {'MFU':>5}"
     print(f"device: {args.device}\n" + header + "\n" + "-" * len(header))
-    for size, seq, precision, pooling in itertools.product(args.size, args.seq, args.precision, args.pooling):
+    shapes = [(seq, "fixed") for seq in args.seq if "fixed" in args.lengths] + [
+        (0, lengths) for lengths in args.lengths if lengths != "fixed"]
+    for size, (seq, lengths), precision, pooling in itertools.product(args.size, shapes, args.precision,
+                                                                       args.pooling):
         r = bench(workers, size, seq, args.batch, args.infer_batch, args.reps, args.steps, peak, not args.no_compile,
-                  args.device, precision, pooling)
-        print(f"{size:17} {seq:>4} {precision:>4} {pooling:>4} | {r['mlx_train']:9.1f} {r['torch_train']:11.1f} "
-              f"{r['train_ratio']:5.2f} | {r['mlx_infer']:9.1f} {r['torch_infer']:11.1f} {r['infer_ratio']:5.2f} | "
-              + (f"{r['mlx_train_mfu']:5.1%}" if args.device == "cpu" else "    -"), flush=True)  # a CPU peak
-        print(f"{'':32} per repetition: train " + " ".join(f"{x:.2f}" for x in r["train_ratios"])
-              + " | infer " + " ".join(f"{x:.2f}" for x in r["infer_ratios"]), flush=True)
+                  args.device, precision, pooling, lengths, args.batches if lengths != "fixed" else 1)
+        mfu = f"{r['mlx_train_mfu']:5.1%}" if args.device == "cpu" and r["mlx_train_mfu"] is not None else "    -"
+        print(f"{size:17} {seq if lengths == 'fixed' else lengths:>7} {precision:>4} {pooling:>4} | "
+              f"{r['mlx_train']:9.1f} {r['torch_train']:11.1f} {r['train_ratio']:5.2f} | {r['mlx_infer']:9.1f} "
+              f"{r['torch_infer']:11.1f} {r['infer_ratio']:5.2f} | {mfu}", flush=True)  # MFU: a CPU peak
+        print(f"{'':35} ratio IQR: train {r['train_iqr'][0]:.2f}-{r['train_iqr'][1]:.2f} | infer "
+              f"{r['infer_iqr'][0]:.2f}-{r['infer_iqr'][1]:.2f}; per repetition: train "
+              + " ".join(f"{x:.2f}" for x in r["train_ratios"]) + " | infer "
+              + " ".join(f"{x:.2f}" for x in r["infer_ratios"]), flush=True)
     for w in workers.values():
         w.close()
     print("(sequences/s; ratio = median over repetitions of MLX / PyTorch)")

@@ -202,7 +202,7 @@ class Blend:
     space: str
     weights: np.ndarray | None = None  # linear methods: one weight per member
     rank_reference: list[np.ndarray] | None = None  # rank: each member's sorted fitting-row predictions
-    meta: list | None = None  # stack: one fitted GridSearchCV per output column (or one for multiclass)
+    meta: list | None = None  # stack: one fitted meta-model per output column (or one for multiclass)
     decision: Decision = field(default_factory=Decision)
     fitted_rows: np.ndarray | None = None  # the rows the blend (weights, meta-model, cut-off) was fitted on
     inner_splits: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # stack: global row indices
@@ -279,7 +279,6 @@ def fit_stack(P: np.ndarray, problem: Problem, rows: np.ndarray, options: BlendO
     stacked in the blend space (log values for log-error metrics)."""
     P = to_space(P, problem.space)
     from sklearn.linear_model import LogisticRegression, Ridge
-    from sklearn.model_selection import GridSearchCV
 
     inner = [(rows[a], rows[b]) for a, b in
              KFold(options.inner_folds, shuffle=True, random_state=options.seed).split(rows)]
@@ -287,30 +286,46 @@ def fit_stack(P: np.ndarray, problem: Problem, rows: np.ndarray, options: BlendO
     local_splits = [(np.array([local[r] for r in a]), np.array([local[r] for r in b])) for a, b in inner]
     models = []
     if Task(problem.task).classes:
-        model = GridSearchCV(LogisticRegression(max_iter=2000), {"C": LOGISTIC_C}, cv=local_splits,
-                             scoring=log_loss_of(range(P.shape[2])))
-        models.append(model.fit(stack_features(P, problem.task)[rows], problem.labels[rows].astype(int)))
+        models.append(regularised(lambda c: LogisticRegression(C=c, max_iter=2000), LOGISTIC_C,
+                                  stack_features(P, problem.task)[rows], problem.labels[rows].astype(int),
+                                  local_splits, log_loss))
     else:
         for column in range(P.shape[2]):
             X = stack_features(P, problem.task, column)[rows]
             if Task(problem.task).probabilities:
                 y = problem.labels.reshape(len(problem.labels), -1)[rows, column].astype(int)
-                model = GridSearchCV(LogisticRegression(max_iter=2000), {"C": LOGISTIC_C}, cv=local_splits,
-                                     scoring=log_loss_of((0, 1)))
+                models.append(regularised(lambda c: LogisticRegression(C=c, max_iter=2000), LOGISTIC_C, X, y,
+                                          local_splits, log_loss))
             else:
                 truth = np.asarray(problem.truth, dtype=np.float64).reshape(len(problem.truth), -1)
                 y = to_space(truth, problem.space)[rows, column]
-                model = GridSearchCV(Ridge(), {"alpha": RIDGE_ALPHA}, cv=local_splits, scoring="neg_mean_squared_error")
-            models.append(model.fit(X, y))
+                models.append(regularised(lambda a: Ridge(alpha=a), RIDGE_ALPHA, X, y, local_splits, squared_error))
     return Blend(method="stack", space=problem.space, meta=models, fitted_rows=rows, inner_splits=inner)
 
 
-def log_loss_of(classes) -> Callable:
-    """The inner CV's score, told every class: an inner validation fold holding one class (small data) is scored,
-    not failed with a warning and a traceback on stderr."""
-    from sklearn.metrics import log_loss, make_scorer
+def regularised(make: Callable, grid: list[float], X: np.ndarray, y: np.ndarray,
+                splits: list[tuple[np.ndarray, np.ndarray]], loss: Callable):
+    """``make(value)`` fitted on all of ``X`` at the ``grid`` value with the lowest mean ``loss`` over the inner
+    ``splits`` (the first on a tie): GridSearchCV's choice and refit, without its per-fit overhead (stacking was
+    most of an ensemble's time: benchmarks/NOTES.md). A classifier's split whose training part holds one class is
+    left out (GridSearchCV scored every value NaN then, and took the first)."""
+    usable = [(a, b) for a, b in splits if loss is not log_loss or len(np.unique(y[a])) > 1]
+    losses = [np.mean([loss(make(value).fit(X[a], y[a]), X[b], y[b]) for a, b in usable]) if usable else 0.0
+              for value in grid]
+    return make(grid[int(np.argmin(losses))]).fit(X, y)
 
-    return make_scorer(log_loss, greater_is_better=False, response_method="predict_proba", labels=list(classes))
+
+def log_loss(model, X: np.ndarray, y: np.ndarray) -> float:
+    """The mean log-loss of a fitted classifier on ``X``; a class it never saw in training gets the smallest
+    probability (scikit-learn's ``log_loss`` clips at the same floating-point epsilon)."""
+    p = model.predict_proba(X)
+    column = np.minimum(np.searchsorted(model.classes_, y), len(model.classes_) - 1)
+    picked = np.where(model.classes_[column] == y, p[np.arange(len(y)), column], 0.0)
+    return -float(np.mean(np.log(np.clip(picked, np.finfo(p.dtype).eps, None))))
+
+
+def squared_error(model, X: np.ndarray, y: np.ndarray) -> float:
+    return float(np.mean((model.predict(X) - y) ** 2))
 
 
 def apply_stack(blend: Blend, P: np.ndarray, task: str) -> np.ndarray:

@@ -215,8 +215,8 @@ def fit_chosen(pool: Pool, spec: EnsembleSpec, scores: Scores, choice: Choice) -
     if final.weights is not None:
         weights = {m.name: round(float(w), 6) for m, w in zip(members, final.weights)}
     coefficients = None
-    if final.meta and len(final.meta) == 1 and np.asarray(final.meta[0].best_estimator_.coef_).size == len(members):
-        coefficients = np.asarray(final.meta[0].best_estimator_.coef_).ravel().round(6).tolist()
+    if final.meta and len(final.meta) == 1 and np.asarray(final.meta[0].coef_).size == len(members):
+        coefficients = np.asarray(final.meta[0].coef_).ravel().round(6).tolist()
     return EnsembleResult(members=members, member_scores=scores.member_scores, member_honest=scores.member_honest,
                           results=scores.results, chosen=choice.chosen, honest=choice.honest, weights=weights,
                           selected_single=scores.selected_single, coefficients=coefficients,
@@ -255,7 +255,7 @@ def ensemble_record(result: EnsembleResult, path: Path) -> dict:
         "rows_blended": len(pool.rows),
         "decision": final.decision.to_dict(),
         "weights": result.weights,
-        "stack_coefficients": ([np.asarray(m.best_estimator_.coef_).round(4).tolist() for m in final.meta]
+        "stack_coefficients": ([np.asarray(m.coef_).round(4).tolist() for m in final.meta]
                                if final.meta else None),
         "members": [{"name": m.name, "path": str(m.path), "cv": s, "cv_tuned_nested": h}
                     for m, s, h in zip(result.members, result.member_scores, result.member_honest)],

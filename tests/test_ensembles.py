@@ -203,13 +203,13 @@ def test_stacking_nested_cv_never_trains_on_the_fold_it_scores():
         for inner_train, inner_valid in blend.inner_splits:  # the inner CV stays inside the outer training part
             assert set(inner_train) <= set(fit_rows) and set(inner_valid) <= set(fit_rows)
             assert not set(inner_train) & set(inner_valid)
-        assert blend.meta[0].best_estimator_.n_features_in_ == 3
+        assert blend.meta[0].n_features_in_ == 3
     # Flipping the labels of fold 0 changes nothing that was fitted for fold 0's blend.
     flipped = y.copy()
     flipped[folds == 0] = 1 - flipped[folds == 0]
     again = nested_cv("stack", P, binary_problem(flipped, "roc_auc"), folds, BlendOptions(inner_folds=3))
     def coefficients(r, f):
-        return r.blends[f].meta[0].best_estimator_.coef_
+        return r.blends[f].meta[0].coef_
 
     np.testing.assert_array_equal(coefficients(again, 0), coefficients(result, 0))
     assert not np.array_equal(coefficients(again, 1), coefficients(result, 1))
@@ -615,3 +615,39 @@ def test_a_member_row_with_some_empty_cells_is_refused(tmp_path):
     write_member(tmp_path / "t", expected, np.ones((6, 3)), np.full((2, 3), np.nan))
     with pytest.raises(KbertError, match=r"t/test.csv: column 'h1' must hold finite numbers, found an empty or NaN cell \(row 2\)"):
         load_member(tmp_path / "t", tmp_path, expected)
+
+
+@pytest.mark.parametrize("kind", ["binary", "multiclass", "regression"])
+def test_stack_regularisation_is_grid_search_cv(kind):
+    """The stack's inner choice of C (alpha) and its refit equal scikit-learn's GridSearchCV scored by log-loss
+    (squared error), and its log-loss equals scikit-learn's, a class unseen in training included."""
+    from sklearn.linear_model import LogisticRegression, Ridge
+    from sklearn.metrics import log_loss, make_scorer
+    from sklearn.model_selection import GridSearchCV, KFold
+
+    from kbert.ensembles import blend
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(150, 4))
+    signal = X[:, 0] + 0.5 * X[:, 1] + rng.normal(scale=1.5, size=150)
+    splits = list(KFold(5, shuffle=True, random_state=0).split(X))
+    if kind == "regression":
+        ours = blend.regularised(lambda a: Ridge(alpha=a), blend.RIDGE_ALPHA, X, signal, splits, blend.squared_error)
+        theirs = GridSearchCV(Ridge(), {"alpha": blend.RIDGE_ALPHA}, cv=splits, scoring="neg_mean_squared_error")
+        y = signal
+    else:
+        y = (signal > 0).astype(int) if kind == "binary" else np.digitize(signal, [-1.0, 1.0])
+        ours = blend.regularised(lambda c: LogisticRegression(C=c, max_iter=2000), blend.LOGISTIC_C, X, y, splits,
+                                 blend.log_loss)
+        scorer = make_scorer(log_loss, greater_is_better=False, response_method="predict_proba",
+                             labels=sorted(set(y)))
+        theirs = GridSearchCV(LogisticRegression(max_iter=2000), {"C": blend.LOGISTIC_C}, cv=splits, scoring=scorer)
+        np.testing.assert_allclose(blend.log_loss(ours, X, y), log_loss(y, ours.predict_proba(X)), rtol=1e-12)
+    if kind == "multiclass":  # a model that never saw the top class: that class's rows score at epsilon
+        seen = y != y.max()
+        partial = LogisticRegression().fit(X[seen], y[seen])
+        expected = log_loss(y, np.column_stack([partial.predict_proba(X), np.zeros(len(y))]), labels=sorted(set(y)))
+        np.testing.assert_allclose(blend.log_loss(partial, X, y), expected, rtol=1e-12)
+    theirs.fit(X, y)
+    assert (ours.C if kind != "regression" else ours.alpha) == next(iter(theirs.best_params_.values()))
+    np.testing.assert_array_equal(ours.coef_, theirs.best_estimator_.coef_)
