@@ -317,12 +317,16 @@ def describe(framework: str) -> str:
         from kbert.models import cpu_kernels
         from kbert.models.blas import measure_sgemm_gflops
 
+        from kbert.pipeline.fold_processes import usable_cores
+
         with mx.stream(mx.cpu):
-            peak = measure_sgemm_gflops()
+            core = measure_sgemm_gflops()  # one BLAS thread: kbert's CPU streams run one each, one per core
+        peak = core * usable_cores()
         cpu_kernels.kernels()
         status = runtime.status()
         return (f"peak={peak} MLX {mx.__version__} on {mx.default_device()}, BLAS {status.blas.name}, sgemm peak "
-                f"{peak:.0f} GFLOP/s, CPU kernels {cpu_kernels.STATUS.state}, malloc {status.malloc}")
+                f"{core:.0f} GFLOP/s a core ({peak:.0f} on {usable_cores()}, the MFU's), CPU kernels "
+                f"{cpu_kernels.STATUS.state}, malloc {status.malloc}")
     import torch
 
     gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
