@@ -29,7 +29,7 @@ MLX on its GPU (Metal or CUDA) and PyTorch on CUDA (synchronized before each tim
 ``--lengths tweets`` times a pass over batches of the token lengths kbert gives Disaster Tweets' training rows (its
 YAML's text, MiniLM-L6's tokenizer, max_length 96), ``reviews`` a synthetic long-review distribution (log-normal,
 median 180 tokens, 32-512), instead of every row at ``--seq``: rows shuffled once, each batch padded to its longest
-row rounded up to kbert's length bucket (16), as `kbert run` pads; PyTorch gets the same padded batches and masks.
+row rounded up to kbert's length bucket, as `kbert run` pads; PyTorch gets the same padded batches and masks.
 
 Needs the test extras (torch==2.13.0, transformers).
 """
@@ -42,6 +42,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -198,9 +199,6 @@ def torch_setup(size: dict, seq: int, device: str = "cpu", precision: str = "fp3
     return model, train_step, infer
 
 
-LENGTH_BUCKET = 16  # kbert's default length_bucket: batches are padded to their longest row rounded up to it
-
-
 def tweet_lengths() -> np.ndarray:
     """Token lengths of Disaster Tweets' training rows as `kbert run nlp-getting-started --encoder minilm-l6`
     tokenizes them (the bundled data)."""
@@ -231,8 +229,12 @@ def length_plan(lengths: np.ndarray, batch: int, batches: int) -> list[np.ndarra
 
 
 def padded(row_lengths: np.ndarray, vocab_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, mask) of one batch padded to its longest row rounded up to the length bucket, as kbert's pad_batch."""
-    width = -(-int(row_lengths.max()) // LENGTH_BUCKET) * LENGTH_BUCKET
+    """(ids, mask) of one batch padded to its longest row rounded up to kbert's default length bucket, as kbert's
+    pad_batch pads (in numpy: PyTorch's worker loads no MLX)."""
+    from kbert.pipeline.config import TrainConfig
+
+    bucket = TrainConfig().length_bucket
+    width = -(-int(row_lengths.max()) // bucket) * bucket
     ids = np.random.default_rng(seed).integers(5, vocab_size, (len(row_lengths), width)).astype(np.int32)
     mask = (np.arange(width)[None, :] < row_lengths[:, None]).astype(np.int32)
     return ids * mask, mask
@@ -255,11 +257,12 @@ def batches(size: dict, seq: int, batch: int, infer_batch: int):
 
 def batch_arrays(size: dict, seq: int, batch: int, infer_batch: int, lengths: str, count: int) -> tuple[list, list]:
     """(train batches, inference batches) as numpy (ids, mask[, targets]): every row ``seq`` tokens, or with
-    ``lengths`` a plan of ``count`` batches of that distribution's lengths, each padded as kbert pads."""
+    ``lengths`` (a .npy file of row lengths, which the parent process wrote) a plan of ``count`` batches of those
+    lengths, each padded as kbert pads."""
     if lengths == "fixed":
         ids, infer_ids, targets = batches(size, seq, batch, infer_batch)
         return [(ids, np.ones_like(ids), targets)], [(infer_ids, np.ones_like(infer_ids))]
-    distribution = LENGTHS[lengths]()
+    distribution = np.load(lengths)
     targets = np.random.default_rng(0).integers(0, 2, batch).astype(np.float32)
     train = [(*padded(b, size["vocab_size"], i), targets[:len(b)])
              for i, b in enumerate(length_plan(distribution, batch, count))]
@@ -420,8 +423,6 @@ UNOPTIMIZED_FLAGS = ["--no-compile", "--no-dynamic-padding"]
 
 
 def end_to_end(unoptimized: bool) -> float:
-    import tempfile
-
     env = {**os.environ, **(UNOPTIMIZED_ENV if unoptimized else {})}
     flags = UNOPTIMIZED_FLAGS if unoptimized else []
     with tempfile.TemporaryDirectory() as out:
@@ -480,10 +481,15 @@ def main() -> None:
     print(f"device: {args.device}\n" + header + "\n" + "-" * len(header))
     shapes = [(seq, "fixed") for seq in args.seq if "fixed" in args.lengths] + [
         (0, lengths) for lengths in args.lengths if lengths != "fixed"]
+    folder = tempfile.TemporaryDirectory()
+    files = {"fixed": "fixed"}  # the row lengths, computed here once (the PyTorch worker loads no kbert)
+    for name in set(args.lengths) - {"fixed"}:
+        files[name] = str(Path(folder.name) / f"{name}.npy")
+        np.save(files[name], LENGTHS[name]())
     for size, (seq, lengths), precision, pooling in itertools.product(args.size, shapes, args.precision,
                                                                        args.pooling):
         r = bench(workers, size, seq, args.batch, args.infer_batch, args.reps, args.steps, peak, not args.no_compile,
-                  args.device, precision, pooling, lengths, args.batches if lengths != "fixed" else 1)
+                  args.device, precision, pooling, files[lengths], args.batches if lengths != "fixed" else 1)
         mfu = f"{r['mlx_train_mfu']:5.1%}" if args.device == "cpu" and r["mlx_train_mfu"] is not None else "    -"
         print(f"{size:17} {seq if lengths == 'fixed' else lengths:>7} {precision:>4} {pooling:>4} | "
               f"{r['mlx_train']:9.1f} {r['torch_train']:11.1f} {r['train_ratio']:5.2f} | {r['mlx_infer']:9.1f} "
@@ -492,6 +498,7 @@ def main() -> None:
               f"{r['infer_iqr'][0]:.2f}-{r['infer_iqr'][1]:.2f}; per repetition: train "
               + " ".join(f"{x:.2f}" for x in r["train_ratios"]) + " | infer "
               + " ".join(f"{x:.2f}" for x in r["infer_ratios"]), flush=True)
+    folder.cleanup()
     for w in workers.values():
         w.close()
     print("(sequences/s; ratio = median over repetitions of MLX / PyTorch)")

@@ -18,7 +18,7 @@ import mlx.nn as nn
 from kbert.models.activations import ACTIVATIONS
 from kbert.models.architecture import Architecture, MaskedLM
 from kbert.models.layers import LayerNorm
-from kbert.models.outputs import Encoder, EncoderOutput, Recording, attend, run_layers
+from kbert.models.outputs import Encoder, EncoderOutput, Recording, attend_heads, run_layers
 from kbert.models.recompute import Dropout
 
 
@@ -92,14 +92,14 @@ class BertSelfAttention(nn.Module):
         every token of ``x``."""
         batch, _, hidden = x.shape
 
-        def split_heads(t: mx.array) -> mx.array:
-            return t.reshape(batch, t.shape[1], self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+        def split_heads(t: mx.array) -> mx.array:  # (batch, seq, heads, head_dim): a view, no copy
+            return t.reshape(batch, t.shape[1], self.num_heads, self.head_dim)
 
         q = split_heads(self.query(queries))
         k, v = split_heads(self.key(x)), split_heads(self.value(x))
         dropout = self.dropout if self.training and self.attention_dropout > 0 else None
-        out = attend(q, k, v, 1.0 / math.sqrt(self.head_dim), mask, dropout)
-        return out.transpose(0, 2, 1, 3).reshape(batch, q.shape[2], hidden)
+        out = attend_heads(q, k, v, 1.0 / math.sqrt(self.head_dim), mask, dropout)
+        return out.reshape(batch, q.shape[1], hidden)
 
 
 class BertSelfOutput(nn.Module):

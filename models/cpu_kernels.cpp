@@ -1,5 +1,6 @@
 // Vectorized, multithreaded CPU kernels for MLX: softmax over the last axis, exact (erf) GELU and
-// dropout, each with its gradient (softmax and GELU: a second primitive; dropout: itself, on the cotangent).
+// dropout, each with its gradient (softmax and GELU: a second primitive; dropout: itself, on the cotangent), and
+// attention's per-head products on the projections' layout (HeadProduct, near the end).
 //
 // MLX's own CPU kernels evaluate exp/erf one element at a time on one thread (no SIMD on x86),
 // which makes softmax and GELU cost more than the matmuls of a BERT layer on a Linux CPU. These
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <optional>
 #include <cstdlib>
+#include <dlfcn.h>
 #include <thread>
 #include <vector>
 
@@ -295,15 +297,21 @@ enum class Kernel { Softmax, SoftmaxGrad, Gelu, GeluGrad, Dropout, Normalize, No
 
 array make(Kernel kind, std::vector<array> inputs, float scale, StreamOrDevice s);
 
+// The output's buffer, and the stream's command encoder told what a kernel reads and writes.
+auto& output_encoder(Stream stream, const std::vector<array>& inputs, array& out) {
+  out.set_data(allocator::malloc(out.nbytes()));
+  auto& encoder = cpu::get_command_encoder(stream);
+  for (auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  return encoder;
+}
+
 class FastCpuKernel : public UnaryPrimitive {
  public:
   FastCpuKernel(Stream stream, Kernel kind, float scale) : UnaryPrimitive(stream), kind_(kind), scale_(scale) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
-    out.set_data(allocator::malloc(out.nbytes()));
-    auto& encoder = cpu::get_command_encoder(stream());
-    for (auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = output_encoder(stream(), inputs, out);
     const float* a = inputs[0].data<float>();
     const float* b = inputs.size() > 1 && kind_ != Kernel::Dropout ? inputs[1].data<float>() : nullptr;
     float* o = out.data<float>();
@@ -421,6 +429,134 @@ array make(Kernel kind, std::vector<array> inputs, float scale, StreamOrDevice s
   return array(shape, float32, std::make_shared<FastCpuKernel>(stream, kind, scale), std::move(inputs));
 }
 
+
+// Attention's per-head products on the (batch, sequence, heads, head_dim) layout that the projections give, without
+// MLX's copies into (batch, heads, sequence, head_dim): each head's rows are read (and written) in place through the
+// BLAS's leading dimension (heads * head_dim). The BLAS is the cblas_sgemm in the global scope, the one libmlx's
+// matmuls bound (models/blas.py); without one these primitives are not offered (has_head_products()).
+//   Scores(a, b):    a (B, M, H, D), b (B, N, H, D) -> (B, H, M, N), a_h b_h^T
+//   Context(p, v):   p (B, H, M, N), v (B, N, H, D) -> (B, M, H, D), p_h v_h
+//   ContextT(p, v):  p (B, H, N, M), v (B, N, H, D) -> (B, M, H, D), p_h^T v_h
+// The three are closed under the vector-Jacobian product (see vjp below).
+using sgemm_fn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*,
+                          int);
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+
+sgemm_fn global_sgemm() {
+  static sgemm_fn fn = (sgemm_fn)dlsym(RTLD_DEFAULT, "cblas_sgemm");
+  return fn;
+}
+
+enum class Head { Scores, Context, ContextT };
+
+array head_product(Head kind, array a, array b, StreamOrDevice s);
+
+class HeadProduct : public UnaryPrimitive {
+ public:
+  HeadProduct(Stream stream, Head kind) : UnaryPrimitive(stream), kind_(kind) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    auto& encoder = output_encoder(stream(), inputs, out);
+    const float* a = inputs[0].data<float>();
+    const float* b = inputs[1].data<float>();
+    float* o = out.data<float>();
+    sgemm_fn sgemm = global_sgemm();
+    Head kind = kind_;
+    int batch = inputs[0].shape(0);
+    if (kind == Head::Scores) {
+      int m = inputs[0].shape(1), heads = inputs[0].shape(2), d = inputs[0].shape(3), n = inputs[1].shape(1);
+      int ld = heads * d;
+      encoder.dispatch([=]() {
+        parallel_for(int64_t(batch) * heads, 1, [&](int64_t begin, int64_t end) {
+          for (int64_t t = begin; t < end; ++t) {
+            int64_t i = t / heads, h = t % heads;
+            sgemm(kRowMajor, kNoTrans, kTrans, m, n, d, 1.0f, a + i * m * ld + h * d, ld, b + i * n * ld + h * d,
+                  ld, 0.0f, o + t * m * n, n);
+          }
+        });
+      });
+    } else {
+      bool transposed = kind == Head::ContextT;
+      int heads = inputs[0].shape(1), rows = inputs[0].shape(2), cols = inputs[0].shape(3);
+      int m = transposed ? cols : rows, n = transposed ? rows : cols, d = inputs[1].shape(3);
+      int ld = heads * d;
+      encoder.dispatch([=]() {
+        parallel_for(int64_t(batch) * heads, 1, [&](int64_t begin, int64_t end) {
+          for (int64_t t = begin; t < end; ++t) {
+            int64_t i = t / heads, h = t % heads;
+            sgemm(kRowMajor, transposed ? kTrans : kNoTrans, kNoTrans, m, d, n, 1.0f, a + t * rows * cols, cols,
+                  b + i * n * ld + h * d, ld, 0.0f, o + i * m * ld + h * d, ld);
+          }
+        });
+      });
+    }
+  }
+
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("kbert CPU kernels run on the CPU only");
+  }
+
+  std::vector<array> vjp(const std::vector<array>& primals, const std::vector<array>& cotangents,
+                         const std::vector<int>& argnums, const std::vector<array>&) override {
+    const array &a = primals[0], &b = primals[1], &g = cotangents[0];
+    std::vector<array> grads;
+    for (int arg : argnums) {
+      switch (kind_) {
+        case Head::Scores:  // C = A B^T: dA = dC B, dB = dC^T A
+          grads.push_back(arg == 0 ? head_product(Head::Context, g, b, stream())
+                                   : head_product(Head::ContextT, g, a, stream()));
+          break;
+        case Head::Context:  // O = P V: dP = dO V^T, dV = P^T dO
+          grads.push_back(arg == 0 ? head_product(Head::Scores, g, b, stream())
+                                   : head_product(Head::ContextT, a, g, stream()));
+          break;
+        case Head::ContextT:  // O = P^T V: dP = V dO^T, dV = P dO
+          grads.push_back(arg == 0 ? head_product(Head::Scores, b, g, stream())
+                                   : head_product(Head::Context, a, g, stream()));
+          break;
+      }
+    }
+    return grads;
+  }
+
+  std::vector<Shape> output_shapes(const std::vector<array>& inputs) override {
+    const auto &a = inputs[0], &b = inputs[1];
+    if (kind_ == Head::Scores) return {{a.shape(0), a.shape(2), a.shape(1), b.shape(1)}};
+    int m = kind_ == Head::ContextT ? a.shape(3) : a.shape(2);
+    return {{a.shape(0), m, b.shape(2), b.shape(3)}};
+  }
+
+  const char* name() const override {
+    return kind_ == Head::Scores ? "KbertHeadScores" : kind_ == Head::Context ? "KbertHeadContext"
+                                                                              : "KbertHeadContextT";
+  }
+
+  bool is_equivalent(const Primitive& other) const override {
+    return kind_ == static_cast<const HeadProduct&>(other).kind_;
+  }
+
+ private:
+  Head kind_;
+};
+
+array head_product(Head kind, array a, array b, StreamOrDevice s) {
+  auto stream = to_stream(s);
+  if (stream.device != Device::cpu) throw std::invalid_argument("kbert CPU kernels need a CPU stream");
+  if (!global_sgemm()) throw std::invalid_argument("kbert head products: no cblas_sgemm in the global scope");
+  if (a.dtype() != float32 || b.dtype() != float32 || a.ndim() != 4 || b.ndim() != 4)
+    throw std::invalid_argument("kbert head products take 4-dimensional float32 arrays");
+  bool ok = kind == Head::Scores
+                ? a.shape(0) == b.shape(0) && a.shape(2) == b.shape(2) && a.shape(3) == b.shape(3)
+                : a.shape(0) == b.shape(0) && a.shape(1) == b.shape(2) &&
+                      (kind == Head::ContextT ? a.shape(2) : a.shape(3)) == b.shape(1);
+  if (!ok) throw std::invalid_argument("kbert head products: the shapes do not match");
+  Shape shape = kind == Head::Scores ? Shape{a.shape(0), a.shape(2), a.shape(1), b.shape(1)}
+                                     : Shape{a.shape(0), kind == Head::ContextT ? a.shape(3) : a.shape(2),
+                                             b.shape(2), b.shape(3)};
+  std::vector<array> inputs = {contiguous(a, false, stream), contiguous(b, false, stream)};
+  return array(shape, float32, std::make_shared<HeadProduct>(stream, kind), std::move(inputs));
+}
+
 }  // namespace
 
 NB_MODULE(_kbert_cpu_kernels, m) {
@@ -448,6 +584,16 @@ NB_MODULE(_kbert_cpu_kernels, m) {
   m.def("set_threads", [](int n) { g_threads.store(std::clamp(n, 1, 32)); }, "n"_a,
         "Threads per kernel call from now on (default: OMP_NUM_THREADS, else one per core).");
   m.def("threads", []() { return max_threads(); });
+  m.def("has_head_products", []() { return global_sgemm() != nullptr; },
+        "Whether a cblas_sgemm is in the global scope for the head products.");
+  m.def("head_scores", [](const array& q, const array& k, StreamOrDevice s) {
+    return head_product(Head::Scores, q, k, s);
+  }, "q"_a, "k"_a, nb::kw_only(), "stream"_a = nb::none(),
+     "q (B, M, H, D), k (B, N, H, D) -> (B, H, M, N): each head's q k^T, read in place.");
+  m.def("head_context", [](const array& p, const array& v, StreamOrDevice s) {
+    return head_product(Head::Context, p, v, s);
+  }, "p"_a, "v"_a, nb::kw_only(), "stream"_a = nb::none(),
+     "p (B, H, M, N), v (B, N, H, D) -> (B, M, H, D): each head's p v, written in place.");
   m.def("gelu_grad", [](const array& x, const array& dy, StreamOrDevice s) {
     return make(Kernel::GeluGrad, {x, dy}, 1.0f, s);
   }, "x"_a, "dy"_a, nb::kw_only(), "stream"_a = nb::none());

@@ -1,5 +1,5 @@
 """Vectorized, multithreaded CPU kernels for MLX on Linux: softmax over the last axis, exact GELU, dropout and
-layer normalization.
+layer normalization, and attention's per-head products read in place on the (batch, seq, heads, head_dim) layout.
 
 ``cpu_kernels.cpp`` holds MLX primitives (with their gradients), built on first use with the system C++ compiler
 and cached under ``~/.cache/kbert/cpu-kernels/<key>/`` (``KBERT_CPU_ARCH`` picks another target). They serve
@@ -81,6 +81,7 @@ def build_command(compiler: str, output: Path) -> list[str]:
         f"-I{nb_root / 'ext' / 'robin_map' / 'include'}", f"-I{mlx_root / 'include'}",
         str(SOURCE), str(nb_root / "src" / "nb_combined.cpp"),
         f"-L{mlx_root / 'lib'}", "-lmlx", f"-Wl,-rpath,{mlx_root / 'lib'}",
+        "-ldl",  # dlsym (the head products' BLAS); in libc itself from glibc 2.34
         "-o", str(output),
     ]
 
@@ -186,6 +187,17 @@ def set_threads(n: int) -> None:
     cores)."""
     if kernels() is not None:
         _MODULE.set_threads(n)
+
+
+def head_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None,
+                   dropout=None) -> mx.array | None:
+    """``attention`` on the projections' own layout: q (batch, queries, heads, head_dim), k and v (batch, keys,
+    heads, head_dim), giving (batch, queries, heads, head_dim). Each head's products read and write those arrays in
+    place through the BLAS (no transposed copies); None where the kernels or a global BLAS are not there."""
+    if not (applies(q) and _MODULE.has_head_products()):
+        return None
+    probs = softmax(_MODULE.head_scores(q, k), mask, scale)
+    return _MODULE.head_context(probs if dropout is None else dropout(probs), v)
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 import mlx.core as mx
 import mlx.nn as nn
 
-from kbert.models.cpu_kernels import attention
+from kbert.models.cpu_kernels import attention, head_attention
 from kbert.models.recompute import call_layer
 
 # The attention probabilities of the layers that ``run_layers`` is recording, None when it records none.
@@ -81,6 +81,18 @@ def attend(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array |
         return attention(q, k, v, scale, mask, dropout)
     probs = record_attention(attention_probs(q, k, scale, mask))
     return (probs if dropout is None else dropout(probs)) @ v
+
+
+def attend_heads(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None,
+                 dropout: Callable[[mx.array], mx.array] | None = None) -> mx.array:
+    """``attend`` on (batch, seq, heads, head_dim) queries, keys and values, as the projections give them; returns
+    (batch, queries, heads, head_dim). On the CPU the heads are read in place (``head_attention``)."""
+    if _ATTENTIONS.get() is None:
+        out = head_attention(q, k, v, scale, mask, dropout)
+        if out is not None:
+            return out
+    heads = [t.transpose(0, 2, 1, 3) for t in (q, k, v)]
+    return attend(*heads, scale, mask, dropout).transpose(0, 2, 1, 3)
 
 
 def record_attention(probs: mx.array, axes: tuple[int, ...] | None = None) -> mx.array:

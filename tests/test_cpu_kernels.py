@@ -97,6 +97,44 @@ def test_kernels_inside_compiled_functions_and_attention():
     assert mx.allclose(mx.grad(loss)(q), mx.grad(reference)(q), atol=1e-4).item()
 
 
+
+@needs_kernels
+@pytest.mark.parametrize("queries", [1, 6])  # 1: the first-token last layer
+@pytest.mark.parametrize("p", [0.0, 0.2])
+def test_heads_read_in_place_give_the_transposed_paths_values_and_gradients(queries, p):
+    """head_attention on the projections' (batch, seq, heads, head_dim) layout equals attention on transposed copies
+    bit for bit, and so do the gradients of queries, keys and values (the same BLAS products, the same dropout
+    mask); compiled too. Each product against numpy's."""
+    from kbert.models import runtime
+
+    runtime.setup()
+    assert cpu_kernels.kernels().has_head_products(), "no cblas_sgemm in the global scope"
+    rng = np.random.default_rng(queries)
+    q, k, v = (mx.array(rng.normal(size=(3, n, 4, 8)).astype(np.float32)) for n in (queries, 9, 9))
+    mask = mx.where(mx.arange(9) < 7, 0.0, NEG)[None, None, None, :]
+    dropout = (lambda x: cpu_kernels.dropout(x, p, key=mx.random.key(5))) if p else None
+
+    def transposed(q, k, v):
+        heads = [t.transpose(0, 2, 1, 3) for t in (q, k, v)]
+        return cpu_kernels.attention(*heads, 8 ** -0.5, mask, dropout).transpose(0, 2, 1, 3)
+
+    def in_place(q, k, v):
+        return cpu_kernels.head_attention(q, k, v, 8 ** -0.5, mask, dropout)
+
+    weights = mx.arange(8, dtype=mx.float32)
+    for attend in (in_place, mx.compile(in_place)):
+        assert mx.array_equal(attend(q, k, v), transposed(q, k, v)).item()
+        ours = mx.grad(lambda *a: (attend(*a) * weights).sum(), argnums=(0, 1, 2))(q, k, v)
+        theirs = mx.grad(lambda *a: (transposed(*a) * weights).sum(), argnums=(0, 1, 2))(q, k, v)
+        assert all(mx.array_equal(a, b).item() for a, b in zip(ours, theirs))
+    module = cpu_kernels.kernels()
+    scores = np.einsum("bmhd,bnhd->bhmn", np.array(q), np.array(k))
+    np.testing.assert_allclose(np.array(module.head_scores(q, k)), scores, rtol=1e-5, atol=1e-5)
+    context = np.einsum("bhmn,bnhd->bmhd", scores, np.array(v))
+    np.testing.assert_allclose(np.array(module.head_context(mx.array(scores), v)), context, rtol=1e-5, atol=1e-4)
+    with pytest.raises(ValueError, match="shapes do not match"):
+        module.head_scores(q, v[:, :, :2])
+
 @needs_kernels
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_dropout_keeps_1_minus_p_scales_by_its_inverse_and_its_gradient_uses_the_same_mask(p):
