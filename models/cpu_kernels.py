@@ -189,15 +189,37 @@ def set_threads(n: int) -> None:
         _MODULE.set_threads(n)
 
 
+def in_place_heads(x: mx.array) -> bool:
+    """Whether the head products take this array: the kernels apply and a BLAS is in the global scope."""
+    return applies(x) and _MODULE.has_head_products()
+
+
+def head_scores(q: mx.array, k: mx.array) -> mx.array:
+    """Each head's ``q k^T``, (batch, heads, queries, keys), from q (batch, queries, heads, head_dim) and k (batch,
+    keys, heads, head_dim) as the projections give them: on the CPU read in place through the BLAS (no transposed
+    copies), elsewhere from MLX's transposes."""
+    if in_place_heads(q):
+        return _MODULE.head_scores(q, k)
+    return q.transpose(0, 2, 1, 3) @ k.transpose(0, 2, 3, 1)
+
+
+def head_context(p: mx.array, v: mx.array) -> mx.array:
+    """Each head's ``p v``, (batch, queries, heads, head_dim), from p (batch, heads, queries, keys) and v (batch,
+    keys, heads, head_dim); on the CPU written in place, ready to reshape to (batch, queries, hidden)."""
+    if in_place_heads(p):
+        return _MODULE.head_context(p, v)
+    return (p @ v.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+
+
 def head_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None,
                    dropout=None) -> mx.array | None:
-    """``attention`` on the projections' own layout: q (batch, queries, heads, head_dim), k and v (batch, keys,
-    heads, head_dim), giving (batch, queries, heads, head_dim). Each head's products read and write those arrays in
-    place through the BLAS (no transposed copies); None where the kernels or a global BLAS are not there."""
-    if not (applies(q) and _MODULE.has_head_products()):
+    """``attention`` on the projections' own layout (``head_scores``, ``head_context``): q (batch, queries, heads,
+    head_dim), k and v (batch, keys, heads, head_dim), giving (batch, queries, heads, head_dim); None where the
+    heads are not read in place (``attention`` on transposes is then the faster path)."""
+    if not in_place_heads(q):
         return None
-    probs = softmax(_MODULE.head_scores(q, k), mask, scale)
-    return _MODULE.head_context(probs if dropout is None else dropout(probs), v)
+    probs = softmax(head_scores(q, k), mask, scale)
+    return head_context(probs if dropout is None else dropout(probs), v)
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None,

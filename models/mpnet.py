@@ -21,7 +21,7 @@ import numpy as np
 
 from kbert.models.architecture import Architecture, MaskedLM
 from kbert.models.bert import BertIntermediate, BertOutput, BertPooler, additive_padding_mask
-from kbert.models.cpu_kernels import softmax
+from kbert.models.cpu_kernels import head_context, head_scores, softmax
 from kbert.models.layers import LayerNorm
 from kbert.models.outputs import Encoder, EncoderOutput, Recording, record_attention, run_layers
 from kbert.models.recompute import Dropout
@@ -130,14 +130,13 @@ class MPNetSelfAttention(nn.Module):
         flows through the scores, never through the mask)."""
         batch, _, hidden = x.shape
 
-        def split_heads(t: mx.array) -> mx.array:
-            return t.reshape(batch, t.shape[1], self.num_heads, self.head_dim).transpose(0, 2, 1, 3)
+        def split_heads(t: mx.array) -> mx.array:  # (batch, seq, heads, head_dim): a view, no copy
+            return t.reshape(batch, t.shape[1], self.num_heads, self.head_dim)
 
         q, k, v = split_heads(self.q(queries)), split_heads(self.k(x)), split_heads(self.v(x))
-        scores = (q @ k.swapaxes(-1, -2)) * (1.0 / math.sqrt(self.head_dim)) + bias
+        scores = head_scores(q, k) * (1.0 / math.sqrt(self.head_dim)) + bias
         probs = record_attention(softmax(scores, mask))
-        out = (self.dropout(probs) @ v).transpose(0, 2, 1, 3).reshape(batch, q.shape[2], hidden)
-        return self.o(out)
+        return self.o(head_context(self.dropout(probs), v).reshape(batch, q.shape[1], hidden))
 
 
 class MPNetAttention(nn.Module):
