@@ -49,7 +49,7 @@ def main() -> None:
         grid, theirs = timed(lambda: GridSearchCV(LogisticRegression(max_iter=2000), {"C": blend.LOGISTIC_C},
                                                   cv=splits, scoring=scorer).fit(X, y), args.reps)
         loop, ours = timed(lambda: blend.regularised(lambda c: LogisticRegression(C=c, max_iter=2000),
-                                                     blend.LOGISTIC_C, X, y, splits, blend.log_loss), args.reps)
+                                                     blend.LOGISTIC_C, X, y, splits, blend.model_log_loss), args.reps)
         same = ours.C == theirs.best_params_["C"] and np.array_equal(ours.coef_, theirs.best_estimator_.coef_)
         print(f"{rows:>6} rows: GridSearchCV {grid * 1e3:6.1f} ms, kbert {loop * 1e3:6.1f} ms ({grid / loop:.2f}x); "
               f"same C and coefficients: {same}")

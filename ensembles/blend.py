@@ -285,21 +285,24 @@ def fit_stack(P: np.ndarray, problem: Problem, rows: np.ndarray, options: BlendO
     local = {row: i for i, row in enumerate(rows)}
     local_splits = [(np.array([local[r] for r in a]), np.array([local[r] for r in b])) for a, b in inner]
     models = []
+
+    def logistic(c: float) -> LogisticRegression:
+        return LogisticRegression(C=c, max_iter=2000)
+
     if Task(problem.task).classes:
-        models.append(regularised(lambda c: LogisticRegression(C=c, max_iter=2000), LOGISTIC_C,
-                                  stack_features(P, problem.task)[rows], problem.labels[rows].astype(int),
-                                  local_splits, log_loss))
+        models.append(regularised(logistic, LOGISTIC_C, stack_features(P, problem.task)[rows],
+                                  problem.labels[rows].astype(int), local_splits, model_log_loss))
     else:
         for column in range(P.shape[2]):
             X = stack_features(P, problem.task, column)[rows]
             if Task(problem.task).probabilities:
                 y = problem.labels.reshape(len(problem.labels), -1)[rows, column].astype(int)
-                models.append(regularised(lambda c: LogisticRegression(C=c, max_iter=2000), LOGISTIC_C, X, y,
-                                          local_splits, log_loss))
+                models.append(regularised(logistic, LOGISTIC_C, X, y, local_splits, model_log_loss))
             else:
                 truth = np.asarray(problem.truth, dtype=np.float64).reshape(len(problem.truth), -1)
                 y = to_space(truth, problem.space)[rows, column]
-                models.append(regularised(lambda a: Ridge(alpha=a), RIDGE_ALPHA, X, y, local_splits, squared_error))
+                models.append(regularised(lambda a: Ridge(alpha=a), RIDGE_ALPHA, X, y, local_splits,
+                                          model_squared_error))
     return Blend(method="stack", space=problem.space, meta=models, fitted_rows=rows, inner_splits=inner)
 
 
@@ -309,13 +312,16 @@ def regularised(make: Callable, grid: list[float], X: np.ndarray, y: np.ndarray,
     ``splits`` (the first on a tie): GridSearchCV's choice and refit, without its per-fit overhead (stacking was
     most of an ensemble's time: benchmarks/NOTES.md). A classifier's split whose training part holds one class is
     left out (GridSearchCV scored every value NaN then, and took the first)."""
-    usable = [(a, b) for a, b in splits if loss is not log_loss or len(np.unique(y[a])) > 1]
+    from sklearn.base import is_classifier
+
+    classifier = is_classifier(make(grid[0]))
+    usable = [(a, b) for a, b in splits if not classifier or len(np.unique(y[a])) > 1]
     losses = [np.mean([loss(make(value).fit(X[a], y[a]), X[b], y[b]) for a, b in usable]) if usable else 0.0
               for value in grid]
     return make(grid[int(np.argmin(losses))]).fit(X, y)
 
 
-def log_loss(model, X: np.ndarray, y: np.ndarray) -> float:
+def model_log_loss(model, X: np.ndarray, y: np.ndarray) -> float:
     """The mean log-loss of a fitted classifier on ``X``; a class it never saw in training gets the smallest
     probability (scikit-learn's ``log_loss`` clips at the same floating-point epsilon)."""
     p = model.predict_proba(X)
@@ -324,7 +330,7 @@ def log_loss(model, X: np.ndarray, y: np.ndarray) -> float:
     return -float(np.mean(np.log(np.clip(picked, np.finfo(p.dtype).eps, None))))
 
 
-def squared_error(model, X: np.ndarray, y: np.ndarray) -> float:
+def model_squared_error(model, X: np.ndarray, y: np.ndarray) -> float:
     return float(np.mean((model.predict(X) - y) ** 2))
 
 

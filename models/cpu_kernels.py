@@ -218,8 +218,8 @@ def head_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx
     heads are not read in place (``attention`` on transposes is then the faster path)."""
     if not in_place_heads(q):
         return None
-    probs = softmax(head_scores(q, k), mask, scale)
-    return head_context(probs if dropout is None else dropout(probs), v)
+    probs = softmax(_MODULE.head_scores(q, k), mask, scale)
+    return _MODULE.head_context(probs if dropout is None else dropout(probs), v)
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None,

@@ -632,22 +632,23 @@ def test_stack_regularisation_is_grid_search_cv(kind):
     signal = X[:, 0] + 0.5 * X[:, 1] + rng.normal(scale=1.5, size=150)
     splits = list(KFold(5, shuffle=True, random_state=0).split(X))
     if kind == "regression":
-        ours = blend.regularised(lambda a: Ridge(alpha=a), blend.RIDGE_ALPHA, X, signal, splits, blend.squared_error)
+        ours = blend.regularised(lambda a: Ridge(alpha=a), blend.RIDGE_ALPHA, X, signal, splits,
+                                 blend.model_squared_error)
         theirs = GridSearchCV(Ridge(), {"alpha": blend.RIDGE_ALPHA}, cv=splits, scoring="neg_mean_squared_error")
         y = signal
     else:
         y = (signal > 0).astype(int) if kind == "binary" else np.digitize(signal, [-1.0, 1.0])
         ours = blend.regularised(lambda c: LogisticRegression(C=c, max_iter=2000), blend.LOGISTIC_C, X, y, splits,
-                                 blend.log_loss)
+                                 blend.model_log_loss)
         scorer = make_scorer(log_loss, greater_is_better=False, response_method="predict_proba",
                              labels=sorted(set(y)))
         theirs = GridSearchCV(LogisticRegression(max_iter=2000), {"C": blend.LOGISTIC_C}, cv=splits, scoring=scorer)
-        np.testing.assert_allclose(blend.log_loss(ours, X, y), log_loss(y, ours.predict_proba(X)), rtol=1e-12)
+        np.testing.assert_allclose(blend.model_log_loss(ours, X, y), log_loss(y, ours.predict_proba(X)), rtol=1e-12)
     if kind == "multiclass":  # a model that never saw the top class: that class's rows score at epsilon
         seen = y != y.max()
         partial = LogisticRegression().fit(X[seen], y[seen])
         expected = log_loss(y, np.column_stack([partial.predict_proba(X), np.zeros(len(y))]), labels=sorted(set(y)))
-        np.testing.assert_allclose(blend.log_loss(partial, X, y), expected, rtol=1e-12)
+        np.testing.assert_allclose(blend.model_log_loss(partial, X, y), expected, rtol=1e-12)
     theirs.fit(X, y)
     assert (ours.C if kind != "regression" else ours.alpha) == next(iter(theirs.best_params_.values()))
     np.testing.assert_array_equal(ours.coef_, theirs.best_estimator_.coef_)
