@@ -1,6 +1,7 @@
 // Vectorized, multithreaded CPU kernels for MLX: softmax over the last axis, exact (erf) GELU and
-// dropout, each with its gradient (softmax and GELU: a second primitive; dropout: itself, on the cotangent), and
-// attention's per-head products on the projections' layout (HeadProduct, near the end).
+// dropout, each with its gradient (softmax and GELU: a second primitive; dropout: itself, on the cotangent),
+// attention's per-head products on the projections' layout (HeadProduct), bf16 products with float32 sums on CPUs
+// with AVX512-BF16 (Bf16Gemm) and AdamW's update in one pass (AdamWUpdate).
 //
 // MLX's own CPU kernels evaluate exp/erf one element at a time on one thread (no SIMD on x86),
 // which makes softmax and GELU cost more than the matmuls of a BERT layer on a Linux CPU. These
@@ -13,15 +14,20 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <cstdlib>
 #include <dlfcn.h>
 #include <thread>
 #include <vector>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/mlx.h"
@@ -49,24 +55,36 @@ std::atomic<int> g_threads{default_threads()};
 
 int max_threads() { return g_threads.load(std::memory_order_relaxed); }
 
-// Runs body(begin, end) over [0, n) in up to max_threads() chunks of at least `grain` items;
+thread_local bool t_in_parallel = false;  // inside a parallel_for's body: a nested one runs serially
+
+// Runs body(begin, end) over [0, n) in up to `threads` (default max_threads()) chunks of at least `grain` items;
 // the calling thread takes the first chunk.
 template <class F>
-void parallel_for(int64_t n, int64_t grain, F body) {
-  int64_t chunks = std::min<int64_t>(max_threads(), std::max<int64_t>(1, n / std::max<int64_t>(grain, 1)));
-  if (chunks <= 1) {
+void parallel_for(int64_t n, int64_t grain, int threads, F body) {
+  int64_t chunks = std::min<int64_t>(threads, std::max<int64_t>(1, n / std::max<int64_t>(grain, 1)));
+  if (chunks <= 1 || t_in_parallel) {
     body(int64_t(0), n);
     return;
   }
+  auto marked = [&body](int64_t begin, int64_t end) {
+    t_in_parallel = true;
+    body(begin, end);
+    t_in_parallel = false;
+  };
   int64_t step = (n + chunks - 1) / chunks;
   std::vector<std::thread> workers;
   workers.reserve(chunks - 1);
   for (int64_t c = 1; c < chunks; ++c) {
     int64_t begin = c * step, end = std::min(n, begin + step);
-    if (begin < end) workers.emplace_back(body, begin, end);
+    if (begin < end) workers.emplace_back(marked, begin, end);
   }
-  body(int64_t(0), std::min(n, step));
+  marked(int64_t(0), std::min(n, step));
   for (auto& w : workers) w.join();
+}
+
+template <class F>
+void parallel_for(int64_t n, int64_t grain, F body) {
+  parallel_for(n, grain, max_threads(), body);
 }
 
 // exp(x) for float32: Cody-Waite range reduction, degree-6 polynomial, exponent by bit shift.
@@ -430,6 +448,200 @@ array make(Kernel kind, std::vector<array> inputs, float scale, StreamOrDevice s
 }
 
 
+// bf16 products with float32 accumulation on CPUs with AVX512-BF16 (--precision bf16 there, pipeline/precision.py):
+// C = op(A) op(B), A and B float32 in memory (float32 master weights, float32 activations), each operand rounded
+// to bf16 (nearest even, as MLX's astype) while it is packed, the products summed by vdpbf16ps in float32.
+//   NT: a (M, K), b (N, K)[, bias (N)] -> a b^T (+ bias)   (a linear layer's forward: x W^T + b)
+//   NN: a (M, K), b (K, N) -> a b     (its input gradient: dy W)
+//   TN: a (K, M), b (K, N) -> a^T b   (its weight gradient: dy^T x)
+// The three are closed under the vector-Jacobian product. Each output element is summed in one fixed order
+// (k blocks of KC, pairs within a block), whatever the number of threads: the bits do not depend on the layout.
+// A GotoBLAS-style blocking: B packed per KC slice into NR-column panels of bf16 pairs, A per (MC x KC) block into
+// rows of pairs (MR-row panels when A is read transposed); a 12 x 32 tile in 24 zmm accumulators.
+enum class Gemm { NT, NN, TN };
+
+#if defined(__AVX512BF16__)
+constexpr bool kHasBf16Gemm = true;
+constexpr int kMR = 12, kNR = 32, kKC = 768, kMC = 48;
+
+inline uint16_t to_bf16(float f) {  // round to nearest even; a NaN stays a NaN
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+// 16 (lo, hi) bf16 pairs as int32, lo in the low half.
+inline __m512i pairs16(__m512 lo, __m512 hi) {
+  __m512i l = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(lo));
+  __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(hi));
+  return _mm512_or_si512(l, _mm512_slli_epi32(h, 16));
+}
+
+// A contiguous float32 run x[0, n) as bf16 pairs: out[p] = (x[2p], x[2p + 1]), an odd n padded with 0.
+inline void pair_run(const float* x, int n, int32_t* out) {
+  int t = 0;
+  for (; t + 32 <= n; t += 32)
+    _mm512_storeu_si512(out + t / 2, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + t + 16), _mm512_loadu_ps(x + t)));
+  if (t < n) {
+    int r = n - t;
+    __mmask16 m0 = (__mmask16)(r >= 16 ? 0xffff : (1u << r) - 1);
+    __mmask16 m1 = (__mmask16)(r > 16 ? (1u << (r - 16)) - 1 : 0);
+    alignas(64) int32_t tail[16];
+    _mm512_store_si512(tail, (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, x + t + 16),
+                                                        _mm512_maskz_loadu_ps(m0, x + t)));
+    std::memcpy(out + t / 2, tail, sizeof(int32_t) * ((r + 1) / 2));
+  }
+}
+
+// A (rows x kc) block of X, read as X[r * ld_r + k * ld_k], into panels of R rows: per k pair, R int32 pairs.
+// Zero padded in rows and k.
+template <int R>
+void pack_panels(const float* X, int64_t ld_r, int64_t ld_k, int rows, int kc, int32_t* out) {
+  int kp = (kc + 1) / 2;
+  if (ld_k == 1) {  // rows contiguous along k: pair each row's run, then lay its pairs R apart
+    std::vector<int32_t> run(kp);
+    for (int r0 = 0; r0 < rows; r0 += R) {
+      int32_t* panel = out + (int64_t)(r0 / R) * kp * R;
+      for (int r = 0; r < R; ++r) {
+        if (r0 + r < rows) pair_run(X + (r0 + r) * ld_r, kc, run.data());
+        else std::fill(run.begin(), run.end(), 0);
+        for (int p = 0; p < kp; ++p) panel[p * R + r] = run[p];
+      }
+    }
+    return;
+  }
+  for (int r0 = 0; r0 < rows; r0 += R) {  // rows side by side
+    int32_t* panel = out + (int64_t)(r0 / R) * kp * R;
+    int nr = std::min(R, rows - r0);
+    for (int p = 0; p < kp; ++p) {
+      const float* lo = X + r0 * ld_r + (2 * p) * ld_k;
+      const float* hi = lo + ld_k;
+      bool has_hi = 2 * p + 1 < kc;
+      int32_t* dst = panel + p * R;
+      if (ld_r == 1) {  // 16 rows at a time, masked past the block's rows and the panel's end
+        for (int r = 0; r < R; r += 16) {
+          __mmask16 load = (__mmask16)(nr - r >= 16 ? 0xffff : nr > r ? (1u << (nr - r)) - 1 : 0);
+          __mmask16 store = (__mmask16)(R - r >= 16 ? 0xffff : (1u << (R - r)) - 1);
+          __m512 l = _mm512_maskz_loadu_ps(load, lo + r);
+          __m512 h = has_hi ? _mm512_maskz_loadu_ps(load, hi + r) : _mm512_setzero_ps();
+          _mm512_mask_storeu_epi32(dst + r, store, pairs16(l, h));
+        }
+        continue;
+      }
+      for (int r = 0; r < R; ++r) {
+        float l = r < nr ? lo[r * ld_r] : 0.0f, h = (r < nr && has_hi) ? hi[r * ld_r] : 0.0f;
+        dst[r] = (int32_t)((uint32_t)to_bf16(l) | ((uint32_t)to_bf16(h) << 16));
+      }
+    }
+  }
+}
+
+// The (mr x nr <= kMR x kNR) tile of C at `c`, = (or += when `add`) A's pairs times a B panel over kp pairs; A's
+// pair (i, p) is a[i * sa + p * SP] (rows of pairs: SP 1; panels: sa 1, SP kMR). `bias` (the tile's columns),
+// when given, is added where the tile is stored first. Named accumulators: an array of vectors lets the compiler
+// split the loop and spill them.
+template <int64_t SP>
+inline void tile(const int32_t* a, int64_t sa, const int32_t* b, int kp, float* c, int64_t ldc, int mr, int nr,
+                 bool add, const float* bias) {
+#define KB_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define KB_ZERO(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = _mm512_setzero_ps();
+#define KB_STEP(i)                                                          \
+  {                                                                         \
+    __m512bh ai = (__m512bh)_mm512_set1_epi32(a[i * sa]);                   \
+    c##i##0 = _mm512_dpbf16_ps(c##i##0, b0, ai);                            \
+    c##i##1 = _mm512_dpbf16_ps(c##i##1, b1, ai);                            \
+  }
+#define KB_SAVE(i) _mm512_store_ps(out[i], c##i##0); _mm512_store_ps(out[i] + 16, c##i##1);
+  KB_ROWS(KB_ZERO)
+  for (int p = 0; p < kp; ++p, a += SP, b += 2 * 16) {
+    __m512bh b0 = (__m512bh)_mm512_loadu_si512(b), b1 = (__m512bh)_mm512_loadu_si512(b + 16);
+    KB_ROWS(KB_STEP)
+  }
+  alignas(64) float out[kMR][kNR];
+  KB_ROWS(KB_SAVE)
+#undef KB_ROWS
+#undef KB_ZERO
+#undef KB_STEP
+#undef KB_SAVE
+  __mmask16 m0 = (__mmask16)(nr >= 16 ? 0xffff : (1u << nr) - 1);
+  __mmask16 m1 = (__mmask16)(nr >= 32 ? 0xffff : nr > 16 ? (1u << (nr - 16)) - 1 : 0);
+  const float* first = add ? nullptr : bias;  // what the first store adds: the bias, or nothing
+  __m512 bias0 = first ? _mm512_maskz_loadu_ps(m0, first) : _mm512_setzero_ps();
+  __m512 bias1 = first ? _mm512_maskz_loadu_ps(m1, first + 16) : _mm512_setzero_ps();
+  for (int i = 0; i < mr; ++i) {
+    float* row = c + i * ldc;
+    __m512 v0 = _mm512_load_ps(out[i]), v1 = _mm512_load_ps(out[i] + 16);
+    if (add) {
+      v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, row));
+      v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, row + 16));
+    } else if (first) {
+      v0 = _mm512_add_ps(v0, bias0);
+      v1 = _mm512_add_ps(v1, bias1);
+    }
+    _mm512_mask_storeu_ps(row, m0, v0);
+    _mm512_mask_storeu_ps(row + 16, m1, v1);
+  }
+}
+
+// C (M x N, row-major, ldc) = A B (+ bias, N values) over K, A read as A[i * lda_i + k * lda_k], B as
+// B[k * ldb_k + j * ldb_j]. Per KC slice of K: B's slice packed once (its panels split over the threads), then C's
+// rows split over the threads, each packing its A blocks once for all of N.
+void bf16_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda_i, int64_t lda_k, const float* B,
+               int64_t ldb_k, int64_t ldb_j, float* C, int64_t ldc, const float* bias) {
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = bias ? bias[j] : 0.0f;
+    return;
+  }
+  int64_t pairs = (std::min<int64_t>(K, kKC) + 1) / 2, panels = (N + kNR - 1) / kNR;
+  std::unique_ptr<int32_t[]> bpack(new int32_t[pairs * panels * kNR]);
+  bool rows = lda_k == 1;  // A's rows contiguous along k: kept as rows of pairs, no panel transpose
+  for (int64_t pc = 0; pc < K; pc += kKC) {
+    int kc = (int)std::min<int64_t>(kKC, K - pc), kp = (kc + 1) / 2;
+    parallel_for(panels, 4, [&](int64_t p0, int64_t p1) {
+      int nc = (int)(std::min(N, p1 * kNR) - p0 * kNR);
+      pack_panels<kNR>(B + pc * ldb_k + p0 * kNR * ldb_j, ldb_j, ldb_k, nc, kc, bpack.get() + p0 * kp * kNR);
+    });
+    parallel_for(M, kMC, [&](int64_t m0, int64_t m1) {
+      std::unique_ptr<int32_t[]> apack(new int32_t[pairs * ((kMC + kMR - 1) / kMR) * kMR]);
+      for (int64_t ic = m0; ic < m1; ic += kMC) {
+        int mc = (int)std::min<int64_t>(kMC, m1 - ic);
+        const float* block = A + ic * lda_i + pc * lda_k;
+        if (rows) {
+          for (int r = 0; r < (mc + kMR - 1) / kMR * kMR; ++r) {
+            if (r < mc) pair_run(block + r * lda_i, kc, apack.get() + (int64_t)r * kp);
+            else std::fill_n(apack.get() + (int64_t)r * kp, kp, 0);
+          }
+        } else {
+          pack_panels<kMR>(block, lda_i, lda_k, mc, kc, apack.get());
+        }
+        for (int64_t jr = 0; jr < N; jr += kNR) {
+          const int32_t* panel = bpack.get() + (jr / kNR) * kp * kNR;
+          int nr = (int)std::min<int64_t>(kNR, N - jr);
+          const float* tile_bias = bias ? bias + jr : nullptr;
+          for (int ir = 0; ir < mc; ir += kMR) {
+            float* c = C + (ic + ir) * ldc + jr;
+            int mr = std::min(kMR, mc - ir);
+            if (rows) tile<1>(apack.get() + (int64_t)ir * kp, kp, panel, kp, c, ldc, mr, nr, pc > 0, tile_bias);
+            else
+              tile<kMR>(apack.get() + (int64_t)(ir / kMR) * kp * kMR, 1, panel, kp, c, ldc, mr, nr, pc > 0,
+                        tile_bias);
+          }
+        }
+      }
+    });
+  }
+}
+#else
+constexpr bool kHasBf16Gemm = false;
+void bf16_gemm(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*,
+               int64_t, const float*) {
+  throw std::runtime_error("kbert's bf16 GEMM needs AVX512-BF16");
+}
+#endif
+
 // Attention's per-head products on the (batch, sequence, heads, head_dim) layout that the projections give, without
 // MLX's copies into (batch, heads, sequence, head_dim): each head's rows are read (and written) in place through the
 // BLAS's leading dimension (heads * head_dim). The BLAS is the cblas_sgemm in the global scope, the one libmlx's
@@ -437,7 +649,7 @@ array make(Kernel kind, std::vector<array> inputs, float scale, StreamOrDevice s
 //   Scores(a, b):    a (B, M, H, D), b (B, N, H, D) -> (B, H, M, N), a_h b_h^T
 //   Context(p, v):   p (B, H, M, N), v (B, N, H, D) -> (B, M, H, D), p_h v_h
 //   ContextT(p, v):  p (B, H, N, M), v (B, N, H, D) -> (B, M, H, D), p_h^T v_h
-// The three are closed under the vector-Jacobian product (see vjp below).
+// The three are closed under the vector-Jacobian product (see vjp below). `bf16`: each product is the bf16 GEMM's.
 using sgemm_fn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*,
                           int);
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
@@ -449,11 +661,11 @@ sgemm_fn global_sgemm() {
 
 enum class Head { Scores, Context, ContextT };
 
-array head_product(Head kind, array a, array b, StreamOrDevice s);
+array head_product(Head kind, array a, array b, bool bf16, StreamOrDevice s);
 
 class HeadProduct : public UnaryPrimitive {
  public:
-  HeadProduct(Stream stream, Head kind) : UnaryPrimitive(stream), kind_(kind) {}
+  HeadProduct(Stream stream, Head kind, bool bf16) : UnaryPrimitive(stream), kind_(kind), bf16_(bf16) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
     auto& encoder = output_encoder(stream(), inputs, out);
@@ -462,6 +674,7 @@ class HeadProduct : public UnaryPrimitive {
     float* o = out.data<float>();
     sgemm_fn sgemm = global_sgemm();
     Head kind = kind_;
+    bool bf16 = bf16_;
     int batch = inputs[0].shape(0);
     if (kind == Head::Scores) {
       int m = inputs[0].shape(1), heads = inputs[0].shape(2), d = inputs[0].shape(3), n = inputs[1].shape(1);
@@ -470,8 +683,12 @@ class HeadProduct : public UnaryPrimitive {
         parallel_for(int64_t(batch) * heads, 1, [&](int64_t begin, int64_t end) {
           for (int64_t t = begin; t < end; ++t) {
             int64_t i = t / heads, h = t % heads;
-            sgemm(kRowMajor, kNoTrans, kTrans, m, n, d, 1.0f, a + i * m * ld + h * d, ld, b + i * n * ld + h * d,
-                  ld, 0.0f, o + t * m * n, n);
+            if (bf16)
+              bf16_gemm(m, n, d, a + i * m * ld + h * d, ld, 1, b + i * n * ld + h * d, 1, ld, o + t * m * n, n,
+                        nullptr);
+            else
+              sgemm(kRowMajor, kNoTrans, kTrans, m, n, d, 1.0f, a + i * m * ld + h * d, ld, b + i * n * ld + h * d,
+                    ld, 0.0f, o + t * m * n, n);
           }
         });
       });
@@ -484,8 +701,12 @@ class HeadProduct : public UnaryPrimitive {
         parallel_for(int64_t(batch) * heads, 1, [&](int64_t begin, int64_t end) {
           for (int64_t t = begin; t < end; ++t) {
             int64_t i = t / heads, h = t % heads;
-            sgemm(kRowMajor, transposed ? kTrans : kNoTrans, kNoTrans, m, d, n, 1.0f, a + t * rows * cols, cols,
-                  b + i * n * ld + h * d, ld, 0.0f, o + i * m * ld + h * d, ld);
+            if (bf16)
+              bf16_gemm(m, d, n, a + t * rows * cols, transposed ? 1 : cols, transposed ? cols : 1,
+                        b + i * n * ld + h * d, ld, 1, o + i * m * ld + h * d, ld, nullptr);
+            else
+              sgemm(kRowMajor, transposed ? kTrans : kNoTrans, kNoTrans, m, d, n, 1.0f, a + t * rows * cols, cols,
+                    b + i * n * ld + h * d, ld, 0.0f, o + i * m * ld + h * d, ld);
           }
         });
       });
@@ -503,16 +724,16 @@ class HeadProduct : public UnaryPrimitive {
     for (int arg : argnums) {
       switch (kind_) {
         case Head::Scores:  // C = A B^T: dA = dC B, dB = dC^T A
-          grads.push_back(arg == 0 ? head_product(Head::Context, g, b, stream())
-                                   : head_product(Head::ContextT, g, a, stream()));
+          grads.push_back(arg == 0 ? head_product(Head::Context, g, b, bf16_, stream())
+                                   : head_product(Head::ContextT, g, a, bf16_, stream()));
           break;
         case Head::Context:  // O = P V: dP = dO V^T, dV = P^T dO
-          grads.push_back(arg == 0 ? head_product(Head::Scores, g, b, stream())
-                                   : head_product(Head::ContextT, a, g, stream()));
+          grads.push_back(arg == 0 ? head_product(Head::Scores, g, b, bf16_, stream())
+                                   : head_product(Head::ContextT, a, g, bf16_, stream()));
           break;
         case Head::ContextT:  // O = P^T V: dP = V dO^T, dV = P dO
-          grads.push_back(arg == 0 ? head_product(Head::Scores, b, g, stream())
-                                   : head_product(Head::Context, a, g, stream()));
+          grads.push_back(arg == 0 ? head_product(Head::Scores, b, g, bf16_, stream())
+                                   : head_product(Head::Context, a, g, bf16_, stream()));
           break;
       }
     }
@@ -532,17 +753,20 @@ class HeadProduct : public UnaryPrimitive {
   }
 
   bool is_equivalent(const Primitive& other) const override {
-    return kind_ == static_cast<const HeadProduct&>(other).kind_;
+    auto& that = static_cast<const HeadProduct&>(other);
+    return kind_ == that.kind_ && bf16_ == that.bf16_;
   }
 
  private:
   Head kind_;
+  bool bf16_;
 };
 
-array head_product(Head kind, array a, array b, StreamOrDevice s) {
+array head_product(Head kind, array a, array b, bool bf16, StreamOrDevice s) {
   auto stream = to_stream(s);
   if (stream.device != Device::cpu) throw std::invalid_argument("kbert CPU kernels need a CPU stream");
   if (!global_sgemm()) throw std::invalid_argument("kbert head products: no cblas_sgemm in the global scope");
+  if (bf16 && !kHasBf16Gemm) throw std::invalid_argument("kbert's bf16 GEMM was not built: this CPU lacks AVX512-BF16");
   if (a.dtype() != float32 || b.dtype() != float32 || a.ndim() != 4 || b.ndim() != 4)
     throw std::invalid_argument("kbert head products take 4-dimensional float32 arrays");
   bool ok = kind == Head::Scores
@@ -554,7 +778,177 @@ array head_product(Head kind, array a, array b, StreamOrDevice s) {
                                      : Shape{a.shape(0), kind == Head::ContextT ? a.shape(3) : a.shape(2),
                                              b.shape(2), b.shape(3)};
   std::vector<array> inputs = {contiguous(a, false, stream), contiguous(b, false, stream)};
-  return array(shape, float32, std::make_shared<HeadProduct>(stream, kind), std::move(inputs));
+  return array(shape, float32, std::make_shared<HeadProduct>(stream, kind, bf16), std::move(inputs));
+}
+
+
+array bf16_gemm(Gemm kind, array a, array b, StreamOrDevice s, std::optional<array> bias = std::nullopt);
+
+class Bf16Gemm : public UnaryPrimitive {
+ public:
+  Bf16Gemm(Stream stream, Gemm kind) : UnaryPrimitive(stream), kind_(kind) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override {
+    auto& encoder = output_encoder(stream(), inputs, out);
+    const float* a = inputs[0].data<float>();
+    const float* b = inputs[1].data<float>();
+    const float* bias = inputs.size() > 2 ? inputs[2].data<float>() : nullptr;
+    float* c = out.data<float>();
+    int64_t m = out.shape(0), n = out.shape(1);
+    int64_t k = kind_ == Gemm::TN ? inputs[0].shape(0) : inputs[0].shape(1);
+    int64_t lda_i = kind_ == Gemm::TN ? 1 : k, lda_k = kind_ == Gemm::TN ? m : 1;
+    int64_t ldb_k = kind_ == Gemm::NT ? 1 : n, ldb_j = kind_ == Gemm::NT ? k : 1;
+    encoder.dispatch([=]() { bf16_gemm(m, n, k, a, lda_i, lda_k, b, ldb_k, ldb_j, c, n, bias); });
+  }
+
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("kbert CPU kernels run on the CPU only");
+  }
+
+  std::vector<array> vjp(const std::vector<array>& primals, const std::vector<array>& cotangents,
+                         const std::vector<int>& argnums, const std::vector<array>&) override {
+    const array &a = primals[0], &b = primals[1], &g = cotangents[0];
+    std::vector<array> grads;
+    for (int arg : argnums) {
+      if (arg == 2) {  // the bias (NT only): the cotangent summed over rows
+        grads.push_back(sum(g, 0, false, stream()));
+        continue;
+      }
+      switch (kind_) {
+        case Gemm::NT:  // C = A B^T: dA = dC B, dB = dC^T A
+          grads.push_back(arg == 0 ? bf16_gemm(Gemm::NN, g, b, stream()) : bf16_gemm(Gemm::TN, g, a, stream()));
+          break;
+        case Gemm::NN:  // C = A B: dA = dC B^T, dB = A^T dC
+          grads.push_back(arg == 0 ? bf16_gemm(Gemm::NT, g, b, stream()) : bf16_gemm(Gemm::TN, a, g, stream()));
+          break;
+        case Gemm::TN:  // C = A^T B: dA = B dC^T, dB = A dC
+          grads.push_back(arg == 0 ? bf16_gemm(Gemm::NT, b, g, stream()) : bf16_gemm(Gemm::NN, a, g, stream()));
+          break;
+      }
+    }
+    return grads;
+  }
+
+  std::vector<Shape> output_shapes(const std::vector<array>& inputs) override {
+    return {gemm_shape(kind_, inputs[0], inputs[1])};
+  }
+
+  static Shape gemm_shape(Gemm kind, const array& a, const array& b) {
+    switch (kind) {
+      case Gemm::NT: return {a.shape(0), b.shape(0)};
+      case Gemm::NN: return {a.shape(0), b.shape(1)};
+      default: return {a.shape(1), b.shape(1)};
+    }
+  }
+
+  const char* name() const override {
+    return kind_ == Gemm::NT ? "KbertBf16GemmNT" : kind_ == Gemm::NN ? "KbertBf16GemmNN" : "KbertBf16GemmTN";
+  }
+
+  bool is_equivalent(const Primitive& other) const override {
+    return kind_ == static_cast<const Bf16Gemm&>(other).kind_;
+  }
+
+ private:
+  Gemm kind_;
+};
+
+array bf16_gemm(Gemm kind, array a, array b, StreamOrDevice s, std::optional<array> bias) {
+  auto stream = to_stream(s);
+  if (stream.device != Device::cpu) throw std::invalid_argument("kbert CPU kernels need a CPU stream");
+  if (!kHasBf16Gemm) throw std::invalid_argument("kbert's bf16 GEMM was not built: this CPU lacks AVX512-BF16");
+  if (a.dtype() != float32 || b.dtype() != float32 || a.ndim() != 2 || b.ndim() != 2)
+    throw std::invalid_argument("kbert's bf16 GEMM takes 2-dimensional float32 arrays");
+  int64_t ka = kind == Gemm::TN ? a.shape(0) : a.shape(1), kb = kind == Gemm::NT ? b.shape(1) : b.shape(0);
+  if (ka != kb) throw std::invalid_argument("kbert's bf16 GEMM: the inner dimensions differ");
+  Shape shape = Bf16Gemm::gemm_shape(kind, a, b);
+  std::vector<array> inputs = {contiguous(a, false, stream), contiguous(b, false, stream)};
+  if (bias) {
+    if (kind != Gemm::NT || bias->dtype() != float32 || bias->ndim() != 1 || bias->shape(0) != shape[1])
+      throw std::invalid_argument("kbert's bf16 GEMM: the bias must be float32 of the output's width (NT only)");
+    inputs.push_back(contiguous(*bias, false, stream));
+  }
+  return array(shape, float32, std::make_shared<Bf16Gemm>(stream, kind), std::move(inputs));
+}
+
+// AdamW's update of one float32 parameter in one pass (MLX's optim.AdamW without bias correction, op for op:
+// the same float32 operations in the same order, no contraction, so the same bits as its eager update):
+//   p <- p * decay;  m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;  p <- p - lr m / (sqrt(v) + eps)
+// with decay = 1 - lr * weight_decay and lr given as float32 arrays. MLX's eager ops run these as a dozen
+// single-threaded passes over the parameter; this is one, over every core (the update runs after a step's shards).
+// No fused multiply-adds here (the build's default contracts): MLX's update rounds each product.
+__attribute__((optimize("fp-contract=off"))) void adamw_span(
+    const float* __restrict p, const float* __restrict g, const float* __restrict m, const float* __restrict v,
+    float* __restrict p_out, float* __restrict m_out, float* __restrict v_out, int64_t n, float rate, float keep,
+    float b1, float c1, float b2, float c2, float eps) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    float gi = g[i];
+    float mi = b1 * m[i] + c1 * gi;
+    float vi = b2 * v[i] + c2 * (gi * gi);
+    m_out[i] = mi;
+    v_out[i] = vi;
+    p_out[i] = p[i] * keep - rate * mi / (std::sqrt(vi) + eps);
+  }
+}
+
+class AdamWUpdate : public Primitive {
+ public:
+  AdamWUpdate(Stream stream, float b1, float c1, float b2, float c2, float eps)
+      : Primitive(stream), b1_(b1), c1_(c1), b2_(b2), c2_(c2), eps_(eps) {}
+
+  void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
+    for (auto& out : outputs) out.set_data(allocator::malloc(out.nbytes()));
+    auto& encoder = cpu::get_command_encoder(stream());
+    for (auto& a : inputs) encoder.set_input_array(a);
+    for (auto& out : outputs) encoder.set_output_array(out);
+    const float *p = inputs[0].data<float>(), *g = inputs[1].data<float>(), *m = inputs[2].data<float>(),
+                *v = inputs[3].data<float>(), *lr = inputs[4].data<float>(), *decay = inputs[5].data<float>();
+    float *p_out = outputs[0].data<float>(), *m_out = outputs[1].data<float>(), *v_out = outputs[2].data<float>();
+    float b1 = b1_, c1 = c1_, b2 = b2_, c2 = c2_, eps = eps_;
+    int64_t n = inputs[0].size();
+    encoder.dispatch([=]() {
+      float rate = *lr, keep = *decay;
+      parallel_for(n, kElementGrain, default_threads(), [=](int64_t i0, int64_t i1) {
+        adamw_span(p + i0, g + i0, m + i0, v + i0, p_out + i0, m_out + i0, v_out + i0, i1 - i0, rate, keep, b1, c1,
+                   b2, c2, eps);
+      });
+    });
+  }
+
+  void eval_gpu(const std::vector<array>&, std::vector<array>&) override {
+    throw std::runtime_error("kbert CPU kernels run on the CPU only");
+  }
+
+  std::vector<Shape> output_shapes(const std::vector<array>& inputs) override {
+    return {inputs[0].shape(), inputs[0].shape(), inputs[0].shape()};
+  }
+
+  const char* name() const override { return "KbertAdamWUpdate"; }
+
+  bool is_equivalent(const Primitive& other) const override {
+    auto& that = static_cast<const AdamWUpdate&>(other);
+    return b1_ == that.b1_ && c1_ == that.c1_ && b2_ == that.b2_ && c2_ == that.c2_ && eps_ == that.eps_;
+  }
+
+ private:
+  float b1_, c1_, b2_, c2_, eps_;
+};
+
+std::vector<array> adamw_update(const array& p, const array& g, const array& m, const array& v, const array& lr,
+                                const array& decay, float b1, float c1, float b2, float c2, float eps,
+                                StreamOrDevice s) {
+  auto stream = to_stream(s);
+  if (stream.device != Device::cpu) throw std::invalid_argument("kbert CPU kernels need a CPU stream");
+  for (const array* a : {&p, &g, &m, &v, &lr, &decay})
+    if (a->dtype() != float32) throw std::invalid_argument("kbert's AdamW update takes float32 arrays");
+  if (g.shape() != p.shape() || m.shape() != p.shape() || v.shape() != p.shape() || lr.size() != 1 ||
+      decay.size() != 1)
+    throw std::invalid_argument("kbert's AdamW update: the shapes do not match");
+  std::vector<array> inputs;
+  for (const array* a : {&p, &g, &m, &v, &lr, &decay}) inputs.push_back(contiguous(*a, false, stream));
+  return array::make_arrays({p.shape(), p.shape(), p.shape()}, {float32, float32, float32},
+                            std::make_shared<AdamWUpdate>(stream, b1, c1, b2, c2, eps), std::move(inputs));
 }
 
 }  // namespace
@@ -586,14 +980,28 @@ NB_MODULE(_kbert_cpu_kernels, m) {
   m.def("threads", []() { return max_threads(); });
   m.def("has_head_products", []() { return global_sgemm() != nullptr; },
         "Whether a cblas_sgemm is in the global scope for the head products.");
-  m.def("head_scores", [](const array& q, const array& k, StreamOrDevice s) {
-    return head_product(Head::Scores, q, k, s);
-  }, "q"_a, "k"_a, nb::kw_only(), "stream"_a = nb::none(),
+  m.def("head_scores", [](const array& q, const array& k, bool bf16, StreamOrDevice s) {
+    return head_product(Head::Scores, q, k, bf16, s);
+  }, "q"_a, "k"_a, nb::kw_only(), "bf16"_a = false, "stream"_a = nb::none(),
      "q (B, M, H, D), k (B, N, H, D) -> (B, H, M, N): each head's q k^T, read in place.");
-  m.def("head_context", [](const array& p, const array& v, StreamOrDevice s) {
-    return head_product(Head::Context, p, v, s);
-  }, "p"_a, "v"_a, nb::kw_only(), "stream"_a = nb::none(),
+  m.def("head_context", [](const array& p, const array& v, bool bf16, StreamOrDevice s) {
+    return head_product(Head::Context, p, v, bf16, s);
+  }, "p"_a, "v"_a, nb::kw_only(), "bf16"_a = false, "stream"_a = nb::none(),
      "p (B, H, M, N), v (B, N, H, D) -> (B, M, H, D): each head's p v, written in place.");
+  m.def("has_bf16_gemm", []() { return kHasBf16Gemm; },
+        "Whether the bf16 GEMM was built (the compiler's target has AVX512-BF16).");
+  m.def("bf16_linear", [](const array& x, const array& w, std::optional<array> bias, StreamOrDevice s) {
+    return bf16_gemm(Gemm::NT, x, w, s, bias);
+  }, "x"_a, "w"_a, "bias"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),
+     "x (M, K), w (N, K)[, bias (N)] -> x w^T + bias (M, N): bf16 operands, float32 sums; the gradients the same "
+     "products.");
+  m.def("adamw_update", [](const array& p, const array& g, const array& m, const array& v, const array& lr,
+                           const array& decay, float b1, float c1, float b2, float c2, float eps, StreamOrDevice s) {
+    return adamw_update(p, g, m, v, lr, decay, b1, c1, b2, c2, eps, s);
+  }, "p"_a, "g"_a, "m"_a, "v"_a, "lr"_a, "decay"_a, "b1"_a, "c1"_a, "b2"_a, "c2"_a, "eps"_a, nb::kw_only(),
+     "stream"_a = nb::none(),
+     "AdamW's update in one pass: (p * decay - lr m' / (sqrt(v') + eps), m', v'), m' = b1 m + c1 g, "
+     "v' = b2 v + c2 g^2.");
   m.def("gelu_grad", [](const array& x, const array& dy, StreamOrDevice s) {
     return make(Kernel::GeluGrad, {x, dy}, 1.0f, s);
   }, "x"_a, "dy"_a, nb::kw_only(), "stream"_a = nb::none());

@@ -1,5 +1,6 @@
 """Vectorized, multithreaded CPU kernels for MLX on Linux: softmax over the last axis, exact GELU, dropout and
-layer normalization, and attention's per-head products read in place on the (batch, seq, heads, head_dim) layout.
+layer normalization, attention's per-head products read in place on the (batch, seq, heads, head_dim) layout, and
+on CPUs with AVX512-BF16 the linear layers' products in bf16 with float32 sums (``--precision bf16`` there).
 
 ``cpu_kernels.cpp`` holds MLX primitives (with their gradients), built on first use with the system C++ compiler
 and cached under ``~/.cache/kbert/cpu-kernels/<key>/`` (``KBERT_CPU_ARCH`` picks another target). They serve
@@ -18,12 +19,15 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from kbert.models.blas import build_library, cache_root
 
@@ -46,6 +50,7 @@ class KernelStatus:
 
 STATUS = KernelStatus()
 _MODULE: ModuleType | None = None
+_BF16_PRODUCTS = False  # inside ``bf16_matmuls``: the head products in bf16 too
 
 
 def target_arch() -> str:
@@ -199,7 +204,7 @@ def head_scores(q: mx.array, k: mx.array) -> mx.array:
     keys, heads, head_dim) as the projections give them: on the CPU read in place through the BLAS (no transposed
     copies), elsewhere from MLX's transposes."""
     if in_place_heads(q):
-        return _MODULE.head_scores(q, k)
+        return _MODULE.head_scores(q, k, bf16=_BF16_PRODUCTS)
     return q.transpose(0, 2, 1, 3) @ k.transpose(0, 2, 3, 1)
 
 
@@ -207,7 +212,7 @@ def head_context(p: mx.array, v: mx.array) -> mx.array:
     """Each head's ``p v``, (batch, queries, heads, head_dim), from p (batch, heads, queries, keys) and v (batch,
     keys, heads, head_dim); on the CPU written in place, ready to reshape to (batch, queries, hidden)."""
     if in_place_heads(p):
-        return _MODULE.head_context(p, v)
+        return _MODULE.head_context(p, v, bf16=_BF16_PRODUCTS)
     return (p @ v.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
 
 
@@ -218,8 +223,8 @@ def head_attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx
     heads are not read in place (``attention`` on transposes is then the faster path)."""
     if not in_place_heads(q):
         return None
-    probs = softmax(_MODULE.head_scores(q, k), mask, scale)
-    return _MODULE.head_context(probs if dropout is None else dropout(probs), v)
+    probs = softmax(_MODULE.head_scores(q, k, bf16=_BF16_PRODUCTS), mask, scale)
+    return _MODULE.head_context(probs if dropout is None else dropout(probs), v, bf16=_BF16_PRODUCTS)
 
 
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None,
@@ -233,3 +238,54 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.arra
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     probs = softmax(q @ k.swapaxes(-1, -2), mask, scale)
     return (probs if dropout is None else dropout(probs)) @ v
+
+
+def bf16_gemm_isa() -> str | None:
+    """The instruction set of kbert's bf16 GEMM on this machine ("avx512_bf16"), or None where it was not built
+    (the compiler's target lacks AVX512-BF16, the kernels are unavailable)."""
+    return "avx512_bf16" if kernels() is not None and _MODULE.has_bf16_gemm() else None
+
+
+def bf16_linear(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.array:
+    """``x W^T (+ bias)`` with the operands rounded to bf16 and the products summed in float32 (``bf16_gemm_isa``);
+    its gradients are the same bf16 products. ``x`` (..., in), ``weight`` (out, in), float32."""
+    return _MODULE.bf16_linear(x.reshape(-1, x.shape[-1]), weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+
+
+class Bf16Linear(nn.Linear):
+    """An ``nn.Linear`` whose product runs in bf16 (``bf16_linear``) where the kernels apply; its float32 weights
+    are unchanged."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if not applies(x) or self["weight"].dtype != mx.float32:
+            return super().__call__(x)
+        return bf16_linear(x, self["weight"], self.get("bias"))
+
+
+@contextmanager
+def bf16_matmuls(model: nn.Module) -> Iterator[None]:
+    """Inside the block (a forward pass traced in it) every ``nn.Linear`` of ``model`` computes as a ``Bf16Linear``
+    (the same module, its class swapped back after) and attention's head products read in place are bf16 products
+    too; the rest of the model stays float32."""
+    global _BF16_PRODUCTS
+    linears = [module for _, module in model.named_modules() if type(module) is nn.Linear]
+    for module in linears:
+        module.__class__ = Bf16Linear
+    _BF16_PRODUCTS = True
+    try:
+        yield
+    finally:
+        _BF16_PRODUCTS = False
+        for module in linears:
+            module.__class__ = nn.Linear
+
+
+def adamw_update(parameter: mx.array, gradient: mx.array, m: mx.array, v: mx.array, lr: mx.array, decay: mx.array,
+                 betas: tuple[float, float], eps: float) -> tuple[mx.array, mx.array, mx.array] | None:
+    """AdamW's update without bias correction (``optim.AdamW.apply_single``): the new parameter, m and v, in one
+    pass over every core, the same float32 operations in the same order as MLX's eager update. ``decay`` is
+    ``1 - lr * weight_decay``. None where the kernels do not apply."""
+    if not applies(parameter) or any(a.dtype != mx.float32 for a in (gradient, m, v)):
+        return None
+    b1, b2 = betas
+    return tuple(_MODULE.adamw_update(parameter, gradient, m, v, lr, decay, b1, 1 - b1, b2, 1 - b2, eps))

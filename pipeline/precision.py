@@ -3,6 +3,8 @@ fp16's dynamic loss scaling.
 
 Float32 master weights and optimizer state; each forward pass runs on a bfloat16 or float16 copy, cast inside the
 differentiated function, and the loss is taken in float32. fp16's loss is scaled as PyTorch's GradScaler does.
+On a CPU with AVX512-BF16, bf16 is kbert's own GEMM instead (models/cpu_kernels.py): the operands of the linear
+layers and of attention's head products rounded to bf16, the products summed in float32, everything else float32.
 Defaults: bfloat16 on a GPU, float32 on a CPU, where MLX's half-precision matmul bypasses the BLAS.
 """
 
@@ -15,6 +17,7 @@ import mlx.core as mx
 from mlx.utils import tree_map
 
 from kbert.errors import KbertError
+from kbert.models import cpu_kernels
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # --precision: the compute precision; float32 master weights
 DEVICES = ("auto", "cpu", "gpu")  # --device
@@ -52,12 +55,13 @@ def current_device() -> str:
 
 
 def resolve_precision(requested: str, device: str, warn: bool = True) -> str:
-    """``auto`` -> bf16 on a GPU, fp32 on a CPU. Half precision asked for on a CPU is kept, with a warning."""
+    """``auto`` -> bf16 on a GPU, fp32 on a CPU. Half precision asked for on a CPU is kept, with a warning unless
+    it is bf16 on kbert's bf16 GEMM."""
     if requested not in PRECISIONS:
         raise KbertError(f"--precision '{requested}': choose one of {', '.join(PRECISIONS)}")
     if requested == "auto":
         return "bf16" if device == "gpu" else "fp32"
-    if requested != "fp32" and device == "cpu" and warn:
+    if warn and compute_path(requested, device).endswith(" cpu"):  # MLX's own half precision on a CPU
         print(f"warning: --precision {requested} on the CPU: MLX's half-precision matmul skips the BLAS, about "
               f"{HALF_ON_CPU_SLOWDOWN}x slower than fp32 here; use fp32 on a CPU", file=sys.stderr)
     return requested
@@ -66,6 +70,21 @@ def resolve_precision(requested: str, device: str, warn: bool = True) -> str:
 def compute_precision(requested: str) -> str:
     """The precision a fold computes in, on the current default device (no warning: the run gave it)."""
     return resolve_precision(requested, current_device(), warn=False)
+
+
+def compute_path(precision: str, device: str) -> str:
+    """What a fold's numbers in ``precision`` (resolved) depend on here, for its record: "fp32", "bf16 gpu",
+    "bf16 avx512_bf16" (kbert's bf16 GEMM on a CPU) or "bf16 cpu" / "fp16 cpu" (MLX's own half precision)."""
+    if precision == "fp32":
+        return precision
+    if device == "gpu":
+        return f"{precision} gpu"
+    return "bf16 avx512_bf16" if precision == "bf16" and cpu_kernels.bf16_gemm_isa() else f"{precision} cpu"
+
+
+def bf16_gemm_here(dtype: mx.Dtype) -> bool:
+    """Whether ``dtype`` computes through kbert's bf16 GEMM: bf16 on a CPU that has it."""
+    return dtype == mx.bfloat16 and current_device() == "cpu" and cpu_kernels.bf16_gemm_isa() is not None
 
 
 def cast_floats(tree, dtype: mx.Dtype):
@@ -77,9 +96,16 @@ def cast_floats(tree, dtype: mx.Dtype):
 
 def in_precision(loss, dtype: mx.Dtype):
     """``loss(model, *inputs)`` computed on a ``dtype`` copy of the model's parameters, returning a float32 loss;
-    the gradients with respect to the float32 parameters flow back through the cast."""
+    the gradients with respect to the float32 parameters flow back through the cast. bf16 on a CPU with kbert's
+    bf16 GEMM: the float32 model itself, its linear layers computing in bf16 (``bf16_matmuls``)."""
     if dtype == mx.float32:
         return loss
+    if bf16_gemm_here(dtype):
+        def on_cpu(model, *inputs):
+            with cpu_kernels.bf16_matmuls(model):
+                return loss(model, *inputs)
+
+        return on_cpu
 
     def mixed(model, *inputs):
         master = model.parameters()

@@ -36,7 +36,8 @@ from kbert.pipeline.fold_processes import (FoldJob, FoldPlan, Machine, available
                                            usable_cores, with_streams)
 from kbert.pipeline.splits import fold_rows
 from kbert.pipeline.metrics import check_metric_fits, get_metric
-from kbert.pipeline.precision import backend, compute_precision, current_device, resolve_precision, use_device
+from kbert.pipeline.precision import (backend, compute_path, compute_precision, current_device, resolve_precision,
+                                      use_device)
 from kbert.pipeline.predictions import (average_folds, cross_fitted_threshold_score, metric_targets, score,
                                         tune_label_thresholds, tune_threshold)
 from kbert.pipeline.profile import add_part, set_part, stage
@@ -114,6 +115,8 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                                          [(split.description, split.train_index) for split in splits])
         with open_run_folder(config, paths.folder, inputs.inputs, log):
             finished = [read_back_fold(paths.folder / "folds" / split.name, split, inputs) for split in splits]
+            check_kept_compute(paths.folder, finished,
+                               compute_path(compute_precision(config.train.precision), device))
             if not source.from_scratch:
                 write_text(paths.tokenizer, source.tokenizer.to_str())
             write_folds_table(paths.folder, config.competition, inputs.train[config.competition.id_column], fold_sets)
@@ -286,6 +289,17 @@ def blas_change_warning(kept: list[dict | None], current: dict) -> str | None:
             "bit for bit")
 
 
+def check_kept_compute(run_dir: Path, kept: list[FoldPredictions | None], current: str) -> None:
+    """A resume computes as its kept folds did wherever half precision is in play: bf16's numbers differ between
+    kbert's bf16 GEMM (AVX512-BF16), MLX's own CPU ops and a GPU. (float32 on another BLAS is only warned of.)"""
+    for fold in kept:
+        recorded = fold.record.get("compute") if fold is not None else None  # absent: a run from before the record
+        if recorded and recorded != current and (recorded, current) != ("fp32", "fp32"):
+            raise KbertError(f"{run_dir}: fold {fold.record['fold'] + 1} was computed in {recorded}, this machine "
+                             f"computes in {current} (half-precision numbers differ between these paths); resume it "
+                             "where it was trained, or start a new run")
+
+
 def read_back_fold(fold_dir: Path, split: FoldSplit, inputs: RunInputs) -> FoldPredictions | None:
     """A fold finished before an interruption (resume), or None when it must be trained; its saved predictions
     must have the fold's validation rows and the test rows. Every finished fold is read before anything is
@@ -406,6 +420,7 @@ def write_run_artifacts(inputs: RunInputs, paths: RunPaths, folds: list[FoldPred
             "tokens": budget, "head": inputs.head.to_dict(), "wall_time_s": round(seconds, 2),
             "blas": runtime.status().blas.identity(), "device": current_device(), "backend": backend(),
             "precision": compute_precision(config.train.precision),
+            "compute": compute_path(compute_precision(config.train.precision), current_device()),
             "submission": str(submission_path), "inputs": inputs.inputs, "config_sha256": config_fingerprint(config),
             "warnings": inputs.warnings,
         })

@@ -135,6 +135,134 @@ def test_heads_read_in_place_give_the_transposed_paths_values_and_gradients(quer
     with pytest.raises(ValueError, match="shapes do not match"):
         module.head_scores(q, v[:, :, :2])
 
+needs_bf16 = pytest.mark.skipif(not (BUILDABLE and " avx512_bf16" in cpu_kernels._cpu_features()),
+                                reason="kbert's bf16 GEMM is built for CPUs with AVX512-BF16")
+
+
+def bf16_rounded(a: mx.array) -> np.ndarray:
+    """The float64 values of ``a`` rounded to bf16 (nearest even, MLX's astype)."""
+    return np.array(a.astype(mx.bfloat16).astype(mx.float32), dtype=np.float64)
+
+
+def assert_bf16_product(got: mx.array, want: np.ndarray, bound: np.ndarray) -> None:
+    """``got`` is the exact product of bf16 operands, ``want``, up to float32 summation: within 1e-5 of the sum of
+    the products' magnitudes, ``bound`` (one bf16 rounding of an operand is 4e-3 of it)."""
+    assert got.dtype == mx.float32 and got.shape == want.shape
+    assert (np.abs(np.array(got, dtype=np.float64) - want) <= 1e-5 * bound + 1e-30).all()
+
+
+@needs_bf16
+@pytest.mark.parametrize("shape", [(1, 1, 1), (13, 33, 7), (50, 70, 1601)])  # odd K; 1601 > 2 blocks of 768
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bf16_linear_is_the_float32_sum_of_bf16_products_and_so_are_its_gradients(shape, with_bias):
+    """x W^T + b with x and W rounded to bf16 (summed in float32), and the input, weight and bias gradients
+    dy W, dy^T x (both in bf16) and the rows' sum of dy; the same bits on one thread or two, compiled or not."""
+    rows, out, inner = shape
+    rng = np.random.default_rng(inner)
+    x = mx.array(rng.normal(size=(2, rows, inner)).astype(np.float32))
+    w = mx.array(rng.normal(size=(out, inner)).astype(np.float32))
+    b = mx.array(rng.normal(size=(out,)).astype(np.float32)) if with_bias else None
+    dy = mx.array(rng.normal(size=(2, rows, out)).astype(np.float32))
+    assert cpu_kernels.bf16_gemm_isa() == "avx512_bf16"
+
+    def loss(x, w, b=None):
+        return (cpu_kernels.bf16_linear(x, w, b) * dy).sum()
+
+    xs, ws, dys = bf16_rounded(x).reshape(-1, inner), bf16_rounded(w), bf16_rounded(dy).reshape(-1, out)
+    y = cpu_kernels.bf16_linear(x, w, b)
+    want = (xs @ ws.T + (0 if b is None else np.array(b))).reshape(2, rows, out)
+    assert_bf16_product(y, want, (np.abs(xs) @ np.abs(ws).T).reshape(2, rows, out) + 1)
+    args = (x, w) if b is None else (x, w, b)
+    grads = mx.grad(loss, argnums=tuple(range(len(args))))(*args)
+    assert_bf16_product(grads[0], (dys @ ws).reshape(x.shape), (np.abs(dys) @ np.abs(ws)).reshape(x.shape))
+    assert_bf16_product(grads[1], dys.T @ xs, np.abs(dys).T @ np.abs(xs))
+    if b is not None:
+        np.testing.assert_allclose(np.array(grads[2]), np.array(dy).sum((0, 1)), rtol=1e-5, atol=1e-5)
+    if inner > 16:  # and it is not the float32 product
+        assert not np.allclose(np.array(y), np.array(x @ w.T + (0 if b is None else b)), rtol=1e-4, atol=1e-4)
+    for threads in (1, 2):
+        cpu_kernels.set_threads(threads)
+        try:
+            for run in (cpu_kernels.bf16_linear, mx.compile(cpu_kernels.bf16_linear)):
+                assert mx.array_equal(run(*args), y).item()
+                again = mx.grad(loss, argnums=tuple(range(len(args))))(*args)
+                assert all(mx.array_equal(a, g).item() for a, g in zip(again, grads))
+        finally:
+            cpu_kernels.set_threads(os.cpu_count() or 1)
+
+
+@needs_bf16
+def test_bf16_head_products_are_the_float32_sums_of_bf16_products_and_so_are_their_gradients():
+    """Inside ``bf16_matmuls`` attention's in-place head products are bf16 products too: each head's q k^T and p v,
+    and their gradients (the Context and ContextT kinds), against numpy on the rounded operands."""
+    from kbert.models import runtime
+
+    runtime.setup()
+    module = cpu_kernels.kernels()
+    rng = np.random.default_rng(4)
+    q, k, v = (mx.array(rng.normal(size=(2, n, 3, 40)).astype(np.float32)) for n in (7, 9, 9))
+    p = mx.array(rng.uniform(size=(2, 3, 7, 9)).astype(np.float32))
+    qs, ks, vs, ps = (bf16_rounded(t) for t in (q, k, v, p))
+    scores = module.head_scores(q, k, bf16=True)
+    assert_bf16_product(scores, np.einsum("bmhd,bnhd->bhmn", qs, ks), np.einsum("bmhd,bnhd->bhmn", abs(qs), abs(ks)))
+    context = module.head_context(p, v, bf16=True)
+    assert_bf16_product(context, np.einsum("bhmn,bnhd->bmhd", ps, vs), np.einsum("bhmn,bnhd->bmhd", ps, abs(vs)))
+    ds = mx.array(rng.normal(size=scores.shape).astype(np.float32))
+    dq, dk = mx.grad(lambda q, k: (module.head_scores(q, k, bf16=True) * ds).sum(), argnums=(0, 1))(q, k)
+    dss = bf16_rounded(ds)
+    assert_bf16_product(dq, np.einsum("bhmn,bnhd->bmhd", dss, ks), np.einsum("bhmn,bnhd->bmhd", abs(dss), abs(ks)))
+    assert_bf16_product(dk, np.einsum("bhmn,bmhd->bnhd", dss, qs), np.einsum("bhmn,bmhd->bnhd", abs(dss), abs(qs)))
+    dc = mx.array(rng.normal(size=context.shape).astype(np.float32))
+    dp, dv = mx.grad(lambda p, v: (module.head_context(p, v, bf16=True) * dc).sum(), argnums=(0, 1))(p, v)
+    dcs = bf16_rounded(dc)
+    assert_bf16_product(dp, np.einsum("bmhd,bnhd->bhmn", dcs, vs), np.einsum("bmhd,bnhd->bhmn", abs(dcs), abs(vs)))
+    assert_bf16_product(dv, np.einsum("bhmn,bmhd->bnhd", ps, dcs), np.einsum("bhmn,bmhd->bnhd", ps, abs(dcs)))
+
+
+@needs_bf16
+def test_bf16_matmuls_swaps_the_linears_for_the_block_only():
+    """The same modules compute in bf16 inside the block (a traced step keeps it) and as nn.Linear after."""
+    layer = nn.Sequential(nn.Linear(40, 24), nn.ReLU(), nn.Linear(24, 8))
+    x = mx.random.normal((5, 40))
+    plain = layer(x)
+    with cpu_kernels.bf16_matmuls(layer):
+        assert all(type(m) is cpu_kernels.Bf16Linear for m in layer.layers[::2])
+        half = layer(x)
+    assert all(type(m) is nn.Linear for m in layer.layers[::2]) and mx.array_equal(layer(x), plain).item()
+    assert not mx.array_equal(half, plain).item()
+    assert mx.allclose(half, plain, rtol=2e-2, atol=2e-2).item()
+
+@needs_kernels
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_adamw_update_is_mlx_adamw_bit_for_bit(weight_decay):
+    """kbert's AdamW (pipeline/train.py: the update one kernel pass) gives MLX's optim.AdamW's parameters and
+    state, bit for bit, step after step on a schedule, compiled or not; with bias correction it is MLX's own."""
+    import mlx.optimizers as optim
+
+    from kbert.pipeline.train import AdamW
+
+    rng = np.random.default_rng(7)
+    start = {"w": mx.array(rng.normal(size=(300, 70)).astype(np.float32)),
+             "b": mx.array(rng.normal(size=(5,)).astype(np.float32))}
+    schedule = optim.cosine_decay(1e-2, 10)
+    one = mx.ones((3,))
+    assert cpu_kernels.adamw_update(one, one, one, one, mx.array(0.1), mx.array(1.0), (0.9, 0.999), 1e-8)  # fused
+    for bias_correction in (False, True):
+        ours = AdamW(learning_rate=schedule, weight_decay=weight_decay, bias_correction=bias_correction)
+        theirs = optim.AdamW(learning_rate=schedule, weight_decay=weight_decay, bias_correction=bias_correction)
+        ours_params, their_params = dict(start), dict(start)
+        step = mx.compile(lambda g, p: ours.apply_gradients(g, p), inputs=[ours.state], outputs=[ours.state])
+        for t in range(4):
+            grads = {k: mx.array(rng.normal(size=v.shape).astype(np.float32)) for k, v in start.items()}
+            ours_params = (step if t % 2 else ours.apply_gradients)(grads, ours_params)
+            their_params = theirs.apply_gradients(grads, their_params)
+            mx.eval(ours_params, their_params, ours.state, theirs.state)
+            for k in start:
+                assert mx.array_equal(ours_params[k], their_params[k]).item(), (bias_correction, t, k)
+                for moment in ("m", "v"):
+                    assert mx.array_equal(ours.state[k][moment], theirs.state[k][moment]).item()
+        assert not mx.array_equal(ours_params["w"], start["w"]).item()  # it moved
+
 @needs_kernels
 @pytest.mark.parametrize("p", [0.1, 0.5])
 def test_dropout_keeps_1_minus_p_scales_by_its_inverse_and_its_gradient_uses_the_same_mask(p):
@@ -290,6 +418,7 @@ out = {
     "layer_norm_grad": mx.grad(lambda a: (cpu_kernels.layer_norm(a, None, None, 1e-12) * dy).sum())(x),
 }
 np.savez(sys.argv[1], state=cpu_kernels.STATUS.state, path=cpu_kernels.STATUS.path,
+         bf16=cpu_kernels.bf16_gemm_isa() or "none",
          **{k: np.array(v) for k, v in out.items()})
 """
 
@@ -312,6 +441,8 @@ def test_kernels_built_for_avx2_alone_give_the_native_builds_values(tmp_path):
         assert str(runs[arch]["state"]) == "loaded"
     avx2, native = runs["x86-64-v3"], runs["native"]
     assert str(avx2["path"]).startswith(str(tmp_path)) and str(avx2["path"]) != str(native["path"])
+    assert str(avx2["bf16"]) == "none"  # no bf16 GEMM without AVX512-BF16: --precision bf16 is MLX's, with its warning
+    assert str(native["bf16"]) == ("avx512_bf16" if " avx512_bf16" in cpu_kernels._cpu_features() else "none")
     assert np.array_equal(avx2["dropout"], native["dropout"])
     for name in ("softmax", "softmax_grad", "gelu", "gelu_grad", "layer_norm", "layer_norm_grad"):
         np.testing.assert_allclose(avx2[name], native[name], rtol=2e-5, atol=2e-6, err_msg=name)

@@ -1,6 +1,7 @@
 """Mixed precision and gradient accumulation on the CPU (pipeline/precision.py, pipeline/train.py): half-precision
 forward passes of every architecture against float32, a bf16 fine-tune against the float32 loss curve, fp16's loss
-scaling recovering from an overflow, and --grad-accum against one large batch."""
+scaling recovering from an overflow, and --grad-accum against one large batch. bf16 is tested both ways a CPU runs
+it: kbert's bf16 GEMM (where the CPU has AVX512-BF16) and MLX's own bf16 ops."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import pytest
 from mlx.utils import tree_flatten
 
 import kbert.pipeline.train as train_module
+from kbert.models import cpu_kernels
 from kbert.models.encoders import ARCHITECTURES, build_encoder
 from kbert.models.heads import HeadConfig
 from kbert.models.task_model import build_task_model
 from kbert.pipeline.config import TrainConfig
-from kbert.pipeline.precision import DTYPES, LossScaler, cast_floats, in_precision, resolve_precision
+from kbert.pipeline.precision import DTYPES, LossScaler, cast_floats, compute_path, in_precision, resolve_precision
 from kbert.pipeline.train import FoldData, Progress, Validation, train_fold
 
 SIZE = {"vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -33,8 +35,25 @@ EXTRA = {"electra": {"embedding_size": 32},
 # One bfloat16 rounding is 2^-8 = 0.4% relative, one float16 rounding 2^-11 = 0.05%; embeddings, two layers of
 # matmuls, GELU, residual sums and norms compound a few of them. Measured: bf16 0.6-1.0%, fp16 0.09-0.12% on
 # every architecture. The bounds, 2.5% and 0.3%, leave room for the seed and no more: a norm or a softmax taken
-# in half precision, or a float16 overflow, lands far above them.
+# in half precision, or a float16 overflow, lands far above them. kbert's bf16 GEMM rounds only the products'
+# operands: 0.09-0.32% measured.
 TOLERANCE = {"bf16": 2.5e-2, "fp16": 3e-3}
+HAS_BF16_GEMM = cpu_kernels.bf16_gemm_isa() is not None
+
+
+def take_half_path(path: str, monkeypatch) -> str:
+    """Half precision on this CPU through kbert's bf16 GEMM (skipped without AVX512-BF16), or through MLX's ops
+    (the GEMM hidden)."""
+    if path == "bf16 gemm" and not HAS_BF16_GEMM:
+        pytest.skip("this CPU lacks AVX512-BF16")
+    if path == "mlx ops":
+        monkeypatch.setattr(cpu_kernels, "bf16_gemm_isa", lambda: None)
+    return path
+
+
+@pytest.fixture(params=["bf16 gemm", "mlx ops"])
+def half_path(request, monkeypatch) -> str:
+    return take_half_path(request.param, monkeypatch)
 
 
 def batch(rng: np.random.Generator, rows: int = 4, length: int = 12) -> tuple[mx.array, mx.array]:
@@ -46,9 +65,10 @@ def batch(rng: np.random.Generator, rows: int = 4, length: int = 12) -> tuple[mx
     return mx.array(ids), mx.array(mask)
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("precision, path", [("bf16", "bf16 gemm"), ("bf16", "mlx ops"), ("fp16", "mlx ops")])
 @pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
-def test_half_precision_forward_of_every_architecture_is_within_tolerance(model_type, precision):
+def test_half_precision_forward_of_every_architecture_is_within_tolerance(model_type, precision, path, monkeypatch):
+    take_half_path(path, monkeypatch)
     mx.random.seed(0)
     encoder, _ = build_encoder({"model_type": model_type, **SIZE, **EXTRA.get(model_type, {})})
     encoder.eval()
@@ -103,7 +123,7 @@ def test_grad_accum_4_at_batch_8_equals_batch_32_in_float32():
 
 
 @pytest.mark.slow
-def test_a_bf16_fine_tune_follows_the_float32_loss_curve():
+def test_a_bf16_fine_tune_follows_the_float32_loss_curve(half_path):
     """30 steps (15 epochs of 2 batches): bf16's per-epoch training loss within 0.015 of float32's (measured: at most
     0.005, where the loss is near 1; a bf16 rounding of the logits alone moves a loss near 0.7 by about 0.003),
     and it learns as float32 does."""
@@ -140,10 +160,14 @@ def test_loss_scaler_halves_on_overflow_and_grows_after_good_steps():
     assert scaler.update(True) and scaler.scale == 8.0
 
 
-def test_defaults_and_the_cpu_warning(capsys):
+def test_defaults_and_the_cpu_warning(capsys, half_path):
+    """Half precision on a CPU warns where it is MLX's own (slow) ops; bf16 on kbert's GEMM does not."""
     assert resolve_precision("auto", "gpu") == "bf16" and resolve_precision("auto", "cpu") == "fp32"
     assert resolve_precision("bf16", "cpu") == "bf16"
-    assert "about 15x slower" in capsys.readouterr().err
+    assert ("about 15x slower" in capsys.readouterr().err) == (half_path == "mlx ops")
+    assert compute_path("bf16", "cpu") == ("bf16 avx512_bf16" if half_path == "bf16 gemm" else "bf16 cpu")
+    assert resolve_precision("fp16", "cpu") == "fp16" and "about 15x slower" in capsys.readouterr().err
+    assert compute_path("fp32", "cpu") == "fp32" and compute_path("bf16", "gpu") == "bf16 gpu"
     quantized = {"w": mx.zeros((2, 2), dtype=mx.uint32), "scales": mx.ones((2,))}
     cast = cast_floats(quantized, mx.bfloat16)
     assert cast["w"].dtype == mx.uint32 and cast["scales"].dtype == mx.bfloat16  # packed 4-bit weights kept
@@ -222,7 +246,7 @@ def test_a_linux_mlx_without_backend_is_named(monkeypatch, tmp_path, capsys):
     assert 'MLX is installed without a backend; pip install -e ".[cpu]"' in capsys.readouterr().err
 
 
-def test_qlora_base_weights_stay_packed_and_compute_in_bf16():
+def test_qlora_base_weights_stay_packed_and_compute_in_bf16(half_path):
     from kbert.models.adapters import apply_adapters, resolve_adapter
 
     mx.random.seed(0)

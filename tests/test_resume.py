@@ -1,6 +1,6 @@
 """`kbert run` resumes: a run killed during fold 3 keeps folds 1-2 on rerun and ends with the OOF of an
-uninterrupted run; Ctrl-C stops with a message; a rerun with other settings is refused, and so is a second
-process on a run id that another one is writing."""
+uninterrupted run; Ctrl-C stops with a message; a rerun with other settings is refused, and so are a resume whose
+kept folds computed on another half-precision path and a second process on a run id that another one is writing."""
 
 from __future__ import annotations
 
@@ -127,6 +127,19 @@ def test_a_folder_without_config_is_refused_and_a_half_written_fold_is_redone(tm
             f"{blas['library']} {blas['core']}".rstrip()) in again.stdout
     assert (fold / "fold.json").is_file() and not (fold / "stale.txt").exists()
     assert (fold / "model.safetensors").stat().st_mtime_ns > 0  # retrained
+
+    # a fold computed on another half-precision path (bf16's numbers differ between them): refused, nothing touched
+    kept = read_json(run_dir / "folds" / "0" / "fold.json")
+    assert kept["record"]["compute"] == "fp32"
+    write_json(run_dir / "folds" / "0" / "fold.json", {**kept, "record": {**kept["record"],
+                                                                           "compute": "bf16 avx512_bf16"}})
+    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+    other = run_kbert(tmp_path, "r")
+    assert other.returncode == 2
+    assert other.stderr.strip() == (f"kbert: error: {run_dir}: fold 1 was computed in bf16 avx512_bf16, this machine "
+                                    "computes in fp32 (half-precision numbers differ between these paths); resume "
+                                    "it where it was trained, or start a new run")
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
 
 
 def test_a_second_process_on_the_same_run_id_is_refused_while_the_first_writes_it(tmp_path):
