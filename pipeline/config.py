@@ -126,12 +126,12 @@ def _top_level_assignments(module: str) -> tuple[Path, list[ast.Assign]]:
 
 
 def setting(default: Any = MISSING, *, help: str, flag: str = "", choices: tuple[str, ...] = (),
-            bound: Bound | Mapping[str, Bound] | None = None, metavar: str = "") -> Any:
+            bound: Bound | Mapping[str, Bound] | None = None, metavar: str = "", env: str = "") -> Any:
     """A run setting's dataclass field: its default (a list or mapping is copied for each instance) and, as
     metadata, its help, its ``kbert run`` flag (``metavar``: the flag's value as the help names it), the words it
-    takes (``choices``: the owning module's constant) and the numbers it takes (``bound``; a mapping setting's: a
-    Bound per key)."""
-    metadata = {"help": help, "flag": flag, "choices": choices, "bound": bound, "metavar": metavar}
+    takes (``choices``: the owning module's constant), the numbers it takes (``bound``; a mapping setting's: a
+    Bound per key) and ``env``, an environment variable that gives the flag's value when the flag is not given."""
+    metadata = {"help": help, "flag": flag, "choices": choices, "bound": bound, "metavar": metavar, "env": env}
     if isinstance(default, (list, dict)):
         return field(default_factory=functools.partial(copy.deepcopy, default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -415,6 +415,7 @@ class RunConfig:
     submissions_dir: str = setting("submissions", flag="--submissions-dir",
                                    help="submissions folder (default: submissions)")
     limit_rows: int | None = setting(None, bound=Bound(integer=True, at_least=1, optional=True), flag="--limit-rows",
+                                     env="KBERT_LIMIT_ROWS",
                                      help="use only the first N training rows (quick smoke runs)")
     permute_target: bool = setting(False, flag="--permute-target",
                                    help="sanity check: shuffle the training targets; the CV should fall to the "
@@ -508,7 +509,7 @@ def setting_row(name: str, f: Field) -> str:
         takes = "; ".join(f"{key}: {entry.describe()}" for key, entry in bound.items())
     else:
         takes = ", ".join(f"`{word}`" for word in meta["choices"]) or (bound.describe() if bound else "")
-    flag = f"`{meta['flag']}`" if meta["flag"] else ""
+    flag = (f"`{meta['flag']}`" if meta["flag"] else "") + (f" or `{meta['env']}=`" if meta["env"] else "")
     cells = (f"`{name}`", flag, default, takes, meta["help"])
     return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 

@@ -28,10 +28,11 @@ def test_help_lists_commands_and_flags(tmp_path):
         assert flag in run.stdout
 
 
-def test_run_options_are_the_declared_settings(tmp_path):
+def test_run_options_are_the_declared_settings(tmp_path, monkeypatch):
     """Every run setting declared with a flag (pipeline/config.py) is a `kbert run` option with its declaration's
-    help and choices, set in the run's overrides under its name; building the parser loads no MLX (the choices are
-    read from their modules' source)."""
+    help and choices, set in the run's overrides under its name, and one declared with an environment variable takes
+    its value when the flag is not given; building the parser loads no MLX (the choices are read from their
+    modules' source)."""
     from kbert.cli import build_parser
     from kbert.cli.run import _overrides
     from kbert.pipeline.config import FLAG_SECTIONS, flags
@@ -42,12 +43,18 @@ def test_run_options_are_the_declared_settings(tmp_path):
     declared = {name: f for settings in FLAG_SECTIONS.values() for name, f in flags(settings).items()}
     assert {"pooling", "folds", "learning_rate", "compile", "out_dir", "threshold"} <= set(declared)
     for name, f in declared.items():
-        assert options[name].option_strings == [f.metadata["flag"]] and options[name].help == f.metadata["help"]
+        env = f" (default: ${f.metadata['env']} when set)" if f.metadata["env"] else ""
+        assert options[name].option_strings == [f.metadata["flag"]] and options[name].help == f.metadata["help"] + env
         assert tuple(options[name].choices or ()) == f.metadata["choices"], name
     overrides = _overrides(run.parse_args(["titanic", "--pooling", "mean", "--no-compile", "--folds", "3"]))
     assert set(overrides) == set(declared)
     chosen = (overrides["pooling"], overrides["compile"], overrides["folds"], overrides["epochs"])
     assert chosen == ("mean", False, 3, None)
+    assert declared["limit_rows"].metadata["env"] == "KBERT_LIMIT_ROWS" and overrides["limit_rows"] is None
+    monkeypatch.setenv("KBERT_LIMIT_ROWS", "50")
+    run = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]
+    assert _overrides(run.parse_args(["titanic"]))["limit_rows"] == 50
+    assert _overrides(run.parse_args(["titanic", "--limit-rows", "7"]))["limit_rows"] == 7  # the flag wins
     code = "import sys; from kbert.cli import build_parser; build_parser(); print('mlx.core' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.stdout.strip() == "False", out.stderr

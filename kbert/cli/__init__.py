@@ -36,6 +36,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cli_markdown() -> str:
+    """docs/cli-reference.md: ``kbert --help`` and every command's ``--help``, as the parsers print them at 100
+    columns (docs/make_cli.py writes it; tests/test_docs.py checks that it is current)."""
+    parser = build_parser()
+    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    lines = ["# Command-line reference", "", "Every `kbert` command's options, generated from its parser (kbert/cli) by "
+             "`python docs/make_cli.py`."]
+    for name, command in [("kbert", parser), *((f"kbert {n}", p) for n, p in commands.choices.items())]:
+        formatter = command.formatter_class
+        command.formatter_class = lambda prog, formatter=formatter: formatter(prog, width=100)
+        lines += ["", f"## `{name}`", "", "```text", command.format_help().rstrip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
 def missing_mlx_backend() -> str | None:
     """On Linux, MLX's wheel brings no backend by itself: the cpu or cuda extra installs one (mlx/lib/libmlx.so).
     Checked without importing mlx.core, which must load after the BLAS is bound."""

@@ -8,6 +8,7 @@ it always has."""
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 COMPETITION_HELP = "a name under competitions/ or a path to a competition YAML"
@@ -46,12 +47,17 @@ def add_submissions_dir(parser: argparse.ArgumentParser, default: str | None = N
 def add_setting(parser: argparse.ArgumentParser, key: str, help: str | None = None, default: Any = None) -> None:
     """The option of run setting ``key`` (kbert.pipeline.config.SETTINGS) as its declaration gives it: its flag,
     help, the words it takes, a number ``check_numbers`` checks, or a switch away from a bool's default; its value
-    is ``args.<key>``. ``help`` and ``default`` where a command words or uses it its own way."""
+    is ``args.<key>``. ``help`` and ``default`` where a command words or uses it its own way; a setting declared
+    with ``env`` takes that environment variable's value when it is set and the flag is not given."""
     from kbert.pipeline.config import SETTINGS, Bound
 
     declared = SETTINGS[key]
     meta, bound = declared.metadata, declared.metadata["bound"]
-    options = {"dest": key, "default": default, "help": help or meta["help"]}
+    env = meta["env"]
+    if default is None and env and os.environ.get(env):  # argparse converts a str default with the option's type
+        default = os.environ[env]
+    options = {"dest": key, "default": default, "help": (help or meta["help"]) +
+               (f" (default: ${env} when set)" if env else "")}
     if meta["metavar"]:
         options["metavar"] = meta["metavar"]
     if isinstance(declared.default, bool):
