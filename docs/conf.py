@@ -1,10 +1,19 @@
 """Sphinx configuration of kbert's documentation: MyST Markdown pages, built offline (no CDN assets, no web fonts)
-and strictly (``-W``: a broken link or reference fails the build). ``python -m sphinx -W -b html docs build/docs``."""
+and strictly (``-W``: a broken link or reference fails the build). ``python -m sphinx -W -b html docs build/docs``.
+
+A page with MyST-NB front matter (``file_format: mystnb``) is executed during the build, each in a temporary
+folder: its ``{code-cell}`` examples run kbert on tiny data, and one that fails fails the build.
+``-D nb_execution_mode=off`` builds without running them (the tests' structural checks)."""
 
 project = "kbert"
 author = "kbert's developers"
-extensions = ["myst_parser"]
-source_suffix = {".md": "markdown"}
+extensions = ["myst_nb"]
+nb_execution_mode = "force"  # every executable page, every build
+nb_execution_raise_on_error = False  # a failing example is a warning (an error under -W) that shows its cell and output
+nb_execution_in_temp = True  # the examples write runs/ and submissions/ in a temporary folder, not in docs/
+nb_execution_timeout = 300
+nb_merge_streams = True
+nb_execution_show_tb = True
 exclude_patterns = ["_build"]
 myst_heading_anchors = 3  # #section links within and across pages
 html_theme = "alabaster"  # Sphinx's own theme: its CSS and fonts are local

@@ -13,13 +13,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-pytest.importorskip("myst_parser", reason="the docs extra (Sphinx, MyST) is not installed")
+pytest.importorskip("myst_nb", reason="the docs extra (Sphinx, MyST-NB) is not installed")
 
 
-def build(docs: Path, out: Path) -> subprocess.CompletedProcess:
-    """``.ci/run``'s build: warnings are errors (-W), all of them reported (--keep-going)."""
-    return subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(docs),
-                           str(out)], capture_output=True, text=True, timeout=300)
+def build(docs: Path, out: Path, execute: bool = False) -> subprocess.CompletedProcess:
+    """``.ci/run``'s build: warnings are errors (-W), all of them reported (--keep-going); the pages' examples run
+    only with ``execute`` (.ci/run runs them all; here the structure is checked without them)."""
+    switch = [] if execute else ["-D", "nb_execution_mode=off"]
+    return subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", *switch,
+                           str(docs), str(out)], capture_output=True, text=True, timeout=600)
 
 
 def test_the_docs_build_strictly_and_a_broken_reference_fails_the_build(tmp_path):
@@ -40,6 +42,28 @@ def test_the_docs_build_strictly_and_a_broken_reference_fails_the_build(tmp_path
     broken = build(planted, tmp_path / "broken")
     assert broken.returncode != 0
     assert "tuning.md" in broken.stderr and "no-such-page.md" in broken.stderr
+
+
+@pytest.mark.slow
+def test_a_failing_example_fails_the_build_and_a_passing_one_shows_its_output(tmp_path):
+    """Two executable pages beside the real configuration: the build runs their examples (as .ci/run runs every
+    page's), shows a passing example's output, and fails on one whose kbert command fails, naming the page."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    shutil.copy(REPO / "docs" / "conf.py", docs)
+    shutil.copytree(REPO / "docs" / "_static", docs / "_static")
+    front = "---\nfile_format: mystnb\nkernelspec:\n  name: python3\n  display_name: Python 3\n  language: python\n---\n"
+    (docs / "index.md").write_text("# Home\n\n```{toctree}\nworks\n```\n")
+    (docs / "works.md").write_text(front + "# Works\n\n```{code-cell} ipython3\n%%bash\nkbert show-text titanic --n 1\n```\n")
+    passing = build(docs, tmp_path / "passing", execute=True)
+    assert passing.returncode == 0, passing.stderr[-3000:]
+    assert "Survived" in (tmp_path / "passing" / "works.html").read_text()  # the example's output, in the page
+
+    (docs / "index.md").write_text("# Home\n\n```{toctree}\nworks\nfails\n```\n")
+    (docs / "fails.md").write_text(front + "# Fails\n\n```{code-cell} ipython3\n%%bash\nkbert run no-such-competition\n```\n")
+    failing = build(docs, tmp_path / "failing", execute=True)
+    assert failing.returncode != 0
+    assert "fails" in failing.stderr and "no-such-competition" in failing.stderr
 
 
 def test_the_command_line_reference_is_current():
