@@ -315,18 +315,40 @@ enum class Kernel { Softmax, SoftmaxGrad, Gelu, GeluGrad, Dropout, Normalize, No
 
 array make(Kernel kind, std::vector<array> inputs, float scale, StreamOrDevice s);
 
-// The output's buffer, and the stream's command encoder told what a kernel reads and writes.
-auto& output_encoder(Stream stream, const std::vector<array>& inputs, array& out) {
-  out.set_data(allocator::malloc(out.nbytes()));
+// The outputs' buffers, and the stream's command encoder told what a kernel reads and writes.
+auto& outputs_encoder(Stream stream, const std::vector<array>& inputs, std::vector<array>& outputs) {
+  for (auto& out : outputs) out.set_data(allocator::malloc(out.nbytes()));
   auto& encoder = cpu::get_command_encoder(stream);
   for (auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
+  for (auto& out : outputs) encoder.set_output_array(out);
   return encoder;
 }
 
-class FastCpuKernel : public UnaryPrimitive {
+auto& output_encoder(Stream stream, const std::vector<array>& inputs, array& out) {
+  std::vector<array> outputs{out};  // the same array (a shared handle)
+  return outputs_encoder(stream, inputs, outputs);
+}
+
+// The stream a kernel runs on, which must be a CPU stream.
+Stream cpu_stream(StreamOrDevice s) {
+  auto stream = to_stream(s);
+  if (stream.device != Device::cpu) throw std::invalid_argument("kbert CPU kernels need a CPU stream");
+  return stream;
+}
+
+// A one-output primitive of these kernels: it has no GPU implementation.
+class CpuPrimitive : public UnaryPrimitive {
  public:
-  FastCpuKernel(Stream stream, Kernel kind, float scale) : UnaryPrimitive(stream), kind_(kind), scale_(scale) {}
+  using UnaryPrimitive::UnaryPrimitive;
+
+  void eval_gpu(const std::vector<array>&, array&) override {
+    throw std::runtime_error("kbert CPU kernels run on the CPU only");
+  }
+};
+
+class FastCpuKernel : public CpuPrimitive {
+ public:
+  FastCpuKernel(Stream stream, Kernel kind, float scale) : CpuPrimitive(stream), kind_(kind), scale_(scale) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
     auto& encoder = output_encoder(stream(), inputs, out);
@@ -371,10 +393,6 @@ class FastCpuKernel : public UnaryPrimitive {
         break;
       }
     }
-  }
-
-  void eval_gpu(const std::vector<array>&, array&) override {
-    throw std::runtime_error("kbert CPU kernels run on the CPU only");
   }
 
   std::vector<array> vjp(const std::vector<array>& primals, const std::vector<array>& cotangents,
@@ -423,8 +441,7 @@ class FastCpuKernel : public UnaryPrimitive {
 };
 
 array make(Kernel kind, std::vector<array> inputs, float scale, StreamOrDevice s) {
-  auto stream = to_stream(s);
-  if (stream.device != Device::cpu) throw std::invalid_argument("kbert CPU kernels need a CPU stream");
+  auto stream = cpu_stream(s);
   for (size_t i = 0; i < inputs.size(); ++i)
     if (inputs[i].dtype() != (kind == Kernel::Dropout && i == 1 ? uint32 : float32))
       throw std::invalid_argument("kbert CPU kernels take float32 arrays (dropout: a uint32 seed of 2)");
@@ -663,9 +680,9 @@ enum class Head { Scores, Context, ContextT };
 
 array head_product(Head kind, array a, array b, bool bf16, StreamOrDevice s);
 
-class HeadProduct : public UnaryPrimitive {
+class HeadProduct : public CpuPrimitive {
  public:
-  HeadProduct(Stream stream, Head kind, bool bf16) : UnaryPrimitive(stream), kind_(kind), bf16_(bf16) {}
+  HeadProduct(Stream stream, Head kind, bool bf16) : CpuPrimitive(stream), kind_(kind), bf16_(bf16) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
     auto& encoder = output_encoder(stream(), inputs, out);
@@ -711,10 +728,6 @@ class HeadProduct : public UnaryPrimitive {
         });
       });
     }
-  }
-
-  void eval_gpu(const std::vector<array>&, array&) override {
-    throw std::runtime_error("kbert CPU kernels run on the CPU only");
   }
 
   std::vector<array> vjp(const std::vector<array>& primals, const std::vector<array>& cotangents,
@@ -763,8 +776,7 @@ class HeadProduct : public UnaryPrimitive {
 };
 
 array head_product(Head kind, array a, array b, bool bf16, StreamOrDevice s) {
-  auto stream = to_stream(s);
-  if (stream.device != Device::cpu) throw std::invalid_argument("kbert CPU kernels need a CPU stream");
+  auto stream = cpu_stream(s);
   if (!global_sgemm()) throw std::invalid_argument("kbert head products: no cblas_sgemm in the global scope");
   if (bf16 && !kHasBf16Gemm) throw std::invalid_argument("kbert's bf16 GEMM was not built: this CPU lacks AVX512-BF16");
   if (a.dtype() != float32 || b.dtype() != float32 || a.ndim() != 4 || b.ndim() != 4)
@@ -784,9 +796,9 @@ array head_product(Head kind, array a, array b, bool bf16, StreamOrDevice s) {
 
 array bf16_gemm(Gemm kind, array a, array b, StreamOrDevice s, std::optional<array> bias = std::nullopt);
 
-class Bf16Gemm : public UnaryPrimitive {
+class Bf16Gemm : public CpuPrimitive {
  public:
-  Bf16Gemm(Stream stream, Gemm kind) : UnaryPrimitive(stream), kind_(kind) {}
+  Bf16Gemm(Stream stream, Gemm kind) : CpuPrimitive(stream), kind_(kind) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override {
     auto& encoder = output_encoder(stream(), inputs, out);
@@ -799,10 +811,6 @@ class Bf16Gemm : public UnaryPrimitive {
     int64_t lda_i = kind_ == Gemm::TN ? 1 : k, lda_k = kind_ == Gemm::TN ? m : 1;
     int64_t ldb_k = kind_ == Gemm::NT ? 1 : n, ldb_j = kind_ == Gemm::NT ? k : 1;
     encoder.dispatch([=]() { bf16_gemm(m, n, k, a, lda_i, lda_k, b, ldb_k, ldb_j, c, n, bias); });
-  }
-
-  void eval_gpu(const std::vector<array>&, array&) override {
-    throw std::runtime_error("kbert CPU kernels run on the CPU only");
   }
 
   std::vector<array> vjp(const std::vector<array>& primals, const std::vector<array>& cotangents,
@@ -854,8 +862,7 @@ class Bf16Gemm : public UnaryPrimitive {
 };
 
 array bf16_gemm(Gemm kind, array a, array b, StreamOrDevice s, std::optional<array> bias) {
-  auto stream = to_stream(s);
-  if (stream.device != Device::cpu) throw std::invalid_argument("kbert CPU kernels need a CPU stream");
+  auto stream = cpu_stream(s);
   if (!kHasBf16Gemm) throw std::invalid_argument("kbert's bf16 GEMM was not built: this CPU lacks AVX512-BF16");
   if (a.dtype() != float32 || b.dtype() != float32 || a.ndim() != 2 || b.ndim() != 2)
     throw std::invalid_argument("kbert's bf16 GEMM takes 2-dimensional float32 arrays");
@@ -898,10 +905,7 @@ class AdamWUpdate : public Primitive {
       : Primitive(stream), b1_(b1), c1_(c1), b2_(b2), c2_(c2), eps_(eps) {}
 
   void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override {
-    for (auto& out : outputs) out.set_data(allocator::malloc(out.nbytes()));
-    auto& encoder = cpu::get_command_encoder(stream());
-    for (auto& a : inputs) encoder.set_input_array(a);
-    for (auto& out : outputs) encoder.set_output_array(out);
+    auto& encoder = outputs_encoder(stream(), inputs, outputs);
     const float *p = inputs[0].data<float>(), *g = inputs[1].data<float>(), *m = inputs[2].data<float>(),
                 *v = inputs[3].data<float>(), *lr = inputs[4].data<float>(), *decay = inputs[5].data<float>();
     float *p_out = outputs[0].data<float>(), *m_out = outputs[1].data<float>(), *v_out = outputs[2].data<float>();
@@ -938,8 +942,7 @@ class AdamWUpdate : public Primitive {
 std::vector<array> adamw_update(const array& p, const array& g, const array& m, const array& v, const array& lr,
                                 const array& decay, float b1, float c1, float b2, float c2, float eps,
                                 StreamOrDevice s) {
-  auto stream = to_stream(s);
-  if (stream.device != Device::cpu) throw std::invalid_argument("kbert CPU kernels need a CPU stream");
+  auto stream = cpu_stream(s);
   for (const array* a : {&p, &g, &m, &v, &lr, &decay})
     if (a->dtype() != float32) throw std::invalid_argument("kbert's AdamW update takes float32 arrays");
   if (g.shape() != p.shape() || m.shape() != p.shape() || v.shape() != p.shape() || lr.size() != 1 ||

@@ -43,7 +43,7 @@ from kbert.pipeline.artifacts import FoldPredictions, write_finished_fold
 from kbert.pipeline.config import CompetitionConfig, RunConfig, adapter_config
 from kbert.pipeline.splits import make_fold_sets
 from kbert.pipeline.metrics import Metric
-from kbert.pipeline.precision import compute_path, compute_precision, current_device
+from kbert.pipeline.precision import run_compute_path
 from kbert.pipeline.predictions import predictions_frame, score
 from kbert.pipeline.profile import stage
 from kbert.pipeline.pseudo import PseudoLabels
@@ -412,7 +412,7 @@ def train_one_fold(job: FoldJob, source: EncoderSource, *, progress, log) -> Fol
                 "score": result.best_score, "best_epoch": result.best_epoch,
                 "n_train": len(split.train_index), "n_valid": len(split.valid_index),
                 "seconds": round(result.seconds, 2), "blas": runtime.status().blas.identity(),
-                "compute": compute_path(compute_precision(config.train.precision), current_device()),
+                "compute": run_compute_path(config.train.precision),
                 **({"averaged_epochs": result.averaged_epochs} if result.averaged_epochs else {})},
         tokens=budget,
     )

@@ -82,6 +82,11 @@ def compute_path(precision: str, device: str) -> str:
     return "bf16 avx512_bf16" if precision == "bf16" and cpu_kernels.bf16_gemm_isa() else f"{precision} cpu"
 
 
+def run_compute_path(requested: str) -> str:
+    """``compute_path`` of the precision a run asked for, on the current default device: a fold's record."""
+    return compute_path(compute_precision(requested), current_device())
+
+
 def bf16_gemm_here(dtype: mx.Dtype) -> bool:
     """Whether ``dtype`` computes through kbert's bf16 GEMM: bf16 on a CPU that has it."""
     return dtype == mx.bfloat16 and current_device() == "cpu" and cpu_kernels.bf16_gemm_isa() is not None

@@ -36,7 +36,7 @@ from kbert.pipeline.fold_processes import (FoldJob, FoldPlan, Machine, available
                                            usable_cores, with_streams)
 from kbert.pipeline.splits import fold_rows
 from kbert.pipeline.metrics import check_metric_fits, get_metric
-from kbert.pipeline.precision import (backend, compute_path, compute_precision, current_device, resolve_precision,
+from kbert.pipeline.precision import (backend, compute_precision, current_device, resolve_precision, run_compute_path,
                                       use_device)
 from kbert.pipeline.predictions import (average_folds, cross_fitted_threshold_score, metric_targets, score,
                                         tune_label_thresholds, tune_threshold)
@@ -115,8 +115,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                                          [(split.description, split.train_index) for split in splits])
         with open_run_folder(config, paths.folder, inputs.inputs, log):
             finished = [read_back_fold(paths.folder / "folds" / split.name, split, inputs) for split in splits]
-            check_kept_compute(paths.folder, finished,
-                               compute_path(compute_precision(config.train.precision), device))
+            check_kept_compute(paths.folder, finished, run_compute_path(config.train.precision))
             if not source.from_scratch:
                 write_text(paths.tokenizer, source.tokenizer.to_str())
             write_folds_table(paths.folder, config.competition, inputs.train[config.competition.id_column], fold_sets)
@@ -420,7 +419,7 @@ def write_run_artifacts(inputs: RunInputs, paths: RunPaths, folds: list[FoldPred
             "tokens": budget, "head": inputs.head.to_dict(), "wall_time_s": round(seconds, 2),
             "blas": runtime.status().blas.identity(), "device": current_device(), "backend": backend(),
             "precision": compute_precision(config.train.precision),
-            "compute": compute_path(compute_precision(config.train.precision), current_device()),
+            "compute": run_compute_path(config.train.precision),
             "submission": str(submission_path), "inputs": inputs.inputs, "config_sha256": config_fingerprint(config),
             "warnings": inputs.warnings,
         })
