@@ -12,7 +12,6 @@ optimizer state and activations); "rss" is the process's maximum resident set, P
 Modes: full fine-tuning and adapters, each with or without gradient checkpointing (``+ckpt``;
 ``qlora_memory`` is the preset: a 4-bit base, rank 8 and checkpointing).
 
-Measured 2026-11-22 on 2 cores (AMD EPYC, MKL), --steps 4: see the table in the README ("Adapters").
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ import subprocess
 import sys
 import time
 
+import figures  # noqa: E402  (benchmarks/figures.py)
 from kbert.models import runtime  # noqa: E402
 
 runtime.setup()  # binds the fast BLAS before mlx.core loads
@@ -90,6 +90,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--record", metavar="NAME", help="also write the table to benchmarks/results/NAME.json")
     parser.add_argument("--worker", choices=list(MODES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -105,10 +106,18 @@ def main() -> None:
     print(f"MiniLM-size encoder, batch {args.batch} x {args.seq} tokens, median of {args.steps} compiled steps")
     print(f"{'mode':14s} {'trainable':>12s} {'weights MB':>11s} {'peak MB':>9s} {'vs full':>8s} {'rss MB':>8s} "
           f"{'step s':>7s}")
+    table = []
     for r in rows:
         share = f"{r['peak_mb'] / full['peak_mb']:.0%}" if full else "-"
         print(f"{r['mode']:14s} {r['trainable']:>12,d} {r['weights_mb']:>11.1f} {r['peak_mb']:>9.1f} {share:>8s} "
               f"{r['rss_mb']:>8.0f} {r['step_s']:>7.2f}")
+        table.append([r["mode"], f"{r['trainable']:,d}", f"{r['weights_mb']:.1f}", f"{r['peak_mb']:.1f}", share,
+                      f"{r['rss_mb']:.0f}", f"{r['step_s']:.2f}"])
+    if args.record:
+        figures.record(args.record, figures={f"{r['mode'].replace('+', '_')}_peak": [round(r["peak_mb"], 1), "MB"]
+                                             for r in rows},
+                       tables={"modes": {"columns": ["mode", "trainable", "weights MB", "peak MB", "of full",
+                                                     "max RSS MB", "step s"], "rows": table}})
 
 
 if __name__ == "__main__":

@@ -51,6 +51,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+import figures  # noqa: E402  (benchmarks/figures.py, beside this script)
+
 # config.json-style values by size name; model_type picks the architecture on both sides (kbert's
 # build_task_model, transformers' AutoModelForSequenceClassification).
 DEBERTA_V3 = dict(model_type="deberta-v2", relative_attention=True, position_buckets=256, norm_rel_ebd="layer_norm",
@@ -79,26 +81,6 @@ SIZES = {
 # kernels; PyTorch's ATen kernels, oneDNN and MKL), as on a CPU without AVX-512. Set before the workers start.
 AVX2_ONLY = {"KBERT_CPU_ARCH": "x86-64-v3", "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2",
              "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
-
-
-def cpu_header() -> str:
-    """The CPU's model, its cores and which of AVX2, AVX-512 and AMX it has (Linux /proc/cpuinfo)."""
-    import platform
-
-    model, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() in ("flags", "Features"):
-                flags = set(value.split())
-    except OSError:
-        pass
-    avx512 = sorted(f.removeprefix("avx512").strip("_") for f in flags if f.startswith("avx512"))
-    amx = sorted(f.removeprefix("amx_") for f in flags if f.startswith("amx"))
-    return (f"CPU: {model}, {os.cpu_count()} cores; SIMD: AVX2 {'yes' if 'avx2' in flags else 'no'}, AVX-512 "
-            + (f"yes ({' '.join(avx512)})" if avx512 else "no") + ", AMX " + (f"yes ({' '.join(amx)})" if amx else "no"))
 
 
 def computes_first_token_alone(size: dict) -> bool:
@@ -460,6 +442,8 @@ def main() -> None:
                              "kernels, no compile, no dynamic padding; about an hour)")
     parser.add_argument("--same-process", action="store_true",
                         help="run MLX and PyTorch in this one process (kbert's settings then apply to both)")
+    parser.add_argument("--record", metavar="NAME",
+                        help="also write the table to benchmarks/results/NAME.json (benchmarks/figures.py)")
     parser.add_argument("--worker", choices=["mlx", "torch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -468,7 +452,7 @@ def main() -> None:
 
     if args.isa == "avx2":
         os.environ.update(AVX2_ONLY)
-    print(cpu_header() + ("; kernels limited to AVX2 (" + " ".join(f"{k}={v}" for k, v in AVX2_ONLY.items()) + ")"
+    print("CPU: " + figures.machine() + ("; kernels limited to AVX2 (" + " ".join(f"{k}={v}" for k, v in AVX2_ONLY.items()) + ")"
                           if args.isa == "avx2" else ""))
     workers = {framework: Worker(framework, args.same_process) for framework in ("mlx", "torch")}
     mlx_line = workers["mlx"].ask("describe")
@@ -481,6 +465,7 @@ def main() -> None:
     shapes = [(seq, "fixed") for seq in args.seq if "fixed" in args.lengths] + [
         (0, lengths) for lengths in args.lengths if lengths != "fixed"]
     folder = tempfile.TemporaryDirectory()
+    rows, ratios = [], {}
     files = {"fixed": "fixed"}  # the row lengths, computed here once (the PyTorch worker loads no kbert)
     for name in set(args.lengths) - {"fixed"}:
         files[name] = str(Path(folder.name) / f"{name}.npy")
@@ -497,10 +482,21 @@ def main() -> None:
               f"{r['infer_iqr'][0]:.2f}-{r['infer_iqr'][1]:.2f}; per repetition: train "
               + " ".join(f"{x:.2f}" for x in r["train_ratios"]) + " | infer "
               + " ".join(f"{x:.2f}" for x in r["infer_ratios"]), flush=True)
+        shape = seq if lengths == "fixed" else lengths
+        rows.append([size, shape, precision, pooling, f"{r['mlx_train']:.1f}", f"{r['torch_train']:.1f}",
+                     f"{r['train_ratio']:.2f} ({r['train_iqr'][0]:.2f}-{r['train_iqr'][1]:.2f})",
+                     f"{r['mlx_infer']:.1f}", f"{r['torch_infer']:.1f}",
+                     f"{r['infer_ratio']:.2f} ({r['infer_iqr'][0]:.2f}-{r['infer_iqr'][1]:.2f})"])
+        for kind in ("train", "infer"):
+            ratios[f"{size}_{shape}_{precision}_{pooling}_{kind}".replace("-", "_")] = [round(r[f"{kind}_ratio"], 2), "x"]
     folder.cleanup()
     for w in workers.values():
         w.close()
     print("(sequences/s; ratio = median over repetitions of MLX / PyTorch)")
+    if args.record:
+        columns = ["size", "seq", "precision", "pooling", "kbert train", "PyTorch train", "ratio (IQR)",
+                   "kbert infer", "PyTorch infer", "ratio (IQR)"]
+        figures.record(args.record, figures=ratios, tables={"speed": {"columns": columns, "rows": rows}})
     if args.end_to_end:
         print(f"kbert run titanic: {end_to_end(False):.0f}s with every optimization on", flush=True)
     if args.end_to_end_reference:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import time
 from datetime import date
 
@@ -24,8 +23,8 @@ from kbert.models import runtime  # noqa: E402
 runtime.setup()
 import mlx.core as mx  # noqa: E402
 
+import figures  # noqa: E402  (benchmarks/figures.py)
 from kbert.models import cpu_kernels  # noqa: E402
-from kbert.pipeline.probe import cpu_model  # noqa: E402
 
 TOKENS = 4096
 SHAPES = [("attention projection", 384, 384), ("FFN up", 1536, 384), ("FFN down", 384, 1536)]  # (name, out, in)
@@ -44,15 +43,17 @@ def best_seconds(fn, reps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--record", metavar="NAME", help="also write the table to benchmarks/results/NAME.json")
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"{cpu_model()}, {os.cpu_count()} cores; kbert {commit}; {date.today()}; "
+    commit, clean = figures.checkout()
+    print(f"{figures.machine()}; kbert {commit[:7]}{'' if clean else ' + changes'}; {date.today()}; "
           f"BLAS {runtime.status().blas.name}; bf16 GEMM: {cpu_kernels.bf16_gemm_isa() or 'not built here'}")
     if cpu_kernels.bf16_gemm_isa() is None:
         return
     module = cpu_kernels.kernels()
     module.set_threads(1)
     print(f"{'product':46} {'m x n x k':>18} | {'bf16 GF/s':>9} {'fp32 GF/s':>9} {'ratio':>5}")
+    rows = []
     for name, out, inner in SHAPES:
         x, w, dy = mx.random.normal((TOKENS, inner)), mx.random.normal((out, inner)), mx.random.normal((TOKENS, out))
         mx.eval(x, w, dy)
@@ -70,6 +71,13 @@ def main() -> None:
             flops = 2.0 * m * n * k
             print(f"{name + ': ' + product:46} {f'{m} x {n} x {k}':>18} | {flops / bf16_s / 1e9:9.1f} "
                   f"{flops / fp32_s / 1e9:9.1f} {fp32_s / bf16_s:5.2f}")
+            rows.append([f"{name}: {product}", f"{m} x {n} x {k}", f"{flops / bf16_s / 1e9:.1f}",
+                         f"{flops / fp32_s / 1e9:.1f}", f"{fp32_s / bf16_s:.2f}"])
+    if args.record:
+        ratios = [float(row[-1]) for row in rows]
+        figures.record(args.record, figures={"lowest": [min(ratios), "x"], "highest": [max(ratios), "x"]},
+                       tables={"products": {"columns": ["product", "m x n x k", "bf16 GFLOP/s", "fp32 GFLOP/s",
+                                                        "ratio"], "rows": rows}})
 
 
 if __name__ == "__main__":

@@ -8,8 +8,6 @@ inner folds, as ``fit_stack`` runs them. Both choose the same C and refit the sa
 from __future__ import annotations
 
 import argparse
-import platform
-import subprocess
 import sys
 import time
 from datetime import date
@@ -23,6 +21,7 @@ from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.metrics import log_loss, make_scorer  # noqa: E402
 from sklearn.model_selection import GridSearchCV, KFold  # noqa: E402
 
+import figures  # noqa: E402  (benchmarks/figures.py)
 from kbert.ensembles import blend  # noqa: E402
 
 
@@ -37,9 +36,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[160, 7000])
     parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--record", metavar="NAME", help="also write the table to benchmarks/results/NAME.json")
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
-    print(f"{platform.processor() or platform.machine()}, {date.today()}, commit {commit.strip()}")
+    table = []
+    commit, clean = figures.checkout()
+    print(f"{figures.machine()}; {date.today()}; kbert {commit[:7]}{'' if clean else ' + changes'}")
     for rows in args.rows:
         rng = np.random.default_rng(0)
         X = rng.normal(size=(rows, 10))
@@ -53,6 +54,11 @@ def main() -> None:
         same = ours.C == theirs.best_params_["C"] and np.array_equal(ours.coef_, theirs.best_estimator_.coef_)
         print(f"{rows:>6} rows: GridSearchCV {grid * 1e3:6.1f} ms, kbert {loop * 1e3:6.1f} ms ({grid / loop:.2f}x); "
               f"same C and coefficients: {same}")
+        table.append([rows, f"{grid * 1e3:.1f}", f"{loop * 1e3:.1f}", f"{grid / loop:.2f}", "yes" if same else "no"])
+    if args.record:
+        figures.record(args.record, figures={f"speedup_{row[0]}": [float(row[3]), "x"] for row in table},
+                       tables={"rows": {"columns": ["rows", "GridSearchCV ms", "kbert ms", "ratio",
+                                                    "same C and coefficients"], "rows": table}})
 
 
 if __name__ == "__main__":

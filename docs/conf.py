@@ -3,7 +3,16 @@ and strictly (``-W``: a broken link or reference fails the build). ``python -m s
 
 A page with MyST-NB front matter (``file_format: mystnb``) is executed during the build, each in a temporary
 folder: its ``{code-cell}`` examples run kbert on tiny data, and one that fails fails the build.
-``-D nb_execution_mode=off`` builds without running them (the tests' structural checks)."""
+``-D nb_execution_mode=off`` builds without running them (the tests' structural checks).
+
+Measured figures come from benchmarks/results/ through substitutions (``{{ fig.NAME.KEY }}``, ``{{ table.NAME.KEY }}``;
+benchmarks/figures.py): the pages themselves hold none."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import figures  # noqa: E402
 
 project = "kbert"
 author = "kbert's developers"
@@ -15,6 +24,8 @@ nb_execution_timeout = 300
 nb_merge_streams = True
 nb_execution_show_tb = True
 exclude_patterns = ["_build"]
+myst_enable_extensions = ["substitution"]
+myst_substitutions = figures.substitutions()
 myst_heading_anchors = 3  # #section links within and across pages
 html_theme = "alabaster"  # Sphinx's own theme: its CSS and fonts are local
 html_theme_options = {"font_family": "system-ui, sans-serif", "head_font_family": "system-ui, sans-serif",

@@ -1,0 +1,60 @@
+"""`kbert run` end to end on bundled competitions, as a user runs it: each competition's wall time (the command's,
+start to exit) and its CV, one competition after another.
+
+    python benchmarks/competition_runs.py titanic spaceship-titanic [--record NAME] [-- EXTRA kbert run FLAGS]
+
+Each run writes to a temporary folder. The defaults are the competition's YAML and kbert's (5 folds, a from-scratch
+encoder), on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import figures  # benchmarks/figures.py
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(competition: str, extra: list[str]) -> dict:
+    with tempfile.TemporaryDirectory() as out:
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "kbert.cli", "run", competition, "--no-progress", "--out", out,
+                        "--submissions-dir", out, *extra], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        seconds = time.perf_counter() - started
+        metrics = json.loads(next(Path(out).rglob("metrics.json")).read_text())
+    return {"competition": competition, "seconds": seconds, "cv": metrics["cv"], "metric": metrics["metric"],
+            "folds": len(metrics["folds"])}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("competitions", nargs="+")
+    parser.add_argument("--record", metavar="NAME", help="also write the table to benchmarks/results/NAME.json")
+    args, extra = parser.parse_known_args()
+    commit, clean = figures.checkout()
+    print(f"{figures.machine()}; {date.today()}; kbert {commit[:7]}{'' if clean else ' + changes'}")
+    rows = [run(competition, [a for a in extra if a != "--"]) for competition in args.competitions]
+    table = []
+    for r in rows:
+        print(f"{r['competition']:32} {r['seconds']:7.0f} s  {r['metric']} {r['cv']:.4f}  {r['folds']} folds", flush=True)
+        table.append([r["competition"], f"{r['seconds']:.0f}", r["metric"], f"{r['cv']:.4f}", r["folds"]])
+    if args.record:
+        found = {}
+        for r in rows:
+            key = r["competition"].replace("-", "_")
+            found[f"{key}_wall"] = [round(r["seconds"]), "s"]
+            found[f"{key}_cv"] = [round(r["cv"], 4), ""]
+        figures.record(args.record, figures=found, tables={"runs": {"columns": [
+            "competition", "wall s", "metric", "CV", "folds"], "rows": table}})
+
+
+if __name__ == "__main__":
+    main()
