@@ -1,9 +1,9 @@
 """`kbert run` end to end on bundled competitions, as a user runs it: each competition's wall time (the command's,
-start to exit) and its CV, one competition after another.
+start to exit), its CV and its output, one competition after another.
 
     python benchmarks/competition_runs.py titanic spaceship-titanic [--record NAME] [-- EXTRA kbert run FLAGS]
 
-Each run writes to a temporary folder. The defaults are the competition's YAML and kbert's (5 folds, a from-scratch
+Each run writes to a temporary folder, which its recorded output calls ``runs`` and ``submissions``. The defaults are the competition's YAML and kbert's (5 folds, a from-scratch
 encoder), on the CPU.
 """
 
@@ -26,12 +26,15 @@ ROOT = Path(__file__).resolve().parent.parent
 def run(competition: str, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "kbert.cli", "run", competition, "--no-progress", "--out", out,
-                        "--submissions-dir", out, *extra], check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+        runs, submissions = Path(out) / "runs", Path(out) / "submissions"
+        done = subprocess.run([sys.executable, "-m", "kbert.cli", "run", competition, "--no-progress", "--out", runs,
+                               "--submissions-dir", submissions, *extra], check=True, cwd=ROOT, capture_output=True,
+                              text=True)
         seconds = time.perf_counter() - started
-        metrics = json.loads(next(Path(out).rglob("metrics.json")).read_text())
+        metrics = json.loads(next(runs.rglob("metrics.json")).read_text())
+    output = done.stdout.replace(str(runs), "runs").replace(str(submissions), "submissions")
     return {"competition": competition, "seconds": seconds, "cv": metrics["cv"], "metric": metrics["metric"],
-            "folds": len(metrics["folds"])}
+            "folds": len(metrics["folds"]), "output": output}
 
 
 def main() -> None:
@@ -53,7 +56,8 @@ def main() -> None:
             found[f"{key}_wall"] = [round(r["seconds"]), "s"]
             found[f"{key}_cv"] = [round(r["cv"], 4), ""]
         figures.record(args.record, figures=found, tables={"runs": {"columns": [
-            "competition", "wall s", "metric", "CV", "folds"], "rows": table}})
+            "competition", "wall s", "metric", "CV", "folds"], "rows": table}},
+                       outputs={r["competition"].replace("-", "_"): r["output"] for r in rows})
 
 
 if __name__ == "__main__":

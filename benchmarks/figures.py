@@ -4,13 +4,14 @@ A benchmark script run with ``--record NAME`` writes its figures to ``benchmarks
 ``record`` and lists the file in ``benchmarks/results/manifest.json`` with the script, the command, the machine, the
 commit, the date and the file's SHA-256. It records only from a clean checkout, so the commit is the code measured.
 The docs show the figures through MyST substitutions made from these files (``substitutions``, docs/conf.py):
-``{{ fig.NAME.KEY }}`` is one figure (a timing carries its date), ``{{ table.NAME.KEY }}`` a table under its
-provenance line. Hand-written pages hold no figures.
+``{{ fig.NAME.KEY }}`` is one figure (a timing carries its date), ``{{ table.NAME.KEY }}`` a table and
+``{{ output.NAME.KEY }}`` a command's output, each under its provenance line. Hand-written pages hold no figures.
 
     python benchmarks/figures.py check      # what CI runs: the manifest, the hashes, the commits, the pages
 
-A figure is a measured timing, score, ratio or size: outside code, a number with a unit of time, size, rate or
-ratio, or a decimal number (``figures_in``). A parameter written as code (``--time-limit 10m``, ``0.5``) is not one.
+A figure is a measured timing, score, ratio or size: in prose or in a block of output, a number with a unit of time,
+size, rate or ratio, or a decimal number (``figures_in``). A parameter written as code (``--time-limit 10m``,
+``0.5``), in a block of commands or configuration, or in a command's help is not one.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ _UNIT = (r"(?:ns|µs|us|ms|s|sec|seconds?|min|minutes?|h|hours?|days?|B|KB|kB|MB
 _NUMBER = r"\d[\d,]*(?:\.\d+)?"
 FIGURE = re.compile(rf"(?<![\w./-])(?:{_NUMBER}\s*(?:-|–|to)\s*)?{_NUMBER}\s?{_UNIT}(?!\w)"
                     rf"|(?<![\w./-])\d+\.\d+(?![\w.])")
-USE = re.compile(r"\{\{\s*(fig|table)\.(\w+)\.(\w+)\s*\}\}")
+USE = re.compile(r"\{\{\s*(fig|table|output)\.(\w+)\.(\w+)\s*\}\}")
+KINDS = {"fig": "figures", "table": "tables", "output": "outputs"}
 
 
 def machine() -> str:
@@ -72,9 +74,10 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def record(name: str, *, figures: dict | None = None, tables: dict | None = None, argv: list[str] | None = None) -> Path:
-    """Write ``results/NAME.json`` (``figures``: key -> [value, unit]; ``tables``: key -> {"columns", "rows"}) and
-    list it in the manifest with its provenance. Refused on a checkout with uncommitted changes."""
+def record(name: str, *, figures: dict | None = None, tables: dict | None = None, outputs: dict | None = None) -> Path:
+    """Write ``results/NAME.json`` (``figures``: key -> [value, unit]; ``tables``: key -> {"columns", "rows"};
+    ``outputs``: key -> a command's output) and list it in the manifest with its provenance (the command is this
+    process's). Refused on a checkout with uncommitted changes."""
     from kbert.io import write_json
 
     if not re.fullmatch(r"\w+", name):
@@ -83,11 +86,12 @@ def record(name: str, *, figures: dict | None = None, tables: dict | None = None
     if not commit or not clean:
         raise SystemExit("--record: commit the code first (the manifest names the commit that was measured)")
     script = Path(sys.argv[0]).resolve()
-    path = write_json(RESULTS / f"{name}.json", {"figures": figures or {}, "tables": tables or {}})
+    path = write_json(RESULTS / f"{name}.json", {"figures": figures or {}, "tables": tables or {},
+                                                 "outputs": outputs or {}})
     manifest = load_manifest()
     manifest[name] = {
         "script": script.relative_to(ROOT).as_posix(),
-        "command": shlex.join(["python", script.relative_to(ROOT).as_posix(), *(sys.argv[1:] if argv is None else argv)]),
+        "command": shlex.join(["python", script.relative_to(ROOT).as_posix(), *sys.argv[1:]]),
         "machine": machine(), "commit": commit, "date": datetime.now(timezone.utc).date().isoformat(),
         "sha256": sha256(path),
     }
@@ -101,9 +105,15 @@ def load_manifest(results: Path = RESULTS) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
+INPUTS = r"(?:bash|sh|python|yaml|toml|\{code-cell\}|\{toctree\}|\{include\})"
+
+
 def prose(text: str) -> str:
-    """A Markdown page without its code (fenced blocks, inline code), link targets and MyST directives' options."""
-    text = re.sub(r"^(```+|~~~+).*?^\1", "", text, flags=re.S | re.M)
+    """A Markdown page without what a reader types (fenced commands, code and configuration, inline code, link
+    targets, directives). A fence without a language or marked ``text`` is output, and stays: typed-out output is
+    typed-out figures."""
+    text = re.sub(rf"^(```+|~~~+)\s*{INPUTS}.*?^\1", "", text, flags=re.S | re.M)
+    text = re.sub(r"^(```+)\w*\nusage: .*?^\1", "", text, flags=re.S | re.M)  # a command's help: its parameters
     text = re.sub(r"`[^`\n]*`", "", text)
     return re.sub(r"\]\([^)]*\)", "]", text)
 
@@ -134,7 +144,7 @@ def check(root: Path = ROOT) -> list[str]:
                      for figure in figures_in(text)]
         problems += [f"{page.relative_to(root)}: {{{{ {kind}.{name}.{key} }}}} is no recorded figure"
                      for kind, name, key in USE.findall(text)
-                     if key not in data.get(name, {}).get("figures" if kind == "fig" else "tables", {})]
+                     if key not in data.get(name, {}).get(KINDS[kind], {})]
     return problems
 
 
@@ -176,19 +186,23 @@ def markdown_table(table: dict) -> str:
 
 
 def substitutions(root: Path = ROOT) -> dict:
-    """MyST substitutions for docs/conf.py: ``fig`` (NAME -> KEY -> the figure's text), ``table`` (NAME -> KEY ->
-    a Markdown table under its provenance line) and ``every_result`` (all of them, for the figures page)."""
+    """MyST substitutions for docs/conf.py: ``fig`` (NAME -> KEY -> the figure's text), ``table`` and ``output``
+    (NAME -> KEY -> a Markdown table, a block of output, under its provenance line) and ``every_result`` (all of
+    them, for the figures page)."""
     results = root / "benchmarks" / "results"
-    fig, table, every = {}, {}, []
+    fig, table, output, every = {}, {}, {}, []
     for name, entry in load_manifest(results).items():
         data = json.loads((results / f"{name}.json").read_text())
         fig[name] = {key: dated(value, unit, entry["date"]) for key, (value, unit) in data["figures"].items()}
-        table[name] = {key: f"{provenance(entry)}\n\n{markdown_table(t)}" for key, t in data["tables"].items()}
+        tables = {key: markdown_table(t) for key, t in data["tables"].items()}
+        outputs = {key: f"```text\n{text.rstrip()}\n```" for key, text in data.get("outputs", {}).items()}
+        table[name] = {key: f"{provenance(entry)}\n\n{text}" for key, text in tables.items()}
+        output[name] = {key: f"{provenance(entry)}\n\n{text}" for key, text in outputs.items()}
         lines = [f"## {name}", "", provenance(entry) + f" (output SHA-256 `{entry['sha256'][:12]}`)", ""]
         lines += [f"- {key}: {text}" for key, text in fig[name].items()]
-        lines += [part for t in data["tables"].values() for part in ("", markdown_table(t))]
+        lines += [part for text in [*tables.values(), *outputs.values()] for part in ("", text)]
         every.append("\n".join(lines))
-    return {"fig": fig, "table": table, "every_result": "\n\n".join(every)}
+    return {"fig": fig, "table": table, "output": output, "every_result": "\n\n".join(every)}
 
 
 def main() -> None:
