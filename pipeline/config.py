@@ -15,6 +15,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -322,12 +323,11 @@ class TrainConfig:
                                      "RUN's model of that fold (a finished run, trial or baseline on the same folds), "
                                      "so the OOF stays honest")
     pseudo_threshold: float = setting(0.95, bound=Bound(above=0, below=1), flag="--pseudo-threshold",
-                                      help="...the test rows whose predicted class has at least this probability "
-                                           "(default 0.95)")
+                                      help="...the test rows whose predicted class has at least this probability")
     precision: str = setting("auto", choices=words_of("kbert.pipeline.precision", "PRECISIONS"), flag="--precision",
                              help="compute precision with float32 master weights (default auto: bf16 on a GPU, fp32 "
-                                  "on a CPU; bf16 on a CPU with AVX512-BF16 is kbert's bf16 GEMM, about 1.5x faster "
-                                  "than fp32 in training, elsewhere MLX's half precision, about 15x slower)")
+                                  "on a CPU; bf16 on a CPU with AVX512-BF16 is kbert's bf16 GEMM, faster than fp32 in "
+                                  "training; on other CPUs MLX's half precision, many times slower)")
     device: str = setting("auto", choices=words_of("kbert.pipeline.precision", "DEVICES"), flag="--device",
                           help="where MLX trains (default auto: the GPU when this MLX build has one)")
     grad_accum: int = setting(1, bound=SIZE, flag="--grad-accum",
@@ -510,7 +510,8 @@ def setting_row(name: str, f: Field) -> str:
     else:
         takes = ", ".join(f"`{word}`" for word in meta["choices"]) or (bound.describe() if bound else "")
     flag = (f"`{meta['flag']}`" if meta["flag"] else "") + (f" or `{meta['env']}=`" if meta["env"] else "")
-    cells = (f"`{name}`", flag, default, takes, meta["help"])
+    values = re.sub(r"(?<![\w.`])(\d+\.\d+)(?![\w.`])", r"`\1`", meta["help"])  # a help's numbers are values
+    cells = (f"`{name}`", flag, default, takes, values)
     return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
 
