@@ -164,11 +164,21 @@ def entry_problems(root: Path, path: Path, entry: dict) -> list[str]:
         problems.append(f"command {entry['command']!r} does not run {script}")
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", entry["date"]):
         problems.append(f"date {entry['date']!r} is not YYYY-MM-DD")
-    ancestor = subprocess.run(["git", "-C", str(root), "merge-base", "--is-ancestor", entry["commit"], "HEAD"],
-                              capture_output=True, text=True)
-    if ancestor.returncode != 0:
-        problems.append(f"commit {entry['commit']} is not in this checkout's history")
+    if not re.fullmatch(r"[0-9a-f]{40}", entry["commit"]):
+        problems.append(f"commit {entry['commit']!r} is not a full commit hash")
+    elif not shallow(root):
+        ancestor = subprocess.run(["git", "-C", str(root), "merge-base", "--is-ancestor", entry["commit"], "HEAD"],
+                                  capture_output=True, text=True)
+        if ancestor.returncode != 0:
+            problems.append(f"commit {entry['commit']} is not in this checkout's history")
     return problems
+
+
+def shallow(root: Path) -> bool:
+    """A checkout without its history (``git clone --depth``): the commits cannot be followed there."""
+    answer = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-shallow-repository"], capture_output=True,
+                            text=True)
+    return answer.stdout.strip() == "true"
 
 
 def dated(value, unit: str, date: str) -> str:
@@ -213,6 +223,8 @@ def main() -> None:
         print(line, file=sys.stderr)
     if problems:
         raise SystemExit(2)
+    if shallow(ROOT):
+        print("figures: a shallow clone: the recorded commits are not followed into its history", file=sys.stderr)
     print(f"figures: {len(load_manifest())} recorded results; no figure outside them in README.md or docs/")
 
 

@@ -102,3 +102,14 @@ def test_recording_refuses_uncommitted_changes(clone):
     done = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, cwd=clone)
     assert done.returncode != 0 and "commit the code first" in done.stderr
     assert not (clone / "benchmarks" / "results" / "probe.json").exists()
+
+
+def test_a_shallow_clone_checks_all_but_the_commits(tmp_path):
+    """Without its history (a CI checkout at depth 1) a checkout still has its hashes and pages checked."""
+    subprocess.run(["git", "clone", "--quiet", "--depth", "1", f"file://{REPO}", str(tmp_path / "shallow")],
+                   check=True)
+    assert figures.shallow(tmp_path / "shallow")
+    assert figures.check(tmp_path / "shallow") == []
+    with (tmp_path / "shallow" / "README.md").open("a") as readme:
+        readme.write("\nIt takes 62 s.\n")
+    assert figures.check(tmp_path / "shallow") == ["README.md: a figure outside benchmarks/results: '62 s'"]
