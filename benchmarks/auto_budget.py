@@ -13,7 +13,6 @@ are read from OUT/<name>/runs/<name>/auto/state.json of such runs. A competition
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ensemble_choice import machine  # noqa: E402
+import figures  # noqa: E402
 
 
 def within(estimate: float | None, actual: float | None) -> str:
@@ -73,10 +72,7 @@ def main() -> None:
     parser.add_argument("competitions", nargs="+")
     parser.add_argument("--run", metavar="LIMIT", help="run kbert auto first with this --time-limit")
     args = parser.parse_args()
-    root = Path(__file__).resolve().parent.parent
-    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    print(f"# {machine()}; kbert {commit}; {datetime.datetime.now():%Y-%m-%d %H:%M}")
+    print(f"# {figures.header()}")
     for competition in args.competitions:
         name, wall = Path(competition).stem, None
         if args.run:

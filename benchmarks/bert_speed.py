@@ -452,8 +452,8 @@ def main() -> None:
 
     if args.isa == "avx2":
         os.environ.update(AVX2_ONLY)
-    print("CPU: " + figures.machine() + ("; kernels limited to AVX2 (" + " ".join(f"{k}={v}" for k, v in AVX2_ONLY.items()) + ")"
-                          if args.isa == "avx2" else ""))
+    print(figures.header() + ("; kernels limited to AVX2 (" + " ".join(f"{k}={v}" for k, v in AVX2_ONLY.items())
+                               + ")" if args.isa == "avx2" else ""))
     workers = {framework: Worker(framework, args.same_process) for framework in ("mlx", "torch")}
     mlx_line = workers["mlx"].ask("describe")
     peak = float(mlx_line.split()[0].removeprefix("peak="))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from datetime import date
 
 os.environ["OPENBLAS_NUM_THREADS"] = "1"  # one thread each: the kernel's own speed, as each fold stream runs it
 os.environ["OMP_NUM_THREADS"] = "1"
@@ -45,8 +44,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--record", metavar="NAME", help="also write the table to benchmarks/results/NAME.json")
     args = parser.parse_args()
-    commit, clean = figures.checkout()
-    print(f"{figures.machine()}; kbert {commit[:7]}{'' if clean else ' + changes'}; {date.today()}; "
+    print(f"{figures.header()}; "
           f"BLAS {runtime.status().blas.name}; bf16 GEMM: {cpu_kernels.bf16_gemm_isa() or 'not built here'}")
     if cpu_kernels.bf16_gemm_isa() is None:
         return

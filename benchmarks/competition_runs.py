@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 import figures  # benchmarks/figures.py
@@ -42,8 +41,7 @@ def main() -> None:
     parser.add_argument("competitions", nargs="+")
     parser.add_argument("--record", metavar="NAME", help="also write the table to benchmarks/results/NAME.json")
     args, extra = parser.parse_known_args()
-    commit, clean = figures.checkout()
-    print(f"{figures.machine()}; {date.today()}; kbert {commit[:7]}{'' if clean else ' + changes'}")
+    print(figures.header())
     rows = [run(competition, [a for a in extra if a != "--"]) for competition in args.competitions]
     table = []
     for r in rows:

@@ -13,19 +13,12 @@ ensemble is built as `kbert auto` builds it (every method, 5 outer folds x 3 spl
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
-import subprocess
 import time
 from pathlib import Path
 
 import pandas as pd
 
-
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return f"{platform.system()} {platform.machine()}, {cpu}"
+import figures  # benchmarks/figures.py, beside this script
 
 
 def main() -> None:
@@ -38,13 +31,8 @@ def main() -> None:
     from kbert.pipeline.config import load_competition
 
     import kbert
-    root = Path(kbert.__file__).resolve().parent.parent
-    commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    print(f"# {machine()}; kbert {commit}{' + changes' if dirty else ''} ({root}); "
-          f"{datetime.datetime.now():%Y-%m-%d %H:%M}")
+    root = Path(kbert.__file__).resolve().parent.parent  # the checkout whose environment runs this
+    print(f"# {figures.header(root)} ({root})")
     print("competition | members | chosen | its own nested CV | procedure (choice nested) | outer folds chose | "
           "seconds | interim blend seconds | auto's reserve for it")
     for name in args.competitions:

@@ -60,14 +60,20 @@ def machine() -> str:
             + f"; {platform.system()} {platform.machine()}")
 
 
-def git(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+def git(root: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
 
 
-def checkout() -> tuple[str, bool]:
+def checkout(root: Path = ROOT) -> tuple[str, bool]:
     """The commit checked out and whether the tracked files outside benchmarks/results/ are unchanged."""
-    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results").stdout.strip()
-    return git("rev-parse", "HEAD").stdout.strip(), not changed
+    changed = git(root, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks/results").stdout
+    return git(root, "rev-parse", "HEAD").stdout.strip(), not changed.strip()
+
+
+def header(root: Path = ROOT) -> str:
+    """A benchmark's first line: the machine, the commit (``+ changes`` when the checkout has some) and the time."""
+    commit, clean = checkout(root)
+    return f"{machine()}; kbert {commit[:7]}{'' if clean else ' + changes'}; {datetime.now():%Y-%m-%d %H:%M}"
 
 
 def sha256(path: Path) -> str:
@@ -167,18 +173,14 @@ def entry_problems(root: Path, path: Path, entry: dict) -> list[str]:
     if not re.fullmatch(r"[0-9a-f]{40}", entry["commit"]):
         problems.append(f"commit {entry['commit']!r} is not a full commit hash")
     elif not shallow(root):
-        ancestor = subprocess.run(["git", "-C", str(root), "merge-base", "--is-ancestor", entry["commit"], "HEAD"],
-                                  capture_output=True, text=True)
-        if ancestor.returncode != 0:
+        if git(root, "merge-base", "--is-ancestor", entry["commit"], "HEAD").returncode != 0:
             problems.append(f"commit {entry['commit']} is not in this checkout's history")
     return problems
 
 
 def shallow(root: Path) -> bool:
     """A checkout without its history (``git clone --depth``): the commits cannot be followed there."""
-    answer = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-shallow-repository"], capture_output=True,
-                            text=True)
-    return answer.stdout.strip() == "true"
+    return git(root, "rev-parse", "--is-shallow-repository").stdout.strip() == "true"
 
 
 def dated(value, unit: str, date: str) -> str:

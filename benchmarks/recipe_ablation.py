@@ -16,16 +16,15 @@ trained again. Prints a markdown table headed by the machine, commit and date, a
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+import figures  # benchmarks/figures.py, beside this script
 
 ARMS = {  # each part with the setting a Kaggle solution uses, against the base (all off)
     "base": {},
@@ -38,23 +37,6 @@ ARMS = {  # each part with the setting a Kaggle solution uses, against the base 
     "lr-1e-4": {"learning_rate": 1e-4},  # not a recipe part: the base's learning rate doubled
     "mpnet-base": {"encoder": "mpnet-base"},  # the encoders' strength: the base on another encoder
 }
-
-
-def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return f"{platform.system()} {platform.machine()}, {cpu}"
-
-
-def commit() -> str:
-    import kbert
-
-    root = Path(kbert.__file__).resolve().parent.parent
-    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
-    return head + (" + changes" if dirty else "")
 
 
 def fold_scores(run_dir: Path, truth: np.ndarray) -> dict[str, float]:
@@ -110,7 +92,7 @@ def main() -> None:
                 "precision": "fp32", "out_dir": args.out,
                 "submissions_dir": str(Path(args.out) / "submissions"), "data_dir": str(data_dir)}
     truth = data.train["target"].to_numpy()[: args.limit_rows]
-    header = f"{machine()}; kbert {commit()}; {datetime.datetime.now():%Y-%m-%d %H:%M}"
+    header = figures.header()
     scores, seconds = {}, {}
     for arm in args.arms:
         run_dir = Path(args.out) / competition.name / arm

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,8 +38,7 @@ def main() -> None:
     parser.add_argument("--record", metavar="NAME", help="also write the table to benchmarks/results/NAME.json")
     args = parser.parse_args()
     table = []
-    commit, clean = figures.checkout()
-    print(f"{figures.machine()}; {date.today()}; kbert {commit[:7]}{'' if clean else ' + changes'}")
+    print(figures.header())
     for rows in args.rows:
         rng = np.random.default_rng(0)
         X = rng.normal(size=(rows, 10))
