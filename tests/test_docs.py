@@ -24,6 +24,12 @@ def build(docs: Path, out: Path, execute: bool = False) -> subprocess.CompletedP
                            str(docs), str(out)], capture_output=True, text=True, timeout=600)
 
 
+def copy_figures(root: Path) -> None:
+    """benchmarks/figures.py and the recorded results, beside a copy of docs/ (its conf.py reads them)."""
+    shutil.copytree(REPO / "benchmarks", root / "benchmarks",
+                    ignore=lambda folder, names: [n for n in names if n.endswith(".py") and n != "figures.py"])
+
+
 def test_the_docs_build_strictly_and_a_broken_reference_fails_the_build(tmp_path):
     built = build(REPO / "docs", tmp_path / "html")
     assert built.returncode == 0, built.stderr[-3000:]
@@ -36,8 +42,7 @@ def test_the_docs_build_strictly_and_a_broken_reference_fails_the_build(tmp_path
     planted = tmp_path / "docs"  # the README beside it, as the pages include from it
     shutil.copytree(REPO / "docs", planted)
     shutil.copy(REPO / "README.md", tmp_path / "README.md")
-    shutil.copytree(REPO / "benchmarks", tmp_path / "benchmarks",  # the recorded figures the pages show
-                    ignore=lambda folder, names: [n for n in names if n.endswith(".py") and n != "figures.py"])
+    copy_figures(tmp_path)
     with (planted / "tuning.md").open("a") as page:
         page.write("\nSee [the page that is not there](no-such-page.md).\n")
     broken = build(planted, tmp_path / "broken")
@@ -53,6 +58,7 @@ def test_a_failing_example_fails_the_build_and_a_passing_one_shows_its_output(tm
     docs.mkdir()
     shutil.copy(REPO / "docs" / "conf.py", docs)
     shutil.copytree(REPO / "docs" / "_static", docs / "_static")
+    copy_figures(tmp_path)
     front = "---\nfile_format: mystnb\nkernelspec:\n  name: python3\n  display_name: Python 3\n  language: python\n---\n"
     (docs / "index.md").write_text("# Home\n\n```{toctree}\nworks\n```\n")
     (docs / "works.md").write_text(front + "# Works\n\n```{code-cell} ipython3\n%%bash\nkbert show-text titanic --n 1\n```\n")
