@@ -487,8 +487,10 @@ def main() -> None:
                      f"{r['train_ratio']:.2f} ({r['train_iqr'][0]:.2f}-{r['train_iqr'][1]:.2f})",
                      f"{r['mlx_infer']:.1f}", f"{r['torch_infer']:.1f}",
                      f"{r['infer_ratio']:.2f} ({r['infer_iqr'][0]:.2f}-{r['infer_iqr'][1]:.2f})"])
-        for kind in ("train", "infer"):
-            ratios[f"{size}_{shape}_{precision}_{pooling}_{kind}".replace("-", "_")] = [round(r[f"{kind}_ratio"], 2), "x"]
+        for kind in ("train", "infer"):  # the ratio, and kbert's sequences/s (the encoder table's speeds)
+            key = f"{size}_{shape}_{precision}_{pooling}_{kind}".replace("-", "_")
+            ratios[key] = [round(r[f"{kind}_ratio"], 2), "x"]
+            ratios[f"{key}_speed"] = [round(r[f"mlx_{kind}"], 1), "seq/s"]
     folder.cleanup()
     for w in workers.values():
         w.close()
