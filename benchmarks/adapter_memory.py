@@ -93,6 +93,8 @@ def main() -> None:
     parser.add_argument("--record", metavar="NAME", help="also write the table to benchmarks/results/NAME.json")
     parser.add_argument("--worker", choices=list(MODES), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.record:
+        figures.can_record(args.record)
     if args.worker:
         print(json.dumps(worker(args.worker, args.steps, args.batch, args.seq)))
         return

@@ -446,6 +446,8 @@ def main() -> None:
                         help="also write the table to benchmarks/results/NAME.json (benchmarks/figures.py)")
     parser.add_argument("--worker", choices=["mlx", "torch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.record:
+        figures.can_record(args.record)
     if args.worker:
         worker(args.worker)
         return

@@ -41,6 +41,8 @@ def main() -> None:
     parser.add_argument("competitions", nargs="+")
     parser.add_argument("--record", metavar="NAME", help="also write the table to benchmarks/results/NAME.json")
     args, extra = parser.parse_known_args()
+    if args.record:
+        figures.can_record(args.record)
     print(figures.header())
     rows = [run(competition, [a for a in extra if a != "--"]) for competition in args.competitions]
     table = []

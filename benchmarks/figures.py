@@ -86,11 +86,7 @@ def record(name: str, *, figures: dict | None = None, tables: dict | None = None
     process's). Refused on a checkout with uncommitted changes."""
     from kbert.io import write_json
 
-    if not re.fullmatch(r"\w+", name):
-        raise SystemExit(f"--record {name!r}: a name of letters, digits and underscores")
-    commit, clean = checkout()
-    if not commit or not clean:
-        raise SystemExit("--record: commit the code first (the manifest names the commit that was measured)")
+    commit = can_record(name)
     script = Path(sys.argv[0]).resolve()
     path = write_json(RESULTS / f"{name}.json", {"figures": figures or {}, "tables": tables or {},
                                                  "outputs": outputs or {}})
@@ -104,6 +100,18 @@ def record(name: str, *, figures: dict | None = None, tables: dict | None = None
     write_json(RESULTS / MANIFEST, dict(sorted(manifest.items())))
     print(f"recorded {path.relative_to(ROOT)}")
     return path
+
+
+def can_record(name: str) -> str:
+    """The commit a result named ``name`` would be recorded at; refused (SystemExit) for a bad name or a checkout with
+    uncommitted changes. A script calls it before measuring too, so that a long measurement is not lost at the end."""
+    if not re.fullmatch(r"\w+", name):
+        raise SystemExit(f"--record {name!r}: a name of letters, digits and underscores")
+    commit, clean = checkout()
+    if not commit or not clean:
+        raise SystemExit("--record: commit the code first, and change nothing while it measures (the manifest names "
+                         "the commit that was measured)")
+    return commit
 
 
 def load_manifest(results: Path = RESULTS) -> dict:

@@ -37,6 +37,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--record", metavar="NAME", help="also write the table to benchmarks/results/NAME.json")
     args = parser.parse_args()
+    if args.record:
+        figures.can_record(args.record)
     table = []
     print(figures.header())
     for rows in args.rows:

@@ -95,13 +95,17 @@ def test_a_recorded_result_names_its_provenance_and_feeds_the_docs(clone):
     assert entry["command"] in made["table"]["probe"]["runs"] and "## probe" in made["every_result"]
 
 
-def test_recording_refuses_uncommitted_changes(clone):
+def test_recording_refuses_uncommitted_changes_before_measuring(clone):
     (clone / "README.md").write_text("changed\n")
     probe = clone / "benchmarks" / "probe_figures.py"
     probe.write_text(PROBE.format(benchmarks=str(clone / "benchmarks")))
     done = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, cwd=clone)
     assert done.returncode != 0 and "commit the code first" in done.stderr
     assert not (clone / "benchmarks" / "results" / "probe.json").exists()
+    early = subprocess.run([sys.executable, str(clone / "benchmarks" / "stack_speed.py"), "--rows", "40", "--reps", "1",
+                            "--record", "stack"], capture_output=True, text=True, cwd=clone)
+    assert early.returncode != 0 and "commit the code first" in early.stderr
+    assert "rows:" not in early.stdout  # refused before it measured, not after
 
 
 def test_a_shallow_clone_checks_all_but_the_commits(tmp_path):
