@@ -42,7 +42,8 @@ KINDS = {"fig": "figures", "table": "tables", "output": "outputs"}
 
 
 def machine() -> str:
-    """The CPU's model, its cores and which of AVX2, AVX-512 and AMX it has (Linux /proc/cpuinfo), and the OS."""
+    """The CPU's model, its cores and which of AVX2, AVX-512 and AMX it has (Linux /proc/cpuinfo), the OS, and the
+    NVIDIA GPUs when there are any (a ``--device gpu`` measurement names its card)."""
     model, flags = platform.processor() or platform.machine(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -57,7 +58,16 @@ def machine() -> str:
     amx = sorted(f.removeprefix("amx_") for f in flags if f.startswith("amx"))
     return (f"{model}, {os.cpu_count()} cores; SIMD: AVX2 {'yes' if 'avx2' in flags else 'no'}, AVX-512 "
             + (f"yes ({' '.join(avx512)})" if avx512 else "no") + ", AMX " + (f"yes ({' '.join(amx)})" if amx else "no")
-            + f"; {platform.system()} {platform.machine()}")
+            + f"; {platform.system()} {platform.machine()}" + "".join(f"; GPU: {name}" for name in gpus()))
+
+
+def gpus() -> list[str]:
+    try:
+        listed = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                                text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in listed.stdout.splitlines() if line.strip()] if listed.returncode == 0 else []
 
 
 def git(root: Path, *args: str) -> subprocess.CompletedProcess:

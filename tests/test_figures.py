@@ -6,6 +6,7 @@ that was never recorded). Recording refuses a checkout with uncommitted changes.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,13 @@ def test_a_shallow_clone_checks_all_but_the_commits(tmp_path):
     with (tmp_path / "shallow" / "README.md").open("a") as readme:
         readme.write("\nIt takes 62 s.\n")
     assert figures.check(tmp_path / "shallow") == ["README.md: a figure outside benchmarks/results: '62 s'"]
+
+
+def test_the_machine_names_its_gpu_when_it_has_one(tmp_path, monkeypatch):
+    """A --device gpu measurement's record names the card (from nvidia-smi, the driver's own tool)."""
+    assert "GPU:" not in figures.machine() or figures.gpus()
+    tool = tmp_path / "nvidia-smi"
+    tool.write_text("#!/bin/sh\necho 'NVIDIA H200'\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert figures.machine().endswith("; GPU: NVIDIA H200")
