@@ -90,11 +90,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--record", metavar="NAME", help="also write the table to benchmarks/results/NAME.json")
+    figures.add_record_option(parser)
     parser.add_argument("--worker", choices=list(MODES), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.record:
-        figures.can_record(args.record)
     if args.worker:
         print(json.dumps(worker(args.worker, args.steps, args.batch, args.seq)))
         return

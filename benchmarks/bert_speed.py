@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+import competition_runs  # noqa: E402  (benchmarks/competition_runs.py, beside this script)
 import figures  # noqa: E402  (benchmarks/figures.py, beside this script)
 
 # config.json-style values by size name; model_type picks the architecture on both sides (kbert's
@@ -404,13 +405,10 @@ UNOPTIMIZED_FLAGS = ["--no-compile", "--no-dynamic-padding"]
 
 
 def end_to_end(unoptimized: bool) -> float:
-    env = {**os.environ, **(UNOPTIMIZED_ENV if unoptimized else {})}
-    flags = UNOPTIMIZED_FLAGS if unoptimized else []
-    with tempfile.TemporaryDirectory() as out:
-        started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "kbert.cli", "run", "titanic", "--no-progress", "--out", out,
-                        "--submissions-dir", out, *flags], check=True, env=env, cwd=ROOT)
-        return time.perf_counter() - started
+    """Seconds of `kbert run titanic` as benchmarks/competition_runs.py times it, optimized or not."""
+    if unoptimized:
+        return competition_runs.run("titanic", UNOPTIMIZED_FLAGS, UNOPTIMIZED_ENV)["seconds"]
+    return competition_runs.run("titanic", [])["seconds"]
 
 
 def main() -> None:
@@ -442,12 +440,9 @@ def main() -> None:
                              "kernels, no compile, no dynamic padding; about an hour)")
     parser.add_argument("--same-process", action="store_true",
                         help="run MLX and PyTorch in this one process (kbert's settings then apply to both)")
-    parser.add_argument("--record", metavar="NAME",
-                        help="also write the table to benchmarks/results/NAME.json (benchmarks/figures.py)")
+    figures.add_record_option(parser)
     parser.add_argument("--worker", choices=["mlx", "torch"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.record:
-        figures.can_record(args.record)
     if args.worker:
         worker(args.worker)
         return

@@ -42,10 +42,8 @@ def best_seconds(fn, reps: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--record", metavar="NAME", help="also write the table to benchmarks/results/NAME.json")
+    figures.add_record_option(parser)
     args = parser.parse_args()
-    if args.record:
-        figures.can_record(args.record)
     print(f"{figures.header()}; "
           f"BLAS {runtime.status().blas.name}; bf16 GEMM: {cpu_kernels.bf16_gemm_isa() or 'not built here'}")
     if cpu_kernels.bf16_gemm_isa() is None:

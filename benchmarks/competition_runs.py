@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -22,13 +23,14 @@ import figures  # benchmarks/figures.py
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(competition: str, extra: list[str]) -> dict:
+def run(competition: str, extra: list[str], env: dict[str, str] | None = None) -> dict:
+    """One ``kbert run`` with ``extra`` flags (and ``env`` added to the environment): its seconds, CV and output."""
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
         runs, submissions = Path(out) / "runs", Path(out) / "submissions"
         done = subprocess.run([sys.executable, "-m", "kbert.cli", "run", competition, "--no-progress", "--out", runs,
                                "--submissions-dir", submissions, *extra], check=True, cwd=ROOT, capture_output=True,
-                              text=True)
+                              text=True, env={**os.environ, **(env or {})})
         seconds = time.perf_counter() - started
         metrics = json.loads(next(runs.rglob("metrics.json")).read_text())
     output = done.stdout.replace(str(runs), "runs").replace(str(submissions), "submissions")
@@ -39,10 +41,8 @@ def run(competition: str, extra: list[str]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("competitions", nargs="+")
-    parser.add_argument("--record", metavar="NAME", help="also write the table to benchmarks/results/NAME.json")
+    figures.add_record_option(parser)
     args, extra = parser.parse_known_args()
-    if args.record:
-        figures.can_record(args.record)
     print(figures.header())
     rows = [run(competition, [a for a in extra if a != "--"]) for competition in args.competitions]
     table = []

@@ -16,6 +16,7 @@ size, rate or ratio, or a decimal number (``figures_in``). A parameter written a
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -37,8 +38,8 @@ _UNIT = (r"(?:ns|µs|us|ms|s|sec|seconds?|min|minutes?|h|hours?|days?|B|KB|kB|MB
 _NUMBER = r"\d[\d,]*(?:\.\d+)?"
 FIGURE = re.compile(rf"(?<![\w./-])(?:{_NUMBER}\s*(?:-|–|to)\s*)?{_NUMBER}\s?{_UNIT}(?!\w)"
                     rf"|(?<![\w./-])\d+\.\d+(?![\w.])")
-USE = re.compile(r"\{\{\s*(fig|table|output)\.(\w+)\.(\w+)\s*\}\}")
-KINDS = {"fig": "figures", "table": "tables", "output": "outputs"}
+KINDS = {"fig": "figures", "table": "tables", "output": "outputs"}  # a substitution's kind -> its part of a result
+USE = re.compile(rf"\{{\{{\s*({'|'.join(KINDS)})\.(\w+)\.(\w+)\s*\}}\}}")
 
 
 def machine() -> str:
@@ -96,7 +97,10 @@ def record(name: str, *, figures: dict | None = None, tables: dict | None = None
     process's). Refused on a checkout with uncommitted changes."""
     from kbert.io import write_json
 
-    commit = can_record(name)
+    try:
+        commit = recordable(name)[1]  # checked again: the checkout may have changed while it measured
+    except argparse.ArgumentTypeError as refused:
+        raise SystemExit(f"--record: {refused}") from None
     script = Path(sys.argv[0]).resolve()
     path = write_json(RESULTS / f"{name}.json", {"figures": figures or {}, "tables": tables or {},
                                                  "outputs": outputs or {}})
@@ -112,16 +116,22 @@ def record(name: str, *, figures: dict | None = None, tables: dict | None = None
     return path
 
 
-def can_record(name: str) -> str:
-    """The commit a result named ``name`` would be recorded at; refused (SystemExit) for a bad name or a checkout with
-    uncommitted changes. A script calls it before measuring too, so that a long measurement is not lost at the end."""
+def recordable(name: str) -> tuple[str, str]:
+    """(name, commit) when a result named ``name`` can be recorded; ArgumentTypeError saying why not."""
     if not re.fullmatch(r"\w+", name):
-        raise SystemExit(f"--record {name!r}: a name of letters, digits and underscores")
+        raise argparse.ArgumentTypeError(f"{name!r}: a name of letters, digits and underscores")
     commit, clean = checkout()
     if not commit or not clean:
-        raise SystemExit("--record: commit the code first, and change nothing while it measures (the manifest names "
-                         "the commit that was measured)")
-    return commit
+        raise argparse.ArgumentTypeError("commit the code first, and change nothing while it measures (the manifest "
+                                         "names the commit that was measured)")
+    return name, commit
+
+
+def add_record_option(parser: argparse.ArgumentParser) -> None:
+    """A script's ``--record NAME``, refused as it is parsed (before anything is measured) where ``record`` would
+    refuse it at the end; ``args.record`` is the name."""
+    parser.add_argument("--record", metavar="NAME", type=lambda name: recordable(name)[0],
+                        help="also write the results to benchmarks/results/NAME.json (benchmarks/figures.py)")
 
 
 def load_manifest(results: Path = RESULTS) -> dict:

@@ -35,10 +35,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[160, 7000])
     parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--record", metavar="NAME", help="also write the table to benchmarks/results/NAME.json")
+    figures.add_record_option(parser)
     args = parser.parse_args()
-    if args.record:
-        figures.can_record(args.record)
     table = []
     print(figures.header())
     for rows in args.rows:
