@@ -5,8 +5,8 @@ A page with MyST-NB front matter (``file_format: mystnb``) is executed during th
 folder: its ``{code-cell}`` examples run kbert on tiny data, and one that fails fails the build.
 ``-D nb_execution_mode=off`` builds without running them (the tests' structural checks).
 
-Measured figures come from benchmarks/results/ through substitutions (``{{ fig.NAME.KEY }}``, ``{{ table.NAME.KEY }}``;
-benchmarks/figures.py): the pages themselves hold none."""
+Measured figures come from benchmarks/results/ through substitutions (``{{ fig.NAME.KEY }}``, ``{{ table.NAME.KEY }}``,
+``{{ output.NAME.KEY }}``; benchmarks/figures.py): the pages themselves hold none."""
 
 import sys
 from pathlib import Path
