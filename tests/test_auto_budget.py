@@ -336,6 +336,32 @@ def test_a_state_that_is_not_what_kbert_auto_wrote_is_refused_and_one_auto_runs_
     assert json.loads((folder / "state.json").read_text())["jobs"]["auto-baseline-hgb"]["status"] == "skipped"
 
 
+def test_the_precision_reaches_every_encoder_run_and_its_probe_and_a_rerun_must_keep_it(tmp_path, monkeypatch):
+    from kbert.errors import KbertError
+    import kbert.pipeline.probe as probe
+
+    fake_jobs(monkeypatch, 1.0)
+    seen = []
+    monkeypatch.setattr(probe, "probe_run", lambda config, log=None: seen.append(("probe", config.train.precision))
+                        or fake_probe(1.0))
+    fake = driver.execute
+
+    def execute(auto, job, record, members):
+        if job.action is driver.Action.RUN:
+            seen.append((job.name, auto.run_config(record.settings).train.precision))
+        fake(auto, job, record, members)
+
+    monkeypatch.setattr(driver, "execute", execute)
+    options = AutoOptions("titanic", 600, precision="bf16", out_dir=str(tmp_path),
+                          submissions_dir=str(tmp_path / "s"), study_trials=0)
+    run_auto(options, log=lambda _: None)
+    assert ("probe", "bf16") in seen and ("auto-bert-gated", "bf16") in seen
+    assert {precision for _, precision in seen} == {"bf16"}
+    assert json.loads((tmp_path / "titanic" / "auto" / "state.json").read_text())["precision"] == "bf16"
+    with pytest.raises(KbertError, match="started with --preset fast --seed 42 --precision bf16; rerun with those"):
+        run_auto(dataclasses.replace(options, precision="fp32"), log=lambda _: None)
+
+
 def test_folds_side_by_side_finish_in_waves():
     from kbert.auto.driver import remaining_seconds
 

@@ -46,6 +46,7 @@ class AutoOptions:
     time_limit: float  # seconds, over every invocation
     preset: str = "fast"
     seed: int = 42
+    precision: str = "auto"  # every encoder run's (kbert run --precision): bf16 opts in on a CPU with AVX512-BF16
     data_dir: str | None = None
     out_dir: str = "runs"
     submissions_dir: str = "submissions"
@@ -98,11 +99,12 @@ class Auto:
         """The state of the invocations before (checked: ``read_state``), or a new one; the clock starts."""
         options = self.options
         self.state = (read_state(self.state_path, self.competition.name) if self.state_path.is_file() else
-                      AutoState(self.competition.name, options.preset, options.seed))
-        if self.state.seed != options.seed or self.state.preset != options.preset:
+                      AutoState(self.competition.name, options.preset, options.seed, options.precision))
+        started = (self.state.preset, self.state.seed, self.state.precision)
+        if started != (options.preset, options.seed, options.precision):
             raise KbertError(f"{self.state_path}: this competition's kbert auto was started with --preset "
-                             f"{self.state.preset} --seed {self.state.seed}; rerun with those, or pass another "
-                             "--out")
+                             f"{started[0]} --seed {started[1]} --precision {started[2]}; rerun with those, or pass "
+                             "another --out")
         self.estimator = Estimator(self.state.measured, self.state.corrections, self.state.ensemble_s_per_member)
         self.started = time.perf_counter()
         self.spent_before = float(self.state.spent_s)
@@ -124,7 +126,8 @@ class Auto:
     # --- configs ------------------------------------------------------------------------------------------------
     def base_overrides(self) -> dict:
         o = self.options
-        return {"seed": o.seed, "data_dir": o.data_dir, "out_dir": o.out_dir, "submissions_dir": o.submissions_dir}
+        return {"seed": o.seed, "precision": o.precision, "data_dir": o.data_dir, "out_dir": o.out_dir,
+                "submissions_dir": o.submissions_dir}
 
     def run_config(self, settings: dict) -> RunConfig:
         """A job's config: the job's settings (less their bookkeeping) under the fixed overrides."""
@@ -649,7 +652,7 @@ def tune_study(auto: Auto, job: Job, members: int) -> list[str]:
         options = TuneOptions(competition=auto.options.competition, study=job.name, trials=trials, timeout=seconds,
                               sampler_seed=auto.options.seed, out_dir=auto.options.out_dir,
                               overrides={**{k: v for k, v in auto.base_overrides().items()
-                                            if k in ("data_dir", "submissions_dir") and v},
+                                            if k in ("precision", "data_dir", "submissions_dir") and v},
                                          **auto.options.overrides})
         try:
             tune(options)

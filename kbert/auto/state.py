@@ -60,6 +60,7 @@ class AutoState:
     competition: str
     preset: str
     seed: int
+    precision: str = "auto"  # kbert auto --precision (a state written before it had the option: auto)
     spent_s: float = 0.0  # every invocation's time so far
     time_limit_s: float = 0.0  # the limit of the last invocation
     jobs: dict[str, JobState] = field(default_factory=dict)
@@ -103,6 +104,8 @@ def read_state(path: Path, competition: str) -> AutoState:
         raise refuse(f"the state of competition {data.get('competition')!r}, not {competition!r}")
     if not isinstance(data.get("preset"), str) or not isinstance(data.get("seed"), int):
         raise refuse("no preset and seed")
+    if not isinstance(data.get("precision", "auto"), str):
+        raise refuse(f"precision {data['precision']!r} is not a precision name")
     for key in ("spent_s", "time_limit_s"):
         if not seconds(data.get(key, 0.0)):
             raise refuse(f"{key} {data.get(key)!r} is not a number of seconds >= 0")

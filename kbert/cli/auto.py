@@ -31,6 +31,7 @@ def add_parser(commands) -> None:
                       help="fast: baselines, one encoder, its embeddings, pseudo-labels and seeds; balanced, best: "
                            "more epochs, the concat fusion and a tuning study (default fast)")
     add_setting(auto, "seed", default=42, help="seed of every member (default 42)")
+    add_setting(auto, "precision", default="auto")
     add_data_dir(auto)
     add_out(auto)
     add_submissions_dir(auto)
@@ -47,7 +48,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
     if limit is None or limit <= 0:
         raise KbertError(f"--time-limit must be a positive duration, got {args.time_limit!r}")
     options = AutoOptions(competition=args.competition, time_limit=limit, preset=args.preset, seed=args.seed,
-                          data_dir=args.data_dir, out_dir=args.out_dir or "runs",
+                          precision=args.precision, data_dir=args.data_dir, out_dir=args.out_dir or "runs",
                           submissions_dir=args.submissions_dir or "submissions",
                           progress=not args.no_progress)
     try:
