@@ -311,6 +311,30 @@ def test_the_time_no_encoder_run_fits_goes_to_the_seeded_baselines_best_first_wh
     assert auto.state.jobs["auto-baseline-hgb-seed242"].settings == {"model": "hgb", "seed": 242}
 
 
+def test_embeddings_of_a_pretrained_encoder_and_of_a_run_are_priced_apart(tmp_path):
+    """A run's fold models embed each fold's rows again, a pretrained encoder every text once: on Disaster Tweets
+    70 s against 300 s for the same work. Priced as one kind, the run's seeded copy was estimated at 186 s, started,
+    and stopped after its first fold (benchmarks/NOTES.md, 2026-11-27)."""
+    from kbert.auto.plan import BEST_RUN
+
+    auto = driver.Auto(AutoOptions("nlp-getting-started", 600, out_dir=str(tmp_path)), log=lambda _: None)
+    auto.load_state()
+    auto.state.jobs["auto-finetune"] = JobState("run", {"encoder": "minilm-l6"}, Status.DONE)
+    pretrained = driver.Job("auto-hgb-minilm", "embedding", {"model": "hgb", "embeddings": "minilm-l6"})
+    best = driver.Job("auto-hgb-emb-best", "embedding", {"model": "hgb", "embeddings": BEST_RUN})
+    seeded = driver.Job("auto-hgb-emb-best-seed142", "embedding",
+                        {"model": "hgb", "embeddings": "auto-finetune", "seed": 142})  # resolved, as more_seeds has it
+    (kind, work), (run_kind, run_work) = driver.baseline_work(auto, pretrained), driver.baseline_work(auto, best)
+    assert (kind, run_kind, driver.baseline_work(auto, seeded)[0]) == ("embedding:minilm-l6", "embedding:run",
+                                                                       "embedding:run")
+    assert work == run_work
+    auto.estimator.record(kind, work, 70.0)
+    auto.estimator.record(run_kind, run_work, 300.0)
+    assert auto.estimator.estimate(*driver.baseline_work(auto, seeded)) == pytest.approx(300.0)
+    assert auto.estimator.estimate(kind, work) == pytest.approx(70.0)
+    assert Estimator().estimate("embedding:mpnet-base", 1000) == pytest.approx(FIXED_SECONDS + 2.0)  # the prior
+
+
 def test_a_state_that_is_not_what_kbert_auto_wrote_is_refused_and_one_auto_runs_per_folder(tmp_path, monkeypatch):
     from kbert.errors import KbertError
     from kbert.io import exclusive_lock

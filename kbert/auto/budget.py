@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 
 PRIOR_RATE = {  # seconds per work unit (rows x columns): measured rates, rounded up (benchmarks/NOTES.md)
     "baseline:hgb": 1.5e-4, "baseline:logreg": 1.2e-4, "baseline:lgbm": 6e-4, "baseline:catboost": 1.5e-3,
-    "embedding": 2.0e-3,  # a baseline on encoder embeddings: the rows x columns of the baseline, plus embedding
+    # "embedding:<source>", a baseline on a source's text embeddings (its rows x columns, plus 10 a text embedded):
+    # this prior until the source's first is measured
+    "embedding": 2.0e-3,
 }
 FIXED_SECONDS = 3.0  # start-up of a baseline: imports, reading the data, writing the artifacts
 ENSEMBLE_PRIOR = 90.0  # the final ensemble's seconds before an interim one was timed
@@ -50,7 +52,8 @@ class Estimator:
         return self.prior(kind) * self.machine_factor()
 
     def prior(self, kind: str) -> float:
-        return PRIOR_RATE.get(kind, PRIOR_RATE["baseline:hgb"])
+        """The kind's prior rate, else its family's ("embedding:minilm-l6": "embedding"), else HGB's."""
+        return PRIOR_RATE.get(kind, PRIOR_RATE.get(kind.partition(":")[0], PRIOR_RATE["baseline:hgb"]))
 
     def machine_factor(self) -> float:
         """The geometric mean of measured rate / prior over the measured kinds; 1 before any."""

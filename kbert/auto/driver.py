@@ -271,10 +271,14 @@ def resolve_settings(auto: Auto, job: Job) -> dict | None:
 
 
 def baseline_work(auto: Auto, job: Job) -> tuple[str, float]:
-    """A baseline's estimator kind and work units (training rows x feature columns, plus its embeddings')."""
+    """A baseline's estimator kind and work units (training rows x feature columns, plus its embeddings'). An
+    embedding baseline's kind names its source: a pretrained encoder embeds each text once for every fold, a run's
+    fold models embed the rows again for each fold, so the two are priced apart."""
     cells = len(auto.features) * len(auto.features.columns)
     if job.action == Action.EMBEDDING:
-        return "embedding", cells + (len(auto.features) + len(auto.data.test)) * 10
+        source = job.settings["embeddings"]
+        source = "run" if source == BEST_RUN or source in auto.state.jobs else source
+        return f"embedding:{source}", cells + (len(auto.features) + len(auto.data.test)) * 10
     return f"baseline:{job.settings['model']}", cells
 
 
