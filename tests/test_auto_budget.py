@@ -346,7 +346,7 @@ def test_a_state_that_is_not_what_kbert_auto_wrote_is_refused_and_one_auto_runs_
     state = {"competition": "titanic", "preset": "fast", "seed": 42, "spent_s": 10.0, "jobs": {}, "measured": {}}
     job = {"action": "run", "settings": {}, "status": "done"}
     bad = {"spent_s": -3000.0, "measured": {"baseline:hgb": [[1.0, -2.0]]}, "jobs": [], "competition": "house-prices",
-           "corrections": {"bert": [0.0]}, "surprise": 1}
+           "corrections": {"bert": [0.0]}, "precision": "bf32", "surprise": 1}
     bad_jobs = [{**job, "status": "finished"}, {**job, "seconds": -1.0}, {"action": "run"}, {**job, "settings": []}]
     for change in [{key: value} for key, value in bad.items()] + [{"jobs": {"auto-bert": j}} for j in bad_jobs]:
         (folder / "state.json").write_text(json.dumps({**state, **change}))

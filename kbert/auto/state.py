@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kbert.errors import KbertError
 from kbert.io import read_json, write_json
+from kbert.pipeline.config import words_of
 
 
 class Status(str, Enum):
@@ -104,8 +105,9 @@ def read_state(path: Path, competition: str) -> AutoState:
         raise refuse(f"the state of competition {data.get('competition')!r}, not {competition!r}")
     if not isinstance(data.get("preset"), str) or not isinstance(data.get("seed"), int):
         raise refuse("no preset and seed")
-    if not isinstance(data.get("precision", "auto"), str):
-        raise refuse(f"precision {data['precision']!r} is not a precision name")
+    precisions = words_of("kbert.pipeline.precision", "PRECISIONS")  # read, not imported: it imports MLX
+    if data.get("precision", "auto") not in precisions:
+        raise refuse(f"precision {data['precision']!r} is not one of {', '.join(precisions)}")
     for key in ("spent_s", "time_limit_s"):
         if not seconds(data.get(key, 0.0)):
             raise refuse(f"{key} {data.get(key)!r} is not a number of seconds >= 0")
