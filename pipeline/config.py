@@ -624,7 +624,11 @@ def did_you_mean(name: str, known: Iterable[str]) -> str:
 
 def load_competition(name_or_path: str) -> CompetitionConfig:
     source = competition_path(name_or_path)
-    data = read_yaml(source)
+    return parse_competition(read_yaml(source), source)
+
+
+def parse_competition(data: Any, source: Path) -> CompetitionConfig:
+    """A competition YAML's mapping, checked; ``source`` names it in errors and anchors its relative ``data_dir``."""
     if not isinstance(data, dict):
         raise KbertError(f"{source}: expected a mapping at the top level")
     unknown_keys = sorted(set(data) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))

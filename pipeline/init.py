@@ -20,8 +20,8 @@ import yaml
 from kbert.errors import KbertError
 from kbert.io import write_text
 from kbert.names import check_name
-from kbert.pipeline.config import USER_DIR
-from kbert.pipeline.data import duplicate_report, near_header, plain, read_csv
+from kbert.pipeline.config import USER_DIR, parse_competition
+from kbert.pipeline.data import duplicate_report, load_competition_data, near_header, plain, read_csv
 from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.tasks import Task, submission_kind
 
@@ -177,6 +177,12 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
     ``id_column`` and ``target``: given instead of inferred. ``log`` gets the line on repeated free text, if any
     (``duplicate_report``)."""
     check_name(name, "kbert init NAME")
+    out = Path(out) if out else USER_DIR / f"{name}.yaml"
+    if out.suffix not in (".yaml", ".yml"):
+        raise KbertError(f"--out {out}: a competition YAML's name ends in .yaml or .yml (kbert reads any other "
+                         "word as a competition's name)")
+    if out.exists() and not force:
+        raise KbertError(f"{out} exists; pass --force to overwrite it")
     train_path, test_path, sample_path = Path(files.train).resolve(), Path(files.test).resolve(), files.sample
     if train_path.parent != test_path.parent or (sample_path and Path(sample_path).resolve().parent != train_path.parent):
         raise KbertError(f"{train_path.name}, {test_path.name} (and the sample submission) must be in one folder")
@@ -200,9 +206,6 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
     metric, why = choose_metric(task, train, targets, submission_kind(task, value_columns), classes)
     check_metric_fits(get_metric(metric), task, value_columns)
     features = [c for c in train.columns if c in test.columns and c not in targets]
-    out = Path(out) if out else USER_DIR / f"{name}.yaml"
-    if out.exists() and not force:
-        raise KbertError(f"{out} exists; pass --force to overwrite it")
     data = {
         "name": name,
         "task": task.value,
@@ -226,6 +229,7 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
     if classes is not None and task == Task.BINARY:
         text = text.replace("\nclasses:", f"\n# [negative, positive]: {classes[1]!r} is the rarer value; swap them to "
                                            "predict the other\nclasses:", 1)
+    load_competition_data(parse_competition(yaml.safe_load(text), out))  # what `kbert run` would refuse, refused now
     write_text(out, header + text)
     duplicates = duplicate_report(train, data["text"]["columns"], targets)
     if duplicates:

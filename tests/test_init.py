@@ -99,6 +99,23 @@ def test_task_inference_and_refusals(tmp_path):
         init_competition("w2", DataFiles(files.test, files.test), out=tmp_path / "w2.yaml")
 
 
+def test_init_refuses_what_run_would_refuse_and_writes_nothing(tmp_path):
+    """The YAML init would write is checked against its data as `kbert run` checks it, before it is written; a name
+    that `kbert run` would read as a competition's name is refused."""
+    wine_csvs(tmp_path / "data")
+    train = pd.read_csv(tmp_path / "data" / "train.csv")
+    train.assign(cultivar="class_0").to_csv(tmp_path / "data" / "one.csv", index=False)
+    files = DataFiles(tmp_path / "data" / "one.csv", tmp_path / "data" / "test.csv")
+    with pytest.raises(KbertError, match=r"one\.csv: multiclass target 'cultivar' has the single value 'class_0'"):
+        init_competition("one", files, out=tmp_path / "one.yaml")
+    with pytest.raises(KbertError, match=r"--out .*wine\.csv: a competition YAML's name ends in \.yaml or \.yml"):
+        init_competition("wine", DataFiles(tmp_path / "data" / "train.csv", files.test), out=tmp_path / "wine.csv")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+    refused = kbert("init", "wine", "--train", "data/train.csv", "--test", "data/test.csv", "--out", "wine.txt",
+                    cwd=tmp_path, timeout=120)
+    assert (refused.returncode, refused.stdout) == (2, "") and refused.stderr.count("\n") == 1, refused.stderr
+
+
 def test_default_location_is_the_working_folder(tmp_path, monkeypatch):
     wine_csvs(tmp_path / "downloads" / "wine")
     project = tmp_path / "project"
