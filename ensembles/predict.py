@@ -26,10 +26,11 @@ from kbert.ensembles.members import Member, common_rows
 from kbert.errors import KbertError
 from kbert.io import read_json, read_predictions, write_csv
 from kbert.names import check_name
+from kbert.pipeline.artifacts import PREDICTIONS_DIR, check_output_file, recorded_submissions
 from kbert.pipeline.config import (RunConfig, competition_from_dict, read_yaml, run_config_from_dict,
                                    run_config_from_file)
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
-from kbert.pipeline.new_rows import check_output_file, new_row_features, predict_run, read_fold_table
+from kbert.pipeline.new_rows import new_row_features, predict_run, read_fold_table
 from kbert.pipeline.predictions import average_folds, native, predictions_frame
 from kbert.pipeline.provenance import Expected, check_member, expected_of
 from kbert.pipeline.splits import fold_rows
@@ -63,8 +64,8 @@ def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, da
     comp = config.competition
     rows = read_csv(Path(data_path))  # the user's file first: its mistakes are the likeliest
     check_feature_rows(rows, comp, Path(data_path))
-    out = Path(out) if out else run_dir / "predictions" / f"{Path(data_path).stem}.csv"
-    check_output_file(out)
+    out = Path(out) if out else run_dir / PREDICTIONS_DIR / f"{Path(data_path).stem}.csv"
+    check_output_file(out, "--output", keep=[data_path, *recorded_submissions(run_dir.parent)])
     data = load_competition_data(comp, data_dir if data_dir is not None else config.data_dir or None)
     if config.limit_rows is not None:
         raise KbertError(f"{run_dir}: a --limit-rows {config.limit_rows} baseline; kbert predict reads baselines "
@@ -141,7 +142,8 @@ def predict_ensemble(record_path: Path, data_path: Path, out: Path, runs_dir: st
     runs_dir = runs_dir if runs_dir is not None else record["runs_dir"]
     new_rows = read_csv(Path(data_path))
     check_feature_rows(new_rows, comp, Path(data_path))
-    check_output_file(Path(out))
+    check_output_file(Path(out), "--output",
+                      keep=[data_path, record_path, *recorded_submissions(Path(runs_dir) / comp.name)])
     data, _, problem = load_problem(comp, data_dir)
     expected = expected_of(comp, data)
     members = [trained_member(Path(runs_dir) / comp.name, name, expected) for name in names]
@@ -166,7 +168,7 @@ def predict_submission(run_dir: Path, data_path: Path, out: Path, data_dir: str 
     rows = read_csv(Path(data_path))
     check_feature_rows(rows, comp, Path(data_path))
     ids = rows[comp.id_column]
-    check_output_file(Path(out))
+    check_output_file(Path(out), "--output", keep=[data_path, *recorded_submissions(run_dir.parent)])
     data = load_competition_data(comp, data_dir if data_dir is not None else config.data_dir or None)
     expected = expected_of(comp, data)
     with tempfile.TemporaryDirectory() as scratch:

@@ -10,7 +10,8 @@ resumes only with the config and data it was started with (``check_resumable``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
+import json
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -71,8 +72,44 @@ def new_run_id(seed: int) -> str:
 
 CONFIG_FILE = "config.yaml"
 INPUTS_FILE = "inputs.json"
+PREDICTIONS_DIR = "predictions"  # a member folder's one part that kbert predict writes into, and that nothing reads
 LOCK_FILE = ".lock"
 FOLD_ARRAYS = ("valid_outputs", "valid_predictions", "test_outputs", "test_predictions")
+
+
+def recorded_submissions(folder: Path) -> list[str]:
+    """The submission files that the runs and baselines under ``folder`` (a competition's runs folder) record."""
+    found = []
+    for metrics in sorted(Path(folder).glob("*/metrics.json")):
+        try:
+            found.append(json.loads(metrics.read_text(encoding="utf-8")).get("submission"))
+        except (OSError, ValueError, AttributeError):  # a damaged record protects nothing; its reader says why
+            continue
+    return found
+
+
+def check_output_file(path: Path, option: str, keep: Iterable[Path | str | None] = ()) -> None:
+    """A file the user names for kbert to write can be written, and writing it loses nothing: it is none of
+    ``keep`` (the files the command reads, the submissions records describe: ``recorded_submissions``), no
+    ensemble's submission beside its record, and no file of a run or baseline folder but one under its
+    ``predictions/``. Checked before any model is loaded."""
+    check_writable_folder(path.parent, f"{option} {path}")
+    if path.is_dir():
+        raise KbertError(f"{option} {path}: '{path}' is a folder, not a file")
+    target = path.resolve()
+    for kept in filter(None, keep):  # a record without a submission names none
+        if Path(kept).resolve() == target:
+            raise KbertError(f"{option} {path}: is {kept}, which this command reads or a record describes; name "
+                             "another file")
+    record = target.with_suffix(".json")
+    if target.suffix == ".csv" and record.is_file():
+        described = read_json_value(record)
+        if isinstance(described, dict) and Path(str(described.get("submission"))).resolve() == target:
+            raise KbertError(f"{option} {path}: is the submission that {record} describes; name another file")
+    member = next((f for f in target.parents if (f / CONFIG_FILE).is_file() and (f / INPUTS_FILE).is_file()), None)
+    if member is not None and target.parent != member / PREDICTIONS_DIR:
+        raise KbertError(f"{option} {path}: inside the member folder {member}, whose files kbert reads back; write "
+                         f"it outside, or under {member / PREDICTIONS_DIR}")
 
 
 def fold_name(repeat: int, k: int, repeats: int, seed_index: int = 0) -> str:

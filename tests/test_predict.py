@@ -136,3 +136,31 @@ def test_embed_and_run_refuse_a_tokenizer_past_the_embedding_table(tmp_path, cap
                  str(tmp_path / "subs"), "--no-progress"]) == 2
     assert capsys.readouterr().err.strip() == refusal
     assert not (tmp_path / "e.npy").exists() and not (tmp_path / "runs").exists()
+
+
+def test_an_output_file_loses_nothing(tmp_path):
+    """What kbert predict and kbert embed are told to write is refused where it would overwrite what they read,
+    a file of a member folder (but its predictions/), a submission a member records, or an ensemble's submission
+    beside its record; a new file, and one under predictions/, are fine."""
+    from kbert.errors import KbertError
+    from kbert.pipeline.artifacts import check_output_file, recorded_submissions
+
+    member = tmp_path / "runs" / "comp" / "m"
+    (member / "folds" / "0").mkdir(parents=True)
+    for name in ("config.yaml", "inputs.json"):
+        (member / name).write_text("{}")
+    (member / "metrics.json").write_text('{"submission": "%s"}' % (tmp_path / "subs" / "m.csv"))
+    (tmp_path / "runs" / "comp" / "broken").mkdir()
+    (tmp_path / "runs" / "comp" / "broken" / "metrics.json").write_text("{")
+    (tmp_path / "subs").mkdir()
+    (tmp_path / "subs" / "e.json").write_text('{"submission": "%s"}' % (tmp_path / "subs" / "e.csv"))
+    keep = [tmp_path / "new.csv", *recorded_submissions(tmp_path / "runs" / "comp")]
+    refused = {member / "oof.csv": "inside the member folder", member / "folds" / "0" / "x.csv": "inside the member",
+               tmp_path / "new.csv": "which this command reads", tmp_path / "subs" / "m.csv": "a record describes",
+               tmp_path / "subs" / "e.csv": "is the submission that .*e.json describes"}
+    for path, why in refused.items():
+        with pytest.raises(KbertError, match=f"--output {path}: .*{why}"):
+            check_output_file(path, "--output", keep)
+    for path in (member / "predictions" / "new.csv", tmp_path / "subs" / "other.csv", tmp_path / "p.csv"):
+        path.parent.mkdir(exist_ok=True)
+        check_output_file(path, "--output", keep)

@@ -88,16 +88,16 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from kbert.errors import KbertError
-    from kbert.io import check_writable_folder, write_npy
+    from kbert.io import write_npy
     from kbert.models.encoders import load_encoder, max_tokens, read_config, resolve_encoder_path
+    from kbert.pipeline.artifacts import check_output_file
     from kbert.pipeline.embed import Embedding, embed_texts
 
     out = Path(args.out)
     with_suffix = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")
-    for path in {out, with_suffix}:
-        if path.is_dir():
-            raise KbertError(f"--out {path}: a folder; give the .npy file to write")
-    check_writable_folder(with_suffix.parent, f"--out {args.out}")
+    if out.is_dir():
+        raise KbertError(f"--out {out}: a folder; give the .npy file to write")
+    check_output_file(with_suffix, "--out", keep=[args.texts])
     texts = _read_lines(Path(args.texts))
     folder = resolve_encoder_path(args.model)
     max_length = args.max_length or min(EMBED_LENGTH, max_tokens(read_config(folder)) or EMBED_LENGTH)
