@@ -19,6 +19,7 @@ from kbert.ensembles.blend import (METHODS, Blend, BlendOptions, HonestResult, P
 from kbert.ensembles.members import Member, common_rows, select_members
 from kbert.errors import KbertError
 from kbert.io import write_json, written_together
+from kbert.pipeline.artifacts import check_output_file, recorded_submissions
 from kbert.pipeline.config import CompetitionConfig, FoldConfig
 from kbert.pipeline.data import CompetitionData, load_competition_data
 from kbert.pipeline.splits import make_folds, row_groups
@@ -224,6 +225,17 @@ def fit_chosen(pool: Pool, spec: EnsembleSpec, scores: Scores, choice: Choice) -
                           final=final, pool=pool, spec=spec, choice_nested=scores.choice_nested)
 
 
+def ensemble_path(submissions_dir: str, competition: str, name: str) -> Path:
+    return Path(submissions_dir) / competition / f"{name}.csv"
+
+
+def check_ensemble_name(submissions_dir: str, competition: str, name: str, runs_dir: str) -> None:
+    """``--name`` names a submission that can be written and that no run or baseline records as its own (checked
+    before the blend is built); an earlier ensemble of that name is replaced, its record with it."""
+    check_output_file(ensemble_path(submissions_dir, competition, name), f"--name {name}",
+                      keep=recorded_submissions(Path(runs_dir) / competition), with_record=True)
+
+
 def write_ensemble(result: EnsembleResult, submissions_dir: str = "submissions",
                    name: str | None = None) -> EnsembleResult:
     """The chosen blend's submission ``<submissions_dir>/<competition>/<name>.csv`` (default
@@ -231,7 +243,7 @@ def write_ensemble(result: EnsembleResult, submissions_dir: str = "submissions",
     pool, final, problem = result.pool, result.final, result.pool.problem
     test_table = apply_decision(problem.task, apply_blend(final, pool.T, problem.task), final.decision)
     stamp = f"{datetime.now():%Y%m%d-%H%M%S}"
-    path = Path(submissions_dir) / pool.competition.name / f"{name or f'ensemble-{result.chosen}-{stamp}'}.csv"
+    path = ensemble_path(submissions_dir, pool.competition.name, name or f"ensemble-{result.chosen}-{stamp}")
     with written_together():  # the record and the submission it describes appear together, or neither does
         sidecar = write_json(path.with_suffix(".json"), ensemble_record(result, path))
         submission = write_predictions_submission(pool.expected, native(problem.task, test_table),

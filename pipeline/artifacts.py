@@ -77,39 +77,42 @@ LOCK_FILE = ".lock"
 FOLD_ARRAYS = ("valid_outputs", "valid_predictions", "test_outputs", "test_predictions")
 
 
-def recorded_submissions(folder: Path) -> list[str]:
-    """The submission files that the runs and baselines under ``folder`` (a competition's runs folder) record."""
+def recorded_submissions(folder: Path, besides: str = "") -> list[str]:
+    """The submission files that the runs and baselines under ``folder`` (a competition's runs folder) record,
+    but that of the member named ``besides``."""
     found = []
     for metrics in sorted(Path(folder).glob("*/metrics.json")):
         try:
-            found.append(json.loads(metrics.read_text(encoding="utf-8")).get("submission"))
+            if metrics.parent.name != besides:
+                found.append(json.loads(metrics.read_text(encoding="utf-8")).get("submission"))
         except (OSError, ValueError, AttributeError):  # a damaged record protects nothing; its reader says why
             continue
     return found
 
 
-def check_output_file(path: Path, option: str, keep: Iterable[Path | str | None] = ()) -> None:
-    """A file the user names for kbert to write can be written, and writing it loses nothing: it is none of
-    ``keep`` (the files the command reads, the submissions records describe: ``recorded_submissions``), no
-    ensemble's submission beside its record, and no file of a run or baseline folder but one under its
-    ``predictions/``. Checked before any model is loaded."""
-    check_writable_folder(path.parent, f"{option} {path}")
+def check_output_file(path: Path, what: str, keep: Iterable[Path | str | None] = (), with_record: bool = False) -> None:
+    """A file kbert is told to write (``what``: the option that named it) can be written, and writing it loses
+    nothing: it is none of ``keep`` (the files the command reads, the submissions other members record:
+    ``recorded_submissions``), no ensemble's submission beside its record (unless the writer writes that record
+    anew with it: ``with_record``), and no file of a run or baseline folder but one under its ``predictions/``.
+    Checked before anything is computed."""
+    check_writable_folder(path.parent, what)
     if path.is_dir():
-        raise KbertError(f"{option} {path}: '{path}' is a folder, not a file")
+        raise KbertError(f"{what}: '{path}' is a folder, not a file")
     target = path.resolve()
-    for kept in filter(None, keep):  # a record without a submission names none
-        if Path(kept).resolve() == target:
-            raise KbertError(f"{option} {path}: is {kept}, which this command reads or a record describes; name "
-                             "another file")
+    if any(Path(kept).resolve() == target for kept in filter(None, keep)):  # a record without a submission: None
+        raise KbertError(f"{what}: would overwrite '{path}', which this command reads or a member records as its "
+                         "submission; choose another name")
     record = target.with_suffix(".json")
-    if target.suffix == ".csv" and record.is_file():
+    if target.suffix == ".csv" and record.is_file() and not with_record:
         described = read_json_value(record)
         if isinstance(described, dict) and Path(str(described.get("submission"))).resolve() == target:
-            raise KbertError(f"{option} {path}: is the submission that {record} describes; name another file")
+            raise KbertError(f"{what}: would overwrite '{path}', the submission that {record} describes; "
+                             "choose another name")
     member = next((f for f in target.parents if (f / CONFIG_FILE).is_file() and (f / INPUTS_FILE).is_file()), None)
     if member is not None and target.parent != member / PREDICTIONS_DIR:
-        raise KbertError(f"{option} {path}: inside the member folder {member}, whose files kbert reads back; write "
-                         f"it outside, or under {member / PREDICTIONS_DIR}")
+        raise KbertError(f"{what}: '{path}' is inside the member folder {member}, whose files kbert reads back; "
+                         f"write it outside, or under {member / PREDICTIONS_DIR}")
 
 
 def fold_name(repeat: int, k: int, repeats: int, seed_index: int = 0) -> str:
@@ -154,10 +157,8 @@ def check_run_outputs(config: RunConfig, run_dir: Path, submission_path: Path) -
     comp_dir = Path(config.out_dir) / config.competition.name
     for folder in (run_dir, comp_dir / "folds", comp_dir / "cache"):
         check_writable_folder(folder, f"--out {config.out_dir}")
-    what = f"--submissions-dir {config.submissions_dir}"
-    check_writable_folder(submission_path.parent, what)
-    if submission_path.is_dir():
-        raise KbertError(f"{what}: '{submission_path}' is a folder, not a file")
+    check_output_file(submission_path, f"--submissions-dir {config.submissions_dir}",
+                      keep=recorded_submissions(comp_dir, besides=run_dir.name))
 
 
 def lock_message(run_dir: Path) -> str:

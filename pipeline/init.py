@@ -20,6 +20,7 @@ import yaml
 from kbert.errors import KbertError
 from kbert.io import write_text
 from kbert.names import check_name
+from kbert.pipeline.artifacts import check_output_file
 from kbert.pipeline.config import USER_DIR, parse_competition
 from kbert.pipeline.data import duplicate_report, load_competition_data, near_header, plain, read_csv
 from kbert.pipeline.metrics import check_metric_fits, get_metric
@@ -183,6 +184,7 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
                          "word as a competition's name)")
     if out.exists() and not force:
         raise KbertError(f"{out} exists; pass --force to overwrite it")
+    check_output_file(out, f"--out {out}")
     train_path, test_path, sample_path = Path(files.train).resolve(), Path(files.test).resolve(), files.sample
     if train_path.parent != test_path.parent or (sample_path and Path(sample_path).resolve().parent != train_path.parent):
         raise KbertError(f"{train_path.name}, {test_path.name} (and the sample submission) must be in one folder")

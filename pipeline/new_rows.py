@@ -65,7 +65,7 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     metrics = read_metrics(run_dir / "metrics.json")
     fold_models = check_fold_models(run_dir, config)
     out = Path(out) if out else run_dir / PREDICTIONS_DIR / f"{Path(data_path).stem}.csv"
-    check_output_file(out, "--output", keep=[data_path, *recorded_submissions(run_dir.parent)])
+    check_output_file(out, f"--output {out}", keep=[data_path, *recorded_submissions(run_dir.parent)])
     data = load_competition_data(comp, data_dir if data_dir is not None else config.data_dir or None)
     train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows].reset_index(drop=True)
     features, new_features = new_row_features(comp, train.drop(columns=comp.target_columns), data.test, rows)

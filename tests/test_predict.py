@@ -156,11 +156,12 @@ def test_an_output_file_loses_nothing(tmp_path):
     (tmp_path / "subs" / "e.json").write_text('{"submission": "%s"}' % (tmp_path / "subs" / "e.csv"))
     keep = [tmp_path / "new.csv", *recorded_submissions(tmp_path / "runs" / "comp")]
     refused = {member / "oof.csv": "inside the member folder", member / "folds" / "0" / "x.csv": "inside the member",
-               tmp_path / "new.csv": "which this command reads", tmp_path / "subs" / "m.csv": "a record describes",
-               tmp_path / "subs" / "e.csv": "is the submission that .*e.json describes"}
+               tmp_path / "new.csv": "which this command reads", tmp_path / "subs" / "m.csv": "a member records as its submission",
+               tmp_path / "subs" / "e.csv": "the submission that .*e.json describes"}
     for path, why in refused.items():
-        with pytest.raises(KbertError, match=f"--output {path}: .*{why}"):
+        with pytest.raises(KbertError, match=f"--output: .*{why}"):
             check_output_file(path, "--output", keep)
     for path in (member / "predictions" / "new.csv", tmp_path / "subs" / "other.csv", tmp_path / "p.csv"):
         path.parent.mkdir(exist_ok=True)
         check_output_file(path, "--output", keep)
+    check_output_file(tmp_path / "subs" / "e.csv", "--name e", keep, with_record=True)  # an ensemble rerun

@@ -56,7 +56,8 @@ def add_parser(commands) -> None:
 
 def cmd_ensemble(args: argparse.Namespace) -> int:
     from kbert.ensembles.blend import BlendOptions
-    from kbert.ensembles.ensemble import EnsembleSpec, build_ensemble, ensemble_table, write_ensemble
+    from kbert.ensembles.ensemble import (EnsembleSpec, build_ensemble, check_ensemble_name, ensemble_table,
+                                         write_ensemble)
     from kbert.pipeline.config import load_competition
 
     check_member_ids(args.members)
@@ -65,6 +66,8 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
 
         check_name(args.name, "--name")
     competition = load_competition(args.competition)
+    if args.name is not None:
+        check_ensemble_name(args.submissions_dir, competition.name, args.name, args.out_dir)
     if args.study:
         fetch_study_trials(args)
     options = BlendOptions(top_k=args.top_k, seed=args.seed, decision=args.threshold)

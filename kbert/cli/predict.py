@@ -97,7 +97,7 @@ def cmd_embed(args: argparse.Namespace) -> int:
     with_suffix = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")
     if out.is_dir():
         raise KbertError(f"--out {out}: a folder; give the .npy file to write")
-    check_output_file(with_suffix, "--out", keep=[args.texts])
+    check_output_file(with_suffix, f"--out {args.out}", keep=[args.texts])
     texts = _read_lines(Path(args.texts))
     folder = resolve_encoder_path(args.model)
     max_length = args.max_length or min(EMBED_LENGTH, max_tokens(read_config(folder)) or EMBED_LENGTH)
