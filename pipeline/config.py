@@ -701,8 +701,22 @@ def parse_competition(data: Any, source: Path) -> CompetitionConfig:
         search_space=data.get("search_space") or {},
     )
     check_competition_settings(competition, f"{source}: ")
+    unknown = sorted(set(competition.training) - setting_names() - {"text"})  # text: resolve_run_config's overrides
+    if unknown:
+        raise KbertError(f"{source}: unknown key(s) under 'training': {', '.join(map(repr, unknown))}"
+                         f"{did_you_mean(unknown[0], setting_names())}; see `kbert run --help`")
+    from kbert.features import FEATURES, SERIALIZERS  # here: the command line reads this module first
+
+    for key, name, known in (("text.serializer", competition.text.serializer, SERIALIZERS),
+                             ("features", competition.features, FEATURES)):
+        if name and name not in known:
+            raise KbertError(f"{source}: {key} '{name}' is unknown{did_you_mean(name, known)}; known: "
+                             f"{', '.join(sorted(known))}")
     if task == Task.BINARY and competition.classes is not None and len(competition.classes) != 2:
         raise KbertError(f"{source}: a binary task's classes are [negative, positive], got {competition.classes}")
+    if competition.id_column not in competition.submission_columns or not competition.value_columns:
+        raise KbertError(f"{source}: submission.columns must hold the id column '{competition.id_column}' and the "
+                         f"column(s) to predict, got {list(competition.submission_columns)}")
     from kbert.pipeline.metrics import check_metric_fits
 
     try:
@@ -721,6 +735,13 @@ def _apply(obj: Any, overrides: dict[str, Any], source: str) -> Any:
     if unknown:
         raise KbertError(f"{source}: unknown setting(s) {sorted(unknown)} for {type(obj).__name__}")
     return replace(obj, **overrides)
+
+
+def setting_names() -> set[str]:
+    """What a competition's ``training:`` section (and a run's overrides) may set: the model's, training's and the
+    head's settings, the run's own and the folds' flags."""
+    return ({f.name for cls in (ModelConfig, TrainConfig, HeadOptions) for f in fields(cls)} | set(RUN_FIELDS)
+            | set(flags(FoldConfig)))
 
 
 def pretrained_from_scratch(encoder: str) -> bool:
@@ -759,7 +780,7 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
             raise KbertError(f"text.serializer '{competition.text.serializer}' is unknown; known: "
                              f"{', '.join(sorted(SERIALIZERS))}")
     fold_flags = flags(FoldConfig)
-    unknown = set(merged) - model_names - train_names - head_names - set(RUN_FIELDS) - set(fold_flags)
+    unknown = set(merged) - setting_names()
     if unknown:
         raise KbertError(f"unknown setting(s) {sorted(unknown)}; see `kbert run --help`")
     model = _apply(model, {k: v for k, v in merged.items() if k in model_names}, "model")
