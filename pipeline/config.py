@@ -714,6 +714,10 @@ def parse_competition(data: Any, source: Path) -> CompetitionConfig:
                              f"{', '.join(sorted(known))}")
     if task == Task.BINARY and competition.classes is not None and len(competition.classes) != 2:
         raise KbertError(f"{source}: a binary task's classes are [negative, positive], got {competition.classes}")
+    unknown = [c for c in competition.text.columns or [] if c not in competition.columns]
+    if unknown and not competition.features:  # a feature function may add columns: the serializer checks those
+        raise KbertError(f"{source}: text.columns names {', '.join(map(repr, unknown))}, which columns: does not "
+                         f"declare{did_you_mean(unknown[0], competition.columns)}")
     if competition.id_column not in competition.submission_columns or not competition.value_columns:
         raise KbertError(f"{source}: submission.columns must hold the id column '{competition.id_column}' and the "
                          f"column(s) to predict, got {list(competition.submission_columns)}")
