@@ -44,7 +44,7 @@ def cmd_auto(args: argparse.Namespace) -> int:
     from kbert.errors import KbertError
     from kbert.tune.options import parse_duration
 
-    limit = parse_duration(args.time_limit)
+    limit = parse_duration(args.time_limit, "--time-limit")
     if limit is None or limit <= 0:
         raise KbertError(f"--time-limit must be a positive duration, got {args.time_limit!r}")
     options = AutoOptions(competition=args.competition, time_limit=limit, preset=args.preset, seed=args.seed,

@@ -81,7 +81,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from kbert.tune import TuneOptions, auto_workers, parse_duration, tune, write_report
 
     check_name(args.study, "--study")
-    timeout = parse_duration(args.timeout)
+    timeout = parse_duration(args.timeout, "--timeout")
     if timeout is not None:
         check_number(timeout, "--timeout", POSITIVE)
     trials = args.trials if args.trials is not None else (None if timeout else 100)

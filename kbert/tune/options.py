@@ -87,8 +87,8 @@ def check_journal_path(storage: str) -> None:
     check_writable_folder(path.parent, f"--storage {storage}")
 
 
-def parse_duration(text: str | float | None) -> float | None:
-    """'8h', '90m', '1h30m', '45s', '2d' or plain seconds -> seconds."""
+def parse_duration(text: str | float | None, option: str = "") -> float | None:
+    """'8h', '90m', '1h30m', '45s', '2d' or plain seconds -> seconds; ``option`` names it in the error."""
     if text is None or text == "":
         return None
     if isinstance(text, (int, float)):
@@ -98,7 +98,8 @@ def parse_duration(text: str | float | None) -> float | None:
         return float(value)
     parts = re.findall(r"(\d+(?:\.\d+)?)\s*([dhms])", value)
     if not parts or re.sub(r"(\d+(?:\.\d+)?)\s*([dhms])", "", value).strip():
-        raise KbertError(f"cannot read the duration '{text}'; write e.g. 8h, 90m, 1h30m or 3600")
+        raise KbertError(f"{option + ': ' if option else ''}cannot read the duration '{text}'; write e.g. 8h, 90m, "
+                         "1h30m or 3600")
     scale = {"d": 86400, "h": 3600, "m": 60, "s": 1}
     return sum(float(number) * scale[unit] for number, unit in parts)
 
