@@ -115,6 +115,17 @@ def check_output_file(path: Path, what: str, keep: Iterable[Path | str | None] =
                          f"write it outside, or under {member / PREDICTIONS_DIR}")
 
 
+def check_predictions_file(out: Path, data_path: Path, competition_runs: Path, *reads: Path) -> None:
+    """``kbert predict --output``: ``check_output_file`` keeping the rows it reads (``data_path``, ``reads``) and
+    every submission the members in ``competition_runs`` (``runs/<competition>``) record."""
+    check_output_file(out, f"--output {out}", keep=[data_path, *reads, *recorded_submissions(competition_runs)])
+
+
+def predictions_path(run_dir: Path, data_path: Path, out: Path | None) -> Path:
+    """Where kbert predict writes a member's predictions of ``data_path``: ``out``, else under its predictions/."""
+    return Path(out) if out else Path(run_dir) / PREDICTIONS_DIR / f"{Path(data_path).stem}.csv"
+
+
 def fold_name(repeat: int, k: int, repeats: int, seed_index: int = 0) -> str:
     """A fold's folder under ``folds/``: ``3``, or ``r1-3`` with repeated k-fold; ``3-s1`` for the run's second
     seed (``--seeds``), so the first seed's folders are those of a one-seed run."""

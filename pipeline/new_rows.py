@@ -25,8 +25,8 @@ from kbert.models.checkpoints import CONFIG_FILE, TOKENIZER_FILE, load_checkpoin
 from kbert.models.heads import HeadConfig
 from kbert.models.task_model import TaskModel
 from kbert.models.tokenizer import read_tokenizer
-from kbert.pipeline.artifacts import (PREDICTIONS_DIR, check_output_file, fold_layout, fold_name, missing_fold_part,
-                                      read_metrics, recorded_submissions, verify_fold_files)
+from kbert.pipeline.artifacts import (check_predictions_file, fold_layout, fold_name, missing_fold_part,
+                                      predictions_path, read_metrics, verify_fold_files)
 from kbert.pipeline.calibration import apply_temperature
 from kbert.pipeline.config import CompetitionConfig, RunConfig, run_config_from_file
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
@@ -64,8 +64,8 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     check_feature_rows(rows, comp, Path(data_path))
     metrics = read_metrics(run_dir / "metrics.json")
     fold_models = check_fold_models(run_dir, config)
-    out = Path(out) if out else run_dir / PREDICTIONS_DIR / f"{Path(data_path).stem}.csv"
-    check_output_file(out, f"--output {out}", keep=[data_path, *recorded_submissions(run_dir.parent)])
+    out = predictions_path(run_dir, data_path, out)
+    check_predictions_file(out, data_path, run_dir.parent)
     data = load_competition_data(comp, data_dir if data_dir is not None else config.data_dir or None)
     train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows].reset_index(drop=True)
     features, new_features = new_row_features(comp, train.drop(columns=comp.target_columns), data.test, rows)
