@@ -31,6 +31,7 @@ from kbert.errors import KbertError
 from kbert.io import make_folder, read_json, read_text, removed_on_refusal, write_json, write_text
 from kbert.ensembles.predict import embedding_spec, is_baseline, member_config
 from kbert.names import check_name
+from kbert.pipeline.artifacts import member_folder_of
 from kbert.pipeline.config import RunConfig, find_competition, read_yaml
 
 PYTHONS = ("3.11", "3.12")
@@ -91,6 +92,10 @@ def check_spec(spec: PackageSpec, writing: bool = True) -> None:
                          "digits and '-' (the notebook's is SLUG-predict)")
     if writing and spec.out.exists():
         raise KbertError(f"--out {spec.out}: already exists; kbert package writes a new folder")
+    member = member_folder_of(spec.out) if writing else None
+    if member is not None:
+        raise KbertError(f"--out {spec.out}: inside the member folder {member}, whose files kbert reads back; write "
+                         "the package outside it")
 
 
 def package_contents(source: Path, competition: str = "") -> Contents:

@@ -90,6 +90,12 @@ def recorded_submissions(folder: Path, besides: str = "") -> list[str]:
     return found
 
 
+def member_folder_of(path: Path) -> Path | None:
+    """The run or baseline folder (one with config.yaml and inputs.json) that ``path`` lies in, if any."""
+    folders = Path(path).resolve().parents
+    return next((f for f in folders if (f / CONFIG_FILE).is_file() and (f / INPUTS_FILE).is_file()), None)
+
+
 def check_output_file(path: Path, what: str, keep: Iterable[Path | str | None] = (), with_record: bool = False) -> None:
     """A file kbert is told to write (``what``: the option that named it) can be written, and writing it loses
     nothing: it is none of ``keep`` (the files the command reads, the submissions other members record:
@@ -109,7 +115,7 @@ def check_output_file(path: Path, what: str, keep: Iterable[Path | str | None] =
         if isinstance(described, dict) and Path(str(described.get("submission"))).resolve() == target:
             raise KbertError(f"{what}: would overwrite '{path}', the submission that {record} describes; "
                              "choose another name")
-    member = next((f for f in target.parents if (f / CONFIG_FILE).is_file() and (f / INPUTS_FILE).is_file()), None)
+    member = member_folder_of(target)
     if member is not None and target.parent != member / PREDICTIONS_DIR:
         raise KbertError(f"{what}: '{path}' is inside the member folder {member}, whose files kbert reads back; "
                          f"write it outside, or under {member / PREDICTIONS_DIR}")

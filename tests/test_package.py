@@ -113,6 +113,13 @@ def test_a_package_is_refused_in_one_line_for_bad_input(tmp_path, capsys):
         assert main(["package", *args, "--out", str(tmp_path / "pkg")]) == 2
         assert says in capsys.readouterr().err
         assert not (tmp_path / "pkg").exists()
+    member = tmp_path / "runs" / "titanic" / "m"  # a run folder: what an ensemble reads back
+    member.mkdir(parents=True)
+    for name in ("config.yaml", "inputs.json"):
+        (member / name).write_text("{}")
+    assert main(["package", str(record), "--dataset", DATASET, "--out", str(member / "pkg")]) == 2
+    assert f"--out {member / 'pkg'}: inside the member folder {member}" in capsys.readouterr().err
+    assert sorted(p.name for p in member.iterdir()) == ["config.yaml", "inputs.json"]
 
 
 @pytest.mark.slow
