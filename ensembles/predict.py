@@ -196,7 +196,8 @@ def trained_member(competition_dir: Path, name: str, expected: Expected) -> Memb
         check_name(part, f"member {name!r}:")
     folder = competition_dir / name
     if not (folder / "metrics.json").is_file():
-        raise KbertError(f"member {name}: no finished run in {competition_dir} (no metrics.json)")
+        hint = "" if competition_dir.is_dir() else "; pass --out, the runs folder, if they moved or kbert ran elsewhere"
+        raise KbertError(f"member {name}: no finished run in {competition_dir} (no metrics.json){hint}")
     checked = check_member(folder, expected, f"member {name}", with_test=False)
     return Member(name=name, path=folder, cv=float(checked.metrics["cv"]), oof=checked.oof, test=checked.test,
                   columns=expected.columns, folds=checked.folds)
