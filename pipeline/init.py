@@ -71,8 +71,13 @@ def infer_targets(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame 
                              "training columns nor the classes of one; pass --target")
         return [target]
     only_train = [c for c in train.columns if c not in test.columns]
+    if not only_train:  # some test files carry the target as an empty column
+        only_train = [c for c in train.columns if test[c].isna().all() and train[c].notna().any()]
     if not only_train:
         raise KbertError("every training column is also in the test file, so the target is unclear; pass --target")
+    if len(only_train) > 1 and not all(pd.api.types.is_numeric_dtype(train[c]) for c in only_train):
+        raise KbertError(f"the training file's columns {only_train} are not in the test file, so the target is "
+                         "unclear; pass --target (several numeric targets are read as multilabel or time series)")
     return only_train
 
 

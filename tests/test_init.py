@@ -242,3 +242,20 @@ def test_a_two_valued_target_is_binary_whatever_its_type():
     assert infer_task(pd.DataFrame({"y": ["fresh", "rotten", "fresh"]})) == "binary"
     assert infer_task(pd.DataFrame({"y": [3, 7, 7]})) == "binary"
     assert infer_task(pd.DataFrame({"y": ["a", "b", "c"]})) == "multiclass"
+
+
+def test_the_target_is_a_column_the_test_file_lacks_or_leaves_empty(tmp_path):
+    """A test file that carries the target as an empty column still names it; several training-only columns that
+    are not all numeric (a multilabel or time-series target) leave the target unclear."""
+    wine_csvs(tmp_path / "data")
+    train, test = pd.read_csv(tmp_path / "data" / "train.csv"), pd.read_csv(tmp_path / "data" / "test.csv")
+    test.assign(cultivar=np.nan).to_csv(tmp_path / "data" / "test_empty.csv", index=False)
+    made = init_competition("w", DataFiles(tmp_path / "data" / "train.csv", tmp_path / "data" / "test_empty.csv"),
+                            out=tmp_path / "w.yaml")
+    assert load_competition(str(made)).target == "cultivar"
+    train.assign(note="x").to_csv(tmp_path / "data" / "train_two.csv", index=False)
+    with pytest.raises(KbertError, match=r"columns \['cultivar', 'note'\] are not in the test file, so the target "
+                                         "is unclear; pass --target"):
+        init_competition("w2", DataFiles(tmp_path / "data" / "train_two.csv", tmp_path / "data" / "test.csv"),
+                         out=tmp_path / "w2.yaml")
+    assert not (tmp_path / "w2.yaml").exists()
