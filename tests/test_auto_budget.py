@@ -278,6 +278,17 @@ def test_every_skip_names_what_was_tried_and_what_is_kept_back_and_no_message_pr
                for line in said), said
 
 
+def test_a_limit_shorter_than_the_ensembles_reserve_still_runs_the_first_member(tmp_path, monkeypatch):
+    """One member is not blended, so nothing is kept back for it: under a limit shorter than the final ensemble's
+    prior the first job that fits runs (the result is its submission), and the next waits for a timed blend."""
+    assert Estimator().ensemble_estimate(1) == 0.0 < Estimator().ensemble_estimate(2)
+    fake_jobs(monkeypatch, 3.0)
+    said = []
+    members = run_auto(AutoOptions("titanic", 60, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s")),
+                       log=said.append)
+    assert members == ["auto-baseline-hgb"], said
+
+
 def test_the_time_no_encoder_run_fits_goes_to_the_seeded_baselines_best_first_while_one_fits(tmp_path, monkeypatch):
     """After the study: the best encoder configuration's least form (2 epochs of 60 s) does not fit in the 58 s
     free, so the time goes to CatBoost and HGB again with other seeds, the better CV first, round by round, each
@@ -356,8 +367,8 @@ def test_a_state_that_is_not_what_kbert_auto_wrote_is_refused_and_one_auto_runs_
     with exclusive_lock(folder / ".lock", "held by the test"):
         with pytest.raises(KbertError, match="another kbert auto is running on this folder"):
             run_auto(options, log=lambda _: None)
-    assert run_auto(options, log=lambda _: None) == []  # the lock went with its holder (and 60 s fit no job)
-    assert json.loads((folder / "state.json").read_text())["jobs"]["auto-baseline-hgb"]["status"] == "skipped"
+    assert run_auto(options, log=lambda _: None) == ["auto-baseline-hgb"]  # the lock went with its holder
+    assert json.loads((folder / "state.json").read_text())["jobs"]["auto-baseline-hgb"]["status"] == "done"
 
 
 def test_the_precision_reaches_every_encoder_run_and_its_probe_and_a_rerun_must_keep_it(tmp_path, monkeypatch):

@@ -65,7 +65,10 @@ class Estimator:
 
     def ensemble_estimate(self, members: int) -> float:
         """The final ensemble (nested CV of every method and of the choice among them, over 3 outer splits), priced
-        from the last interim one (the same over 1 split; tests/test_auto_budget.py times both)."""
+        from the last interim one (the same over 1 split; tests/test_auto_budget.py times both). One member is not
+        blended (its own submission is the result): nothing to keep back for it."""
+        if members <= 1:
+            return 0.0
         if self.ensemble_seconds is None:
             return ENSEMBLE_PRIOR
         return 10.0 + 3.5 * self.ensemble_seconds * max(members, 1)
