@@ -9,7 +9,9 @@ absolute path, a space, an empty name) is refused with one line naming where the
 
 from __future__ import annotations
 
+import difflib
 import re
+from collections.abc import Iterable
 
 from kbert.errors import KbertError
 
@@ -24,3 +26,9 @@ def check_name(value: object, what: str) -> str:
         raise KbertError(f"{what} {text!r} is not a plain name: use letters, digits, '-', '_' and '.' "
                          "(not first), at most 128, with no folder separators")
     return text
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for a close known name, else an empty string."""
+    close = difflib.get_close_matches(str(name), list(known), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""

@@ -29,6 +29,7 @@ from kbert.models.architecture import ARCHITECTURES, DEFAULT_MODEL_TYPE, archite
 from kbert.models.blas import cache_root
 from kbert.models.tokenizer import read_tokenizer
 from kbert.models.weights import load_state_strict, read_safetensors, write_safetensors
+from kbert.names import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,9 @@ def resolve_encoder_path(name_or_path: str | Path) -> Path:
         if hub.is_hub_name(name_or_path):
             return hub.fetch(str(name_or_path)).folder
         presets = sorted(p for arch in ARCHITECTURES.values() for p in arch.presets)
-        raise KbertError(f"encoder '{name_or_path}' is neither a shipped name ({', '.join(SHIPPED)}), "
+        near = "" if "/" in str(name_or_path) else did_you_mean(name_or_path, [*SHIPPED, *presets])  # not a path
+        raise KbertError(f"encoder '{name_or_path}'{near} is neither "
+                         f"a shipped name ({', '.join(SHIPPED)}), "
                          f"a from-scratch size ({', '.join(presets)}), a Hugging Face Hub model "
                          "(org/name[@revision]), nor a model folder")
     return path

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import ast
 import copy
-import difflib
 import functools
 import importlib.util
 import json
 import math
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 import yaml
 
 from kbert.errors import KbertError
-from kbert.names import check_name
+from kbert.names import check_name, did_you_mean
 from kbert.tasks import TASKS, Task
 
 BUNDLED_DIR = Path(__file__).resolve().parent.parent / "competitions"  # the package's kbert/competitions
@@ -614,12 +613,6 @@ def read_yaml(path: Path) -> Any:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise KbertError(f"{path}: invalid YAML{where}: {problem}") from None
-
-
-def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """`` (did you mean 'x'?)`` for a close known name, else an empty string."""
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 def load_competition(name_or_path: str) -> CompetitionConfig:
