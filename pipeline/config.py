@@ -477,6 +477,8 @@ def check_settings(values: Mapping[str, Any], label: Callable[[str], str], prefi
             check_number(value, label(key), bound)
         elif (words := choices_of(key)) and value not in words:
             raise KbertError(f"{label(key)} {value!r} is unknown; known: {', '.join(words)}")
+        elif key in SETTINGS and isinstance(SETTINGS[key].default, bool) and not isinstance(value, bool):
+            raise KbertError(f"{label(key)} must be true or false, got {value!r}")  # 'no' in quotes is truthy
 
 
 def settings_markdown() -> str:
