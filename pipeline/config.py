@@ -638,7 +638,8 @@ def parse_competition(data: Any, source: Path) -> CompetitionConfig:
             raise KbertError(f"{source}: '{key}' must be a mapping, got {data[key]!r}")
     task = _require(data, "task", source)
     if task not in TASKS:
-        raise KbertError(f"{source}: task '{task}' is not supported; supported: {', '.join(TASKS)}")
+        raise KbertError(f"{source}: task '{task}' is not supported{did_you_mean(task, TASKS)}; supported: "
+                         f"{', '.join(TASKS)}")
     name = check_name(_require(data, "name", source), f"{source}: name")
     target = _require(data, "target", source)
     if isinstance(target, list):
@@ -713,9 +714,13 @@ def parse_competition(data: Any, source: Path) -> CompetitionConfig:
     if unknown and not competition.features:  # a feature function may add columns: the serializer checks those
         raise KbertError(f"{source}: text.columns names {', '.join(map(repr, unknown))}, which columns: does not "
                          f"declare{did_you_mean(unknown[0], competition.columns)}")
-    if competition.id_column not in competition.submission_columns or not competition.value_columns:
-        raise KbertError(f"{source}: submission.columns must hold the id column '{competition.id_column}' and the "
-                         f"column(s) to predict, got {list(competition.submission_columns)}")
+    submitted = list(competition.submission_columns)
+    if competition.id_column not in submitted:
+        raise KbertError(f"{source}: id_column '{competition.id_column}' is not among submission.columns "
+                         f"{submitted}{did_you_mean(competition.id_column, submitted)}")
+    if not competition.value_columns:
+        raise KbertError(f"{source}: submission.columns holds only the id column '{competition.id_column}'; add the "
+                         "column(s) to predict")
     from kbert.pipeline.metrics import check_metric_fits
 
     try:

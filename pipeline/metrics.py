@@ -18,6 +18,7 @@ from sklearn.metrics import (accuracy_score, cohen_kappa_score, f1_score, log_lo
                              top_k_accuracy_score)
 
 from kbert.errors import KbertError
+from kbert.names import did_you_mean
 from kbert.tasks import Task, submission_kind
 
 KINDS = ("label", "score", "value")
@@ -238,7 +239,8 @@ def get_metric(name: str) -> Metric:
         if not re.fullmatch(r"[1-9][0-9]*", k):
             raise KbertError(f"metric '{name}': K in '{prefix}@K' must be an integer >= 1")
         return _metric_at_k(prefix, int(k))
-    raise KbertError(f"unknown metric '{name}'; known: {', '.join(METRIC_NAMES)} (K an integer >= 1)")
+    raise KbertError(f"unknown metric '{name}'{did_you_mean(name, METRIC_NAMES)}; known: {', '.join(METRIC_NAMES)} "
+                     "(K an integer >= 1)")
 
 
 KIND_WORDS = {"label": "labels", "score": "probabilities", "value": "values"}
