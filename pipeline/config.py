@@ -479,6 +479,8 @@ def check_settings(values: Mapping[str, Any], label: Callable[[str], str], prefi
             raise KbertError(f"{label(key)} {value!r} is unknown; known: {', '.join(words)}")
         elif key in SETTINGS and isinstance(SETTINGS[key].default, bool) and not isinstance(value, bool):
             raise KbertError(f"{label(key)} must be true or false, got {value!r}")  # 'no' in quotes is truthy
+        elif key in SETTINGS and isinstance(SETTINGS[key].default, str) and not isinstance(value, str):
+            raise KbertError(f"{label(key)} must be text, got {value!r}")
 
 
 def settings_markdown() -> str:
@@ -894,6 +896,10 @@ def run_config_from_file(path: Path, overrides: dict[str, Any] | None = None) ->
     competition, rest = read_run_file(path)
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     if isinstance(competition, str):
+        unknown = sorted(set(rest) - setting_names() - set(NESTED_SETTINGS))
+        if unknown:
+            raise KbertError(f"{path}: unknown setting(s) {', '.join(map(repr, unknown))}"
+                             f"{did_you_mean(unknown[0], setting_names())}; see `kbert run --help`")
         check_settings(rest, lambda key: f"{path}: {key}")
         return resolve_run_config(load_competition(competition), {**rest, **overrides})
     refused = set(overrides) - set(RUN_FIELDS)
