@@ -15,8 +15,10 @@ import json
 import math
 import os
 import re
+import types
+import typing
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -471,7 +473,9 @@ def check_settings(values: Mapping[str, Any], label: Callable[[str], str], prefi
     Other keys are left to the checks that know them (unknown settings, serializers)."""
     for name, value in values.items():
         key = f"{prefix}{name}"
-        if key in NESTED_SETTINGS and isinstance(value, Mapping):
+        if key in NESTED_SETTINGS:
+            if not isinstance(value, Mapping):
+                raise KbertError(f"{label(key)} must be a mapping, got {value!r}")
             check_settings(value, label, f"{key}.")
         elif (bound := bound_of(key)) is not None:
             check_number(value, label(key), bound)
@@ -619,6 +623,51 @@ def read_yaml(path: Path) -> Any:
         raise KbertError(f"{path}: invalid YAML{where}: {problem}") from None
 
 
+# A competition's fields by their YAML keys where the two differ.
+YAML_KEYS = {"train_file": "files.train", "test_file": "files.test", "sample_submission_file": "files.sample_submission",
+             "submission_columns": "submission.columns"}
+
+
+def fits(value: Any, hint: Any) -> bool:
+    """``value`` is of the annotated type ``hint`` (str, bool, int, float, X | None, list[X], dict[K, V], Any)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any:
+        return True
+    if origin in (types.UnionType, typing.Union):
+        return any(fits(value, h) for h in args)
+    if origin is list:
+        return isinstance(value, list) and all(fits(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(fits(k, args[0]) and fits(v, args[1]) for k, v in value.items())
+    if hint in (int, float):  # YAML's true is no number, and an integer is a fine float
+        return isinstance(value, int if hint is int else (int, float)) and not isinstance(value, bool)
+    return isinstance(value, hint if hint is not None else type(None))
+
+
+def type_words(hint: Any) -> str:
+    """``hint`` as the message says it: "a list of text, or null"."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return ", or ".join(type_words(h) for h in args)
+    if origin is list:
+        return "a list" + ("" if args[0] is Any else f" of {type_words(args[0]).removeprefix('a ')}")
+    if origin is dict:
+        return "a mapping"
+    return {str: "text", bool: "true or false", int: "an integer", float: "a number", type(None): "null"}.get(
+        hint, "anything")
+
+
+def check_types(obj: Any, where: str, prefix: str = "") -> None:
+    """Every field of dataclass ``obj`` (and of the dataclasses it holds) has its annotated type; the message
+    names the YAML key (``where``: the file)."""
+    for name, hint in typing.get_type_hints(type(obj)).items():
+        value, key = getattr(obj, name), prefix + YAML_KEYS.get(name, name)
+        if is_dataclass(hint):
+            check_types(value, where, f"{key}.")
+        elif not fits(value, hint):
+            raise KbertError(f"{where}{key} must be {type_words(hint)}, got {value!r}")
+
+
 def load_competition(name_or_path: str) -> CompetitionConfig:
     source = competition_path(name_or_path)
     return parse_competition(read_yaml(source), source)
@@ -671,9 +720,6 @@ def parse_competition(data: Any, source: Path) -> CompetitionConfig:
     unknown_head_keys = set(head) - {f.name for f in fields(HeadOptions)}
     if unknown_head_keys:
         raise KbertError(f"{source}: unknown keys under 'head': {sorted(unknown_head_keys)}")
-    data_dir = data.get("data_dir") or ""
-    if data_dir:
-        data_dir = str((source.parent / data_dir).resolve())
     folds = data.get("folds", {}) or {}
     unknown_fold_keys = set(folds) - {f.name for f in fields(FoldConfig)}
     if unknown_fold_keys:
@@ -694,11 +740,14 @@ def parse_competition(data: Any, source: Path) -> CompetitionConfig:
         training=data.get("training", {}) or {},
         head=head,
         classes=data.get("classes"),
-        data_dir=data_dir,
+        data_dir=data.get("data_dir") or "",
         features=str(data.get("features") or ""),
         search_space=data.get("search_space") or {},
     )
     check_competition_settings(competition, f"{source}: ")
+    check_types(competition, f"{source}: ")
+    if competition.data_dir:  # relative to the YAML file
+        competition = replace(competition, data_dir=str((source.parent / competition.data_dir).resolve()))
     unknown = sorted(set(competition.training) - setting_names() - {"text"})  # text: resolve_run_config's overrides
     if unknown:
         raise KbertError(f"{source}: unknown key(s) under 'training': {', '.join(map(repr, unknown))}"
