@@ -13,7 +13,9 @@ import optuna
 
 from kbert.errors import KbertError
 from kbert.io import write_yaml
-from kbert.pipeline.config import Bound, CompetitionConfig, RunConfig, bound_of, check_number, choices_of, read_yaml
+from kbert.names import did_you_mean
+from kbert.pipeline.config import (SETTINGS, Bound, CompetitionConfig, RunConfig, bound_of, check_number, choices_of,
+                                   read_yaml)
 
 DEFAULT_SPACE = Path(__file__).resolve().parent / "search_space.yaml"
 SET_PREFIXES = ("adapter_options.", "text.")
@@ -224,7 +226,7 @@ def setting_of(config: RunConfig, target: str) -> Any:
             return getattr(section, target)
     if hasattr(config, target):
         return getattr(config, target)
-    raise KbertError(f"search space: '{target}' is not a run setting")
+    raise KbertError(f"search space: '{target}' is not a run setting{did_you_mean(target, SETTINGS)}")
 
 
 def default_params(params: list[Param], config: RunConfig) -> tuple[dict[str, Any], list[str]]:
