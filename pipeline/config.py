@@ -17,7 +17,7 @@ import os
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -748,10 +748,7 @@ def parse_competition(data: Any, source: Path) -> CompetitionConfig:
     check_types(competition, f"{source}: ")
     if competition.data_dir:  # relative to the YAML file
         competition = replace(competition, data_dir=str((source.parent / competition.data_dir).resolve()))
-    unknown = sorted(set(competition.training) - setting_names() - {"text"})  # text: resolve_run_config's overrides
-    if unknown:
-        raise KbertError(f"{source}: unknown key(s) under 'training': {', '.join(map(repr, unknown))}"
-                         f"{did_you_mean(unknown[0], setting_names())}; see `kbert run --help`")
+    check_setting_names(competition.training, f"{source}: training: ")
     from kbert.features import FEATURES, SERIALIZERS  # here: the command line reads this module first
 
     for key, name, known in (("text.serializer", competition.text.serializer, SERIALIZERS),
@@ -797,6 +794,14 @@ def setting_names() -> set[str]:
     head's settings, the run's own and the folds' flags."""
     return ({f.name for cls in (ModelConfig, TrainConfig, HeadOptions) for f in fields(cls)} | set(RUN_FIELDS)
             | set(flags(FoldConfig)))
+
+
+def check_setting_names(keys: Iterable[str], where: str) -> None:
+    """``keys`` (of a ``training:`` section, a ``--config`` file) name run settings; ``where`` begins the message."""
+    unknown = sorted(set(keys) - setting_names() - set(NESTED_SETTINGS))
+    if unknown:
+        raise KbertError(f"{where}unknown setting(s) {', '.join(map(repr, unknown))}"
+                         f"{did_you_mean(unknown[0], setting_names())}; see `kbert run --help`")
 
 
 def pretrained_from_scratch(encoder: str) -> bool:
@@ -945,10 +950,7 @@ def run_config_from_file(path: Path, overrides: dict[str, Any] | None = None) ->
     competition, rest = read_run_file(path)
     overrides = {k: v for k, v in (overrides or {}).items() if v is not None}
     if isinstance(competition, str):
-        unknown = sorted(set(rest) - setting_names() - set(NESTED_SETTINGS))
-        if unknown:
-            raise KbertError(f"{path}: unknown setting(s) {', '.join(map(repr, unknown))}"
-                             f"{did_you_mean(unknown[0], setting_names())}; see `kbert run --help`")
+        check_setting_names(rest, f"{path}: ")
         check_settings(rest, lambda key: f"{path}: {key}")
         return resolve_run_config(load_competition(competition), {**rest, **overrides})
     refused = set(overrides) - set(RUN_FIELDS)
