@@ -652,9 +652,9 @@ def type_words(hint: Any) -> str:
     if origin is list:
         return "a list" + ("" if args[0] is Any else f" of {type_words(args[0]).removeprefix('a ')}")
     if origin is dict:
-        return "a mapping"
-    return {str: "text", bool: "true or false", int: "an integer", float: "a number", type(None): "null"}.get(
-        hint, "anything")
+        return f"a mapping from {type_words(args[0])} to {type_words(args[1])}"
+    return {str: "text", bool: "true or false", int: "an integer", float: "a number", type(None): "null",
+            dict: "a mapping", list: "a list"}.get(hint, "anything")
 
 
 def check_types(obj: Any, where: str, prefix: str = "") -> None:

@@ -333,3 +333,19 @@ def test_the_settings_reference_is_current():
     assert path.read_text(encoding="utf-8") == settings_markdown(), "run python docs/make_settings.py"
     assert "| `pooling` | `--pooling` | `cls` | `cls`, `mean`, `max`, `attention`, `weighted-layers`, `cls-last4` |" \
         in settings_markdown()
+
+
+def test_a_competition_value_of_the_wrong_type_is_named_with_the_type_it_needs():
+    """check_types' reading of the annotations: what fits, and how the message says what was needed."""
+    from typing import Any
+
+    from kbert.pipeline.config import fits, type_words
+
+    for value, hint, ok in ((["a"], list[str] | None, True), (None, list[str] | None, True), ("a", list[str], False),
+                            ([1], list[str], False), ({"c": {"x": "y"}}, dict[str, dict], True),
+                            ({"c": "y"}, dict[str, dict], False), ({1: 2}, dict[str, Any], False), (True, float, False),
+                            (3, float, True), (3.0, int, False), ("x", str | list[str], True)):
+        assert fits(value, hint) == ok, (value, hint)
+    assert type_words(list[str] | None) == "a list of text, or null"
+    assert type_words(dict[str, dict]) == "a mapping from text to a mapping"
+    assert type_words(list[Any]) == "a list"
