@@ -624,8 +624,8 @@ def read_yaml(path: Path) -> Any:
 
 
 # A competition's fields by their YAML keys where the two differ.
-YAML_KEYS = {"train_file": "files.train", "test_file": "files.test", "sample_submission_file": "files.sample_submission",
-             "submission_columns": "submission.columns"}
+YAML_KEYS = {"train_file": "files.train", "test_file": "files.test",
+             "sample_submission_file": "files.sample_submission", "submission_columns": "submission.columns"}
 
 
 def fits(value: Any, hint: Any) -> bool:
