@@ -156,7 +156,8 @@ def test_an_output_file_loses_nothing(tmp_path):
     (tmp_path / "subs" / "e.json").write_text('{"submission": "%s"}' % (tmp_path / "subs" / "e.csv"))
     keep = [tmp_path / "new.csv", *recorded_submissions(tmp_path / "runs" / "comp")]
     refused = {member / "oof.csv": "inside the member folder", member / "folds" / "0" / "x.csv": "inside the member",
-               tmp_path / "new.csv": "which this command reads", tmp_path / "subs" / "m.csv": "a member records as its submission",
+               tmp_path / "new.csv": "which this command reads",
+               tmp_path / "subs" / "m.csv": "a member records as its submission",
                tmp_path / "subs" / "e.csv": "the submission that .*e.json describes"}
     for path, why in refused.items():
         with pytest.raises(KbertError, match=f"--output: .*{why}"):
