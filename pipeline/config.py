@@ -751,11 +751,9 @@ def parse_competition(data: Any, source: Path) -> CompetitionConfig:
     check_setting_names(competition.training, f"{source}: training: ")
     from kbert.features import FEATURES, SERIALIZERS  # here: the command line reads this module first
 
-    for key, name, known in (("text.serializer", competition.text.serializer, SERIALIZERS),
-                             ("features", competition.features, FEATURES)):
-        if name and name not in known:
-            raise KbertError(f"{source}: {key} '{name}' is unknown{did_you_mean(name, known)}; known: "
-                             f"{', '.join(sorted(known))}")
+    check_known("text.serializer", competition.text.serializer, SERIALIZERS, f"{source}: ")
+    if competition.features:
+        check_known("features", competition.features, FEATURES, f"{source}: ")
     if task == Task.BINARY and competition.classes is not None and len(competition.classes) != 2:
         raise KbertError(f"{source}: a binary task's classes are [negative, positive], got {competition.classes}")
     unknown = [c for c in competition.text.columns or [] if c not in competition.columns]
@@ -789,11 +787,19 @@ def _apply(obj: Any, overrides: dict[str, Any], source: str) -> Any:
     return replace(obj, **overrides)
 
 
-def setting_names() -> set[str]:
+@functools.cache
+def setting_names() -> frozenset[str]:
     """What a competition's ``training:`` section (and a run's overrides) may set: the model's, training's and the
     head's settings, the run's own and the folds' flags."""
-    return ({f.name for cls in (ModelConfig, TrainConfig, HeadOptions) for f in fields(cls)} | set(RUN_FIELDS)
-            | set(flags(FoldConfig)))
+    return frozenset({f.name for cls in (ModelConfig, TrainConfig, HeadOptions) for f in fields(cls)}
+                     | set(RUN_FIELDS) | set(flags(FoldConfig)))
+
+
+def check_known(key: str, name: str, known: Iterable[str], where: str = "") -> None:
+    """``name`` (of a serializer, a feature function) is one of ``known``; ``where`` begins the message."""
+    if name not in known:
+        raise KbertError(f"{where}{key} '{name}' is unknown{did_you_mean(name, known)}; known: "
+                         f"{', '.join(sorted(known))}")
 
 
 def check_setting_names(keys: Iterable[str], where: str) -> None:
@@ -836,9 +842,7 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         competition = replace(competition, text=_apply(competition.text, text_overrides, "text"))
         from kbert.features import SERIALIZERS
 
-        if competition.text.serializer not in SERIALIZERS:
-            raise KbertError(f"text.serializer '{competition.text.serializer}' is unknown; known: "
-                             f"{', '.join(sorted(SERIALIZERS))}")
+        check_known("text.serializer", competition.text.serializer, SERIALIZERS)
     fold_flags = flags(FoldConfig)
     unknown = set(merged) - setting_names()
     if unknown:

@@ -193,7 +193,16 @@ def load_competition_data(competition: CompetitionConfig, data_dir: str | Path |
     train, test = read_csv(train_path), read_csv(test_path)
     sample_path = folder / competition.sample_submission_file if competition.sample_submission_file else None
     sample = read_csv(sample_path) if sample_path else None
+    check_competition_frames(competition, train, test, sample, (train_path, test_path, sample_path))
+    return CompetitionData(train=train.reset_index(drop=True), test=test.reset_index(drop=True),
+                           sample_submission=sample, data_dir=folder)
 
+
+def check_competition_frames(competition: CompetitionConfig, train: pd.DataFrame, test: pd.DataFrame,
+                             sample: pd.DataFrame | None, paths: tuple[Path, Path, Path | None]) -> None:
+    """The competition's files, as read from ``paths`` (train, test, sample submission), hold what its YAML says:
+    the columns and their types, the targets, unique ids, the sample's ids those of the test file."""
+    train_path, test_path, sample_path = paths
     feature_columns = list(competition.columns)
     _check_columns(train, feature_columns + competition.target_columns, train_path)
     _check_columns(test, feature_columns, test_path)
@@ -210,8 +219,6 @@ def load_competition_data(competition: CompetitionConfig, data_dir: str | Path |
         _check_ids(sample, competition.id_column, sample_path)
         if set(sample[competition.id_column]) != set(test[competition.id_column]):
             raise KbertError(f"{sample_path}: ids in '{competition.id_column}' differ from those in {test_path}")
-    return CompetitionData(train=train.reset_index(drop=True), test=test.reset_index(drop=True), sample_submission=sample,
-                           data_dir=folder)
 
 
 def data_warnings(train: pd.DataFrame, test: pd.DataFrame, competition: CompetitionConfig) -> list[str]:

@@ -22,7 +22,7 @@ from kbert.io import write_text
 from kbert.names import check_name
 from kbert.pipeline.artifacts import check_output_file
 from kbert.pipeline.config import USER_DIR, parse_competition
-from kbert.pipeline.data import duplicate_report, load_competition_data, near_header, plain, read_csv
+from kbert.pipeline.data import check_competition_frames, duplicate_report, near_header, plain, read_csv
 from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.tasks import Task, submission_kind
 
@@ -236,7 +236,8 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
     if classes is not None and task == Task.BINARY:
         text = text.replace("\nclasses:", f"\n# [negative, positive]: {classes[1]!r} is the rarer value; swap them to "
                                            "predict the other\nclasses:", 1)
-    load_competition_data(parse_competition(yaml.safe_load(text), out))  # what `kbert run` would refuse, refused now
+    check_competition_frames(parse_competition(yaml.safe_load(text), out), train, test, sample,  # as `kbert run` would
+                             (train_path, test_path, Path(sample_path) if sample_path else None))
     write_text(out, header + text)
     duplicates = duplicate_report(train, data["text"]["columns"], targets)
     if duplicates:

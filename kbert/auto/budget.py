@@ -71,7 +71,7 @@ class Estimator:
             return 0.0
         if self.ensemble_seconds is None:
             return ENSEMBLE_PRIOR
-        return 10.0 + 3.5 * self.ensemble_seconds * max(members, 1)
+        return 10.0 + 3.5 * self.ensemble_seconds * members
 
     def free(self, left: float, members: int, limit: float) -> float:
         """What ``left`` seconds hold for one more job: less the final ensemble of ``members`` + 1 members and the
