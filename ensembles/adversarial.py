@@ -23,7 +23,8 @@ from threadpoolctl import threadpool_limits
 from kbert.ensembles.baseline import ColumnKinds, column_kinds, make_pipeline, prepare
 from kbert.errors import KbertError
 from kbert.features import add_features
-from kbert.io import check_writable_folder, write_json
+from kbert.io import write_json
+from kbert.pipeline.artifacts import check_output_file
 from kbert.pipeline.config import RunConfig
 from kbert.pipeline.data import load_competition_data
 
@@ -174,9 +175,7 @@ def adversarial_path(config: RunConfig) -> Path:
 
 def check_adversarial_output(config: RunConfig) -> None:
     """The report's folder can be written: checked before the minutes of fitting; nothing is created."""
-    check_writable_folder(adversarial_path(config).parent, f"--out {config.out_dir}")
-    if adversarial_path(config).is_dir():
-        raise KbertError(f"--out {config.out_dir}: '{adversarial_path(config)}' is a folder, not a file")
+    check_output_file(adversarial_path(config), f"--out {config.out_dir}")
 
 
 def write_adversarial(config: RunConfig, result: AdversarialResult) -> Path:

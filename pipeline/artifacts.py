@@ -96,6 +96,21 @@ def member_folder_of(path: Path) -> Path | None:
     return next((f for f in folders if (f / CONFIG_FILE).is_file() and (f / INPUTS_FILE).is_file()), None)
 
 
+def check_outside_members(path: Path, what: str) -> None:
+    """Nothing kbert is told to write (``what``: the option that named it) lands inside a run or baseline folder,
+    whose files kbert reads back: one line naming the option and the folder."""
+    member = member_folder_of(path)
+    if member is not None:
+        raise KbertError(f"{what}: '{path}' is inside the member folder {member}, whose files kbert reads back; "
+                         "choose a folder outside it")
+
+
+def check_output_folder(folder: Path, what: str) -> None:
+    """A folder kbert is told to write into can be written, and lies in no run or baseline folder."""
+    check_writable_folder(folder, what)
+    check_outside_members(folder, what)
+
+
 def check_output_file(path: Path, what: str, keep: Iterable[Path | str | None] = (), with_record: bool = False) -> None:
     """A file kbert is told to write (``what``: the option that named it) can be written, and writing it loses
     nothing: it is none of ``keep`` (the files the command reads, the submissions other members record:
@@ -112,7 +127,8 @@ def check_output_file(path: Path, what: str, keep: Iterable[Path | str | None] =
     record = target.with_suffix(".json")
     if target.suffix == ".csv" and record.is_file() and not with_record:
         described = read_json_value(record)
-        if isinstance(described, dict) and Path(str(described.get("submission"))).resolve() == target:
+        # an ensemble's record lies beside its submission; the path it records is relative to where it was made
+        if isinstance(described, dict) and Path(str(described.get("submission"))).name == target.name:
             raise KbertError(f"{what}: would overwrite '{path}', the submission that {record} describes; "
                              "choose another name")
     member = member_folder_of(target)
@@ -173,7 +189,7 @@ def check_run_outputs(config: RunConfig, run_dir: Path, submission_path: Path) -
     (``--submissions-dir``) can be written: checked before anything is written; nothing is created."""
     comp_dir = Path(config.out_dir) / config.competition.name
     for folder in (run_dir, comp_dir / "folds", comp_dir / "cache"):
-        check_writable_folder(folder, f"--out {config.out_dir}")
+        check_output_folder(folder, f"--out {config.out_dir}")
     check_output_file(submission_path, f"--submissions-dir {config.submissions_dir}",
                       keep=recorded_submissions(comp_dir, besides=run_dir.name))
 

@@ -22,11 +22,11 @@ from tqdm import tqdm
 
 from kbert.errors import KbertError
 from kbert.features import add_features
-from kbert.io import check_writable_folder, removed_on_refusal, write_json
+from kbert.io import removed_on_refusal, write_json
 from kbert.models.encoders import trains_from_scratch
 from kbert.models.masked_lm import build_masked_lm, load_masked_lm, save_masked_lm
 from kbert.models.tokenizer import load_or_train_tokenizer, special_ids, special_token_id
-from kbert.pipeline.artifacts import new_run_id
+from kbert.pipeline.artifacts import check_output_folder, new_run_id
 from kbert.pipeline.config import RunConfig, TrainConfig
 from kbert.pipeline.data import load_competition_data
 from kbert.pipeline.fold import make_serializer, scratch_encoder_config
@@ -225,8 +225,8 @@ def pretrain_folder(config: RunConfig, run_id: str) -> Path:
     folder = Path(config.out_dir) / config.competition.name / "pretrain" / run_id
     if folder.exists():
         raise KbertError(f"pretrain folder already exists: {folder}; pick another --run-id")
-    check_writable_folder(folder, f"--out {config.out_dir}")
-    check_writable_folder(Path(config.out_dir) / config.competition.name / "cache", f"--out {config.out_dir}")
+    check_output_folder(folder, f"--out {config.out_dir}")
+    check_output_folder(Path(config.out_dir) / config.competition.name / "cache", f"--out {config.out_dir}")
     return folder
 
 

@@ -153,7 +153,7 @@ def test_an_output_file_loses_nothing(tmp_path):
     (tmp_path / "runs" / "comp" / "broken").mkdir()
     (tmp_path / "runs" / "comp" / "broken" / "metrics.json").write_text("{")
     (tmp_path / "subs").mkdir()
-    (tmp_path / "subs" / "e.json").write_text('{"submission": "%s"}' % (tmp_path / "subs" / "e.csv"))
+    (tmp_path / "subs" / "e.json").write_text('{"submission": "subs/e.csv"}')  # relative to where it was made
     keep = [tmp_path / "new.csv", *recorded_submissions(tmp_path / "runs" / "comp")]
     refused = {member / "oof.csv": "inside the member folder", member / "folds" / "0" / "x.csv": "inside the member",
                tmp_path / "new.csv": "which this command reads",
@@ -166,3 +166,22 @@ def test_an_output_file_loses_nothing(tmp_path):
         path.parent.mkdir(exist_ok=True)
         check_output_file(path, "--output", keep)
     check_output_file(tmp_path / "subs" / "e.csv", "--name e", keep, with_record=True)  # an ensemble rerun
+
+
+def test_output_folders_lie_outside_member_folders(tmp_path):
+    """A folder kbert writes into (``--out`` of run, baseline, pretrain, adversarial, auto; auto's
+    ``--submissions-dir``) may not lie inside a run or baseline folder; the member folder itself (a rerun), a
+    sibling and a folder that does not exist yet are fine."""
+    from kbert.errors import KbertError
+    from kbert.pipeline.artifacts import check_output_folder
+
+    member = tmp_path / "runs" / "comp" / "m"
+    member.mkdir(parents=True)
+    for name in ("config.yaml", "inputs.json"):
+        (member / name).write_text("{}")
+    for folder in (member / "comp" / "r", member / "folds" / "0", member / "auto"):
+        with pytest.raises(KbertError, match=f"^--out x: '{folder}' is inside the member folder {member}, "):
+            check_output_folder(folder, "--out x")
+    for folder in (member, tmp_path / "runs" / "comp" / "r", tmp_path / "new" / "comp" / "r"):
+        check_output_folder(folder, "--out x")
+    assert not (tmp_path / "new").exists()

@@ -23,7 +23,8 @@ from kbert.auto.plan import BEST_BASELINE, BEST_RUN, STRONGEST_FITTING, Facts, J
 from kbert.auto.state import Action, AutoState, Drift, JobState, Status, read_state
 from kbert.auto.state import seconds as valid_seconds
 from kbert.errors import KbertError
-from kbert.io import check_writable_folder, exclusive_lock, read_json
+from kbert.io import exclusive_lock, read_json
+from kbert.pipeline.artifacts import check_output_folder
 from kbert.pipeline.config import RunConfig, load_competition, resolve_run_config
 
 KINDS = {Action.BASELINE: "baseline", Action.RUN: "encoder", Action.EMBEDDING: "embedding", Action.TUNE: "trial"}
@@ -159,9 +160,9 @@ def greater_is_better(auto: Auto) -> bool:
 def run_auto(options: AutoOptions, log=print) -> AutoResult:
     """Adversarial validation, the preset's jobs within the time limit, the final honest ensemble."""
     auto = Auto(options, log)
-    check_writable_folder(auto.folder, f"--out {options.out_dir}")  # before any job: else each would fail alone
-    check_writable_folder(Path(options.submissions_dir) / auto.competition.name,
-                          f"--submissions-dir {options.submissions_dir}")
+    check_output_folder(auto.folder, f"--out {options.out_dir}")  # before any job: else each would fail alone
+    check_output_folder(Path(options.submissions_dir) / auto.competition.name,
+                        f"--submissions-dir {options.submissions_dir}")
     auto.folder.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(auto.folder / ".lock", f"{auto.folder}: another kbert auto is running on this folder; wait "
                                                "for it to end, or pass another --out"):
