@@ -66,6 +66,22 @@ def test_an_unknown_choice_is_refused_by_the_command_line(tmp_path):
     assert "'cls-last4'" in result.stderr
 
 
+@pytest.mark.parametrize("argv, error", [
+    (["run", "titanic", "--augment", "many"], "argument --augment: invalid int value: 'many'; `kbert run --help`"),
+    (["baseline", "titanic", "--no-such-option"], "unrecognized arguments: --no-such-option; `kbert baseline --help`"),
+    (["no-such-command"], "argument COMMAND: invalid choice: 'no-such-command'"),
+    (["tune", "titanic", "--trials"], "argument --trials: expected one argument; `kbert tune --help`")])
+def test_the_command_line_refuses_in_one_line(argv, error, tmp_path, capsys):
+    """An option argparse refuses is one line naming it and where the options are listed, no usage dump."""
+    from kbert.cli import main
+
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    stderr = capsys.readouterr().err
+    assert exit.value.code == 2 and stderr.count("\n") == 1 and stderr.startswith("kbert: error: ")
+    assert error in stderr
+
+
 @pytest.mark.slow
 def test_smoke_run_writes_artifacts_and_a_valid_submission(tmp_path):
     started = time.perf_counter()

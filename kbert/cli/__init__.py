@@ -27,20 +27,31 @@ COMMAND_MODULES = (auto, run, tune, baseline, ensemble, adversarial, predict, do
                    show_text)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose refusal of an option is one line, like every other refusal (argparse prints the
+    whole usage first); the subcommands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"kbert: error: {message}; `{self.prog} --help` lists the options\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kbert", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="kbert", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.add_parser(commands)
     return parser
 
 
+def subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    return next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+
+
 def cli_markdown() -> str:
     """docs/cli-reference.md: ``kbert --help`` and every command's ``--help``, as the parsers print them at 100
     columns (docs/make_cli.py writes it; tests/test_docs.py checks that it is current)."""
     parser = build_parser()
-    commands = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))
+    commands = subcommands(parser)
     lines = ["# Command-line reference", "", "Every `kbert` command's options, generated from its parser (kbert/cli) by "
              "`python docs/make_cli.py`."]
     for name, command in [("kbert", parser), *((f"kbert {n}", p) for n, p in commands.choices.items())]:
@@ -67,7 +78,9 @@ def missing_mlx_backend() -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # named by the command's parser, whose --help lists its options
+        subcommands(parser).choices.get(args.command, parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command is None:
         parser.print_help()
         return 2
