@@ -175,7 +175,7 @@ def predict_submission(run_dir: Path, data_path: Path, out: Path, data_dir: str 
     metrics = read_json(run_dir / "metrics.json", required=("cv_threshold",))
     tuned = (metrics.get("threshold") or {}).get("tuned_on_oof")  # what the run's own submission was cut at
     threshold = np.asarray(tuned if tuned is not None else metrics["cv_threshold"], dtype=float)
-    threshold = float(threshold[0]) if comp.task == "binary" and threshold.size == 1 else threshold
+    threshold = threshold.item() if comp.task == "binary" and threshold.size == 1 else threshold  # a number, or [it]
     return write_new_submission(expected, data, ids, table, threshold, Path(out))
 
 

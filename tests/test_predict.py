@@ -31,6 +31,16 @@ def test_predict_reproduces_the_runs_test_predictions(titanic_run, tmp_path):
     assert main(["predict", str(run_dir), "--data", str(tmp_path / "new.csv"),
                  "--output", str(tmp_path / "p.csv")]) == 0
     plain = pd.read_csv(tmp_path / "p.csv")
+    # --submission: the run's own submission, labels at its cut-off (a run's and a baseline's; a package runs it)
+    baseline = ["baseline", "titanic", "--model", "logreg", "--out", str(titanic_run / "runs"), "--submissions-dir",
+                str(titanic_run / "subs"), "--run-id", "lr"]
+    assert main(baseline) == 0
+    for member in ("tiny", "lr"):
+        assert main(["predict", str(run_dir.parent / member), "--data", str(tmp_path / "new.csv"), "--submission",
+                     "--output", str(tmp_path / f"{member}.csv")]) == 0
+        own = (titanic_run / "subs" / "titanic" / f"{member}.csv").read_bytes()
+        assert (tmp_path / f"{member}.csv").read_bytes() == own
+    assert own.count(b",1\n") > 100  # the baseline's labels: cut, not all one class
     assert not np.allclose(plain["Survived"], expected["Survived"], atol=1e-6)  # no TTA: one serialization
     # Without TTA a row's prediction does not depend on the row order. (It may depend on the other rows:
     # Titanic's label-free ticket and family counts are taken over the training rows and the new rows.)
