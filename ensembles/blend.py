@@ -232,10 +232,11 @@ def hill_climb(P: np.ndarray, loss: Callable[[np.ndarray, np.ndarray], float], r
 
 
 def bagged_hill_climb(P: np.ndarray, loss, rows: np.ndarray, options: BlendOptions) -> np.ndarray:
-    """Hill climbing on random subsets of the members (bags); the weights are the bags' mean selection shares."""
+    """Hill climbing on random subsets of the members (bags); the weights are the bags' mean selection shares. A bag
+    holds at least two members (of two or more), else its one member wins by being drawn, not by its score."""
     m = len(P)
     rng = np.random.default_rng(options.seed)
-    size = max(1, int(round(options.hill_bag_fraction * m)))
+    size = min(m, max(2, int(round(options.hill_bag_fraction * m))))
     weights = np.zeros(m)
     for _ in range(options.hill_bags):
         bag = np.sort(rng.choice(m, size=size, replace=False)) if size < m else np.arange(m)
