@@ -29,10 +29,11 @@ from pathlib import Path
 
 from kbert.errors import KbertError
 from kbert.io import make_folder, read_json, read_text, removed_on_refusal, write_json, write_text
-from kbert.ensembles.predict import embedding_spec, is_baseline, member_config
+from kbert.ensembles.predict import embedding_spec, is_baseline
 from kbert.names import check_name
 from kbert.pipeline.artifacts import member_folder_of
 from kbert.pipeline.config import RunConfig, find_competition, read_yaml
+from kbert.pipeline.provenance import member_config
 
 PYTHONS = ("3.11", "3.12")
 DEVICES = ("cpu", "cuda")

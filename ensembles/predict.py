@@ -27,12 +27,11 @@ from kbert.errors import KbertError
 from kbert.io import read_json, read_predictions, write_csv
 from kbert.names import check_name
 from kbert.pipeline.artifacts import check_predictions_file, predictions_path
-from kbert.pipeline.config import (RunConfig, competition_from_dict, read_yaml, run_config_from_dict,
-                                   run_config_from_file)
+from kbert.pipeline.config import competition_from_dict, read_yaml
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
 from kbert.pipeline.new_rows import new_row_features, predict_run, read_fold_table
 from kbert.pipeline.predictions import average_folds, native, predictions_frame
-from kbert.pipeline.provenance import Expected, check_member, expected_of
+from kbert.pipeline.provenance import Expected, check_member, expected_of, member_config
 from kbert.pipeline.splits import fold_rows
 from kbert.pipeline.submission import write_predictions_submission
 
@@ -40,17 +39,6 @@ from kbert.pipeline.submission import write_predictions_submission
 def is_baseline(run_dir: Path) -> bool:
     saved = read_yaml(Path(run_dir) / "config.yaml")
     return isinstance(saved, dict) and "baseline" in saved
-
-
-def member_config(run_dir: Path) -> RunConfig:
-    """The run config a run or baseline folder was made with."""
-    saved = read_yaml(Path(run_dir) / "config.yaml")
-    if not isinstance(saved, dict) or "baseline" not in saved:
-        return run_config_from_file(Path(run_dir) / "config.yaml")
-    if "run_config" not in saved:
-        raise KbertError(f"{run_dir}: a baseline made by a kbert that kept no fitted models; run kbert baseline "
-                         "again to predict new rows with it")
-    return run_config_from_dict(saved["run_config"])
 
 
 def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, data_dir: str | None = None,

@@ -28,11 +28,12 @@ from kbert.models.tokenizer import read_tokenizer
 from kbert.pipeline.artifacts import (check_predictions_file, fold_layout, fold_name, missing_fold_part,
                                       predictions_path, read_metrics, verify_fold_files)
 from kbert.pipeline.calibration import apply_temperature
-from kbert.pipeline.config import CompetitionConfig, RunConfig, run_config_from_file
+from kbert.pipeline.config import CompetitionConfig, RunConfig
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
 from kbert.pipeline.fold import make_serializer, make_tabular, to_predictions, tokenize
 from kbert.pipeline.splits import fold_rows
 from kbert.pipeline.predictions import average_folds, predictions_frame
+from kbert.pipeline.provenance import check_inputs, expected_of, member_config
 from kbert.pipeline.targets import TargetTransform, encode_targets
 from kbert.pipeline.precision import resolve_precision, use_device
 from kbert.pipeline.train import predict_outputs
@@ -57,7 +58,7 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     """Predict the rows of ``data_path`` with every fold model of ``run_dir``; write id + prediction columns.
     ``data_dir``: where the competition's files are now (default: where the run read them)."""
     run_dir = Path(run_dir)
-    config = run_config_from_file(run_dir / "config.yaml")
+    config = member_config(run_dir)
     resolve_precision(config.train.precision, use_device(config.train.device))  # as the run asked, on this machine
     comp = config.competition
     rows = read_csv(Path(data_path))  # the user's file first: its mistakes are the likeliest
@@ -67,6 +68,7 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     out = predictions_path(run_dir, data_path, out)
     check_predictions_file(out, data_path, run_dir.parent)
     data = load_competition_data(comp, data_dir if data_dir is not None else config.data_dir or None)
+    check_inputs(metrics, expected_of(comp, data), str(run_dir), with_test=False)  # what it learnt from: these rows
     train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows].reset_index(drop=True)
     features, new_features = new_row_features(comp, train.drop(columns=comp.target_columns), data.test, rows)
     folds = read_fold_table(run_dir / "folds.csv", comp.id_column, comp.folds.repeats, train[comp.id_column])

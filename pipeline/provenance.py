@@ -18,8 +18,9 @@ import pandas as pd
 
 from kbert.errors import KbertError
 from kbert.io import read_npz, read_predictions
-from kbert.pipeline.artifacts import SCHEMA, input_fingerprint, read_folds_table, read_metrics
-from kbert.pipeline.config import CompetitionConfig, read_yaml
+from kbert.pipeline.artifacts import (CONFIG_FILE, SCHEMA, config_fingerprint, input_fingerprint, read_folds_table,
+                                      read_metrics)
+from kbert.pipeline.config import CompetitionConfig, RunConfig, read_yaml, run_config_from_dict, run_config_from_file
 from kbert.pipeline.data import CompetitionData
 from kbert.pipeline.metrics import get_metric
 from kbert.pipeline.predictions import metric_targets, native, prediction_columns, prediction_table, score
@@ -70,6 +71,38 @@ def expected_of(comp: CompetitionConfig, data: CompetitionData) -> Expected:
                     data.test[comp.id_column], truth, targets.classes)
 
 
+def member_config(folder: Path, metrics: dict | None = None) -> RunConfig:
+    """The run config a run or baseline folder was made with, as its config.yaml holds it; refused in one line when
+    the file is not the one the member was made with (its sha256, or a baseline's model, is not what ``metrics``
+    records)."""
+    path = Path(folder) / CONFIG_FILE
+    saved = read_yaml(path)
+    if not isinstance(saved, dict) or "baseline" not in saved:
+        config = run_config_from_file(path)
+    elif "run_config" not in saved:
+        raise KbertError(f"{folder}: a baseline made by a kbert that kept no fitted models; run kbert baseline "
+                         "again to predict new rows with it")
+    else:
+        config = run_config_from_dict(saved["run_config"])
+    metrics = read_metrics(Path(folder) / "metrics.json") if metrics is None else metrics
+    model = saved.get("baseline") if isinstance(saved, dict) else None  # a baseline's model, recorded in both
+    if metrics.get("config_sha256") != config_fingerprint(config) or model != metrics.get("baseline"):
+        raise KbertError(f"{path}: not the config this member was made with (metrics.json records another sha256: "
+                         "edited?); put the original back, or rerun the member")
+    return config
+
+
+def check_inputs(metrics: dict, expected: Expected, who: str, with_test: bool = True) -> None:
+    """The member was made from the data files read now: all of them, or (not ``with_test``) the training file."""
+    comp = expected.competition
+    recorded = metrics.get("inputs") if isinstance(metrics.get("inputs"), dict) else {}
+    compared = {**recorded, **expected.inputs} if with_test else [comp.train_file]
+    changed = sorted(name for name in compared if recorded.get(name) != expected.inputs.get(name))
+    if changed:
+        raise KbertError(f"{who}: trained on other data ({', '.join(changed)} differ from the files read now); "
+                         "rerun it on these files")
+
+
 def check_member(folder: Path, expected: Expected, who: str, with_test: bool = True) -> Checked:
     """The member in ``folder``, checked as the module says; ``who`` names it in the one-line refusal. Without
     ``with_test`` (a member predicting new rows) its test file and test predictions are not compared: the rows to
@@ -82,12 +115,7 @@ def check_member(folder: Path, expected: Expected, who: str, with_test: bool = T
     for key, ours in (("competition", comp.name), ("task", comp.task), ("metric", comp.metric)):
         if metrics.get(key) != ours:
             raise KbertError(f"{who}: made for {key} {metrics.get(key)!r}, not {ours!r}")
-    recorded = metrics.get("inputs") if isinstance(metrics.get("inputs"), dict) else {}
-    compared = {**recorded, **expected.inputs} if with_test else [comp.train_file]
-    changed = sorted(name for name in compared if recorded.get(name) != expected.inputs.get(name))
-    if changed:
-        raise KbertError(f"{who}: trained on other data ({', '.join(changed)} differ from the files read now); "
-                         "rerun it on these files")
+    check_inputs(metrics, expected, who, with_test)
     oof = aligned(folder / "oof.csv", expected, expected.train_ids, "training", who, empty_rows=True)
     test = aligned(folder / "test.csv", expected, expected.test_ids, "test", who) if with_test else None
     folds = read_folds_table(folder / "folds.csv", comp.id_column)
@@ -96,6 +124,7 @@ def check_member(folder: Path, expected: Expected, who: str, with_test: bool = T
     folds = folds.set_index(comp.id_column).loc[expected.train_ids.to_numpy()]
     check_cv(metrics, oof, expected, who)
     check_fold_outputs(folder, metrics, oof, folds, expected, who)
+    member_config(folder, metrics)
     return Checked(metrics, oof, test, folds["fold"].to_numpy())
 
 

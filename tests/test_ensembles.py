@@ -6,14 +6,15 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from kbert.ensembles.baseline import Baseline, column_kinds, fit_predict_fold, make_pipeline, prepare
 from kbert.ensembles.blend import (BlendOptions, Problem, apply_blend, fit_blend, hill_climb, metric_loss, nested_cv,
                                    paired_bootstrap, score_table)
 from kbert.ensembles.members import select_members
 from kbert.errors import KbertError
-from kbert.pipeline.artifacts import SCHEMA
-from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition
+from kbert.pipeline.artifacts import SCHEMA, config_fingerprint
+from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition, resolve_run_config
 from kbert.pipeline.data import load_competition_data
 from kbert.pipeline.metrics import get_metric
 from kbert.pipeline.predictions import native, score
@@ -273,10 +274,11 @@ def write_member(folder, expected: Expected, oof, test, rows: int | None = None)
     covered = ~np.isnan(oof).all(axis=1)
     cv = (score(get_metric(comp.metric), comp.task, expected.truth[:rows][covered], native(comp.task, oof[covered]),
                 0.5, expected.classes) if np.isfinite(oof[covered]).all() else 0.0)  # (a damaged file's)
+    config = resolve_run_config(comp, {"seed": 1, "limit_rows": rows if rows < len(expected.train_ids) else None})
     (folder / "metrics.json").write_text(json.dumps({
         "schema": SCHEMA, "competition": comp.name, "task": comp.task, "metric": comp.metric, "cv": cv,
-        "cv_threshold": 0.5, "inputs": expected.inputs}))
-    (folder / "config.yaml").write_text(f"seed: 1\nlimit_rows: {rows if rows < len(expected.train_ids) else 'null'}\n")
+        "cv_threshold": 0.5, "inputs": expected.inputs, "config_sha256": config_fingerprint(config)}))
+    (folder / "config.yaml").write_text(yaml.safe_dump(config.to_dict()))
 
 
 @pytest.fixture
