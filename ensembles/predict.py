@@ -26,7 +26,7 @@ from kbert.ensembles.members import Member, common_rows
 from kbert.errors import KbertError
 from kbert.io import read_json, read_predictions, write_csv
 from kbert.names import check_name
-from kbert.pipeline.artifacts import check_predictions_file, predictions_path
+from kbert.pipeline.artifacts import check_predictions_file, input_paths, predictions_path
 from kbert.pipeline.config import competition_from_dict, read_yaml
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
 from kbert.pipeline.new_rows import new_row_features, predict_run, read_fold_table
@@ -53,8 +53,8 @@ def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, da
     rows = read_csv(Path(data_path))  # the user's file first: its mistakes are the likeliest
     check_feature_rows(rows, comp, Path(data_path))
     out = predictions_path(run_dir, data_path, out)
-    check_predictions_file(out, data_path, run_dir.parent)
     data = load_competition_data(comp, data_dir if data_dir is not None else config.data_dir or None)
+    check_predictions_file(out, data_path, run_dir.parent, *input_paths(comp, data.data_dir))
     if config.limit_rows is not None:
         raise KbertError(f"{run_dir}: a --limit-rows {config.limit_rows} baseline; kbert predict reads baselines "
                          "trained on every row")
@@ -130,8 +130,9 @@ def predict_ensemble(record_path: Path, data_path: Path, out: Path, runs_dir: st
     runs_dir = runs_dir if runs_dir is not None else record["runs_dir"]
     new_rows = read_csv(Path(data_path))
     check_feature_rows(new_rows, comp, Path(data_path))
-    check_predictions_file(Path(out), data_path, Path(runs_dir) / comp.name, record_path)
     data, _, problem = load_problem(comp, data_dir)
+    check_predictions_file(Path(out), data_path, Path(runs_dir) / comp.name, record_path,
+                           *input_paths(comp, data.data_dir))
     expected = expected_of(comp, data)
     members = [trained_member(Path(runs_dir) / comp.name, name, expected) for name in names]
     rows = common_rows(members)
@@ -155,8 +156,8 @@ def predict_submission(run_dir: Path, data_path: Path, out: Path, data_dir: str 
     rows = read_csv(Path(data_path))
     check_feature_rows(rows, comp, Path(data_path))
     ids = rows[comp.id_column]
-    check_predictions_file(Path(out), data_path, run_dir.parent)
     data = load_competition_data(comp, data_dir if data_dir is not None else config.data_dir or None)
+    check_predictions_file(Path(out), data_path, run_dir.parent, *input_paths(comp, data.data_dir))
     expected = expected_of(comp, data)
     with tempfile.TemporaryDirectory() as scratch:
         table = member_table(run_dir, Path(data_path), Path(scratch), expected.columns, ids, data_dir, log)

@@ -139,8 +139,11 @@ def check_output_file(path: Path, what: str, keep: Iterable[Path | str | None] =
 
 def check_predictions_file(out: Path, data_path: Path, competition_runs: Path, *reads: Path) -> None:
     """``kbert predict --output``: ``check_output_file`` keeping the rows it reads (``data_path``, ``reads``) and
-    every submission the members in ``competition_runs`` (``runs/<competition>``) record."""
+    every submission the members in ``competition_runs`` (``runs/<competition>``) record. Predictions are a CSV: a
+    name without ``.csv`` (a competition YAML, an ensemble's JSON) is refused."""
     check_output_file(out, f"--output {out}", keep=[data_path, *reads, *recorded_submissions(competition_runs)])
+    if Path(out).suffix.lower() != ".csv":
+        raise KbertError(f"--output {out}: predictions are written as CSV; name a .csv file")
 
 
 def predictions_path(run_dir: Path, data_path: Path, out: Path | None) -> Path:
@@ -167,10 +170,15 @@ def fold_names(config: RunConfig) -> list[str]:
     return [fold_name(r, k, config.competition.folds.repeats, s) for s, r, k in fold_layout(config)]
 
 
-def input_fingerprint(comp: CompetitionConfig, data_dir: Path) -> dict[str, str]:
-    """The sha256 of each data file a run reads (train, test, the sample submission when there is one), by name."""
+def input_paths(comp: CompetitionConfig, data_dir: Path) -> list[Path]:
+    """The data files a run reads: train, test, and the sample submission when there is one."""
     names = [comp.train_file, comp.test_file, *([comp.sample_submission_file] if comp.sample_submission_file else [])]
-    return {name: file_sha256(Path(data_dir) / name) for name in names}
+    return [Path(data_dir) / name for name in names]
+
+
+def input_fingerprint(comp: CompetitionConfig, data_dir: Path) -> dict[str, str]:
+    """The sha256 of each data file a run reads (``input_paths``), by name."""
+    return {path.name: file_sha256(path) for path in input_paths(comp, data_dir)}
 
 
 def config_fingerprint(config: RunConfig) -> str:

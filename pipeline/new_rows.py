@@ -25,10 +25,10 @@ from kbert.models.checkpoints import CONFIG_FILE, TOKENIZER_FILE, load_checkpoin
 from kbert.models.heads import HeadConfig
 from kbert.models.task_model import TaskModel
 from kbert.models.tokenizer import read_tokenizer
-from kbert.pipeline.artifacts import (check_predictions_file, fold_layout, fold_name, missing_fold_part,
+from kbert.pipeline.artifacts import (check_predictions_file, fold_layout, fold_name, input_paths, missing_fold_part,
                                       predictions_path, read_metrics, verify_fold_files)
 from kbert.pipeline.calibration import apply_temperature
-from kbert.pipeline.config import CompetitionConfig, RunConfig
+from kbert.pipeline.config import CompetitionConfig, RunConfig, run_config_from_file
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
 from kbert.pipeline.fold import make_serializer, make_tabular, to_predictions, tokenize
 from kbert.pipeline.splits import fold_rows
@@ -58,16 +58,17 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     """Predict the rows of ``data_path`` with every fold model of ``run_dir``; write id + prediction columns.
     ``data_dir``: where the competition's files are now (default: where the run read them)."""
     run_dir = Path(run_dir)
-    config = member_config(run_dir)
+    config = run_config_from_file(run_dir / "config.yaml")
     resolve_precision(config.train.precision, use_device(config.train.device))  # as the run asked, on this machine
     comp = config.competition
     rows = read_csv(Path(data_path))  # the user's file first: its mistakes are the likeliest
     check_feature_rows(rows, comp, Path(data_path))
     metrics = read_metrics(run_dir / "metrics.json")
+    member_config(run_dir, metrics)  # config.yaml is the one the run was made with
     fold_models = check_fold_models(run_dir, config)
     out = predictions_path(run_dir, data_path, out)
-    check_predictions_file(out, data_path, run_dir.parent)
     data = load_competition_data(comp, data_dir if data_dir is not None else config.data_dir or None)
+    check_predictions_file(out, data_path, run_dir.parent, *input_paths(comp, data.data_dir))
     check_inputs(metrics, expected_of(comp, data), str(run_dir), with_test=False)  # what it learnt from: these rows
     train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows].reset_index(drop=True)
     features, new_features = new_row_features(comp, train.drop(columns=comp.target_columns), data.test, rows)

@@ -153,7 +153,7 @@ def test_an_output_file_loses_nothing(tmp_path):
     a file of a member folder (but its predictions/), a submission a member records, or an ensemble's submission
     beside its record; a new file, and one under predictions/, are fine."""
     from kbert.errors import KbertError
-    from kbert.pipeline.artifacts import check_output_file, recorded_submissions
+    from kbert.pipeline.artifacts import check_output_file, check_predictions_file, recorded_submissions
 
     member = tmp_path / "runs" / "comp" / "m"
     (member / "folds" / "0").mkdir(parents=True)
@@ -176,6 +176,9 @@ def test_an_output_file_loses_nothing(tmp_path):
         path.parent.mkdir(exist_ok=True)
         check_output_file(path, "--output", keep)
     check_output_file(tmp_path / "subs" / "e.csv", "--name e", keep, with_record=True)  # an ensemble rerun
+    for name in ("competition.yaml", "e.json", "p"):  # predictions are a CSV: a YAML or a record is never replaced
+        with pytest.raises(KbertError, match=f"^--output {tmp_path / name}: predictions are written as CSV"):
+            check_predictions_file(tmp_path / name, tmp_path / "new.csv", tmp_path / "runs" / "comp")
 
 
 def test_output_folders_lie_outside_member_folders(tmp_path):
