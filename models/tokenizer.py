@@ -100,10 +100,21 @@ def load_or_train_tokenizer(texts: list[str], vocab_size: int, cache_dir: Path) 
     return tokenizer, path
 
 
-def encode(tokenizer: Tokenizer, texts: list[str], max_length: int) -> list[np.ndarray]:
-    """Token ids per text (with [CLS]/[SEP]), truncated to ``max_length``, as int32 arrays."""
+def truncate_to(tokenizer: Tokenizer, max_length: int) -> None:
+    """Cut each text's tokens to ``max_length``, padding none. A length that leaves no room beside the special
+    tokens is refused: the tokenizers library then cuts nothing, and the longer rows would index past the
+    position table."""
+    specials = tokenizer.num_special_tokens_to_add(False)
+    if max_length <= specials:
+        raise KbertError(f"--max-length {max_length} (training.max_length) leaves no room for text beside the "
+                         f"{specials} special tokens of each row; use at least {specials + 1}")
     tokenizer.enable_truncation(max_length)
     tokenizer.no_padding()
+
+
+def encode(tokenizer: Tokenizer, texts: list[str], max_length: int) -> list[np.ndarray]:
+    """Token ids per text (with [CLS]/[SEP]), truncated to ``max_length``, as int32 arrays."""
+    truncate_to(tokenizer, max_length)
     return [np.asarray(e.ids, dtype=np.int32) for e in tokenizer.encode_batch(texts)]
 
 

@@ -300,7 +300,8 @@ class TrainConfig:
                                         help="< 1: encoder block i of L trains at lr * decay^(L - i), embeddings "
                                              "lowest")
     patience: int = setting(6, bound=SIZE, help="early stopping: epochs without a better validation score")
-    max_length: int = setting(96, bound=SIZE, flag="--max-length", help="maximum tokens per row")
+    max_length: int = setting(96, bound=Bound(integer=True, at_least=3), flag="--max-length",
+                              help="maximum tokens per row, [CLS] and [SEP] among them")
     length_bucket: int = setting(16, bound=SIZE, help="batches are padded to their own longest row, rounded up to a "
                                                       "multiple of this")
     dynamic_padding: bool = setting(True, flag="--no-dynamic-padding",

@@ -25,7 +25,7 @@ from kbert.features import add_features
 from kbert.io import removed_on_refusal, write_json
 from kbert.models.encoders import trains_from_scratch
 from kbert.models.masked_lm import build_masked_lm, load_masked_lm, save_masked_lm
-from kbert.models.tokenizer import load_or_train_tokenizer, special_ids, special_token_id
+from kbert.models.tokenizer import load_or_train_tokenizer, special_ids, special_token_id, truncate_to
 from kbert.pipeline.artifacts import check_output_folder, new_run_id
 from kbert.pipeline.config import RunConfig, TrainConfig
 from kbert.pipeline.data import load_competition_data
@@ -81,8 +81,7 @@ class Encoded:
 
 
 def encode_with_words(tokenizer: Tokenizer, texts: list[str], max_length: int) -> Encoded:
-    tokenizer.enable_truncation(max_length)
-    tokenizer.no_padding()
+    truncate_to(tokenizer, max_length)
     encodings = tokenizer.encode_batch(texts)
     return Encoded(ids=[np.asarray(e.ids, dtype=np.int32) for e in encodings],
                    words=[np.asarray([-1 if w is None else w for w in e.word_ids], dtype=np.int32)

@@ -29,3 +29,19 @@ def test_tokenizer_is_cached_per_corpus(tmp_path):
     assert path_again == path and again.get_vocab() == first.get_vocab()
     _, other = load_or_train_tokenizer(TEXTS[:3], 200, tmp_path)
     assert other != path
+
+
+def test_a_max_length_without_room_for_text_is_refused():
+    """At a length no longer than its special tokens the tokenizers library cuts nothing (a row kept all its
+    tokens, past the position table: MLX's gather does not check, and the process crashed); refused instead."""
+    import pytest
+
+    from kbert.errors import KbertError
+
+    tok = train_wordpiece(TEXTS, vocab_size=200)
+    tok.enable_truncation(1)
+    assert len(tok.encode(TEXTS[0]).ids) > 2  # what the library does at 1; at 2 a row is [CLS] [SEP], no text
+    for length in (1, 2):
+        with pytest.raises(KbertError, match=rf"^--max-length {length} .*2 special tokens of each row; use at least 3$"):
+            encode(tok, TEXTS, length)
+    assert [len(ids) for ids in encode(tok, TEXTS, 3)] == [3] * len(TEXTS)
