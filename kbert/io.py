@@ -8,6 +8,7 @@ writing, is one KbertError line naming the file. ``written_together()`` publishe
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -336,6 +337,8 @@ def parse_csv(path: Path, utf8_remedy: str, encoding: str = "utf-8") -> pd.DataF
         raise KbertError(f"{path}: not valid UTF-8 (byte {exc.start}); {utf8_remedy}") from None
     except pd.errors.ParserError as exc:
         raise KbertError(f"{path}: could not parse CSV: {' '.join(str(exc).split())}") from None
+    except (ValueError, EOFError, zipfile.BadZipFile, gzip.BadGzipFile) as exc:  # a damaged .gz, a .zip of several
+        raise KbertError(f"{path}: could not read it as CSV ({type(exc).__name__}: {exc})") from None
 
 
 def read_table(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame:

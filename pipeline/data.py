@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import codecs
-import csv
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,8 +63,8 @@ def read_csv(path: Path) -> pd.DataFrame:
 
 def _check_header(path: Path, frame: pd.DataFrame) -> None:
     """Duplicate column names (pandas would silently rename one 'x.1') and a file split on another separator."""
-    with open(path, encoding="utf-8-sig", newline="") as handle:
-        header = next(csv.reader(handle), [])
+    header = pd.read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False,  # as the frame was read:
+                         encoding="utf-8-sig").iloc[0].tolist()  # a .csv.gz or .zip unpacked too
     duplicated = [c for i, c in enumerate(header) if c in header[:i]]
     if duplicated:
         raise KbertError(f"{path}: column '{duplicated[0]}' appears twice in the header")

@@ -155,3 +155,29 @@ def test_free_text_competitions_default_to_a_pretrained_encoder_and_say_which(ca
     wide = replace(tweets, columns={**tweets.columns, **{c: "str" for c in extra}},
                    text=replace(tweets.text, columns=[*tweets.text.columns, *extra]))
     assert mostly_free_text(train.assign(**extra), wide) == {}
+
+
+def test_a_compressed_csv_is_read_and_a_damaged_one_is_one_line(tmp_path):
+    """pandas unpacks a .csv.gz or a one-file .zip by its name; the header check reads it the same way (it read
+    the raw bytes, and a .gz submission ended in a UnicodeDecodeError). A damaged .gz and a .zip of two files are
+    one line naming the file."""
+    import gzip
+    import zipfile
+
+    from kbert.pipeline.data import read_csv
+
+    text = (BUNDLED_DATA_DIR / "titanic" / "gender_submission.csv").read_bytes()
+    (tmp_path / "s.csv.gz").write_bytes(gzip.compress(text))
+    with zipfile.ZipFile(tmp_path / "s.zip", "w") as archive:
+        archive.writestr("s.csv", text)
+    assert len(read_csv(tmp_path / "s.csv.gz")) == len(read_csv(tmp_path / "s.zip")) == 418
+    (tmp_path / "dup.csv.gz").write_bytes(gzip.compress(b"a,a\n1,2\n"))
+    with pytest.raises(KbertError, match="dup.csv.gz: column 'a' appears twice in the header"):
+        read_csv(tmp_path / "dup.csv.gz")
+    (tmp_path / "cut.csv.gz").write_bytes(gzip.compress(text)[:100])
+    with zipfile.ZipFile(tmp_path / "two.zip", "w") as archive:
+        archive.writestr("a.csv", text)
+        archive.writestr("b.csv", text)
+    for name in ("cut.csv.gz", "two.zip"):
+        with pytest.raises(KbertError, match=rf"^{tmp_path / name}: could not read it as CSV \("):
+            read_csv(tmp_path / name)
