@@ -163,6 +163,18 @@ def test_space_errors_and_competition_overrides(tmp_path):
     (tmp_path / "bad.yaml").write_text("params: [1, 2]\n")
     with pytest.raises(KbertError, match="bad.yaml"):
         space_entries(competition, tmp_path / "bad.yaml")
+    # each section a mapping, each key and task known (a section of another shape was a traceback, a misspelt key
+    # or task was ignored); a folder is named as one
+    refused = {"tasks: 5": "'tasks' must be a mapping, not int", "cpu: [1]": "'cpu' must be a mapping, not list",
+               "tasks:\n  binary: [1]": "tasks.binary must be a mapping, not list",
+               "task:\n  binary: {}": r"unknown key 'task' \(did you mean 'tasks'\?\)",
+               "tasks:\n  binery: {}": r"tasks: unknown task 'binery' \(did you mean 'binary'\?\)"}
+    for text, error in refused.items():
+        (tmp_path / "bad.yaml").write_text(f"params:\n  epochs: 1\n{text}\n")
+        with pytest.raises(KbertError, match=f"^{tmp_path / 'bad.yaml'}: {error}"):
+            space_entries(competition, tmp_path / "bad.yaml")
+    with pytest.raises(KbertError, match=f"^{tmp_path}: a folder, not a search space file$"):
+        space_entries(competition, tmp_path)
 
 
 def test_text_overrides_and_their_errors():

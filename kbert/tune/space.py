@@ -16,6 +16,7 @@ from kbert.io import write_yaml
 from kbert.names import did_you_mean
 from kbert.pipeline.config import (SETTINGS, Bound, CompetitionConfig, RunConfig, bound_of, check_number, choices_of,
                                    read_yaml)
+from kbert.tasks import Task
 
 DEFAULT_SPACE = Path(__file__).resolve().parent / "search_space.yaml"
 SET_PREFIXES = ("adapter_options.", "text.")
@@ -31,12 +32,30 @@ class Param:
     when: dict[str, list] | None = None  # entry name -> the values under which this entry is sampled
 
 
+SECTIONS = ("params", "cpu", "numeric_columns", "tasks")  # a search space file's top-level keys
+
+
 def read_space_file(path: Path) -> dict:
+    """A search space file: a mapping of ``SECTIONS``, each a mapping of entries (``tasks``: of task names to
+    mappings of entries); anything else is one line naming the file and the key."""
+    if Path(path).is_dir():
+        raise KbertError(f"{path}: a folder, not a search space file")
     if not Path(path).is_file():
         raise KbertError(f"search space file not found: {path}")
     data = read_yaml(path)
     if not isinstance(data, dict) or not isinstance(data.get("params", {}), dict):
         raise KbertError(f"{path}: a search space is a mapping with 'params' (and optionally 'tasks')")
+    for key, section in data.items():
+        if key not in SECTIONS:
+            raise KbertError(f"{path}: unknown key '{key}'{did_you_mean(key, SECTIONS)}; a search space has "
+                             f"{', '.join(SECTIONS)}")
+        if section is not None and not isinstance(section, dict):
+            raise KbertError(f"{path}: '{key}' must be a mapping, not {type(section).__name__}")
+    for task, section in (data.get("tasks") or {}).items():
+        if task not in list(Task):
+            raise KbertError(f"{path}: tasks: unknown task '{task}'{did_you_mean(task, list(Task))}")
+        if section is not None and not isinstance(section, dict):
+            raise KbertError(f"{path}: tasks.{task} must be a mapping, not {type(section).__name__}")
     return data
 
 
