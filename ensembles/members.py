@@ -88,8 +88,13 @@ def select_members(competition_dir: Path, spec: str, expected: Expected, greater
                 raise KbertError(f"--members {spec}: K in top:K must be an integer >= 1")
             members = sorted(members, key=lambda m: -m.cv if greater_is_better else m.cv)[: int(count)]
     else:
-        members = []
-        for name in (n.strip() for n in spec.split(",") if n.strip()):
+        members, names = [], [n.strip() for n in spec.split(",") if n.strip()]
+        if not names:
+            raise KbertError(f"--members {spec!r}: names no member; give all, top:K or run ids separated by commas")
+        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if twice is not None:
+            raise KbertError(f"--members: '{twice}' is named twice; name each member once")
+        for name in names:
             folder = competition_dir / name
             if not (folder / "metrics.json").is_file():
                 raise KbertError(f"--members: no finished run '{name}' in {competition_dir} (no metrics.json)")

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from kbert.errors import KbertError
 from kbert.io import make_folder, read_json, read_text, removed_on_refusal, write_json, write_text
+from kbert.ensembles.ensemble import check_record
 from kbert.ensembles.predict import embedding_spec, is_baseline
 from kbert.names import check_name
 from kbert.pipeline.artifacts import member_folder_of
@@ -104,7 +105,8 @@ def package_contents(source: Path, competition: str = "") -> Contents:
     run must be of one competition (and of ``competition``, when named)."""
     source = Path(source)
     if source.suffix == ".json":
-        record = read_json(source, required=("competition", "members", "runs_dir", "competition_config"))
+        record = check_record(source, read_json(source, required=("competition", "members", "runs_dir",
+                                                                  "competition_config")))
         runs_dir = Path(record["runs_dir"]) / record["competition"]
         runs = {}
         for member in record["members"]:

@@ -21,7 +21,7 @@ from kbert.ensembles.baseline import Baseline, predict_fold
 from kbert.ensembles.baseline_models import load_fold_models
 from kbert.ensembles.blend import BlendOptions, apply_blend, apply_decision, fit_blend
 from kbert.ensembles.embedding_features import new_rows_with_embeddings, open_embedding_source
-from kbert.ensembles.ensemble import load_problem
+from kbert.ensembles.ensemble import check_record, load_problem
 from kbert.ensembles.members import Member, common_rows
 from kbert.errors import KbertError
 from kbert.io import read_json, read_predictions, write_csv
@@ -115,7 +115,8 @@ def predict_ensemble(record_path: Path, data_path: Path, out: Path, runs_dir: st
     ``kbert ensemble`` fitted it (and must give the weights and cut-off the record holds), then applied; the file
     has the submission's format."""
     record_path = Path(record_path)
-    record = read_json(record_path, required=("competition", "method", "members", "decision"))
+    record = check_record(record_path, read_json(record_path, required=("competition", "method", "members",
+                                                                         "decision")))
     missing = [key for key in ("competition_config", "options", "runs_dir") if key not in record]
     if missing:
         raise KbertError(f"{record_path}: made by a kbert that did not record {', '.join(missing)}; run kbert "
@@ -199,4 +200,5 @@ def check_refitted(record_path: Path, record: dict, final, members: list[Member]
                {m.name: round(float(w), 6) for m, w in zip(members, final.weights)})
     if weights != record.get("weights", {}) or final.decision.to_dict() != record["decision"]:
         raise KbertError(f"{record_path}: its blend, refitted on the members' OOF predictions, is not the one it "
-                         "records (weights or cut-off differ): a member changed since kbert ensemble wrote it")
+                         "records (weights or cut-off differ): a member changed since kbert ensemble wrote it; run "
+                         "kbert ensemble again")

@@ -182,8 +182,14 @@ def input_fingerprint(comp: CompetitionConfig, data_dir: Path) -> dict[str, str]
 
 
 def config_fingerprint(config: RunConfig) -> str:
-    """The sha256 of the resolved config, as config.yaml holds it (keys sorted)."""
-    return hashlib.sha256(yaml.safe_dump(config.to_dict(), sort_keys=True).encode("utf-8")).hexdigest()
+    """The sha256 of the resolved config, as config.yaml holds it (``mapping_fingerprint``)."""
+    return mapping_fingerprint(config.to_dict())
+
+
+def mapping_fingerprint(values: dict) -> str:
+    """The sha256 of a config mapping, keys sorted: the same for the mapping a config.yaml was written from and the
+    one read back from it, whatever fields this kbert's RunConfig has gained since."""
+    return hashlib.sha256(yaml.safe_dump(values, sort_keys=True).encode("utf-8")).hexdigest()
 
 
 def write_run_config(run_dir: Path, values: dict, inputs: dict[str, str]) -> None:

@@ -33,7 +33,7 @@ from kbert.pipeline.data import check_feature_rows, load_competition_data, read_
 from kbert.pipeline.fold import make_serializer, make_tabular, to_predictions, tokenize
 from kbert.pipeline.splits import fold_rows
 from kbert.pipeline.predictions import average_folds, predictions_frame
-from kbert.pipeline.provenance import check_inputs, expected_of, member_config
+from kbert.pipeline.provenance import check_config, check_inputs, expected_of
 from kbert.pipeline.targets import TargetTransform, encode_targets
 from kbert.pipeline.precision import resolve_precision, use_device
 from kbert.pipeline.train import predict_outputs
@@ -64,7 +64,7 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     rows = read_csv(Path(data_path))  # the user's file first: its mistakes are the likeliest
     check_feature_rows(rows, comp, Path(data_path))
     metrics = read_metrics(run_dir / "metrics.json")
-    member_config(run_dir, metrics)  # config.yaml is the one the run was made with
+    check_config(run_dir, metrics)  # config.yaml is the one the run was made with
     fold_models = check_fold_models(run_dir, config)
     out = predictions_path(run_dir, data_path, out)
     data = load_competition_data(comp, data_dir if data_dir is not None else config.data_dir or None)

@@ -18,7 +18,7 @@ import pandas as pd
 
 from kbert.errors import KbertError
 from kbert.io import read_npz, read_predictions
-from kbert.pipeline.artifacts import (CONFIG_FILE, SCHEMA, config_fingerprint, input_fingerprint, read_folds_table,
+from kbert.pipeline.artifacts import (CONFIG_FILE, SCHEMA, input_fingerprint, mapping_fingerprint, read_folds_table,
                                       read_metrics)
 from kbert.pipeline.config import CompetitionConfig, RunConfig, read_yaml, run_config_from_dict, run_config_from_file
 from kbert.pipeline.data import CompetitionData
@@ -72,24 +72,28 @@ def expected_of(comp: CompetitionConfig, data: CompetitionData) -> Expected:
 
 
 def member_config(folder: Path, metrics: dict | None = None) -> RunConfig:
-    """The run config a run or baseline folder was made with, as its config.yaml holds it; refused in one line when
-    the file is not the one the member was made with (its sha256, or a baseline's model, is not what ``metrics``
-    records)."""
+    """The run config a run or baseline folder was made with, as its config.yaml holds it (``check_config``)."""
     path = Path(folder) / CONFIG_FILE
     saved = read_yaml(path)
-    if not isinstance(saved, dict) or "baseline" not in saved:
-        config = run_config_from_file(path)
-    elif "run_config" not in saved:
+    if isinstance(saved, dict) and "baseline" in saved and "run_config" not in saved:
         raise KbertError(f"{folder}: a baseline made by a kbert that kept no fitted models; run kbert baseline "
                          "again to predict new rows with it")
-    else:
-        config = run_config_from_dict(saved["run_config"])
-    metrics = read_metrics(Path(folder) / "metrics.json") if metrics is None else metrics
-    model = saved.get("baseline") if isinstance(saved, dict) else None  # a baseline's model, recorded in both
-    if metrics.get("config_sha256") != config_fingerprint(config) or model != metrics.get("baseline"):
+    check_config(folder, read_metrics(Path(folder) / "metrics.json") if metrics is None else metrics)
+    return run_config_from_dict(saved["run_config"]) if "baseline" in saved else run_config_from_file(path)
+
+
+def check_config(folder: Path, metrics: dict) -> None:
+    """The member's config.yaml is the one it was made with: its run config's sha256 (and a baseline's model) is
+    what ``metrics`` records; else one line naming the file. An old baseline records no run config to check."""
+    path = Path(folder) / CONFIG_FILE
+    saved = read_yaml(path)
+    if not isinstance(saved, dict):
+        raise KbertError(f"{path}: not a run config (expected a mapping)")
+    written = saved.get("run_config") if "baseline" in saved else {k: v for k, v in saved.items() if k != "run_id"}
+    if written is not None and (metrics.get("config_sha256") != mapping_fingerprint(written)
+                                or saved.get("baseline") != metrics.get("baseline")):
         raise KbertError(f"{path}: not the config this member was made with (metrics.json records another sha256: "
                          "edited?); put the original back, or rerun the member")
-    return config
 
 
 def check_inputs(metrics: dict, expected: Expected, who: str, with_test: bool = True) -> None:
@@ -124,7 +128,7 @@ def check_member(folder: Path, expected: Expected, who: str, with_test: bool = T
     folds = folds.set_index(comp.id_column).loc[expected.train_ids.to_numpy()]
     check_cv(metrics, oof, expected, who)
     check_fold_outputs(folder, metrics, oof, folds, expected, who)
-    member_config(folder, metrics)
+    check_config(folder, metrics)
     return Checked(metrics, oof, test, folds["fold"].to_numpy())
 
 

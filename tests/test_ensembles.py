@@ -311,6 +311,10 @@ def test_member_selection(spaceship_members):
         select_members(runs, "partial", expected, True)
     with pytest.raises(KbertError, match="no finished run 'nope'"):
         select_members(runs, "nope", expected, True)
+    with pytest.raises(KbertError, match="^--members: 'run-1' is named twice; name each member once$"):
+        select_members(runs, "run-1,run-0, run-1", expected, True)  # (its weights recorded once, summing below 1)
+    with pytest.raises(KbertError, match="^--members ',': names no member"):
+        select_members(runs, " , ", expected, True)
     with pytest.raises(KbertError, match="K in top:K must be an integer"):
         select_members(runs, "top:x", expected, True)
 

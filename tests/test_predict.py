@@ -122,6 +122,33 @@ def test_predict_refuses_altered_weights_and_never_writes_nan(titanic_run, tmp_p
         capsys.readouterr().err
 
 
+@pytest.mark.slow
+def test_a_member_whose_config_was_edited_is_refused(titanic_run, tmp_path, capsys):
+    """config.yaml is read back to rebuild the rows and the model: an edited one (another max length, task or id
+    column) silently changed predictions or ended in a traceback. Its sha256 is the one metrics.json records."""
+    run_dir = copied_run(titanic_run, tmp_path)
+    test = str(BUNDLED_DATA_DIR / "titanic" / "test.csv")
+    original = (run_dir / "config.yaml").read_text()
+    for old, new in (("max_length: 64", "max_length: 4"), ("task: binary", "task: multiclass"),
+                     ("id_column: PassengerId", "id_column: Name")):
+        assert old in original
+        (run_dir / "config.yaml").write_text(original.replace(old, new))
+        assert main(["predict", str(run_dir), "--data", test, "--output", str(tmp_path / "p.csv")]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"kbert: error: {run_dir / 'config.yaml'}: not the config this member was made with (metrics.json "
+            "records another sha256: edited?); put the original back, or rerun the member"), old
+    assert not (tmp_path / "p.csv").exists()
+    # where members meet: a baseline's run config, edited, is refused by kbert ensemble
+    out = ["--out", str(tmp_path / "runs"), "--submissions-dir", str(tmp_path / "subs")]
+    assert main(["baseline", "titanic", "--model", "logreg", "--run-id", "lr", *out]) == 0
+    config = run_dir.parent / "lr" / "config.yaml"
+    config.write_text(config.read_text().replace("id_column: PassengerId", "id_column: Name"))
+    assert main(["ensemble", "titanic", "--members", "lr", *out]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"kbert: error: {config}: not the config this member was made with (metrics.json records another sha256: "
+        "edited?); put the original back, or rerun the member")
+
+
 def test_embed_and_run_refuse_a_tokenizer_past_the_embedding_table(tmp_path, capsys):
     """MiniLM's weights and config.json with a tokenizer that has 10 more tokens: its new ids have no row of the
     embedding table (MLX would read past it silently); every command that loads the encoder refuses it."""

@@ -74,8 +74,16 @@ def test_an_ensemble_whose_member_changed_or_lost_its_models_is_refused(members,
     assert len(err) == 1 and "logreg/folds/1: no baseline.json" in err[0], err
     assert not out.exists()
     saved = json.loads(record.read_text())
-    saved["weights"] = {name: 0.1 for name in saved["weights"]}  # a record that no longer tells its blend
-    (tmp_path / "edited.json").write_text(json.dumps(saved))
-    assert main(["predict", str(tmp_path / "edited.json"), "--data", str(TEST), "--output", str(out)]) == 2
-    assert "is not the one it records" in capsys.readouterr().err
-    assert not out.exists()
+    edits = {"weights": {name: 0.1 for name in saved["weights"]},  # a record that no longer tells its blend,
+             "members": [],  # or names no member (a traceback), or another id column (a traceback)
+             "competition_config": {**saved["competition_config"], "id_column": "Name"}}
+    for key, value in edits.items():
+        (tmp_path / "edited.json").write_text(json.dumps({**saved, key: value}))
+        for command in (["predict", str(tmp_path / "edited.json"), "--data", str(TEST), "--output", str(out)],
+                        ["package", str(tmp_path / "edited.json"), "--out", str(tmp_path / "pkg"), "--dataset",
+                         "me/kbert-edited"]):
+            assert main(command) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert err == [f"kbert: error: {tmp_path / 'edited.json'}: not as kbert ensemble wrote it (edited, or by "
+                           "an older kbert: its record_sha256 does not match); run kbert ensemble again"], (key, err)
+    assert not out.exists() and not (tmp_path / "pkg").exists()
