@@ -77,6 +77,8 @@ def load_fold_models(fold_dir: Path, baseline: Baseline) -> FittedFold:
     """The fold's fitted models, each file checked against the sha256 its record gives; a fold without a record
     (a baseline made before kbert saved them) or with a damaged, swapped or untrusted file is refused in one line."""
     record_path = fold_dir / MODELS_FILE
+    if not fold_dir.is_dir():
+        raise KbertError(f"{fold_dir}: missing; the baseline keeps a folder of fitted models per fold")
     if not record_path.is_file():
         raise KbertError(f"{fold_dir}: no {MODELS_FILE}: this baseline kept no fitted models (made by a kbert before "
                          "they were saved); run kbert baseline again to predict new rows with it")

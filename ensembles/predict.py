@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from kbert.ensembles.baseline import Baseline, predict_fold
-from kbert.ensembles.baseline_models import load_fold_models
+from kbert.ensembles.baseline_models import MODELS_FILE, load_fold_models
 from kbert.ensembles.blend import BlendOptions, apply_blend, apply_decision, fit_blend
 from kbert.ensembles.embedding_features import new_rows_with_embeddings, open_embedding_source
 from kbert.ensembles.ensemble import check_record, load_problem
@@ -77,6 +77,12 @@ def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, da
         if source is not None:
             train_index = fold_rows(folds, k, comp.folds)[0]
             frame = new_rows_with_embeddings(source, config, k, features.iloc[train_index], new_features, fold_dir)
+        kinds = models.kinds
+        lacking = [c for c in (*kinds.numeric, *kinds.categorical, *kinds.text) if c not in frame.columns]
+        if lacking:
+            named = ", ".join(map(repr, lacking[:3])) + (f" and {len(lacking) - 3} more" if len(lacking) > 3 else "")
+            raise KbertError(f"{fold_dir / MODELS_FILE}: its model reads column(s) {named} that this "
+                             "competition's rows lack (a fold of another run, or an edited file)")
         table = predict_fold(baseline, models, [frame])[0]
         if not np.isfinite(table).all():
             raise KbertError(f"{fold_dir}: its model predicts NaN or infinite values; nothing was written")

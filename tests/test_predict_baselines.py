@@ -60,7 +60,11 @@ def test_a_baseline_with_a_missing_or_changed_model_file_is_refused_in_one_line(
              "no baseline.json: this baseline kept no fitted models"),
             ("changed", lambda fold: (fold / "model-0.skops").write_bytes(b"not a model"),
              "its sha256 differs from the one baseline.json recorded"),
-            ("no-file", lambda fold: (fold / "model-0.skops").unlink(), "model-0.skops: missing")):
+            ("no-file", lambda fold: (fold / "model-0.skops").unlink(), "model-0.skops: missing"),
+            ("no-fold", shutil.rmtree, "folds/1: missing; the baseline keeps a folder of fitted models per fold"),
+            ("other-columns", lambda fold: (fold / "baseline.json").write_text(  # a fold of another competition's
+                (fold / "baseline.json").read_text().replace('"Fare"', '"RoomService"')),
+             "folds/1/baseline.json: its model reads column(s) 'RoomService' that this competition's rows lack")):
         run_dir = tmp_path / broken
         shutil.copytree(baselines / "hgb", run_dir)
         damage(run_dir / "folds" / "1")
