@@ -28,6 +28,19 @@ def check_name(value: object, what: str) -> str:
     return text
 
 
+SHARED_FOLDERS = ("folds", "cache", "pretrain", "auto")  # runs/<competition>/<these>: not a run's or a study's
+
+
+def check_run_name(value: object, what: str) -> str:
+    """A run id or study name: a plain name (``check_name``) that is not one of the folders every run of the
+    competition shares under ``--out`` (``SHARED_FOLDERS``): a run named ``cache`` got the tokenizer cache."""
+    name = check_name(value, what)
+    if name in SHARED_FOLDERS:
+        raise KbertError(f"{what} {name!r}: runs/<competition>/{name}/ is kbert's own ({', '.join(SHARED_FOLDERS)} "
+                         "are); choose another name")
+    return name
+
+
 def did_you_mean(name: str, known: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for a close known name, else an empty string."""
     close = difflib.get_close_matches(str(name), list(known), n=1)

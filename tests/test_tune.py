@@ -674,3 +674,24 @@ def test_the_command_without_workers_starts_one_per_core(tmp_path, capsys, monke
     trials = study_trials(replace(options, study="auto"))
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 2
     assert os.getpid() not in {t.user_attrs["pid"] for t in trials}  # spawned workers ran them
+
+
+def test_a_study_made_from_other_data_is_refused(tmp_path):
+    """A study records the sha256 of the data files it was made from; a worker reading changed files is refused
+    (its trials would be ranked beside trials of other data), and a report, which only reads, is not."""
+    import shutil
+
+    from kbert.pipeline.config import BUNDLED_DATA_DIR
+    from kbert.tune.study import load_study
+
+    data = tmp_path / "data"
+    shutil.copytree(BUNDLED_DATA_DIR / "titanic", data)
+    options = tiny_options(tmp_path, overrides={"limit_rows": 90, "folds": 2, "data_dir": str(data)})
+    load_study(replace(options), create=True)
+    load_study(replace(options), create=True)  # the same files: joined
+    train = data / "train.csv"
+    train.write_text(train.read_text().replace(",22,", ",23,", 1))
+    with pytest.raises(KbertError, match="^study 't' was made from other data \\(train.csv differ from the files "
+                                         "read now\\): its trials would not compare"):
+        load_study(replace(options), create=True)
+    load_study(replace(options), create=False, check=False)

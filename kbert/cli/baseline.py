@@ -47,11 +47,11 @@ def add_parser(commands) -> None:
 
 def cmd_baseline(args: argparse.Namespace) -> int:
     from kbert.ensembles.baseline import run_baseline
-    from kbert.names import check_name
+    from kbert.names import check_run_name
     from kbert.pipeline.config import load_competition, resolve_run_config
 
     if args.run_id is not None:
-        check_name(args.run_id, "--run-id")
+        check_run_name(args.run_id, "--run-id")
     overrides = {name: getattr(args, name) for name in ("seed", "folds", "limit_rows", "data_dir", "out_dir",
                                                          "submissions_dir")}
     config = resolve_run_config(load_competition(args.competition), overrides)

@@ -62,12 +62,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from kbert.io import write_json
-    from kbert.names import check_name
+    from kbert.names import check_run_name
     from kbert.pipeline.profile import profiling
     from kbert.pipeline.run import new_run_id, run_competition
 
     if args.run_id is not None:
-        check_name(args.run_id, "--run-id")
+        check_run_name(args.run_id, "--run-id")
     config = _run_config(args, _overrides(args))
     run_id = args.run_id or new_run_id(config.seed)
     try:

@@ -76,11 +76,11 @@ def add_parser(commands) -> None:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from kbert.names import check_name
+    from kbert.names import check_run_name
     from kbert.pipeline.config import POSITIVE, check_number
     from kbert.tune import TuneOptions, auto_workers, parse_duration, tune, write_report
 
-    check_name(args.study, "--study")
+    check_run_name(args.study, "--study")
     timeout = parse_duration(args.timeout, "--timeout")
     if timeout is not None:
         check_number(timeout, "--timeout", POSITIVE)

@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from kbert.errors import KbertError
 from kbert.io import removed_on_refusal
-from kbert.names import check_name
+from kbert.names import check_run_name
 from kbert.pipeline.config import CompetitionConfig, RunConfig, load_competition, resolve_run_config
 from kbert.pipeline.fold_processes import usable_cores
 from kbert.tune.trial_store import open_artifact_store
@@ -77,7 +77,7 @@ def load_study(options: TuneOptions, create: bool, check: bool = True
     (the search space without --space, the pruner, --folds and the other fixed options: ``options`` is filled
     in place) and is refused when one it sets, or its competition, differs (``check``; off for the report,
     which only reads). Returns the study, the competition, the parsed space and the study folder."""
-    check_name(options.study, "--study")
+    check_run_name(options.study, "--study")
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # not Optuna's line for every study it opens
     competition = load_competition(options.competition)
     entries = space_entries(competition, Path(options.space) if options.space else None)
@@ -85,6 +85,9 @@ def load_study(options: TuneOptions, create: bool, check: bool = True
     if create:  # the study's fixed settings (--folds, --limit-rows) are refused before its folder is made
         resolve_trial_config(competition, options, {})
     directory = study_dir(options, competition)
+    if (directory / "config.yaml").is_file():
+        raise KbertError(f"--study {options.study}: {directory} is a run's folder (it holds config.yaml); choose "
+                         "another study name")
     if not create and not options.rdb and not journal_path(options, directory).is_file():  # nothing made for a typo
         raise KbertError(f"no study '{options.study}' for {competition.name}: no {journal_path(options, directory)}")
     with removed_on_refusal() as created:  # a refusal in it takes back the journal and folders opening it made
@@ -136,9 +139,14 @@ MACHINE_SETTINGS = ("data_dir", "out_dir")  # where this machine keeps its files
 def study_settings(competition: CompetitionConfig, options: TuneOptions, entries: dict[str, Any]) -> dict[str, Any]:
     """What every worker of one study must agree on, as JSON: the competition (its whole config but where its
     data lives), the search space, the pruner and the fixed run options."""
+    from kbert.pipeline.artifacts import input_fingerprint
+    from kbert.pipeline.data import resolve_data_dir
+
     settings = {"competition": {k: v for k, v in asdict(competition).items() if k not in MACHINE_SETTINGS},
                 "space": entries, "pruner": options.pruner, "prune_p": options.prune_p,
-                "options": {k: v for k, v in options.overrides.items() if k not in MACHINE_SETTINGS}}
+                "options": {k: v for k, v in options.overrides.items() if k not in MACHINE_SETTINGS},
+                "inputs": input_fingerprint(competition, resolve_data_dir(competition,
+                                                                          options.overrides.get("data_dir")))}
     return json.loads(json.dumps(settings, sort_keys=True, default=str))
 
 
@@ -154,6 +162,13 @@ def refuse_differences(stored: dict[str, Any], mine: dict[str, Any], options: Tu
     names its own)."""
     from kbert.pipeline.artifacts import config_differences  # loads MLX: in a worker, after runtime.setup()
 
+    if "inputs" in stored:  # (a study made before kbert recorded its data files has none to compare)
+        made, now = stored["inputs"], mine["inputs"]
+        changed = sorted(name for name in {**made, **now} if made.get(name) != now.get(name))
+        if changed:
+            raise KbertError(f"study '{options.study}' was made from other data ({', '.join(changed)} differ from "
+                             "the files read now): its trials would not compare; use those files, or another --study")
+    stored, mine = {**stored, "inputs": None}, {**mine, "inputs": None}
     if not options.space:
         stored, mine = {**stored, "space": None}, {**mine, "space": None}
     differ = config_differences(stored, mine)
