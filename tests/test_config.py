@@ -155,7 +155,7 @@ def test_nan_and_infinity_are_refused_for_every_numeric_setting_from_yaml(tmp_pa
     ({"label_smoothing": 1.0}, r"label_smoothing must be a finite number in \[0, 1\), got 1.0"),
     ({"focal_gamma": -1.0}, "focal_gamma must be a finite number >= 0, got -1.0"),
     ({"tta": 0}, "tta must be an integer >= 1, got 0"),
-    ({"max_length": 0}, "max_length must be an integer >= 1, got 0"),
+    ({"max_length": 2}, "max_length must be an integer >= 3, got 2"),
     ({"length_bucket": 0}, "length_bucket must be an integer >= 1, got 0"),
     ({"batch_size": 2.5}, "batch_size must be an integer >= 1, got 2.5"),
     ({"epochs": True}, "epochs must be an integer >= 1, or null, got True"),
