@@ -141,10 +141,19 @@ def test_space_errors_and_competition_overrides(tmp_path):
     with pytest.raises(KbertError, match="not other entries"):
         parse_space({"rank": {"choices": [4], "when": {"adapter": "lora"}}})
     with pytest.raises(KbertError, match="cycle"):
-        parse_space({"a": {"choices": [1], "when": {"b": 1}}, "b": {"choices": [1], "when": {"a": 1}}})
+        parse_space({"epochs": {"choices": [1], "when": {"patience": 1}}, "patience": {"choices": [1],
+                                                                                    "when": {"epochs": 1}}})
     # A `when` may name a later entry: that one is sampled first (YAML dumps often sort the keys).
-    ordered = parse_space({"rank": {"choices": [4], "when": {"adapter": "lora"}}, "adapter": ["lora"], "x": 1})
-    assert [p.name for p in ordered] == ["adapter", "rank", "x"]
+    ordered = parse_space({"rank": {"set": "adapter_options.rank", "choices": [4], "when": {"adapter": "lora"}},
+                           "adapter": ["lora"], "epochs": 1})
+    assert [p.name for p in ordered] == ["adapter", "rank", "epochs"]
+    # a space samples only what trials may differ in: not their folds, rows, seed or files; each setting once
+    for entries, error in (({"limit_rows": 50}, "limit_rows is what every trial of a study shares"),
+                           ({"k": {"set": "folds.k", "choices": [3]}}, "folds.k is what every trial"),
+                           ({"e": {"set": "epoch", "value": 2}}, r"'epoch' is not a run setting \(did you mean"),
+                           ({"epochs": 2, "e": {"set": "epochs", "value": 3}}, "'epochs' and 'e' both set epochs")):
+        with pytest.raises(KbertError, match=error):
+            parse_space(entries)
     with pytest.raises(KbertError, match="unknown keys"):
         parse_space({"epochs": {"lo": 1, "high": 3}})
     with pytest.raises(KbertError, match="low <= high"):

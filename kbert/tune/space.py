@@ -14,8 +14,8 @@ import optuna
 from kbert.errors import KbertError
 from kbert.io import write_yaml
 from kbert.names import did_you_mean
-from kbert.pipeline.config import (SETTINGS, Bound, CompetitionConfig, RunConfig, bound_of, check_number, choices_of,
-                                   read_yaml)
+from kbert.pipeline.config import (RUN_FIELDS, SETTINGS, Bound, CompetitionConfig, RunConfig, bound_of, check_number,
+                                   choices_of, read_yaml)
 from kbert.tasks import Task
 
 DEFAULT_SPACE = Path(__file__).resolve().parent / "search_space.yaml"
@@ -111,8 +111,14 @@ def parse_space(entries: dict[str, Any], source: str = "search space") -> list[P
                 raise KbertError(f"{where}: 'when' names {missing}, which are not other entries of the space")
             when = {key: value if isinstance(value, list) else [value] for key, value in when.items()}
         target = str(entry.get("set", name))
+        check_tunable(target, where)
         check_entry_values(entry, target, where + (f" (sets {target})" if target != name else ""))
         params[name] = Param(name, target, make_distribution(entry, where), entry.get("value"), when)
+    fixed = [p for p in params.values() if p.when is None]
+    twice = next(((a, b) for i, a in enumerate(fixed) for b in fixed[:i] if a.target == b.target), None)
+    if twice:
+        raise KbertError(f"{source}: '{twice[1].name}' and '{twice[0].name}' both set {twice[0].target} (give one a "
+                         "'when' that the other's excludes)")
     ordered: list[Param] = []
     placing: list[str] = []
 
@@ -157,6 +163,22 @@ def make_distribution(entry: dict, where: str) -> optuna.distributions.BaseDistr
                                                       step=None if step is None else float(step))
     except ValueError as exc:
         raise KbertError(f"{where}: {exc}") from None
+
+
+# What every trial of a study shares, so that their scores compare: its folds (--folds), rows (--limit-rows), seed
+# and targets, and where its files are; a space may not sample them.
+FIXED = (*RUN_FIELDS, "folds", "repeats", *(key for key in SETTINGS if key.startswith("folds.")))
+
+
+def check_tunable(target: str, where: str) -> None:
+    """A space entry sets a run setting that trials may differ in: a known one (``SETTINGS``, ``text.<field>``,
+    ``adapter_options.<field>``) and none of ``FIXED``."""
+    if target in FIXED:
+        raise KbertError(f"{where}: {target} is what every trial of a study shares (its folds, rows, seed and "
+                         "files), not a setting to tune; set it with kbert tune's options")
+    if target not in SETTINGS and not target.startswith(SET_PREFIXES):
+        tunable = [key for key in SETTINGS if key not in FIXED]
+        raise KbertError(f"{where}: '{target}' is not a run setting{did_you_mean(target, tunable)}")
 
 
 def check_entry_values(entry: dict, target: str, where: str) -> None:
