@@ -193,8 +193,11 @@ def mapping_fingerprint(values: dict) -> str:
 
 
 def write_run_config(run_dir: Path, values: dict, inputs: dict[str, str]) -> None:
-    """inputs.json, then config.yaml (``values``): a folder with a config.yaml has its inputs recorded."""
-    write_json(run_dir / INPUTS_FILE, inputs)
+    """inputs.json, then config.yaml (``values``): a folder with a config.yaml has its inputs recorded, the data
+    files' sha256 and the config's own (``mapping_fingerprint``, without the run id), so that a resume sees an
+    edited config.yaml."""
+    written = {key: value for key, value in values.items() if key != "run_id"}
+    write_json(run_dir / INPUTS_FILE, {**inputs, CONFIG_FILE: mapping_fingerprint(written)})
     write_yaml(run_dir / CONFIG_FILE, values)
 
 
@@ -237,7 +240,13 @@ def check_resumable(run_dir: Path, config: RunConfig, inputs: dict[str, str] | N
     config_path = run_dir / CONFIG_FILE
     if not config_path.is_file():
         raise KbertError(f"run folder already exists and has no config.yaml: {run_dir}; pick another --run-id")
-    saved = with_defaults(read_run_config(config_path, "; pick another --run-id"))
+    written = read_run_config(config_path, "; pick another --run-id")
+    recorded = read_json(run_dir / INPUTS_FILE) if (run_dir / INPUTS_FILE).is_file() else {}
+    if CONFIG_FILE in recorded and recorded[CONFIG_FILE] != mapping_fingerprint(written):  # (older runs: none)
+        raise KbertError(f"{config_path}: edited since run '{run_dir.name}' started (inputs.json records another "
+                         "sha256): its finished folds were trained with what it said then; put it back, or pick "
+                         "another --run-id")
+    saved = with_defaults(written)
     current = yaml.safe_load(yaml.safe_dump(config.to_dict(), sort_keys=False))
     changed = config_differences(saved, current)
     if changed:
@@ -251,7 +260,7 @@ def check_resumable(run_dir: Path, config: RunConfig, inputs: dict[str, str] | N
 def check_same_inputs(run_dir: Path, inputs: dict[str, str]) -> None:
     """The data files' hashes equal those the run recorded in inputs.json; else an error naming the files."""
     path = run_dir / INPUTS_FILE
-    recorded = read_json(path)
+    recorded = {name: sha for name, sha in read_json(path).items() if name != CONFIG_FILE}  # (check_resumable's)
     changed = [name for name in {**recorded, **inputs} if recorded.get(name) != inputs.get(name)]
     if changed:
         raise KbertError(f"{path}: run '{run_dir.name}' was started on other data: {', '.join(changed)} changed; "

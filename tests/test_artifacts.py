@@ -15,7 +15,7 @@ import pytest
 from kbert.errors import KbertError
 from kbert.pipeline import fold as fold_module
 from kbert.pipeline.artifacts import check_resumable, fold_names, input_fingerprint, missing_fold_part, write_run_config
-from kbert.pipeline.config import load_competition, resolve_run_config
+from kbert.pipeline.config import load_competition, resolve_run_config, run_config_from_file
 from kbert.pipeline.fold import fold_warnings
 from kbert.pipeline.run import run_competition
 from kbert.pipeline.targets import Targets
@@ -67,6 +67,17 @@ def test_a_resume_checks_the_data_files_and_accepts_a_folder_from_before_they_we
     with pytest.raises(KbertError, match=f"^{run_dir / 'inputs.json'}: run 'run' was started on other data: "
                                          "train.csv, test.csv changed; pick another --run-id$"):
         check_resumable(run_dir, config, changed)
+    # config.yaml edited between the start and the resume, and resumed from itself (kbert run --config it): its
+    # settings agree with themselves, so only the sha256 inputs.json records sees it (the folds mixed settings)
+    original = (run_dir / "config.yaml").read_text()
+    (run_dir / "config.yaml").write_text(original.replace("pooling: cls", "pooling: max"))
+    assert original != (run_dir / "config.yaml").read_text()
+    edited = run_config_from_file(run_dir / "config.yaml")
+    with pytest.raises(KbertError, match=f"^{run_dir / 'config.yaml'}: edited since run 'run' started \\(inputs.json "
+                                         "records another sha256\\)"):
+        check_resumable(run_dir, edited, inputs)
+    (run_dir / "config.yaml").write_text(original)
+    check_resumable(run_dir, config, inputs)
     (run_dir / "inputs.json").unlink()  # a run folder written before inputs were recorded
     check_resumable(run_dir, config, changed)
 
