@@ -252,16 +252,19 @@ def _write_numpy(path: Path, save: Callable[[Any], None]) -> Path:
     return atomic_write(path, write)
 
 
-def _existing_file(path: Path) -> Path:
+def existing_file(path: Path, what: str = "file") -> Path:
+    """``path``, a file; a folder there, or nothing, is one line naming it (``what``: the kind of file)."""
     path = Path(path)
+    if path.is_dir():
+        raise KbertError(f"{path}: a folder, not a {what}")
     if not path.is_file():
-        raise KbertError(f"{path}: file not found")
+        raise KbertError(f"{path}: {what} not found")
     return path
 
 
 def read_text(path: Path) -> str:
     """A UTF-8 text file; missing or not UTF-8 is an error naming the file."""
-    path = _existing_file(path)
+    path = existing_file(path)
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -311,7 +314,7 @@ def read_json(path: Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
 
 def read_npz(path: Path, required: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
     """Every array of an .npz file (no pickled objects); missing, truncated or corrupt is an error naming it."""
-    path = _existing_file(path)
+    path = existing_file(path)
     try:
         loaded = np.load(path, allow_pickle=False)
         if not isinstance(loaded, np.lib.npyio.NpzFile):
@@ -344,7 +347,7 @@ def parse_csv(path: Path, utf8_remedy: str, encoding: str = "utf-8") -> pd.DataF
 def read_table(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame:
     """A CSV file that kbert wrote (folds.csv, oof.csv, test.csv): missing, empty, unparsable or lacking a
     ``required`` column is an error naming the file."""
-    frame = parse_csv(_existing_file(path), "the file is damaged")
+    frame = parse_csv(existing_file(path), "the file is damaged")
     missing = [c for c in required if c not in frame.columns]
     if missing:
         raise KbertError(f"{path}: missing column(s) {', '.join(map(repr, missing))}")

@@ -579,9 +579,9 @@ def competition_path(name_or_path: str) -> Path:
     """A competition is a path to a YAML file, or a name looked up by ``find_competition``."""
     candidate = Path(name_or_path)
     if candidate.suffix in (".yaml", ".yml"):
-        if not candidate.is_file():
-            raise KbertError(f"competition file not found: {candidate}")
-        return candidate
+        from kbert.io import existing_file  # here: kbert.io loads pandas, and the command line reads this module first
+
+        return existing_file(candidate, "competition file")
     path = find_competition(name_or_path)
     if path is None:
         known = sorted({p.stem for folder in (USER_DIR, BUNDLED_DIR) for p in folder.glob("*.yaml")})
@@ -939,9 +939,9 @@ def read_run_file(path: Path) -> tuple[str | dict, dict[str, Any]]:
     """A ``kbert run --config`` file: a resolved run config (a run's config.yaml, or ``kbert tune --report``'s
     best.yaml), returned as (its competition mapping, the rest); or ``competition: <name>`` with flat
     settings, returned as (the name, the settings)."""
-    path = Path(path)
-    if not path.is_file():
-        raise KbertError(f"config file not found: {path}")
+    from kbert.io import existing_file  # here: kbert.io loads pandas, and the command line reads this module first
+
+    path = existing_file(path, "config file")
     data = read_yaml(path)
     if not isinstance(data, dict) or "competition" not in data:
         raise KbertError(f"{path}: expected a mapping with a 'competition' key")

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kbert.errors import KbertError
-from kbert.io import parse_csv
+from kbert.io import existing_file, parse_csv
 from kbert.pipeline.config import BUNDLED_DATA_DIR, DOWNLOAD_DIR, CompetitionConfig
 from kbert.tasks import Task
 
@@ -40,8 +40,7 @@ MAX_CELL_CHARS = 1_000_000  # a larger cell is nearly always an unclosed quote t
 
 def read_csv(path: Path) -> pd.DataFrame:
     """A CSV as UTF-8 (a UTF-8 byte-order mark is fine); every way it can be unreadable is one clear error."""
-    if not path.is_file():
-        raise KbertError(f"{path}: file not found")
+    existing_file(path)
     with open(path, "rb") as handle:
         start = handle.read(4)
     if start.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):

@@ -112,9 +112,9 @@ def cmd_embed(args: argparse.Namespace) -> int:
 def _read_lines(path) -> list[str]:
     """The texts to embed, one per line; KbertError for a missing, non-UTF-8 or empty file."""
     from kbert.errors import KbertError
+    from kbert.io import existing_file
 
-    if not path.is_file():
-        raise KbertError(f"{path}: file not found")
+    existing_file(path, "text file")
     try:
         texts = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as exc:

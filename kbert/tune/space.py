@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 
 from kbert.errors import KbertError
-from kbert.io import write_yaml
+from kbert.io import existing_file, write_yaml
 from kbert.names import did_you_mean
 from kbert.pipeline.config import (RUN_FIELDS, SETTINGS, Bound, CompetitionConfig, RunConfig, bound_of, check_number,
                                    choices_of, read_yaml)
@@ -38,11 +38,7 @@ SECTIONS = ("params", "cpu", "numeric_columns", "tasks")  # a search space file'
 def read_space_file(path: Path) -> dict:
     """A search space file: a mapping of ``SECTIONS``, each a mapping of entries (``tasks``: of task names to
     mappings of entries); anything else is one line naming the file and the key."""
-    if Path(path).is_dir():
-        raise KbertError(f"{path}: a folder, not a search space file")
-    if not Path(path).is_file():
-        raise KbertError(f"search space file not found: {path}")
-    data = read_yaml(path)
+    data = read_yaml(existing_file(path, "search space file"))
     if not isinstance(data, dict) or not isinstance(data.get("params", {}), dict):
         raise KbertError(f"{path}: a search space is a mapping with 'params' (and optionally 'tasks')")
     for key, section in data.items():
