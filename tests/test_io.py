@@ -44,6 +44,13 @@ def test_checked_readers_name_the_file_for_every_kind_of_damage(tmp_path):
             read_json(path, required=("record",))
     with pytest.raises(KbertError, match=re.escape(f"{tmp_path / 'none.json'}: file not found")):
         read_json(tmp_path / "none.json")
+    (tmp_path / "folder.json").mkdir()  # a folder is named as one, not as missing
+    with pytest.raises(KbertError, match=re.escape(f"{tmp_path / 'folder.json'}: a folder, not a file")):
+        read_json(tmp_path / "folder.json")
+    from kbert.pipeline.config import read_run_file
+
+    with pytest.raises(KbertError, match=re.escape(f"{tmp_path / 'folder.json'}: a folder, not a config file")):
+        read_run_file(tmp_path / "folder.json")
 
     arrays = write_npz(tmp_path / "outputs.npz", {"valid": np.arange(50.0), "test": np.ones(3)})
     assert read_npz(arrays, required=("valid", "test"))["valid"].tolist() == list(range(50))
