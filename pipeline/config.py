@@ -87,17 +87,21 @@ def check_number(value: Any, what: str, bound: Bound) -> Any:
     else:
         ok = bound.form != "list" and bound.holds(value)
     if not ok:
-        raise KbertError(f"{what} must be {bound.describe()}, got {value!r}{_text_number_hint(value)}")
+        raise KbertError(f"{what} must be {bound.describe()}, got {value!r}{_text_number_hint(value, bound)}")
     return value
 
 
-def _text_number_hint(value: Any) -> str:
-    """YAML 1.1 reads ``1e-3`` (no dot) as text: say so."""
+def _text_number_hint(value: Any, bound: Bound) -> str:
+    """YAML 1.1 reads ``1e-3`` (no dot) as text: say so, and what to write instead (an integer for an integer
+    setting: ``1e3`` is 1000, not 1000.0, which it refuses)."""
     try:
         number = float(value) if isinstance(value, str) else None
     except ValueError:
         return ""
-    return "" if number is None else f" (text, not a number: YAML reads {value} as a string; write e.g. {number!r})"
+    if number is None:
+        return ""
+    written = int(number) if bound.integer and number.is_integer() else number
+    return f" (text, not a number: YAML reads {value} as a string; write e.g. {written!r})"
 
 
 COUNT, SIZE = Bound(integer=True, at_least=0), Bound(integer=True, at_least=1)

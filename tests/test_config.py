@@ -180,6 +180,9 @@ def test_an_exponent_yaml_reads_as_text_gets_a_hint(tmp_path):
                                          r"got '1e-3' \(text, not a number: YAML reads 1e-3 as a string; write e.g. "
                                          r"0\.001\)$"):
         load_competition(path)
+    path = competition_yaml(tmp_path, "training", "epochs", "1e1")  # an integer setting: write 10, not 10.0
+    with pytest.raises(KbertError, match=r"YAML reads 1e1 as a string; write e\.g\. 10\)$"):
+        load_competition(path)
 
 
 def test_a_key_written_twice_is_refused_naming_the_file_line_and_key(tmp_path):

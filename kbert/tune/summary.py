@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -91,7 +92,7 @@ def write_best_yaml(study: optuna.Study, options: TuneOptions, competition: str,
     header = (f"# kbert tune {competition} --study {options.study}: best trial {best.number}, "
               f"mean fold {metric} {best.value:.4f}"
               + (f" (default configuration: {default[0].value:.4f})" if default else "") +
-              f"\n# Reproduce: kbert run --config {report_dir / 'best.yaml'}\n")
+              f"\n# Reproduce: kbert run --config {shlex.quote(str((report_dir / 'best.yaml').resolve()))}\n")
     return write_text(report_dir / "best.yaml", header + yaml.safe_dump(best_config(study, directory), sort_keys=False))
 
 
