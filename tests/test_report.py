@@ -108,6 +108,16 @@ def test_run_id_is_looked_up_and_output_goes_where_asked(titanic_runs, tmp_path)
     assert page == tmp_path / "elsewhere" / "index.html"
     assert_report(page, {"fold_scores.png", "curves.png", "confusion.png", "calibration.png"})
     assert write_report("tiny", str(titanic_runs / "runs"), str(tmp_path / "elsewhere")) == page  # rewrites in place
+    # but never over a page it did not write, nor among a member's files (its PNGs would land beside them)
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "index.html").write_text("<html>my page</html>")
+    with pytest.raises(KbertError, match=f"^--output {tmp_path / 'site'}: {tmp_path / 'site' / 'index.html'} is a "
+                                         "page kbert did not write"):
+        write_report("tiny", str(titanic_runs / "runs"), str(tmp_path / "site"))
+    assert sorted(p.name for p in (tmp_path / "site").iterdir()) == ["index.html"]
+    baseline = next((titanic_runs / "runs" / "titanic").glob("baseline-logreg*"))
+    with pytest.raises(KbertError, match=f"^--output {baseline}: '{baseline / 'index.html'}' is inside the member "):
+        write_report("tiny", str(titanic_runs / "runs"), str(baseline))
 
 
 @pytest.mark.slow

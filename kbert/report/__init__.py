@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kbert.errors import KbertError
 from kbert.io import removed_on_refusal, write_text
+from kbert.pipeline.artifacts import check_outside_members
 from kbert.report.ensemble_page import ensemble_report
-from kbert.report.page import Page, format_score, render_html
+from kbert.report.page import GENERATOR, Page, format_score, render_html
 from kbert.report.plots import pyplot
 from kbert.report.run_page import run_report
 from kbert.report.study_page import study_report
@@ -27,8 +29,19 @@ def write_report(target: str, runs_dir: str = "runs", output: str | None = None)
     kind, path = resolve_target(target, runs_dir)
     pyplot()  # fail before anything is written when matplotlib is missing
     out = Path(output) if output else output_folder(kind, path)
+    if out != output_folder(kind, path):
+        check_report_folder(out, f"--output {output}")
     with removed_on_refusal():  # each report reads its files before it draws; this takes back any plot drawn anyway
         page = REPORTS[kind](path, out)
         page.notes += [f"{name} was not written" for name, _ in page.figures if not (out / name).is_file()]
         page.figures = [(name, caption) for name, caption in page.figures if (out / name).is_file()]
         return write_text(out / "index.html", render_html(page, source=path))
+
+
+def check_report_folder(out: Path, what: str) -> None:
+    """A report written where the user says loses nothing: not among a run's or baseline's files, and not over a
+    page kbert did not write (its plots would replace files of the same names beside it)."""
+    page = out / "index.html"
+    check_outside_members(page, what)
+    if page.is_file() and GENERATOR not in page.read_text(encoding="utf-8", errors="replace")[:2000]:
+        raise KbertError(f"{what}: {page} is a page kbert did not write; give an empty or a new folder")

@@ -50,10 +50,14 @@ footer { color: #888; font-size: 0.8em; margin-top: 3em; }
 """
 
 
+GENERATOR = '<meta name="generator" content="kbert report">'  # a page kbert wrote, and may write again
+
+
 def render_html(page: Page, source: Path) -> str:
     """The page as one self-contained HTML document (inline CSS, no scripts); every text is escaped."""
     e = html.escape
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8"><link rel="icon" href="data:,">',
+    parts = ["<!DOCTYPE html>", f'<html lang="en"><head><meta charset="utf-8">{GENERATOR}',
+             '<link rel="icon" href="data:,">',
              f"<title>{e(page.title)}</title>", f"<style>{CSS}</style></head><body>",
              f"<h1>{e(page.title)}</h1>", f'<p class="subtitle">{e(page.subtitle)}</p>']
     if page.facts:
