@@ -115,7 +115,8 @@ def check_output_file(path: Path, what: str, keep: Iterable[Path | str | None] =
     """A file kbert is told to write (``what``: the option that named it) can be written, and writing it loses
     nothing: it is none of ``keep`` (the files the command reads, the submissions other members record:
     ``recorded_submissions``), no ensemble's submission beside its record (unless the writer writes that record
-    anew with it: ``with_record``), and no file of a run or baseline folder but one under its ``predictions/``.
+    anew with it: ``with_record``, which replaces only such a submission), and no file of a run or baseline folder
+    but one under its ``predictions/``.
     Checked before anything is computed."""
     check_writable_folder(path.parent, what)
     if path.is_dir():
@@ -125,12 +126,15 @@ def check_output_file(path: Path, what: str, keep: Iterable[Path | str | None] =
         raise KbertError(f"{what}: would overwrite '{path}', which this command reads or a member records as its "
                          "submission; choose another name")
     record = target.with_suffix(".json")
-    if target.suffix == ".csv" and record.is_file() and not with_record:
-        described = read_json_value(record)
-        # an ensemble's record lies beside its submission; the path it records is relative to where it was made
-        if isinstance(described, dict) and Path(str(described.get("submission"))).name == target.name:
-            raise KbertError(f"{what}: would overwrite '{path}', the submission that {record} describes; "
-                             "choose another name")
+    described = read_json_value(record) if target.suffix == ".csv" and record.is_file() else None
+    # an ensemble's record lies beside its submission; the path it records is relative to where it was made
+    ensembles = isinstance(described, dict) and Path(str(described.get("submission"))).name == target.name
+    if ensembles and not with_record:
+        raise KbertError(f"{what}: would overwrite '{path}', the submission that {record} describes; "
+                         "choose another name")
+    if with_record and target.is_file() and not ensembles:
+        raise KbertError(f"{what}: would overwrite '{path}', which no ensemble record beside it describes (a file "
+                         "kbert did not write?); choose another name")
     member = member_folder_of(target)
     if member is not None and target.parent != member / PREDICTIONS_DIR:
         raise KbertError(f"{what}: '{path}' is inside the member folder {member}, whose files kbert reads back; "

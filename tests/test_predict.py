@@ -203,6 +203,9 @@ def test_an_output_file_loses_nothing(tmp_path):
         path.parent.mkdir(exist_ok=True)
         check_output_file(path, "--output", keep)
     check_output_file(tmp_path / "subs" / "e.csv", "--name e", keep, with_record=True)  # an ensemble rerun
+    (tmp_path / "subs" / "mine.csv").write_text("id,y\n")  # but a file no record describes is not replaced
+    with pytest.raises(KbertError, match="^--name mine: would overwrite .*mine.csv', which no ensemble record"):
+        check_output_file(tmp_path / "subs" / "mine.csv", "--name mine", keep, with_record=True)
     for name in ("competition.yaml", "e.json", "p"):  # predictions are a CSV: a YAML or a record is never replaced
         with pytest.raises(KbertError, match=f"^--output {tmp_path / name}: predictions are written as CSV"):
             check_predictions_file(tmp_path / name, tmp_path / "new.csv", tmp_path / "runs" / "comp")
