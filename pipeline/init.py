@@ -46,8 +46,9 @@ def infer_id_column(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFram
     named = [c for c in shared if re.search(r"(^|_|\b)id$", str(c), re.IGNORECASE)]
     if named:
         return named[0]
-    if shared and shared[0] == train.columns[0]:
-        return shared[0]
+    first = shared[0] if shared and shared[0] == train.columns[0] else None
+    if first is not None and not pd.api.types.is_float_dtype(train[first]):  # a float column is a measurement
+        return first
     raise KbertError("could not tell the id column (no unique column named like '...id' in both files); pass --id")
 
 

@@ -259,3 +259,18 @@ def test_the_target_is_a_column_the_test_file_lacks_or_leaves_empty(tmp_path):
         init_competition("w2", DataFiles(tmp_path / "data" / "train_two.csv", tmp_path / "data" / "test.csv"),
                          out=tmp_path / "w2.yaml")
     assert not (tmp_path / "w2.yaml").exists()
+
+
+def test_the_id_is_never_inferred_to_be_a_float_column():
+    """Without a sample submission or a column named like an id, the first column is the id only when it could be
+    one: unique in both files and not a float (a unique float is a measurement, which the model would then lose)."""
+    from kbert.errors import KbertError
+    from kbert.pipeline.init import infer_id_column
+
+    rng = np.random.default_rng(0)
+    train = pd.DataFrame({"x": rng.normal(size=20), "y": rng.integers(0, 2, 20)})
+    with pytest.raises(KbertError, match="could not tell the id column"):
+        infer_id_column(train, train[["x"]].assign(x=rng.normal(size=20)), None)
+    train.insert(0, "key", [f"r{i}" for i in range(20)])
+    test = pd.DataFrame({"key": [f"t{i}" for i in range(5)], "x": rng.normal(size=5)})
+    assert infer_id_column(train, test, None) == "key"
