@@ -137,6 +137,12 @@ def make_folds(ids: pd.Series, targets: pd.Series | None, config: FoldConfig,
         for k, (_, valid_index) in enumerate(splitter.split(np.zeros(len(ids)), targets, groups)):
             fold[valid_index] = k
     except ValueError as exc:  # e.g. fewer rows of a class than folds
+        counts = pd.Series(targets).value_counts() if strategy.startswith("stratified") else None
+        if counts is not None and len(ids) >= config.k and counts.max() < config.k:
+            remedy = ("a target with about one row per class is not one to classify: is it the task you meant?"
+                      if len(counts) > len(ids) / 2 else "use fewer folds (--folds)")
+            raise KbertError(f"cannot split {len(ids)} rows into {config.k} folds stratified by the target: no class "
+                             f"has {config.k} rows (the largest has {counts.max()}); {remedy}") from None
         raise KbertError(f"cannot split {len(ids)} rows into {config.k} folds: {exc}") from None
     return pd.DataFrame({ids.name or "id": ids.to_numpy(), "fold": fold})
 

@@ -54,6 +54,10 @@ def test_too_few_rows_for_the_folds_is_a_clear_error(titanic_train):
     tiny = titanic_train.iloc[:6]
     with pytest.raises(KbertError, match="cannot split 6 rows into 5 folds"):
         make_folds(tiny["PassengerId"], tiny["Survived"], FoldConfig(k=5, seed=42))
+    rows = titanic_train.iloc[:60]  # a class per row (the names as the target): sklearn's words named no cause
+    with pytest.raises(KbertError, match="^cannot split 60 rows into 5 folds stratified by the target: no class has 5 "
+                                         r"rows \(the largest has 1\); a target with about one row per class"):
+        make_folds(rows["PassengerId"], rows["Name"], FoldConfig(k=5, seed=42))
 
 
 def test_group_folds_keep_each_group_in_one_fold():
