@@ -69,6 +69,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
     if args.run_id is not None:
         check_name(args.run_id, "--run-id")
+    check_encoder_source(args)
     overrides = {name: getattr(args, name) for name in ("vocab_size", "max_length", "data_dir", "out_dir")}
     config = resolve_run_config(load_competition(args.competition), overrides)
     settings = PretrainConfig(encoder=args.encoder or args.scratch or "bert", steps=args.steps,
@@ -78,3 +79,20 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     folder = pretrain(config, settings, run_id=args.run_id, progress=not args.no_progress)
     print(f"encoder: {folder}\nfine-tune it: kbert run {args.competition} --encoder {folder}")
     return 0
+
+
+def check_encoder_source(args: argparse.Namespace) -> None:
+    """--from-scratch names a size to train from scratch, --encoder a pretrained one, and --vocab-size (a
+    vocabulary learned on the corpus) goes with the first: each the other way round was done silently otherwise."""
+    from kbert.errors import KbertError
+    from kbert.models.encoders import trains_from_scratch
+
+    if args.scratch is not None and not trains_from_scratch(args.scratch):
+        raise KbertError(f"--from-scratch {args.scratch}: a pretrained encoder, not a size to train from scratch; "
+                         f"continue pretraining it with --encoder {args.scratch}")
+    if args.encoder is not None and trains_from_scratch(args.encoder):
+        raise KbertError(f"--encoder {args.encoder}: a size trained from scratch; pretrain it with --from-scratch "
+                         f"{args.encoder}")
+    if args.encoder is not None and args.vocab_size is not None:
+        raise KbertError(f"--vocab-size: --encoder {args.encoder} keeps its own vocabulary; a vocabulary is learned "
+                         "only --from-scratch")
