@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Container, Sequence
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -71,6 +72,19 @@ def open_rdb(options: TuneOptions) -> RetryingStorage:
         reason = str(getattr(cause, "orig", None) or cause).strip().splitlines()[0]
         raise KbertError(f"--storage {label}: cannot open the database: {reason}") from None
     return RetryingStorage(database, wait=options.db_wait, stale_callback=RetryStaleTrial(max_retry=options.max_retry))
+
+
+def missing_sqlite_file(storage: str) -> Path | None:
+    """The file of a ``sqlite:///FILE`` storage when it does not exist (opening it would create it), else None."""
+    import sqlalchemy
+
+    try:
+        url = sqlalchemy.engine.make_url(rdb_url(storage))
+    except sqlalchemy.exc.ArgumentError:
+        return None  # open_rdb names it
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    return None if Path(url.database).exists() else Path(url.database)
 
 
 def connection_error(exc: BaseException) -> BaseException | None:

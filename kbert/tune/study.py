@@ -23,6 +23,7 @@ from kbert.io import removed_on_refusal
 from kbert.names import check_run_name
 from kbert.pipeline.config import CompetitionConfig, RunConfig, load_competition, resolve_run_config
 from kbert.pipeline.fold_processes import usable_cores
+from kbert.tune.database import missing_sqlite_file
 from kbert.tune.trial_store import open_artifact_store
 from kbert.tune.options import DEFAULT_PRUNE_P, DEFAULT_PRUNER, PRUNERS, TuneOptions
 from kbert.tune.space import Param, default_params, parse_space, space_entries, to_overrides
@@ -90,6 +91,9 @@ def load_study(options: TuneOptions, create: bool, check: bool = True
                          "another study name")
     if not create and not options.rdb and not journal_path(options, directory).is_file():  # nothing made for a typo
         raise KbertError(f"no study '{options.study}' for {competition.name}: no {journal_path(options, directory)}")
+    if not create and options.rdb and missing_sqlite_file(options.storage):  # opening it would make the file
+        raise KbertError(f"no study '{options.study}' for {competition.name}: no database file "
+                         f"{missing_sqlite_file(options.storage)}")
     with removed_on_refusal() as created:  # a refusal in it takes back the journal and folders opening it made
         study, params = open_study(options, competition, entries, params, create=create, check=check)
         created.forget()  # opened: whatever is refused later (in a trial, at the deadline), the study stays
