@@ -151,7 +151,8 @@ def test_space_errors_and_competition_overrides(tmp_path):
     for entries, error in (({"limit_rows": 50}, "limit_rows is what every trial of a study shares"),
                            ({"k": {"set": "folds.k", "choices": [3]}}, "folds.k is what every trial"),
                            ({"e": {"set": "epoch", "value": 2}}, r"'epoch' is not a run setting \(did you mean"),
-                           ({"epochs": 2, "e": {"set": "epochs", "value": 3}}, "'epochs' and 'e' both set epochs")):
+                           ({"epochs": 2, "e": {"set": "epochs", "value": 3}}, "'epochs' and 'e' both set epochs"),
+                           ({"epochs": {"low": 1, "high": 3, "step": 5}}, "'step' 5 does not divide the range 1 to 3")):
         with pytest.raises(KbertError, match=error):
             parse_space(entries)
     with pytest.raises(KbertError, match="unknown keys"):

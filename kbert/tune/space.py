@@ -152,6 +152,10 @@ def make_distribution(entry: dict, where: str) -> optuna.distributions.BaseDistr
         raise KbertError(f"{where}: a log range needs low > 0, got {low!r}")
     if step is not None:
         check_number(step, f"{where}: 'step'", Bound(above=0))
+        steps = (high - low) / step
+        if abs(steps - round(steps)) > 1e-9:  # Optuna would warn and cut the range short
+            raise KbertError(f"{where}: 'step' {step!r} does not divide the range {low!r} to {high!r}; choose a "
+                             "'high' that low plus a whole number of steps reaches")
     try:
         if isinstance(low, int) and isinstance(high, int) and (step is None or isinstance(step, int)):
             return optuna.distributions.IntDistribution(low, high, log=log, step=step or 1)
