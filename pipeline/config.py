@@ -949,6 +949,9 @@ def read_run_file(path: Path) -> tuple[str | dict, dict[str, Any]]:
     data = read_yaml(path)
     if not isinstance(data, dict) or "competition" not in data:
         raise KbertError(f"{path}: expected a mapping with a 'competition' key")
+    if not isinstance(data["competition"], (str, dict)):
+        raise KbertError(f"{path}: competition must be a name or a path to a competition YAML (or a run's "
+                         f"resolved competition mapping), got {data['competition']!r}")
     rest = {k: v for k, v in data.items() if k != "competition"}
     return data["competition"], rest
 
