@@ -81,6 +81,21 @@ def _read_json(path: Path) -> dict[str, Any]:
     return values if isinstance(values, dict) else {}
 
 
+def unreadable_keys_file() -> str | None:
+    """What is wrong with a kaggle.json that exists but holds no username and key (the package ignores it, and
+    ``credential_source`` then finds none), or None."""
+    path = config_dir() / "kaggle.json"
+    if not path.is_file():
+        return None
+    try:
+        values = json.loads(_read_text(path) or "{}")
+    except json.JSONDecodeError as exc:
+        return f"{_display(path)} is not valid JSON ({exc.msg}, line {exc.lineno})"
+    if not (isinstance(values, dict) and values.get("username") and values.get("key")):
+        return f"{_display(path)} holds no username and key"
+    return None
+
+
 def _notebook_token_file() -> Path | None:
     """Inside a Kaggle notebook the package reads a token from the file ``$KAGGLE_API_V1_TOKEN`` names."""
     if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") is None or os.environ.get("KAGGLE_DATA_PROXY_URL") is None:

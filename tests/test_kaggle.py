@@ -720,6 +720,11 @@ def test_doctor_names_the_credential_source_never_its_value(tmp_path):
     result = subprocess.run([sys.executable, "-m", "kbert.cli", "doctor"], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=120)
     assert "kaggle credentials: none (kbert download/submit need a token)" in result.stdout
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "kaggle.json").write_text("{bad")  # a damaged file is named, not passed over as none
+    result = subprocess.run([sys.executable, "-m", "kbert.cli", "doctor"], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert "kaggle credentials: none (~/config/kaggle.json is not valid JSON (" in result.stdout  # HOME is tmp_path
 
 
 # ---------------------------------------------------------------- push a package

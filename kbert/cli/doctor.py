@@ -33,13 +33,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     """Platform, MLX device and backends, BLAS and its speed, versions, disk, Kaggle credentials (never values)."""
     import platform
 
-    from kbert.pipeline.kaggle import credential_source
+    from kbert.pipeline.kaggle import credential_source, unreadable_keys_file
 
     fast, gflops = _print_platform_mlx_and_blas()
     print("versions: " + ", ".join(_package_versions()))
     free_gb = _print_free_disk()
     source = credential_source()
-    print(f"kaggle credentials: {'found (' + source + ')' if source else 'none (kbert download/submit need a token)'}")
+    problem = unreadable_keys_file()
+    missing = f"none ({problem})" if problem else "none (kbert download/submit need a token)"
+    print(f"kaggle credentials: {'found (' + source + ')' if source else missing}")
     code = 0
     if free_gb < LOW_DISK_GB:
         print(f"warning: less than {LOW_DISK_GB:.0f} GB free; fold checkpoints and tuning trials need room",
