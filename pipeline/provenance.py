@@ -127,7 +127,7 @@ def check_member(folder: Path, expected: Expected, who: str, with_test: bool = T
         raise KbertError(f"{who}: its folds.csv does not split this competition's training ids")
     folds = folds.set_index(comp.id_column).loc[expected.train_ids.to_numpy()]
     check_cv(metrics, oof, expected, who)
-    check_fold_outputs(folder, metrics, oof, folds, expected, who)
+    check_fold_outputs(folder, metrics, oof, folds, expected, who, test)
     check_config(folder, metrics)
     return Checked(metrics, oof, test, folds["fold"].to_numpy())
 
@@ -176,12 +176,25 @@ def check_cv(metrics: dict, oof: np.ndarray, expected: Expected, who: str) -> No
 
 
 def check_fold_outputs(folder: Path, metrics: dict, oof: np.ndarray, folds: pd.DataFrame, expected: Expected,
-                       who: str) -> None:
+                       who: str, test: np.ndarray | None = None) -> None:
     """An encoder run's oof.csv is each row's mean over the folds that validated it (each fold's own
-    outputs.npz; ``folds``: its folds.csv in the competition's row order), compared where it was not
-    calibrated."""
+    outputs.npz; ``folds``: its folds.csv in the competition's row order), and its test.csv (``test``, when
+    given) the mean over every fold, compared where it was not calibrated."""
     found = sorted(folder.glob("folds/*/outputs.npz"))
-    if not found or "calibration" in metrics:
+    if "calibration" in metrics:
+        return
+    if test is not None:  # an encoder run's folds keep their outputs.npz, a baseline's their test.csv
+        if found:
+            predictions = [read_npz(path, required=("test_predictions",))["test_predictions"] for path in found]
+            table = prediction_table(expected.competition.task, np.mean(np.stack(predictions, dtype=np.float64), 0))
+        else:
+            tables = [aligned(path, expected, expected.test_ids, "test", who)
+                      for path in sorted(folder.glob("folds/*/test.csv"))]
+            table = np.mean(np.stack(tables), axis=0) if tables else test
+        if table.shape != test.shape or not np.allclose(table, test, rtol=1e-6, atol=1e-7):
+            raise KbertError(f"{who}: its test.csv is not the mean of its folds' test predictions "
+                             f"(folds/*/{'outputs.npz' if found else 'test.csv'}); the files do not belong together")
+    if not found:
         return
     total, count = None, np.zeros(len(oof))
     for path in found:

@@ -13,7 +13,7 @@ from kbert.auto.driver import AutoOptions, run_auto
 from kbert.auto.state import JobState, Status
 from kbert.ensembles.members import select_members
 from kbert.errors import KbertError
-from kbert.pipeline.config import BUNDLED_DATA_DIR
+from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition, resolve_run_config
 from tests.test_ensembles import expected_for, write_member
 
 
@@ -93,6 +93,22 @@ def test_an_encoder_runs_oof_is_the_mean_of_its_folds_own_predictions(tmp_path):
     run_dir = run_tiny("titanic", tmp_path, run_id="x", out_dir=str(tmp_path)).run_dir
     titanic = expected_for("titanic")
     assert select_members(tmp_path / "titanic", "x", titanic, True)[0].name == "x"
+    test = pd.read_csv(run_dir / "test.csv")  # the submission's: every prediction flipped (1 - p)
+    (run_dir / "test.csv").write_text(test.assign(Survived=1 - test["Survived"]).to_csv(index=False))
+    with pytest.raises(KbertError, match=r"^member x: its test.csv is not the mean of its folds' test predictions "
+                                         r"\(folds/\*/outputs.npz\); the files do not belong together$"):
+        select_members(tmp_path / "titanic", "x", titanic, True)
+    test.to_csv(run_dir / "test.csv", index=False)
+    assert select_members(tmp_path / "titanic", "x", titanic, True)[0].name == "x"
+    from kbert.ensembles.baseline import run_baseline  # a baseline's: the mean of its folds' test.csv
+
+    config = resolve_run_config(load_competition("titanic"), {"out_dir": str(tmp_path), "submissions_dir":
+                                                              str(tmp_path / "subs")})
+    baseline = run_baseline(config, "logreg", run_id="b", log=lambda _: None).run_dir
+    (baseline / "test.csv").write_text(test.assign(Survived=1 - test["Survived"]).to_csv(index=False))
+    with pytest.raises(KbertError, match=r"^member b: its test.csv is not the mean of its folds' test predictions "
+                                         r"\(folds/\*/test.csv\)"):
+        select_members(tmp_path / "titanic", "b", titanic, True)
     oof = pd.read_csv(run_dir / "oof.csv")
     row = oof.index[(oof["Survived"] > 0.02) & (oof["Survived"] < 0.48)][0]
     oof.loc[row, "Survived"] *= 0.99  # still below the 0.5 cut-off: the accuracy is the same
