@@ -124,7 +124,8 @@ def train_folds(jobs: list[FoldJob], plan: FoldPlan, progress: bool, log: Callab
                 with thread_environment(plan.streams, keep_users=False):
                     process = context.Process(target=fold_process, args=(pickle.dumps(job), index, messages),
                                               daemon=True, name=f"kbert {job.split.description}")
-                    process.start()
+                    with sigint_blocked():
+                        process.start()
                 running[index] = process
             try:
                 kind, index, *body = messages.get(timeout=1.0)
@@ -218,6 +219,18 @@ class QueueBar:
 
     def close(self) -> None:
         pass
+
+
+@contextmanager
+def sigint_blocked() -> Iterator[None]:
+    """Ctrl-C held back while a fold process starts: the child inherits the blocked signal, so a Ctrl-C during
+    its start-up (before ``fold_process`` ignores it) prints no traceback from inside its imports; the parent gets
+    the held signal once the block ends, and ends the fold processes."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def fold_process(job: bytes, index: int, messages) -> None:

@@ -213,3 +213,23 @@ def test_ending_fold_processes_never_waits_on_an_unread_queue_or_a_child_that_ig
     assert deaf_ready.wait(60)
     end_processes([deaf], grace=0.5)
     assert deaf.exitcode == -signal.SIGKILL
+
+
+def _blocked_signals(queue) -> None:
+    queue.put(signal.pthread_sigmask(signal.SIG_BLOCK, set()))
+
+
+def test_a_fold_process_starts_with_ctrl_c_held_back():
+    """Ctrl-C during a fold process's start-up printed a KeyboardInterrupt traceback from inside its imports (it
+    ignores SIGINT only once its code runs); it is born with SIGINT blocked, and the parent holds it only then."""
+    from kbert.pipeline.fold_processes import sigint_blocked
+
+    context = multiprocessing.get_context("spawn")
+    messages = context.Queue()
+    with sigint_blocked():
+        assert signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+        child = context.Process(target=_blocked_signals, args=(messages,))
+        child.start()
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    assert signal.SIGINT in messages.get(timeout=60)
+    child.join(timeout=60)
