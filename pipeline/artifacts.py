@@ -128,11 +128,11 @@ def check_output_file(path: Path, what: str, keep: Iterable[Path | str | None] =
     record = target.with_suffix(".json")
     described = read_json_value(record) if target.suffix == ".csv" and record.is_file() else None
     # an ensemble's record lies beside its submission; the path it records is relative to where it was made
-    ensembles = isinstance(described, dict) and Path(str(described.get("submission"))).name == target.name
-    if ensembles and not with_record:
+    recorded_beside = isinstance(described, dict) and Path(str(described.get("submission"))).name == target.name
+    if recorded_beside and not with_record:
         raise KbertError(f"{what}: would overwrite '{path}', the submission that {record} describes; "
                          "choose another name")
-    if with_record and target.is_file() and not ensembles:
+    if with_record and target.is_file() and not recorded_beside:
         raise KbertError(f"{what}: would overwrite '{path}', which no ensemble record beside it describes (a file "
                          "kbert did not write?); choose another name")
     member = member_folder_of(target)

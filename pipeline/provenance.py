@@ -2,8 +2,9 @@
 (``--embeddings``) only if it belongs with what it is combined with, and what it says about itself is true.
 
 Checked: the artifact schema (``SCHEMA``), the competition, task, metric and data files, the ids, columns and
-values of oof.csv and test.csv, the folds, and that oof.csv reproduces the recorded CV. Anything else is one line
-naming the member; a ``--limit-rows`` run is ``Partial``.
+values of oof.csv and test.csv, the folds, that oof.csv reproduces the recorded CV, that oof.csv and test.csv are
+the means of their folds' predictions, and that config.yaml is the one the member was made with. Anything else is
+one line naming the member; a ``--limit-rows`` run is ``Partial``.
 """
 
 from __future__ import annotations
@@ -178,8 +179,9 @@ def check_cv(metrics: dict, oof: np.ndarray, expected: Expected, who: str) -> No
 def check_fold_outputs(folder: Path, metrics: dict, oof: np.ndarray, folds: pd.DataFrame, expected: Expected,
                        who: str, test: np.ndarray | None = None) -> None:
     """An encoder run's oof.csv is each row's mean over the folds that validated it (each fold's own
-    outputs.npz; ``folds``: its folds.csv in the competition's row order), and its test.csv (``test``, when
-    given) the mean over every fold, compared where it was not calibrated."""
+    outputs.npz; ``folds``: its folds.csv in the competition's row order), and a run's or baseline's test.csv
+    (``test``, when given) the mean over every fold (a baseline's: its folds' test.csv), compared where it was not
+    calibrated."""
     found = sorted(folder.glob("folds/*/outputs.npz"))
     if "calibration" in metrics:
         return
