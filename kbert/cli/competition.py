@@ -14,7 +14,8 @@ def add_parser(commands) -> None:
                                        "row count, ids and dtypes. Exits 0 when it does, 2 otherwise.")
     add_competition(validate)
     validate.add_argument("file", help="the submission CSV to check")
-    add_data_dir(validate, help="folder with the sample submission (default: the bundled copy)")
+    add_data_dir(validate, help="folder with the competition's CSV files, the sample submission among them "
+                                "(default: as kbert run)")
     validate.set_defaults(handler=cmd_validate)
 
     init = add_command(commands, "init", help="write a competition YAML for a new train/test CSV pair",
