@@ -259,6 +259,8 @@ def mend_journal(data: bytes, path: Path) -> Mend | None:
     line, which Optuna's reader skips), and a torn fragment at the front of a line whose end is a whole record
     (an append that an older kbert let land on a torn line). None when nothing is torn; a line that is neither
     a record nor such a fragment and record is refused, naming it."""
+    if data.startswith(b"SQLite format 3\x00"):
+        raise KbertError(f"{path}: a SQLite database, not a journal; give it as --storage sqlite:///{path}")
     *lines, tail = data.split(b"\n")
     kept, mended = [], []
     for number, line in enumerate(lines, start=1):
