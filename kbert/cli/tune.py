@@ -81,6 +81,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from kbert.tune import TuneOptions, auto_workers, parse_duration, tune, write_report
 
     check_run_name(args.study, "--study")
+    check_mode(args)
     timeout = parse_duration(args.timeout, "--timeout")
     if timeout is not None:
         check_number(timeout, "--timeout", POSITIVE)
@@ -106,3 +107,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(trials_table(study, top=5))
     print(f"report and best.yaml: kbert tune {args.competition} --study {args.study} --report")
     return code
+
+
+# what only tuning reads: --report and --dashboard read the study as it is (its own settings)
+TUNING_OPTIONS = {"trials": "--trials", "timeout": "--timeout", "workers": "--workers", "space": "--space",
+                  "pruner": "--pruner", "prune_p": "--prune-p", "sampler_seed": "--seed", "folds": "--folds",
+                  "limit_rows": "--limit-rows"}
+
+
+def check_mode(args: argparse.Namespace) -> None:
+    """--report and --dashboard, which do not tune, are not given together, nor with an option only tuning reads:
+    each was ignored silently."""
+    from kbert.errors import KbertError
+
+    if args.report and args.dashboard:
+        raise KbertError("--report and --dashboard: give one (neither tunes)")
+    mode = "--report" if args.report else "--dashboard" if args.dashboard else None
+    given = [flag for dest, flag in TUNING_OPTIONS.items() if getattr(args, dest) is not None]
+    if mode and given:
+        raise KbertError(f"{mode} reads the study with its own settings, and does not tune: drop {', '.join(given)}")
