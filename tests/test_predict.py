@@ -140,10 +140,10 @@ def test_a_member_whose_config_was_edited_is_refused(titanic_run, tmp_path, caps
     assert not (tmp_path / "p.csv").exists()
     # where members meet: a baseline's run config, edited, is refused by kbert ensemble
     out = ["--out", str(tmp_path / "runs"), "--submissions-dir", str(tmp_path / "subs")]
-    assert main(["baseline", "titanic", "--model", "logreg", "--run-id", "lr", *out]) == 0
-    config = run_dir.parent / "lr" / "config.yaml"
+    assert main(["baseline", "titanic", "--model", "logreg", "--run-id", "lr-edited", *out]) == 0
+    config = run_dir.parent / "lr-edited" / "config.yaml"
     config.write_text(config.read_text().replace("id_column: PassengerId", "id_column: Name"))
-    assert main(["ensemble", "titanic", "--members", "lr", *out]) == 2
+    assert main(["ensemble", "titanic", "--members", "lr-edited", *out]) == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"kbert: error: {config}: not the config this member was made with (metrics.json records another sha256: "
         "edited?); put the original back, or rerun the member")

@@ -678,10 +678,10 @@ def test_the_command_without_workers_starts_one_per_core(tmp_path, capsys, monke
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setattr(precision, "gpu_available", lambda: False)
     options = tiny_options(tmp_path)
-    assert main(["tune", "titanic", "--study", "auto", "--trials", "2", "--space", options.space, "--limit-rows",
+    assert main(["tune", "titanic", "--study", "per-core", "--trials", "2", "--space", options.space, "--limit-rows",
                  "90", "--folds", "2", "--out", options.out_dir, "--seed", "0", "--pruner", "none"]) == 0
     assert "; 2 worker(s), pruner none" in capsys.readouterr().out
-    trials = study_trials(replace(options, study="auto"))
+    trials = study_trials(replace(options, study="per-core"))
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 2
     assert os.getpid() not in {t.user_attrs["pid"] for t in trials}  # spawned workers ran them
 
