@@ -265,7 +265,7 @@ class ModelConfig:
                            help="how token states are pooled: weighted-layers is a learned mix of the last 4 layers, "
                                 "then the mean; cls-last4 joins the CLS vectors of the last 4 layers")
     vocab_size: int = setting(1000, bound=SIZE, help="from scratch: the vocabulary trained on the competition's text "
-                              "(WordPiece keeps every character it sees, so a small corpus may need more)")
+                              "(never below its distinct characters, each of which WordPiece keeps)")
     adapter: str = setting("none", flag="--adapter",
                            help="train adapters on a pretrained encoder instead of all its weights: a preset "
                                 "(efficient r=4, balanced r=8, expressive r=16, qlora_memory: 4-bit base r=8) or a "

@@ -26,8 +26,8 @@ def add_parser(commands) -> None:
     _add_encoder_source(pretrain)
     _add_masking_options(pretrain)
     add_number(pretrain, "--vocab-size", int, "vocab_size",
-               help="from scratch: WordPiece vocabulary size (default: the run's, 1000; every character of the "
-                    "corpus is kept, so a smaller size than its characters gives a larger vocabulary)")
+               help="from scratch: WordPiece vocabulary size (default: the run's, 1000; never below the corpus's "
+                    "distinct characters, each of which WordPiece keeps)")
     add_number(pretrain, "--max-length", int, "max_length", help="maximum tokens per row (default: the run's)")
     add_number(pretrain, "--seed", int, "seed", default=42)
     pretrain.add_argument("--run-id", help="folder name under runs/<competition>/pretrain/ (default: timestamp)")
