@@ -150,6 +150,17 @@ def target_encoder(classify: bool, seed: int):
     return chain(missing_as_category(), encoder)
 
 
+def kept_words(texts: pd.Series) -> int:
+    """How many words the trees' TF-IDF keeps from ``texts`` (those in two rows or more): its SVD needs more than
+    its 32 components (a column of words each seen once, such as part codes, kept too few and stopped the fit)."""
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    try:
+        return len(CountVectorizer(min_df=2).fit(texts).vocabulary_)
+    except ValueError:  # no word in two rows
+        return 0
+
+
 def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, train_rows: pd.DataFrame):
     """The scikit-learn pipeline for ``model``; unfitted."""
     # Categories with more distinct training values than MAX_CATEGORIES (ticket numbers, cabins) are mostly
@@ -183,8 +194,8 @@ def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, tra
     for c in kinds.text:
         # Short strings (passenger names) as SVD components are noise to trees (benchmarks/NOTES.md); the linear
         # model still reads their words.
-        tokens = train_rows[c].str.lower().str.split()
-        if tokens.str.len().mean() > TREE_TEXT_MIN_WORDS and len(set(tokens.explode().dropna())) > 64:
+        words = train_rows[c].fillna("").astype(str)
+        if words.str.split().str.len().mean() > TREE_TEXT_MIN_WORDS and kept_words(words) > 64:
             parts.append((f"text:{c}", chain(TfidfVectorizer(min_df=2, sublinear_tf=True, max_features=5000),
                                              TruncatedSVD(n_components=32, random_state=seed)), c))
             text_components += 32

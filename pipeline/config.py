@@ -773,6 +773,11 @@ def parse_competition(data: Any, source: Path) -> CompetitionConfig:
     if not competition.value_columns:
         raise KbertError(f"{source}: submission.columns holds only the id column '{competition.id_column}'; add the "
                          "column(s) to predict")
+    values = list(competition.value_columns)
+    if not Task(task).classes and len(values) != len(competition.target_columns):  # one per target column
+        raise KbertError(f"{source}: submission.columns holds {len(values)} column(s) to predict {values}, but "
+                         f"target names {len(competition.target_columns)} {competition.target_columns}: a {task} "
+                         "task predicts one submission column per target column")
     from kbert.pipeline.metrics import check_metric_fits
 
     try:

@@ -668,3 +668,17 @@ def test_stack_regularisation_is_grid_search_cv(kind):
     theirs.fit(X, y)
     assert (ours.C if kind != "regression" else ours.alpha) == next(iter(theirs.best_params_.values()))
     np.testing.assert_array_equal(ours.coef_, theirs.best_estimator_.coef_)
+
+
+def test_trees_fit_a_text_column_of_words_each_seen_once():
+    """A free-text column of part codes (many distinct words, few in two rows): the trees' TF-IDF keeps too few
+    words for its 32 SVD components and the fit stopped ('n_components(32) must be <= n_features'); such a column
+    is left to the linear model."""
+    rng = np.random.default_rng(0)
+    rows = pd.DataFrame({"x": rng.normal(size=200),
+                         "parts": [" ".join(f"P{v}" for v in rng.integers(0, 100000, 8)) for _ in range(200)]})
+    y = (rows["x"] > 0).astype(int).to_numpy()
+    kinds = column_kinds(rows, exclude=())
+    assert kinds.text == ["parts"]
+    for model in ("hgb", "logreg"):
+        make_pipeline(model, kinds, True, 0, rows).fit(prepare(rows, kinds), y)
