@@ -13,6 +13,7 @@ import pandas as pd
 from kbert.errors import KbertError
 from kbert.io import existing_file, parse_csv
 from kbert.pipeline.config import BUNDLED_DATA_DIR, DOWNLOAD_DIR, CompetitionConfig
+from kbert.pipeline.metrics import get_metric
 from kbert.tasks import Task
 
 
@@ -174,6 +175,14 @@ def check_targets(train: pd.DataFrame, competition: CompetitionConfig, path: Pat
         if not Task(task).numeric and len(distinct) < 2:
             raise KbertError(f"{path}: {task} target '{column}' has the single value {distinct[0]!r}; "
                              "nothing to learn")
+        metric = get_metric(competition.metric)
+        if metric.lowest_target is not None:  # a log metric: checked here, not after every fold has trained
+            low = values <= metric.lowest_target if metric.above_lowest else values < metric.lowest_target
+            if low.any():
+                row = int(low.to_numpy().argmax())
+                raise KbertError(f"{path}: target '{column}' has {plain(values.iloc[row])!r} (row {row + 2}); the "
+                                 f"metric {metric.name} needs targets {'>' if metric.above_lowest else '>='} "
+                                 f"{metric.lowest_target:g}")
         if task == Task.ORDINAL and not (values == values.round()).all():
             raise KbertError(f"{path}: ordinal target '{column}' must hold integer levels")
         if named:

@@ -30,6 +30,8 @@ class Metric:
     fn: Callable[[np.ndarray, np.ndarray], float]  # (targets, predictions) -> score
     greater_is_better: bool
     kind: str  # one of KINDS
+    lowest_target: float | None = None  # a log metric's: targets below it have no log (-1 for log1p, 0 for log)
+    above_lowest: bool = False  # the target must lie above lowest_target, not at it (log 0 is -inf)
 
     def __call__(self, targets: np.ndarray, predictions: np.ndarray) -> float:
         return float(self.fn(targets, predictions))
@@ -176,7 +178,7 @@ def rmsle(targets, predictions) -> float:
     t, p = _flat(targets, predictions)
     if (t < 0).any() or (p < 0).any():
         raise KbertError(f"rmsle needs non-negative targets and predictions (min target {t.min():g}, "
-                         f"min prediction {p.min():g}); clip predictions at 0")
+                         f"min prediction {p.min():g})")
     return _rmse(np.log1p(t), np.log1p(p))
 
 
@@ -211,8 +213,8 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("rmse", rmse, greater_is_better=False, kind="value"),
     Metric("mae", mae, greater_is_better=False, kind="value"),
     Metric("r2", r2, greater_is_better=True, kind="value"),
-    Metric("rmsle", rmsle, greater_is_better=False, kind="value"),
-    Metric("rmse_log", rmse_log, greater_is_better=False, kind="value"),
+    Metric("rmsle", rmsle, greater_is_better=False, kind="value", lowest_target=0.0),
+    Metric("rmse_log", rmse_log, greater_is_better=False, kind="value", lowest_target=0.0, above_lowest=True),
     Metric("spearman", spearman, greater_is_better=True, kind="value"),
 )}
 

@@ -181,3 +181,23 @@ def test_a_compressed_csv_is_read_and_a_damaged_one_is_one_line(tmp_path):
     for name in ("cut.csv.gz", "two.zip"):
         with pytest.raises(KbertError, match=rf"^{tmp_path / name}: could not read it as CSV \("):
             read_csv(tmp_path / name)
+
+
+def test_a_log_metric_refuses_targets_it_cannot_take_at_load(tmp_path):
+    """rmse_log (house prices) needs targets > 0, rmsle >= 0: refused when the data load, naming the file, the
+    column and the row, not after every fold has trained (with advice about the predictions)."""
+    import pandas as pd
+
+    houses = load_competition("house-prices-advanced-regression-techniques")
+    shutil.copytree(BUNDLED_DATA_DIR / houses.name, tmp_path / "data")
+    train = pd.read_csv(tmp_path / "data" / "train.csv")
+    train.loc[3, "SalePrice"] = 0
+    train.to_csv(tmp_path / "data" / "train.csv", index=False)
+    with pytest.raises(KbertError, match=r"train\.csv: target 'SalePrice' has 0 \(row 5\); the metric rmse_log needs "
+                                         r"targets > 0$"):
+        load_competition_data(houses, tmp_path / "data")
+    load_competition_data(replace(houses, metric="rmsle"), tmp_path / "data")  # log1p takes 0
+    train.loc[3, "SalePrice"] = -1
+    train.to_csv(tmp_path / "data" / "train.csv", index=False)
+    with pytest.raises(KbertError, match=r"has -1 \(row 5\); the metric rmsle needs targets >= 0$"):
+        load_competition_data(replace(houses, metric="rmsle"), tmp_path / "data")
