@@ -13,7 +13,7 @@ from kbert.io import write_csv
 from kbert.pipeline.config import CompetitionConfig
 from kbert.pipeline.predictions import submission_frame, submission_values
 from kbert.pipeline.provenance import Expected
-from kbert.tasks import Task
+from kbert.tasks import Task, submission_kind
 
 
 def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competition: CompetitionConfig,
@@ -45,6 +45,7 @@ def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, compet
         raise KbertError(f"{source}: ids in '{id_column}' are not in the sample submission's order "
                          f"(row {first + 1}: {frame[id_column].iloc[first]}, expected {reference.iloc[first]})")
     classes = competition.binary_classes
+    scores = submission_kind(competition.task, competition.value_columns) == "score"  # probabilities
     for column, dtype in competition.submission_columns.items():
         values = frame[column]
         if values.isna().any():
@@ -61,6 +62,11 @@ def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, compet
             raise KbertError(f"{source}: column '{column}' must be numeric, found dtype {values.dtype}")
         if dtype == "float" and not np.isfinite(values.to_numpy(dtype=float)).all():
             raise KbertError(f"{source}: column '{column}' has infinite values")
+        outside = (values < -1e-9) | (values > 1 + 1e-9) if scores and column != id_column else None  # (sums' ulps)
+        if outside is not None and outside.any():
+            row = int(outside.to_numpy().argmax())
+            raise KbertError(f"{source}: column '{column}' holds probabilities, but row {row + 2} has "
+                             f"{values.iloc[row]:g}, outside [0, 1]")
 
 
 def write_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competition: CompetitionConfig, path: Path,

@@ -87,6 +87,19 @@ def test_missing_values_and_labels_outside_the_classes_are_rejected(titanic, sam
         validate_submission(frame, sample, titanic)
 
 
+def test_probabilities_outside_zero_and_one_are_rejected(titanic, sample):
+    """A score submission (float columns of a task with probabilities) holds probabilities: 1.7 or -0.3 passed, and
+    Kaggle rejects or mis-scores them. Values of a regression (house prices) may lie anywhere."""
+    from dataclasses import replace
+
+    scored = replace(titanic, submission_columns={"PassengerId": "int", "Survived": "float"})
+    frame = sample.assign(Survived=np.linspace(0, 1, len(sample)))
+    validate_submission(frame, sample, scored)
+    frame.loc[7, "Survived"] = 1.7
+    with pytest.raises(KbertError, match=r"column 'Survived' holds probabilities, but row 9 has 1.7, outside \[0, 1\]"):
+        validate_submission(frame, sample, scored)
+
+
 def test_spaceship_needs_booleans_and_house_prices_finite_values():
     from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition
 
