@@ -762,6 +762,9 @@ def parse_competition(data: Any, source: Path) -> CompetitionConfig:
         check_known("features", competition.features, FEATURES, f"{source}: ")
     if task == Task.BINARY and competition.classes is not None and len(competition.classes) != 2:
         raise KbertError(f"{source}: a binary task's classes are [negative, positive], got {competition.classes}")
+    answers = [c for c in competition.text.columns or [] if c in (competition.id_column, *competition.target_columns)]
+    if answers:  # the id names a row, the target is the answer: neither belongs in the text the model reads
+        raise KbertError(f"{source}: text.columns includes the id or target column(s) {answers}; drop them")
     unknown = [c for c in competition.text.columns or [] if c not in competition.columns]
     if unknown and not competition.features:  # a feature function may add columns: the serializer checks those
         raise KbertError(f"{source}: text.columns names {', '.join(map(repr, unknown))}, which columns: does not "
