@@ -121,11 +121,14 @@ def _check_dtype(frame: pd.DataFrame, column: str, dtype: str, path: Path, allow
         raise KbertError(f"{path}: column '{column}' must be {dtype}, found {example!r} (row {int(bad.idxmax()) + 2})")
     if not allow_missing and numeric.isna().any():
         raise KbertError(f"{path}: column '{column}' has missing values (row {int(numeric.isna().idxmax()) + 2})")
-    finite = numeric.dropna()
-    if not np.isfinite(finite.to_numpy(dtype=float)).all():
-        raise KbertError(f"{path}: column '{column}' has infinite values")
-    if dtype == "int" and not (finite == finite.round()).all():
-        raise KbertError(f"{path}: column '{column}' must hold integers")
+    infinite = numeric.notna() & ~np.isfinite(numeric.astype(float))
+    if infinite.any():
+        raise KbertError(f"{path}: column '{column}' has infinite values (row {int(infinite.values.argmax()) + 2})")
+    fractional = numeric.notna() & (numeric != numeric.round())
+    if dtype == "int" and fractional.any():
+        row = int(fractional.values.argmax())
+        raise KbertError(f"{path}: column '{column}' must hold integers, found {plain(values.iloc[row])!r} "
+                         f"(row {row + 2})")
 
 
 def _check_ids(frame: pd.DataFrame, id_column: str, path: Path) -> None:

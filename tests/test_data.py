@@ -201,3 +201,14 @@ def test_a_log_metric_refuses_targets_it_cannot_take_at_load(tmp_path):
     train.to_csv(tmp_path / "data" / "train.csv", index=False)
     with pytest.raises(KbertError, match=r"has -1 \(row 5\); the metric rmsle needs targets >= 0$"):
         load_competition_data(replace(houses, metric="rmsle"), tmp_path / "data")
+
+
+def test_a_column_declared_int_names_the_row_holding_a_fraction(titanic, data_copy):
+    import pandas as pd
+
+    train = pd.read_csv(data_copy / "train.csv")
+    train["Pclass"] = train["Pclass"].astype(float)
+    train.loc[6, "Pclass"] = 2.5
+    train.to_csv(data_copy / "train.csv", index=False)
+    with pytest.raises(KbertError, match=r"train\.csv: column 'Pclass' must hold integers, found 2\.5 \(row 8\)$"):
+        load_competition_data(titanic, data_copy)
