@@ -834,6 +834,30 @@ def pretrained_from_scratch(encoder: str) -> bool:
     return bool(read_json(path).get("from_scratch"))
 
 
+# Settings that act only beside another: (the setting, whether it acts, what it needs). Set away from its default
+# where it does not act, a setting would be ignored: it is refused instead.
+ACTS_ONLY_WITH = (
+    ("label_smoothing", lambda c, m, t, h: c.task == Task.MULTICLASS and h.loss != "focal",
+     "a multiclass task's cross-entropy loss"),
+    ("focal_gamma", lambda c, m, t, h: h.loss == "focal", "--loss focal"),
+    ("threshold", lambda c, m, t, h: Task(c.task).probabilities, "a binary or multilabel task"),
+    ("adversarial_epsilon", lambda c, m, t, h: t.adversarial != "none", "--adversarial fgm or awp"),
+    ("adversarial_start", lambda c, m, t, h: t.adversarial != "none", "--adversarial fgm or awp"),
+    ("adversarial_lr", lambda c, m, t, h: t.adversarial == "awp", "--adversarial awp"),
+    ("adapter_checkpoint", lambda c, m, t, h: m.adapter != "none", "an --adapter"),
+)
+
+
+def check_inert_settings(competition: CompetitionConfig, model: ModelConfig, train: TrainConfig,
+                         head: HeadOptions) -> None:
+    """No setting is set where it would not act (``ACTS_ONLY_WITH``): one line naming it and what it needs."""
+    for name, acts, needs in ACTS_ONLY_WITH:
+        section = next(s for s in (model, train, head) if hasattr(s, name))
+        value = getattr(section, name)
+        if value != SETTINGS[name].default and not acts(competition, model, train, head):
+            raise KbertError(f"{name} {value!r} acts only with {needs}; here it would be ignored: drop it")
+
+
 def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any] | None = None) -> RunConfig:
     """Defaults, then the competition's ``training`` section, then CLI ``overrides`` (flat field names).
     Every number is checked first (the competition's sections as ``training.<key>``, the overrides by their
@@ -880,6 +904,7 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     if folds.repeats > 1 and not folds.shuffle:
         raise KbertError("folds.repeats > 1 needs shuffled folds; contiguous (shuffle: false) folds never change")
     check_model_sizes(model)
+    check_inert_settings(competition, model, train, head)
     from kbert.models.encoders import trains_from_scratch
 
     adapter = adapter_config(model)
