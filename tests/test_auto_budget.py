@@ -536,3 +536,38 @@ def optimistic(probe: RunProbe) -> RunProbe:
     return dataclasses.replace(probe, startup_s=probe.startup_s / 20, prep_s=probe.prep_s / 20,
                                train_step_s=probe.train_step_s / 20, eval_batch_s=probe.eval_batch_s / 20,
                                trace_s=probe.trace_s / 20)
+
+
+def test_no_probe_starts_when_the_longest_probe_so_far_does_not_fit_and_an_interrupt_is_charged(
+        tmp_path, monkeypatch):
+    """A probe started with 43 s free took 73 s and ate the final ensemble's reserve (the hour ran past its limit):
+    a probe starts only when more time is free than the longest probe so far took. And Ctrl-C in a job charged
+    nothing of the job's time: the state's spent time counts it."""
+    import time
+
+    import kbert.pipeline.probe as probe
+    from kbert.auto.state import Action, read_state
+    from kbert.pipeline.config import load_competition, resolve_run_config
+
+    probed = []
+    monkeypatch.setattr(probe, "probe_run", lambda config, log=None: probed.append(config) or fake_probe(10.0))
+    base = resolve_run_config(load_competition("titanic"), {"max_length": 64})
+    monkeypatch.setattr(driver.Auto, "run_config", lambda auto, settings: base)
+    options = AutoOptions("titanic", 1000, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"), progress=False)
+    auto = driver.Auto(options, log=lambda _: None)
+    auto.load_state()
+    auto.estimator.ensemble_seconds = 1.0
+    auto.state.jobs["auto-bert"] = JobState(Action.RUN, {}, Status.DONE, probe_s=100.0)
+    auto.started -= 1000 - 80  # about 75 s free, less than the 100 s probe before
+    form, tried = driver.fitting_form(auto, None, {}, 1)
+    assert form is None and not probed
+    assert tried == ["not probed: a probe took up to 100s, more than the time free"]
+
+    def interrupted(auto):
+        time.sleep(0.3)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver, "auto_jobs", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_auto(options, log=lambda _: None)
+    assert read_state(tmp_path / "titanic" / "auto" / "state.json", "titanic").spent_s >= 0.3

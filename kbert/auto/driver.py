@@ -168,7 +168,11 @@ def run_auto(options: AutoOptions, log=print) -> AutoResult:
                                                "for it to end, or pass another --out"):
         auto.load_state()
         check_kept_members(auto)
-        return auto_jobs(auto)
+        try:
+            return auto_jobs(auto)
+        except KeyboardInterrupt:  # Ctrl-C mid-job: the job's time counts against the limit too
+            auto.save()
+            raise
 
 
 def check_kept_members(auto: Auto) -> None:
@@ -385,6 +389,9 @@ def fitting_form(auto: Auto, job: Job, settings: dict, members: int) -> tuple[Fo
     if auto.free(members) <= floor:  # not even worth its probe
         return None, ["not probed: no time is free" if not floor else
                       f"not probed: the least form of {encoder} probed so far needs ~{floor / FLOOR_SHARE:.0f}s"]
+    probed = max((job.probe_s or 0.0 for job in auto.state.jobs.values()), default=0.0)
+    if auto.free(members) <= probed:  # a probe would eat into the final ensemble's reserve
+        return None, [f"not probed: a probe took up to {probed:.0f}s, more than the time free"]
     tried, lengths, seen = [], [None], set()  # None: the run's own max length; then shorter ones from its probe
     while lengths:
         max_length = lengths.pop(0)
