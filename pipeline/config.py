@@ -882,9 +882,7 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
 
         check_known("text.serializer", competition.text.serializer, SERIALIZERS)
     fold_flags = flags(FoldConfig)
-    unknown = set(merged) - setting_names()
-    if unknown:
-        raise KbertError(f"unknown setting(s) {sorted(unknown)}; see `kbert run --help`")
+    check_setting_names(merged, "")
     model = _apply(model, {k: v for k, v in merged.items() if k in model_names}, "model")
     train = _apply(train, {k: v for k, v in merged.items() if k in train_names}, "train")
     head = _apply(head, {k: v for k, v in merged.items() if k in head_names}, "head")

@@ -159,7 +159,7 @@ def not_zero_one(path: Path, task: str, column: str, distinct: list) -> KbertErr
 def check_targets(train: pd.DataFrame, competition: CompetitionConfig, path: Path) -> None:
     """Each task's target columns hold what that task needs; no missing or infinite values. A binary target holds
     0/1 (or True/False), or the two values its YAML names as ``classes: [negative, positive]``."""
-    task = competition.task
+    task, metric = competition.task, get_metric(competition.metric)
     named = competition.classes is not None and (Task(task).classes or task == Task.BINARY)
     for column in competition.target_columns:
         if task == Task.MULTICLASS or named:
@@ -178,7 +178,6 @@ def check_targets(train: pd.DataFrame, competition: CompetitionConfig, path: Pat
         if not Task(task).numeric and len(distinct) < 2:
             raise KbertError(f"{path}: {task} target '{column}' has the single value {distinct[0]!r}; "
                              "nothing to learn")
-        metric = get_metric(competition.metric)
         if metric.lowest_target is not None:  # a log metric: checked here, not after every fold has trained
             low = values <= metric.lowest_target if metric.above_lowest else values < metric.lowest_target
             if low.any():

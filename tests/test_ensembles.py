@@ -64,7 +64,8 @@ def test_bagged_hill_climbing_of_two_members_weighs_them_by_score_in_either_orde
     rng = np.random.default_rng(3)
     y = rng.normal(size=300)
     P = np.stack([y + rng.normal(scale=s, size=300) for s in (0.3, 2.0)])[:, :, None]
-    weights = [fit_blend("hill", Q, regression_problem(y), np.arange(300), BlendOptions()).weights for Q in (P, P[::-1])]
+    weights = [fit_blend("hill", Q, regression_problem(y), np.arange(300), BlendOptions()).weights
+               for Q in (P, P[::-1])]
     assert weights[0][0] > 0.5
     np.testing.assert_allclose(weights[0], weights[1][::-1])
 

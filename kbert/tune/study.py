@@ -86,14 +86,14 @@ def load_study(options: TuneOptions, create: bool, check: bool = True
     if create:  # the study's fixed settings (--folds, --limit-rows) are refused before its folder is made
         resolve_trial_config(competition, options, {})
     directory = study_dir(options, competition)
-    if (directory / "config.yaml").is_file():
+    if (directory / "config.yaml").is_file():  # (pipeline.artifacts.CONFIG_FILE: that module loads MLX)
         raise KbertError(f"--study {options.study}: {directory} is a run's folder (it holds config.yaml); choose "
                          "another study name")
     if not create and not options.rdb and not journal_path(options, directory).is_file():  # nothing made for a typo
         raise KbertError(f"no study '{options.study}' for {competition.name}: no {journal_path(options, directory)}")
-    if not create and options.rdb and missing_sqlite_file(options.storage):  # opening it would make the file
-        raise KbertError(f"no study '{options.study}' for {competition.name}: no database file "
-                         f"{missing_sqlite_file(options.storage)}")
+    missing = missing_sqlite_file(options.storage) if not create and options.rdb else None
+    if missing:  # opening it would make the file
+        raise KbertError(f"no study '{options.study}' for {competition.name}: no database file {missing}")
     with removed_on_refusal() as created:  # a refusal in it takes back the journal and folders opening it made
         study, params = open_study(options, competition, entries, params, create=create, check=check)
         created.forget()  # opened: whatever is refused later (in a trial, at the deadline), the study stays
