@@ -42,7 +42,7 @@ from kbert.models.weights import load_state_strict
 from kbert.pipeline.artifacts import FoldPredictions, write_finished_fold
 from kbert.pipeline.config import CompetitionConfig, RunConfig, adapter_config
 from kbert.pipeline.splits import make_fold_sets
-from kbert.pipeline.metrics import Metric
+from kbert.pipeline.metrics import Metric, get_metric
 from kbert.pipeline.precision import run_compute_path
 from kbert.pipeline.predictions import predictions_frame, score
 from kbert.pipeline.profile import stage
@@ -260,7 +260,8 @@ def fit_fold(config: RunConfig, train_rows: pd.DataFrame, train_targets: np.ndar
     transform = None
     if train_targets is not None:  # regression/timeseries
         transform = fit_target_transform(config.head.target_transform, train_targets,
-                                         ", ".join(config.competition.target_columns))
+                                         ", ".join(config.competition.target_columns),
+                                         floored=get_metric(config.competition.metric).lowest_target is not None)
     fit = FoldFit(serializer=serializer, train_texts=texts, target_transform=transform, tabular=tabular)
     if trains_from_scratch(config.model.encoder):
         fit.tokenizer, fit.tokenizer_path = load_or_train_tokenizer(texts, config.model.vocab_size, cache_dir)

@@ -70,11 +70,13 @@ def num_outputs(task: str, targets: Targets) -> int:
 @dataclass
 class TargetTransform:
     """``none``, ``log1p``, ``standardize`` or ``log1p_standardize``; the statistics come from the
-    training fold only and are kept per target column."""
+    training fold only and are kept per target column. ``floor``: under a log metric, the training fold's lowest
+    target per column, below which no prediction goes (a log metric has no value for a negative prediction)."""
 
     kind: str = "none"
     center: tuple[float, ...] = (0.0,)
     scale: tuple[float, ...] = (1.0,)
+    floor: tuple[float, ...] | None = None
 
     @property
     def uses_log(self) -> bool:
@@ -88,11 +90,15 @@ class TargetTransform:
 
     def inverse(self, z: np.ndarray) -> np.ndarray:
         y = np.asarray(z, dtype=np.float64) * np.asarray(self.scale) + np.asarray(self.center)
-        return np.expm1(y) if self.uses_log else y
+        y = np.expm1(y) if self.uses_log else y
+        return y if self.floor is None else np.maximum(y, np.asarray(self.floor))
 
 
-def fit_target_transform(kind: str, y: np.ndarray, column: str = "target") -> TargetTransform:
+def fit_target_transform(kind: str, y: np.ndarray, column: str = "target", *,
+                         floored: bool = False) -> TargetTransform:
+    """``floored``: the metric takes a log, so predictions stop at the lowest training target (``floor``)."""
     y = np.asarray(y, dtype=np.float64)
+    floor = tuple(np.atleast_1d(y.min(axis=0)).tolist()) if floored else None
     if kind.startswith("log1p"):
         if (y <= -1).any():
             raise KbertError(f"target_transform '{kind}' needs values above -1; '{column}' has {y.min():g}")
@@ -101,5 +107,6 @@ def fit_target_transform(kind: str, y: np.ndarray, column: str = "target") -> Ta
         center = y.mean(axis=0)
         scale = y.std(axis=0)
         scale = np.where(scale > 0, scale, 1.0)
-        return TargetTransform(kind, tuple(np.atleast_1d(center).tolist()), tuple(np.atleast_1d(scale).tolist()))
-    return TargetTransform(kind)
+        return TargetTransform(kind, tuple(np.atleast_1d(center).tolist()), tuple(np.atleast_1d(scale).tolist()),
+                               floor)
+    return TargetTransform(kind, floor=floor)

@@ -1,5 +1,6 @@
 """Heads, pooling, target transforms and per-task predictions."""
 
+import json
 from pathlib import Path
 
 import mlx.core as mx
@@ -12,7 +13,7 @@ from kbert.models.heads import (HeadConfig, OrdinalHead, build_head, check_head_
 from kbert.models.pooling import Pooler
 from kbert.pipeline.metrics import get_metric
 from kbert.pipeline.predictions import metric_input, submission_values, tune_label_thresholds, tune_threshold
-from kbert.pipeline.targets import fit_target_transform
+from kbert.pipeline.targets import TargetTransform, fit_target_transform
 
 HIDDEN = 8
 
@@ -208,6 +209,20 @@ def test_target_transforms_round_trip_and_use_only_the_given_rows():
     assert fit_target_transform("none", y).inverse(y).tolist() == y.tolist()
     multi = fit_target_transform("standardize", np.array([[1.0, 10.0], [3.0, 30.0]]))
     assert multi.center == (2.0, 20.0) and multi.scale == (1.0, 10.0)
+
+
+def test_a_log_metrics_transform_stops_predictions_at_the_lowest_training_target():
+    """Standardized prices can come back negative; rmse_log has no value for them, so a floored transform (the
+    fold's lowest training target, per column) clips them, and survives the fold's config.json round trip."""
+    train_rows = np.array([[50.0, 3.0], [80.0, 1.0], [120.0, 2.0]])
+    t = fit_target_transform("standardize", train_rows, floored=True)
+    assert t.floor == (50.0, 1.0) and fit_target_transform("standardize", train_rows).floor is None
+    z = np.array([[-5.0, -5.0], [0.0, 0.0]])  # far below the training rows: negative on the original scale
+    assert (fit_target_transform("standardize", train_rows).inverse(z)[0] < 0).all()
+    np.testing.assert_array_equal(t.inverse(z)[0], [50.0, 1.0])
+    np.testing.assert_allclose(t.inverse(z)[1], train_rows.mean(axis=0))  # above the floor: untouched
+    saved = TargetTransform(**json.loads(json.dumps(vars(t))))
+    np.testing.assert_array_equal(saved.inverse(z), t.inverse(z))
 
 
 def test_thresholds_tuned_on_oof():

@@ -65,6 +65,7 @@ def test_house_prices_submission_is_on_the_price_scale_and_transform_is_fitted_p
         assert saved["kind"] == "log1p_standardize"
         assert saved["center"][0] == pytest.approx(log_price[folds != k].mean())  # training rows of the fold only
         assert saved["center"][0] != pytest.approx(log_price.mean())
+        assert saved["floor"] == [train["SalePrice"].to_numpy()[folds != k].min()]  # rmse_log: the training floor
 
 
 @pytest.mark.slow
