@@ -834,6 +834,12 @@ def pretrained_from_scratch(encoder: str) -> bool:
     return bool(read_json(path).get("from_scratch"))
 
 
+def is_pretrained(model: ModelConfig) -> bool:
+    from kbert.models.encoders import trains_from_scratch  # MLX loads with kbert.models: not at import
+
+    return not trains_from_scratch(model.encoder)
+
+
 # Settings that act only beside another: (the setting, whether it acts, what it needs). Set away from its default
 # where it does not act, a setting would be ignored: it is refused instead.
 ACTS_ONLY_WITH = (
@@ -843,6 +849,9 @@ ACTS_ONLY_WITH = (
     ("threshold", lambda c, m, t, h: Task(c.task).probabilities, "a binary or multilabel task"),
     ("adversarial_epsilon", lambda c, m, t, h: t.adversarial != "none", "--adversarial fgm or awp"),
     ("adversarial_start", lambda c, m, t, h: t.adversarial != "none", "--adversarial fgm or awp"),
+    ("adversarial_start", lambda c, m, t, h: t.adversarial_start <= t.epochs, "--epochs of at least its value"),
+    ("augment", lambda c, m, t, h: t.epochs >= 2, "two or more --epochs (epochs cycle through the plain rows first)"),
+    ("spm_normalization", lambda c, m, t, h: is_pretrained(m), "a pretrained DeBERTa-v2/v3 encoder's spm.model"),
     ("adversarial_lr", lambda c, m, t, h: t.adversarial == "awp", "--adversarial awp"),
     ("adapter_checkpoint", lambda c, m, t, h: m.adapter != "none", "an --adapter"),
 )
@@ -850,7 +859,8 @@ ACTS_ONLY_WITH = (
 
 def check_inert_settings(competition: CompetitionConfig, model: ModelConfig, train: TrainConfig,
                          head: HeadOptions) -> None:
-    """No setting is set where it would not act (``ACTS_ONLY_WITH``): one line naming it and what it needs."""
+    """No setting is set where it would not act (``ACTS_ONLY_WITH``, read with the epochs resolved): one line naming
+    it and what it needs."""
     for name, acts, needs in ACTS_ONLY_WITH:
         section = next(s for s in (model, train, head) if hasattr(s, name))
         value = getattr(section, name)
@@ -902,7 +912,6 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     if folds.repeats > 1 and not folds.shuffle:
         raise KbertError("folds.repeats > 1 needs shuffled folds; contiguous (shuffle: false) folds never change")
     check_model_sizes(model)
-    check_inert_settings(competition, model, train, head)
     from kbert.models.encoders import trains_from_scratch
 
     adapter = adapter_config(model)
@@ -924,6 +933,7 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         train = replace(train, learning_rate=1e-3 if small else 1e-5 if fine_tune else 5e-4)
     if train.epochs is None:
         train = replace(train, epochs=4 if fine_tune else 20)
+    check_inert_settings(competition, model, train, head)
     # The fold split keeps the competition's own seed, so runs with different training seeds share
     # folds and can be blended on OOF; --seed changes initialisation, dropout and batch order.
     run = RunConfig(competition=replace(competition, folds=folds), model=model, train=train, head=head)
