@@ -96,12 +96,12 @@ def parse_duration(text: str | float | None, option: str = "") -> float | None:
     value = str(text).strip().lower()
     if re.fullmatch(r"\d+(\.\d+)?", value):
         return float(value)
-    parts = re.findall(r"(\d+(?:\.\d+)?)\s*([dhms])", value)
-    if not parts or re.sub(r"(\d+(?:\.\d+)?)\s*([dhms])", "", value).strip():
+    # Each unit at most once, from days down to seconds: '1m1m' or '30m1h' is a typo, not a sum.
+    parts = re.fullmatch(r"\s*".join(rf"(?:(\d+(?:\.\d+)?)\s*{unit})?" for unit in "dhms"), value)
+    if parts is None or not any(parts.groups()):
         raise KbertError(f"{option + ': ' if option else ''}cannot read the duration '{text}'; write e.g. 8h, 90m, "
                          "1h30m or 3600")
-    scale = {"d": 86400, "h": 3600, "m": 60, "s": 1}
-    return sum(float(number) * scale[unit] for number, unit in parts)
+    return sum(float(number) * scale for number, scale in zip(parts.groups(), (86400, 3600, 60, 1)) if number)
 
 
 def format_duration(seconds: float) -> str:
