@@ -28,7 +28,7 @@ from kbert.io import (check_field, check_writable_folder, exclusive_lock, file_s
 from kbert.models.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from kbert.models.checkpoints import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
 from kbert.models.checkpoints import TOKENIZER_FILE, WEIGHTS_FILE
-from kbert.pipeline.config import CompetitionConfig, RunConfig, read_yaml, run_config_from_dict
+from kbert.pipeline.config import PLACEMENT, CompetitionConfig, RunConfig, read_yaml, run_config_from_dict
 from kbert.pipeline.metrics import Metric
 from kbert.pipeline.predictions import predictions_frame
 from kbert.tasks import Task
@@ -239,8 +239,9 @@ def lock_run_folder(run_dir: Path) -> Iterator[None]:
 
 def check_resumable(run_dir: Path, config: RunConfig, inputs: dict[str, str] | None = None) -> None:
     """An existing run folder may be resumed only with the config and (``inputs``) the data files it was started
-    with; a folder from before inputs were recorded is checked on its config alone, and settings its config.yaml
-    predates are read at their defaults (``with_defaults``)."""
+    with, wherever its files are (``PLACEMENT``: the data by its hashes); a folder from before inputs were recorded
+    is checked on its config alone, and settings its config.yaml predates are read at their defaults
+    (``with_defaults``)."""
     config_path = run_dir / CONFIG_FILE
     if not config_path.is_file():
         raise KbertError(f"run folder already exists and has no config.yaml: {run_dir}; pick another --run-id")
@@ -252,7 +253,7 @@ def check_resumable(run_dir: Path, config: RunConfig, inputs: dict[str, str] | N
                          "another --run-id")
     saved = with_defaults(written)
     current = yaml.safe_load(yaml.safe_dump(config.to_dict(), sort_keys=False))
-    changed = config_differences(saved, current)
+    changed = config_differences(*({k: v for k, v in c.items() if k not in PLACEMENT} for c in (saved, current)))
     if changed:
         shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
         raise KbertError(f"{config_path}: run '{run_dir.name}' was started with other settings ({shown}); "

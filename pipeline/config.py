@@ -132,12 +132,16 @@ def _top_level_assignments(module: str) -> tuple[Path, list[ast.Assign]]:
 
 
 def setting(default: Any = MISSING, *, help: str, flag: str = "", choices: tuple[str, ...] = (),
-            bound: Bound | Mapping[str, Bound] | None = None, metavar: str = "", env: str = "") -> Any:
+            bound: Bound | Mapping[str, Bound] | None = None, metavar: str = "", env: str = "",
+            placement: bool = False) -> Any:
     """A run setting's dataclass field: its default (a list or mapping is copied for each instance) and, as
     metadata, its help, its ``kbert run`` flag (``metavar``: the flag's value as the help names it), the words it
     takes (``choices``: the owning module's constant), the numbers it takes (``bound``; a mapping setting's: a
-    Bound per key) and ``env``, an environment variable that gives the flag's value when the flag is not given."""
-    metadata = {"help": help, "flag": flag, "choices": choices, "bound": bound, "metavar": metavar, "env": env}
+    Bound per key), ``env``, an environment variable that gives the flag's value when the flag is not given, and
+    ``placement``: it says where files are, never what is computed (a resume may change it; the data files are
+    checked by their hashes)."""
+    metadata = {"help": help, "flag": flag, "choices": choices, "bound": bound, "metavar": metavar, "env": env,
+                "placement": placement}
     if isinstance(default, (list, dict)):
         return field(default_factory=functools.partial(copy.deepcopy, default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -416,10 +420,10 @@ class RunConfig:
     seeds: int = setting(1, bound=SIZE, flag="--seeds",
                          help="train every fold with seeds S, S+1, ... on the same folds and average their "
                               "predictions into one member (default 1)")
-    data_dir: str = setting("", flag="--data-dir",
+    data_dir: str = setting("", flag="--data-dir", placement=True,
                             help="folder with the competition's CSV files (default: the bundled copy)")
-    out_dir: str = setting("runs", flag="--out", help="runs folder (default: runs)")
-    submissions_dir: str = setting("submissions", flag="--submissions-dir",
+    out_dir: str = setting("runs", flag="--out", placement=True, help="runs folder (default: runs)")
+    submissions_dir: str = setting("submissions", flag="--submissions-dir", placement=True,
                                    help="submissions folder (default: submissions)")
     limit_rows: int | None = setting(None, bound=Bound(integer=True, at_least=1, optional=True), flag="--limit-rows",
                                      env="KBERT_LIMIT_ROWS",
@@ -452,6 +456,7 @@ SETTINGS: dict[str, Field] = {**declared(ModelConfig), **declared(TrainConfig), 
                               **declared(RunConfig), **declared(FoldConfig, "folds."), **flags(FoldConfig),
                               **declared(TextConfig, "text.")}
 RUN_FIELDS = tuple(declared(RunConfig))  # the run's own settings (seed, out_dir, ...)
+PLACEMENT = tuple(key for key, f in declared(RunConfig).items() if f.metadata["placement"])  # where files are
 # The sections whose settings may have a `kbert run` flag, by their name in its --help
 FLAG_SECTIONS = {"folds": FoldConfig, "model": ModelConfig, "train": TrainConfig, "head": HeadOptions, "run": RunConfig}
 NESTED_SETTINGS = ("adapter_options", "text")  # override keys holding a mapping of settings

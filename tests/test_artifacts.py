@@ -78,6 +78,11 @@ def test_a_resume_checks_the_data_files_and_accepts_a_folder_from_before_they_we
         check_resumable(run_dir, edited, inputs)
     (run_dir / "config.yaml").write_text(original)
     check_resumable(run_dir, config, inputs)
+    # Where the files are is no setting of the results: the data moved (the same hashes), other output folders
+    moved = replace(config, data_dir="elsewhere", out_dir="other-runs", submissions_dir="other-subs")
+    check_resumable(run_dir, moved, inputs)
+    with pytest.raises(KbertError, match=r"started with other settings \(seed: 42 -> 7\)"):
+        check_resumable(run_dir, replace(moved, seed=7), inputs)
     (run_dir / "inputs.json").unlink()  # a run folder written before inputs were recorded
     check_resumable(run_dir, config, changed)
 
