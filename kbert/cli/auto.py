@@ -14,7 +14,8 @@ EPILOG = """examples:
 
 resume: after Ctrl-C or a crash, the same command continues (finished members are kept); a larger --time-limit
 adds members to the same ensemble. leaderboard: <out>/<competition>/auto/leaderboard.csv and report/index.html
-submission: <submissions-dir>/<competition>/auto-ensemble.csv (+ .json sidecar)"""
+submission: <submissions-dir>/<competition>/auto-ensemble.csv (+ .json sidecar); when a single member finished, that
+member's own submission (the last line printed names it)"""
 
 
 def add_parser(commands) -> None:
