@@ -228,7 +228,8 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
         "submission": {"columns": {id_column: column_dtype(test[id_column]), **value_columns}},
         "text": {"serializer": "list", "columns": [c for c in features if c != id_column], "numeric": "raw",
                  "missing": "unknown"},
-        "folds": {"k": 5, "seed": 42},
+        # A time series validates each block on the rows before it, in the file's order (never on shuffled rows)
+        "folds": {"k": 5, "seed": 42, **({"shuffle": False} if task == Task.TIMESERIES else {})},
     }
     header = (f"# Written by `kbert init {name}`: inferred task '{task}', id '{id_column}', target {targets}.\n"
               "# Check the task and the metric, and trim text.columns; then `kbert run` it.\n")

@@ -274,3 +274,20 @@ def test_the_id_is_never_inferred_to_be_a_float_column():
     train.insert(0, "key", [f"r{i}" for i in range(20)])
     test = pd.DataFrame({"key": [f"t{i}" for i in range(5)], "x": rng.normal(size=5)})
     assert infer_id_column(train, test, None) == "key"
+
+
+def test_a_time_series_gets_folds_in_the_files_order_and_zero_padded_ids_stay_text(tmp_path):
+    """Horizons as targets: each fold validates on later rows than it trains on, never on shuffled rows. Ids
+    written 0001 stay the text they are, so that the submission writes them as the sample submission does."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    series = pd.DataFrame({"step": [f"{i:04d}" for i in range(60)], "level": rng.normal(size=60).round(3)})
+    series = series.assign(h1=series["level"].shift(-1).fillna(0), h2=series["level"].shift(-2).fillna(0))
+    series.iloc[:50].to_csv(folder / "train.csv", index=False)
+    series.iloc[50:, :2].to_csv(folder / "test.csv", index=False)
+    path = init_competition("series", DataFiles(folder / "train.csv", folder / "test.csv"), out=tmp_path / "s.yaml")
+    spec = yaml.safe_load(path.read_text())
+    assert spec["task"] == "timeseries" and spec["folds"]["shuffle"] is False
+    assert spec["columns"]["step"] == "str" and spec["submission"]["columns"]["step"] == "str"
+    assert load_competition(str(path)).folds.shuffle is False
