@@ -22,11 +22,10 @@ from threadpoolctl import threadpool_limits
 
 from kbert.ensembles.baseline import ColumnKinds, column_kinds, make_pipeline, prepare
 from kbert.errors import KbertError
-from kbert.features import add_features
 from kbert.io import write_json
 from kbert.pipeline.artifacts import check_output_file
 from kbert.pipeline.config import RunConfig
-from kbert.pipeline.data import load_competition_data
+from kbert.pipeline.data import input_rows, load_competition_data
 
 NO_DRIFT_BELOW = 0.55  # AUC under this: the model cannot tell the files apart
 STRONG_DRIFT_ABOVE = 0.7  # AUC over this: it tells them apart on most rows
@@ -92,7 +91,7 @@ def adversarial_validation(config: RunConfig, folds: int = 5, seed: int | None =
     if folds < 2:
         raise KbertError(f"adversarial validation needs at least 2 folds, got {folds}")
     data = load_competition_data(comp, config.data_dir or None)
-    features, test_features = add_features(comp.features, data.train.drop(columns=comp.target_columns), data.test)
+    features, test_features = input_rows(comp, data.train, data.test)
     if folds > min(len(features), len(test_features)):
         raise KbertError(f"{folds} folds need at least {folds} training and {folds} test rows; the data has "
                          f"{len(features)} and {len(test_features)}: use fewer --folds")

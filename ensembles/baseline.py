@@ -28,13 +28,12 @@ from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler,
 
 from kbert.ensembles.embedding_features import open_embedding_source, source_name, with_embeddings
 from kbert.errors import KbertError
-from kbert.features import add_features
 from kbert.io import make_folder, removed_on_refusal, write_csv, write_json
 from kbert.pipeline.artifacts import (RunResult, check_run_outputs, config_fingerprint, input_fingerprint, lock_message,
                                       lock_run_folder, score_summary, write_folds_table, write_predictions,
                                       write_run_config)
 from kbert.pipeline.config import RunConfig
-from kbert.pipeline.data import data_warnings, load_competition_data
+from kbert.pipeline.data import data_warnings, input_rows, load_competition_data
 from kbert.pipeline.fold import fold_warnings, split_folds
 from kbert.pipeline.splits import fold_rows
 from kbert.pipeline.metrics import check_metric_fits, get_metric
@@ -320,7 +319,7 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
     check_metric_fits(metric, task, comp.value_columns)
     data = load_competition_data(comp, config.data_dir or None)
     train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows].reset_index(drop=True)
-    features, test_features = add_features(comp.features, train.drop(columns=comp.target_columns), data.test)
+    features, test_features = input_rows(comp, train, data.test)
     targets = encode_targets(train, comp)
     raw = raw_targets(train, comp)
     fit_targets = raw if raw is not None else targets.values

@@ -63,7 +63,7 @@ def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, da
     train = data.train
     baseline = Baseline(saved["baseline"], comp.task, len(expected.classes) if expected.classes is not None else 0,
                         bool(saved.get("log_target")), exclude=(comp.id_column,))
-    features, new_features = new_row_features(comp, train.drop(columns=comp.target_columns), data.test, rows)
+    features, new_features = new_row_features(comp, train, data.test, rows)
     folds = read_fold_table(run_dir / "folds.csv", comp.id_column, 1, train[comp.id_column])["fold"].to_numpy()
     fold_dirs = [run_dir / "folds" / str(k) for k in range(comp.folds.k)]
     fitted = [load_fold_models(fold_dir, baseline) for fold_dir in fold_dirs]  # all of them, before any work

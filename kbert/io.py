@@ -331,9 +331,20 @@ def read_npz(path: Path, required: tuple[str, ...] = ()) -> dict[str, np.ndarray
 
 def parse_csv(path: Path, utf8_remedy: str, encoding: str = "utf-8") -> pd.DataFrame:
     """``pd.read_csv(path, encoding=encoding)``, an empty, non-UTF-8 or unparsable file being one line naming it
-    (``utf8_remedy`` says what to do about bad bytes). Used for the user's data and kbert's own tables."""
+    (``utf8_remedy`` says what to do about bad bytes). Used for the user's data and kbert's own tables.
+
+    A column of whole numbers is read as numbers only when each one is written as Python writes it: ids such as
+    ``0061`` (or ``+7``) stay the text they are, in every file that holds them, so a submission gives them back as
+    the sample submission has them."""
     try:
-        return pd.read_csv(path, encoding=encoding)
+        frame = pd.read_csv(path, encoding=encoding)
+        integers = [c for c in frame.columns if pd.api.types.is_integer_dtype(frame[c])]
+        if integers:
+            text = pd.read_csv(path, encoding=encoding, usecols=integers, dtype=str, keep_default_na=False)
+            for column in integers:
+                if not text[column].equals(frame[column].astype(str)):
+                    frame[column] = text[column]
+        return frame
     except pd.errors.EmptyDataError:
         raise KbertError(f"{path}: file is empty") from None
     except UnicodeDecodeError as exc:
@@ -344,10 +355,18 @@ def parse_csv(path: Path, utf8_remedy: str, encoding: str = "utf-8") -> pd.DataF
         raise KbertError(f"{path}: could not read it as CSV ({type(exc).__name__}: {exc})") from None
 
 
+def check_fields(path: Path, frame: pd.DataFrame) -> None:
+    """Every row of ``frame`` (read from ``path``) has the fields its header names: with one more, pandas takes the
+    first column as the rows' labels and shifts every column by one (a comma at the end of each row)."""
+    if not frame.index.equals(pd.RangeIndex(len(frame))):
+        raise KbertError(f"{path}: its rows hold more fields than its header names (a comma at the end of each row?)")
+
+
 def read_table(path: Path, required: tuple[str, ...] = ()) -> pd.DataFrame:
-    """A CSV file that kbert wrote (folds.csv, oof.csv, test.csv): missing, empty, unparsable or lacking a
-    ``required`` column is an error naming the file."""
+    """A CSV file that kbert wrote (folds.csv, oof.csv, test.csv): missing, empty, unparsable, with more fields than
+    its header or lacking a ``required`` column is an error naming the file."""
     frame = parse_csv(existing_file(path), "the file is damaged")
+    check_fields(path, frame)
     missing = [c for c in required if c not in frame.columns]
     if missing:
         raise KbertError(f"{path}: missing column(s) {', '.join(map(repr, missing))}")

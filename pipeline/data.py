@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kbert.errors import KbertError
-from kbert.io import existing_file, parse_csv
+from kbert.io import check_fields, existing_file, parse_csv
 from kbert.pipeline.config import BUNDLED_DATA_DIR, DOWNLOAD_DIR, CompetitionConfig
 from kbert.pipeline.metrics import get_metric
 from kbert.tasks import Task
@@ -48,6 +48,7 @@ def read_csv(path: Path) -> pd.DataFrame:
         raise KbertError(f"{path}: is UTF-16 text (it starts with a UTF-16 byte-order mark); re-save it as UTF-8")
     frame = parse_csv(path, "re-save the file as UTF-8", encoding="utf-8-sig")
     _check_header(path, frame)
+    check_fields(path, frame)
     if frame.empty:
         raise KbertError(f"{path}: has a header but no rows")
     for column in frame.columns:
@@ -140,11 +141,22 @@ def _check_ids(frame: pd.DataFrame, id_column: str, path: Path) -> None:
 
 
 def check_feature_rows(frame: pd.DataFrame, competition: CompetitionConfig, path: Path) -> None:
-    """New rows to predict: the competition's input columns with their dtypes, and unique ids."""
+    """New rows to predict: the competition's input columns with their dtypes (``numbers_as_declared``), and
+    unique ids."""
     _check_columns(frame, list(competition.columns), path)
     for column, dtype in competition.columns.items():
         _check_dtype(frame, column, dtype, path, allow_missing=column != competition.id_column)
     _check_ids(frame, competition.id_column, path)
+    numbers_as_declared(frame, competition)
+
+
+def numbers_as_declared(frame: pd.DataFrame, competition: CompetitionConfig) -> None:
+    """A numeric column (checked) that was read as text, being written ``007`` or ``+7`` (kbert.io.parse_csv), as
+    numbers; the id keeps its text."""
+    for column, dtype in competition.columns.items():
+        if dtype in ("int", "float") and column != competition.id_column \
+                and not pd.api.types.is_numeric_dtype(frame[column]):
+            frame[column] = pd.to_numeric(frame[column])
 
 
 def not_zero_one(path: Path, task: str, column: str, distinct: list) -> KbertError:
@@ -203,6 +215,8 @@ def load_competition_data(competition: CompetitionConfig, data_dir: str | Path |
     sample_path = folder / competition.sample_submission_file if competition.sample_submission_file else None
     sample = read_csv(sample_path) if sample_path else None
     check_competition_frames(competition, train, test, sample, (train_path, test_path, sample_path))
+    numbers_as_declared(train, competition)
+    numbers_as_declared(test, competition)
     return CompetitionData(train=train.reset_index(drop=True), test=test.reset_index(drop=True),
                            sample_submission=sample, data_dir=folder)
 
@@ -228,6 +242,16 @@ def check_competition_frames(competition: CompetitionConfig, train: pd.DataFrame
         _check_ids(sample, competition.id_column, sample_path)
         if set(sample[competition.id_column]) != set(test[competition.id_column]):
             raise KbertError(f"{sample_path}: ids in '{competition.id_column}' differ from those in {test_path}")
+
+
+def input_rows(competition: CompetitionConfig, train: pd.DataFrame,
+               test: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The training and test rows as every model reads them: the YAML's input columns (a column it leaves out, or a
+    test file's extra one, is read by none; the targets neither), then the competition's engineered features."""
+    from kbert.features import add_features
+
+    columns = list(competition.columns)
+    return add_features(competition.features, train[columns], test[columns])
 
 
 def data_warnings(train: pd.DataFrame, test: pd.DataFrame, competition: CompetitionConfig) -> list[str]:

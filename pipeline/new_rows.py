@@ -71,7 +71,7 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     check_predictions_file(out, data_path, run_dir.parent, *input_paths(comp, data.data_dir))
     check_inputs(metrics, expected_of(comp, data), str(run_dir), with_test=False)  # what it learnt from: these rows
     train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows].reset_index(drop=True)
-    features, new_features = new_row_features(comp, train.drop(columns=comp.target_columns), data.test, rows)
+    features, new_features = new_row_features(comp, train, data.test, rows)
     folds = read_fold_table(run_dir / "folds.csv", comp.id_column, comp.folds.repeats, train[comp.id_column])
     targets = encode_targets(train, comp)
 
@@ -114,9 +114,9 @@ def new_row_features(comp: CompetitionConfig, train: pd.DataFrame, test: pd.Data
     the run, in any subset or order; a row the test does not hold (another id, or other values) joins the
     context, as the rows of Kaggle's hidden test do."""
     columns, id_column = list(comp.columns), comp.id_column
-    new = rows[columns].reset_index(drop=True)
+    new, train = rows[columns].reset_index(drop=True), train[columns]  # as input_rows reads them
     if not comp.features:
-        return add_features("", train, new)
+        return train, new
     known = test[columns].drop_duplicates(id_column).set_index(id_column)
     same = known.reindex(new[id_column]).to_numpy(object)
     values = new.set_index(id_column).to_numpy(object)

@@ -141,7 +141,8 @@ def submission_values(task: str, predictions: np.ndarray, columns: dict[str, str
 
 
 def submission_frame(id_column: str, ids: pd.Series, values: dict[str, np.ndarray], columns: dict[str, str]) -> pd.DataFrame:
-    frame = pd.DataFrame({id_column: ids.to_numpy()})
+    whole = columns.get(id_column) == "int" and pd.api.types.is_float_dtype(ids)  # test.csv's 60.0 for id 60
+    frame = pd.DataFrame({id_column: ids.to_numpy().astype(np.int64) if whole else ids.to_numpy()})
     for name, column in values.items():
         if columns[name] == "int":
             column = np.asarray(column).astype(np.int64)

@@ -21,14 +21,13 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from kbert.errors import KbertError
-from kbert.features import add_features
 from kbert.io import removed_on_refusal, write_json
 from kbert.models.encoders import trains_from_scratch
 from kbert.models.masked_lm import build_masked_lm, load_masked_lm, save_masked_lm
 from kbert.models.tokenizer import load_or_train_tokenizer, special_ids, special_token_id, truncate_to
 from kbert.pipeline.artifacts import check_output_folder, new_run_id
 from kbert.pipeline.config import RunConfig, TrainConfig
-from kbert.pipeline.data import load_competition_data
+from kbert.pipeline.data import input_rows, load_competition_data
 from kbert.pipeline.fold import make_serializer, scratch_encoder_config
 from kbert.pipeline.streams import cpu_streams
 from kbert.pipeline.train import Execution, make_optimizer, make_train_step, seed_everything
@@ -60,7 +59,7 @@ def build_corpus(config: RunConfig, settings: PretrainConfig) -> Corpus:
     comp = config.competition
     data = load_competition_data(comp, config.data_dir or None)
     train = data.train if config.limit_rows is None else data.train.iloc[: config.limit_rows]
-    features, test_features = add_features(comp.features, train.drop(columns=comp.target_columns), data.test)
+    features, test_features = input_rows(comp, train, data.test)
     rows = pd.concat([features, test_features], ignore_index=True)
     serializer = make_serializer(config).fit(rows)  # label-free statistics (bins) of all rows
     rng = np.random.default_rng(settings.seed)

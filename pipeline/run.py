@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 
 from kbert.errors import KbertError
-from kbert.features import add_features
 from kbert.io import make_folder, removed_on_refusal, write_json, write_npz, write_text, written_together
 from kbert.models import runtime
 from kbert.models.heads import predict
@@ -29,7 +28,7 @@ from kbert.pipeline.artifacts import (RunResult, check_resumable, check_run_outp
                                       write_run_config)
 from kbert.pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature
 from kbert.pipeline.config import RunConfig
-from kbert.pipeline.data import data_warnings, load_competition_data
+from kbert.pipeline.data import data_warnings, input_rows, load_competition_data
 from kbert.pipeline.fold import (EncoderSource, FoldPredictions, FoldSplit, RunInputs, fold_warnings,
                                  load_encoder_source, make_head_config, make_serializer, split_folds, train_one_fold)
 from kbert.pipeline.fold_processes import (FoldJob, FoldPlan, Machine, available_memory, plan_folds, train_folds,
@@ -201,8 +200,7 @@ def prepare_inputs(config: RunConfig) -> RunInputs:
     if config.permute_target:  # a leak-hunting sanity run: with shuffled targets nothing real can be learned
         order = np.random.default_rng(config.seed).permutation(len(train))
         train = train.assign(**{c: train[c].to_numpy()[order] for c in comp.target_columns})
-    # Feature functions see feature columns only: the targets are dropped first.
-    features, test_features = add_features(comp.features, train.drop(columns=comp.target_columns), data.test)
+    features, test_features = input_rows(comp, train, data.test)
     targets = encode_targets(train, comp)
     raw = raw_targets(train, comp)
     return RunInputs(config=config, train=train, features=features, test_features=test_features,

@@ -77,6 +77,7 @@ def write_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competiti
     if order is not None and ids is not None and len(ids) == len(order) and set(ids) == set(order) \
             and not ids.duplicated().any():
         frame = frame.set_index(competition.id_column).loc[order].reset_index()
+        frame[competition.id_column] = order.to_numpy()  # as the sample writes them (60, where test.csv has 60.0)
     validate_submission(frame, sample, competition, source=str(path), test_ids=test_ids)
     return write_csv(path, frame)
 

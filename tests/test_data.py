@@ -212,3 +212,21 @@ def test_a_column_declared_int_names_the_row_holding_a_fraction(titanic, data_co
     train.to_csv(data_copy / "train.csv", index=False)
     with pytest.raises(KbertError, match=r"train\.csv: column 'Pclass' must hold integers, found 2\.5 \(row 8\)$"):
         load_competition_data(titanic, data_copy)
+
+
+def test_every_model_reads_the_declared_columns_only(titanic):
+    """A column the YAML leaves out (here one that gives the target away) is read by no model, and one that only
+    train holds is no reason to fail: input_rows is where every command gets its rows."""
+    from kbert.pipeline.data import input_rows
+
+    data = load_competition_data(titanic)
+    train = data.train.assign(leak=data.train["Survived"])  # train only, not declared
+    test = data.test.assign(extra=1)  # test only, not declared
+    features, test_features = input_rows(titanic, train, test)
+    assert "leak" not in features and "extra" not in test_features and "Survived" not in features
+    assert list(features.columns) == list(test_features.columns)
+    assert set(titanic.columns) <= set(features.columns)  # with the engineered ones beside them
+    spaceship = load_competition("spaceship-titanic")
+    rows = load_competition_data(spaceship)
+    plain, _ = input_rows(replace(spaceship, features=""), rows.train, rows.test)
+    assert list(plain.columns) == list(spaceship.columns)

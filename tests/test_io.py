@@ -64,7 +64,9 @@ def test_checked_readers_name_the_file_for_every_kind_of_damage(tmp_path):
         read_npz(arrays)
 
     table = tmp_path / "folds.csv"
-    for content, message in {"": "file is empty", "id\n1\n": "missing column(s) 'fold'"}.items():
+    for content, message in {"": "file is empty", "id\n1\n": "missing column(s) 'fold'",
+                             "id,fold\n1,0,\n4,1,\n": "its rows hold more fields than its header names (a comma at "
+                                                       "the end of each row?)"}.items():
         table.write_text(content)
         with pytest.raises(KbertError, match=re.escape(f"{table}: {message}")):
             read_table(table, required=("id", "fold"))

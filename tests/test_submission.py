@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -73,6 +75,33 @@ def test_ids_out_of_order_are_rejected_but_written_in_order(titanic, sample, tmp
         validate_submission(frame, sample, titanic)
     write_submission(frame, sample, titanic, tmp_path / "sub.csv")  # writing puts the rows in the sample's order
     validate_submission(pd.read_csv(tmp_path / "sub.csv"), sample, titanic)
+
+
+def test_ids_are_written_as_the_sample_writes_them(titanic, tmp_path):
+    """Ids with leading zeros keep their text from every file to the submission (and one without them is not the
+    sample's); a test file's 892.0 is written as the sample's 892."""
+    from kbert.io import parse_csv
+
+    (tmp_path / "sample.csv").write_text("PassengerId,Survived\n0892,0\n0893,1\n")
+    (tmp_path / "test.csv").write_text("PassengerId,Age\n0893,3\n0892,4\n")
+    sample, test = parse_csv(tmp_path / "sample.csv", ""), parse_csv(tmp_path / "test.csv", "")
+    assert test["Age"].tolist() == [3, 4] and test["PassengerId"].tolist() == ["0893", "0892"]
+    comp = replace(titanic, columns={"PassengerId": "str", "Age": "int"},
+                   submission_columns={"PassengerId": "str", "Survived": "int"})
+    frame = submission_frame("PassengerId", test["PassengerId"], {"Survived": np.array([1, 0])},
+                             comp.submission_columns)
+    path = write_submission(frame, sample, comp, tmp_path / "sub.csv")
+    assert path.read_text() == "PassengerId,Survived\n0892,0\n0893,1\n"
+    unpadded = pd.DataFrame({"PassengerId": [892, 893], "Survived": [0, 1]})
+    with pytest.raises(KbertError, match="2 id\\(s\\) in 'PassengerId' are not in the sample submission"):
+        validate_submission(unpadded, sample, comp)
+
+    test_ids = pd.Series([893.0, 892.0])  # pandas read test.csv's ids as floats
+    frame = submission_frame("PassengerId", test_ids, {"Survived": np.array([1, 0])}, titanic.submission_columns)
+    assert frame["PassengerId"].tolist() == [893, 892] and frame["PassengerId"].dtype.kind == "i"
+    plain = pd.DataFrame({"PassengerId": [892, 893], "Survived": [0, 1]})
+    path = write_submission(frame.astype({"PassengerId": float}), plain, titanic, tmp_path / "plain.csv")
+    assert path.read_text() == "PassengerId,Survived\n892,0\n893,1\n"  # the sample's ids, not 892.0
 
 
 def test_missing_values_and_labels_outside_the_classes_are_rejected(titanic, sample):

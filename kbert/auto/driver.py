@@ -87,14 +87,12 @@ class Auto:
         self.comp_dir = Path(options.out_dir) / self.competition.name
         self.folder = self.comp_dir / "auto"
         self.state_path = self.folder / "state.json"
-        from kbert.features import add_features
-        from kbert.pipeline.data import load_competition_data
+        from kbert.pipeline.data import input_rows, load_competition_data
 
         comp = self.competition
         self.floors: dict[str, float] = {}  # by encoder: FLOOR_SHARE x its least form's seconds probed so far
         self.data = load_competition_data(comp, options.data_dir)
-        self.features, _ = add_features(comp.features, self.data.train.drop(columns=comp.target_columns),
-                                        self.data.test)
+        self.features, _ = input_rows(comp, self.data.train, self.data.test)
 
     def load_state(self) -> None:
         """The state of the invocations before (checked: ``read_state``), or a new one; the clock starts."""

@@ -18,15 +18,14 @@ def add_parser(commands) -> None:
 
 
 def cmd_show_text(args: argparse.Namespace) -> int:
-    from kbert.features import add_features
     from kbert.pipeline.config import load_competition, resolve_run_config
-    from kbert.pipeline.data import duplicate_report, load_competition_data, text_columns
+    from kbert.pipeline.data import duplicate_report, input_rows, load_competition_data, text_columns
     from kbert.pipeline.fold import make_serializer
 
     competition = load_competition(args.competition)
     config = resolve_run_config(competition)
     data = load_competition_data(competition, args.data_dir)
-    features, _ = add_features(competition.features, data.train.drop(columns=competition.target_columns), data.test)
+    features, _ = input_rows(competition, data.train, data.test)
     all_texts = make_serializer(config).fit(features).transform(features)
     texts, lengths = all_texts[: args.n], [len(t.split()) for t in all_texts]
     for (_, row), text in zip(data.train.iloc[: args.n].iterrows(), texts):
