@@ -257,13 +257,22 @@ class FittedFold:
     found: list[int] | None = None
 
 
+def classifier(model: str, kinds: ColumnKinds, seed: int, X: pd.DataFrame, y: np.ndarray):
+    """``model``'s classifier fitted on X, y. A class held by a single row leaves the trees no stratified
+    early-stopping split to hold out: they train their full rounds instead."""
+    pipeline = make_pipeline(model, kinds, True, seed, X)
+    if model == "hgb" and np.unique(y, return_counts=True)[1].min() < 2:
+        pipeline[-1].set_params(early_stopping=False)
+    return pipeline.fit(X, y)
+
+
 def fit_fold(baseline: Baseline, train_rows: pd.DataFrame, train_targets: np.ndarray, seed: int) -> FittedFold:
     """Fit on ``train_rows`` alone: a class task one pipeline, otherwise one per output column (with
     ``log_target`` the model learns log1p(y))."""
     kinds = column_kinds(train_rows, baseline.exclude)
     X = prepare(train_rows, kinds)
     if Task(baseline.task).classes:
-        pipeline = make_pipeline(baseline.model, kinds, True, seed, X).fit(X, train_targets.astype(int))
+        pipeline = classifier(baseline.model, kinds, seed, X, train_targets.astype(int))
         return FittedFold(kinds, [pipeline], pipeline.classes_.astype(int).tolist())
     targets = np.asarray(train_targets, dtype=np.float64).reshape(len(train_targets), -1)
     models = []
@@ -272,7 +281,7 @@ def fit_fold(baseline: Baseline, train_rows: pd.DataFrame, train_targets: np.nda
             y = targets[:, j].astype(int)
             if len(np.unique(y)) < 2:
                 raise KbertError(f"a fold's training rows hold a single class of output {j}; use fewer folds")
-            models.append(make_pipeline(baseline.model, kinds, True, seed, X).fit(X, y))
+            models.append(classifier(baseline.model, kinds, seed, X, y))
         else:
             y = np.log1p(targets[:, j]) if baseline.log_target else targets[:, j]
             models.append(make_pipeline(baseline.model, kinds, False, seed, X).fit(X, y))

@@ -683,3 +683,16 @@ def test_trees_fit_a_text_column_of_words_each_seen_once():
     assert kinds.text == ["parts"]
     for model in ("hgb", "logreg"):
         make_pipeline(model, kinds, True, 0, rows).fit(prepare(rows, kinds), y)
+
+
+def test_trees_fit_a_class_held_by_a_single_row():
+    """The trees' early stopping holds out a stratified share of the rows, which a class of one row cannot give
+    ('The least populated class in y has only 1 member'): that fold trains its full rounds instead."""
+    rng = np.random.default_rng(0)
+    rows = pd.DataFrame({"x": rng.normal(size=80)})
+    y = np.where(rows["x"] > 0, 1, 0)
+    y[0] = 2  # 'pink car': one row
+    baseline = Baseline("hgb", "multiclass", classes=3)
+    valid, = fit_predict_fold(baseline, rows, y, [rows.iloc[:5]], 0)
+    assert valid.shape == (5, 3) and np.allclose(valid.sum(axis=1), 1.0)
+    assert make_pipeline("hgb", column_kinds(rows, ()), True, 0, rows)[-1].early_stopping is True  # otherwise kept
