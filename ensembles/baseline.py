@@ -413,6 +413,6 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
                 **score_summary(run_id, comp, metric, cv, 0.5, fold_records), "baseline": model,
                 "wall_time_s": round(seconds, 2), "submission": str(submission_path),
                 "inputs": expected.inputs, "config_sha256": config_fingerprint(config),
-                "warnings": warnings})
+                **({"cv_rows": int(covered.sum())} if not covered.all() else {}), "warnings": warnings})
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=fold_scores, cv_score=cv, metric=comp.metric,
                           submission_path=submission_path, seconds=seconds)

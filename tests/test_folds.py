@@ -195,3 +195,25 @@ def test_time_series_run_writes_empty_oof_cells_for_the_first_block_and_scores_t
         # The target statistics were fitted on the rows before the purge gap only: no fold saw its future.
         saved = json.loads((result.run_dir / "folds" / str(k) / "config.json").read_text())["target_transform"]
         np.testing.assert_allclose(saved["center"], truth[:start - purge].mean(axis=0), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_time_series_baseline_records_the_rows_its_cv_scores(tmp_path):
+    import json
+
+    from kbert.cli import main
+    from kbert.pipeline.config import load_competition
+    from kbert.pipeline.data import load_competition_data
+    from kbert.pipeline.metrics import get_metric
+
+    competition = str(HEADS / "elnino.yaml")
+    assert main(["baseline", competition, "--model", "logreg", "--folds", "3", "--out", str(tmp_path / "runs"),
+                 "--submissions-dir", str(tmp_path / "subs"), "--run-id", "b"]) == 0
+    run_dir = tmp_path / "runs" / "elnino" / "b"
+    folds = pd.read_csv(run_dir / "folds.csv")["fold"].to_numpy()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    scored = folds >= 0
+    truth = load_competition_data(load_competition(competition)).train[["h1", "h2", "h3"]].to_numpy()
+    oof = pd.read_csv(run_dir / "oof.csv")[["h1", "h2", "h3"]].to_numpy()
+    assert metrics["cv_rows"] == scored.sum() < len(folds)
+    assert metrics["cv"] == pytest.approx(get_metric("rmse")(truth[scored], oof[scored]), rel=1e-6)
