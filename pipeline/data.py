@@ -121,7 +121,7 @@ def _check_dtype(frame: pd.DataFrame, column: str, dtype: str, path: Path, allow
         example = plain(values[bad].iloc[0])
         raise KbertError(f"{path}: column '{column}' must be {dtype}, found {example!r} (row {int(bad.idxmax()) + 2})")
     if not allow_missing and numeric.isna().any():
-        raise KbertError(f"{path}: column '{column}' has missing values (row {int(numeric.isna().idxmax()) + 2})")
+        raise missing_values(path, f"column '{column}'", numeric)
     infinite = numeric.notna() & ~np.isfinite(numeric.astype(float))
     if infinite.any():
         raise KbertError(f"{path}: column '{column}' has infinite values (row {int(infinite.values.argmax()) + 2})")
@@ -132,9 +132,17 @@ def _check_dtype(frame: pd.DataFrame, column: str, dtype: str, path: Path, allow
                          f"(row {row + 2})")
 
 
+def missing_values(path: Path, what: str, values: pd.Series) -> KbertError:
+    """``what`` (a column) has a missing value: the first one's row, and what reads as missing (a class named NA
+    does too)."""
+    row = int(values.isna().to_numpy().argmax()) + 2
+    return KbertError(f"{path}: {what} has missing values (row {row}: empty, or NA, N/A, NULL or None, which read "
+                      "as missing)")
+
+
 def _check_ids(frame: pd.DataFrame, id_column: str, path: Path) -> None:
     if frame[id_column].isna().any():
-        raise KbertError(f"{path}: id column '{id_column}' has missing values")
+        raise missing_values(path, f"id column '{id_column}'", frame[id_column])
     duplicated = frame[id_column].duplicated()
     if duplicated.any():
         raise KbertError(f"{path}: id column '{id_column}' has duplicate id {plain(frame[id_column][duplicated].iloc[0])!r}")
@@ -176,8 +184,7 @@ def check_targets(train: pd.DataFrame, competition: CompetitionConfig, path: Pat
     for column in competition.target_columns:
         if task == Task.MULTICLASS or named:
             if train[column].isna().any():
-                raise KbertError(f"{path}: target column '{column}' has missing values "
-                                 f"(row {int(train[column].isna().values.argmax()) + 2})")
+                raise missing_values(path, f"target column '{column}'", train[column])
         else:
             given = train[column].dropna()
             if task == Task.BINARY and given.nunique() == 2 and pd.to_numeric(given, errors="coerce").isna().any():
