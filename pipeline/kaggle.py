@@ -308,6 +308,15 @@ def _extract(downloads: Path, out: Path, slug: str) -> None:
             os.replace(path, out / path.name)
 
 
+def _unpacked_root(files: Path, slug: str) -> Path:
+    """Where the unpacked files are: ``files``, or the one folder it holds when the archive put them all in one
+    (``titanic/train.csv``); an archive with no file is refused."""
+    if not _visible_files(files):
+        raise KbertError(f"the download of '{slug}' holds no files: nothing was written")
+    entries = [p for p in files.iterdir() if not p.name.startswith(".")]
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else files
+
+
 def _move_into(source: Path, folder: Path) -> list[Path]:
     """Move every entry of ``source`` into ``folder`` (one rename each, replacing what is there); the files
     moved, sorted."""
@@ -348,12 +357,16 @@ def download_competition(slug: str, folder: Path, force: bool = False) -> list[P
         if not downloads.is_dir():
             raise KbertError(f"Kaggle sent no files for '{slug}': retry with --force")
         _extract(downloads, staging / "files", slug)
-        files = _move_into(staging / "files", folder)
+        files = _move_into(_unpacked_root(staging / "files", slug), folder)
     except OSError as exc:
         raise KbertError(f"could not write the files of '{slug}' to {folder}: {exc.strerror or exc}") from None
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+    stale = [p.relative_to(folder) for p in existing if p not in files]
+    if stale:  # --force: files of an earlier download (or the user's own) that this one does not hold
+        print(f"{folder}: kept {len(stale)} file(s) that this download does not hold, from before: "
+              f"{', '.join(map(str, stale[:6]))}{', ...' if len(stale) > 6 else ''}; remove them if they are stale")
     log.debug("downloaded %d file(s) of %s into %s", len(files), slug, folder)
     return files
 

@@ -472,6 +472,35 @@ def test_a_damaged_zip_leaves_no_files(server, login, kbert, tmp_path):
     assert leftovers(folder) == []
 
 
+def zip_of(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, content in files.items():
+            archive.writestr(name, content)
+    return buffer.getvalue()
+
+
+def test_an_archive_of_one_folder_is_unpacked_from_it_and_an_empty_one_is_refused(server, login, kbert, tmp_path):
+    """Files zipped inside a folder land where `kbert run --data-dir` reads them; an archive with no file is no
+    download; and --force names the files of the earlier download that the new one does not hold."""
+    login("legacy-env")
+    folder = tmp_path / "titanic"
+    server.zip_bytes = zip_of({f"titanic/{name}": (TITANIC / name).read_bytes() for name in TITANIC_FILES})
+    assert kbert("download", "titanic", "--data-dir", folder).code == 0
+    assert sorted(p.name for p in folder.iterdir()) == sorted(TITANIC_FILES)
+    server.zip_bytes = zip_of({"train.csv": b"a\n1\n", "test.csv": b"a\n2\n", "sample_submission.csv": b"a\n2\n"})
+    forced = kbert("download", "titanic", "--data-dir", folder, "--force")
+    assert forced.code == 0 and forced.out.splitlines()[0] == (
+        f"{folder}: kept 1 file(s) that this download does not hold, from before: gender_submission.csv; remove "
+        "them if they are stale")
+    assert (folder / "train.csv").read_text() == "a\n1\n"
+    server.zip_bytes = zip_of({})
+    empty = tmp_path / "empty"
+    assert one_line_error(kbert("download", "titanic", "--data-dir", empty)) == (
+        "kbert: error: the download of 'titanic' holds no files: nothing was written")
+    assert not empty.exists() and leftovers(empty) == []
+
+
 @pytest.mark.parametrize("argv", [["download", "titanic"], ["submissions", "titanic"],
                                   ["leaderboard", "titanic"]])
 def test_missing_credentials_say_where_to_put_a_token(server, login, kbert, argv):
