@@ -30,7 +30,7 @@ from kbert.ensembles.embedding_features import open_embedding_source, source_nam
 from kbert.errors import KbertError
 from kbert.io import make_folder, removed_on_refusal, write_csv, write_json
 from kbert.pipeline.artifacts import (RunResult, check_run_outputs, config_fingerprint, input_fingerprint, lock_message,
-                                      lock_run_folder, score_summary, write_folds_table, write_predictions,
+                                      lock_run_folder, score_summary, sealed, write_folds_table, write_predictions,
                                       write_run_config)
 from kbert.pipeline.config import RunConfig
 from kbert.pipeline.data import data_warnings, input_rows, load_competition_data
@@ -409,10 +409,10 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
             submission_path = write_predictions_submission(expected, test_predictions, 0.5, data.sample_submission,
                                                            submission_path)
             seconds = time.perf_counter() - started
-            write_json(run_dir / "metrics.json", {
+            write_json(run_dir / "metrics.json", sealed({
                 **score_summary(run_id, comp, metric, cv, 0.5, fold_records), "baseline": model,
                 "wall_time_s": round(seconds, 2), "submission": str(submission_path),
                 "inputs": expected.inputs, "config_sha256": config_fingerprint(config),
-                **({"cv_rows": int(covered.sum())} if not covered.all() else {}), "warnings": warnings})
+                **({"cv_rows": int(covered.sum())} if not covered.all() else {}), "warnings": warnings}))
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=fold_scores, cv_score=cv, metric=comp.metric,
                           submission_path=submission_path, seconds=seconds)

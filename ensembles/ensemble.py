@@ -6,8 +6,6 @@ member was trained on forward-chaining time-series folds, whose first block has 
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -21,7 +19,7 @@ from kbert.ensembles.blend import (METHODS, Blend, BlendOptions, HonestResult, P
 from kbert.ensembles.members import Member, common_rows, select_members
 from kbert.errors import KbertError
 from kbert.io import write_json, written_together
-from kbert.pipeline.artifacts import check_output_file, recorded_submissions
+from kbert.pipeline.artifacts import check_output_file, recorded_submissions, seal_broken, sealed
 from kbert.pipeline.config import CompetitionConfig, FoldConfig
 from kbert.pipeline.data import CompetitionData, load_competition_data
 from kbert.pipeline.splits import make_folds, row_groups
@@ -256,25 +254,19 @@ def write_ensemble(result: EnsembleResult, submissions_dir: str = "submissions",
 PLACES = ("runs_dir", "data_dir", "submission")  # where the record's files lie: a package rewrites them
 
 
-def record_fingerprint(record: dict) -> str:
-    """The sha256 of what an ensemble's record says, but where its files lie (``PLACES``) and the fingerprint."""
-    said = {key: value for key, value in record.items() if key not in (*PLACES, "record_sha256")}
-    return hashlib.sha256(json.dumps(said, sort_keys=True).encode("utf-8")).hexdigest()
-
-
 def check_record(path: Path, record: dict) -> dict:
-    """An ensemble's record as kbert ensemble wrote it (its ``record_sha256``): an edited one, or one an older kbert
-    wrote, is one line naming the file, not a blend, a package or a traceback built from what it now says."""
-    if record.get("record_sha256") != record_fingerprint(record):
+    """An ensemble's record as kbert ensemble wrote it (its ``record_sha256``, but where its files lie: ``PLACES``):
+    an edited one, or one an older kbert wrote, is one line naming the file, not a blend, a package or a traceback
+    built from what it now says."""
+    if "record_sha256" not in record or seal_broken(record, PLACES):
         raise KbertError(f"{path}: not as kbert ensemble wrote it (edited, or by an older kbert: its record_sha256 "
                          "does not match); run kbert ensemble again")
     return record
 
 
 def ensemble_record(result: EnsembleResult, path: Path) -> dict:
-    """The sidecar JSON of the submission at ``path``, with its fingerprint (``record_fingerprint``)."""
-    record = json.loads(json.dumps(record_fields(result, path)))  # as a reader will read it: numbers as JSON has them
-    return {**record, "record_sha256": record_fingerprint(record)}
+    """The sidecar JSON of the submission at ``path``, sealed with its fingerprint."""
+    return sealed(record_fields(result, path), PLACES)
 
 
 def record_fields(result: EnsembleResult, path: Path) -> dict:

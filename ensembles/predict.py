@@ -26,7 +26,7 @@ from kbert.ensembles.members import Member, common_rows
 from kbert.errors import KbertError
 from kbert.io import read_json, read_predictions, write_csv
 from kbert.names import check_name
-from kbert.pipeline.artifacts import check_predictions_file, input_paths, predictions_path
+from kbert.pipeline.artifacts import check_predictions_file, input_paths, predictions_path, read_metrics
 from kbert.pipeline.config import competition_from_dict, read_yaml
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
 from kbert.pipeline.new_rows import new_row_features, predict_run, read_fold_table
@@ -168,7 +168,7 @@ def predict_submission(run_dir: Path, data_path: Path, out: Path, data_dir: str 
     expected = expected_of(comp, data)
     with tempfile.TemporaryDirectory() as scratch:
         table = member_table(run_dir, Path(data_path), Path(scratch), expected.columns, ids, data_dir, log)
-    metrics = read_json(run_dir / "metrics.json", required=("cv_threshold",))
+    metrics = read_metrics(run_dir / "metrics.json", required=("cv_threshold",))
     tuned = (metrics.get("threshold") or {}).get("tuned_on_oof")  # what the run's own submission was cut at
     threshold = np.asarray(tuned if tuned is not None else metrics["cv_threshold"], dtype=float)
     threshold = threshold.item() if comp.task == "binary" and threshold.size == 1 else threshold  # a number, or [it]

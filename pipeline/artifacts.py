@@ -196,6 +196,23 @@ def mapping_fingerprint(values: dict) -> str:
     return hashlib.sha256(yaml.safe_dump(values, sort_keys=True).encode("utf-8")).hexdigest()
 
 
+def record_fingerprint(record: dict, leave_out: tuple[str, ...] = ()) -> str:
+    """The sha256 of what a JSON record says (keys sorted), but its keys ``leave_out`` and the fingerprint."""
+    said = {key: value for key, value in record.items() if key not in (*leave_out, "record_sha256")}
+    return hashlib.sha256(json.dumps(said, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def sealed(record: dict, leave_out: tuple[str, ...] = ()) -> dict:
+    """``record`` as a reader will read it (numbers as JSON has them), with its ``record_sha256``."""
+    record = json.loads(json.dumps(record))
+    return {**record, "record_sha256": record_fingerprint(record, leave_out)}
+
+
+def seal_broken(record: dict, leave_out: tuple[str, ...] = ()) -> bool:
+    """A sealed record that no longer says what it was sealed with (edited); one from before seals is not."""
+    return "record_sha256" in record and record["record_sha256"] != record_fingerprint(record, leave_out)
+
+
 def write_run_config(run_dir: Path, values: dict, inputs: dict[str, str]) -> None:
     """inputs.json, then config.yaml (``values``): a folder with a config.yaml has its inputs recorded, the data
     files' sha256 and the config's own (``mapping_fingerprint``, without the run id), so that a resume sees an
@@ -375,11 +392,14 @@ def read_finished_fold(fold_dir: Path) -> dict | None:
 
 
 def read_metrics(path: Path, required: tuple[str, ...] = ("cv",)) -> dict:
-    """A member's metrics.json, what is read of it in the shapes kbert writes it (``score_summary``, the run's
-    threshold and calibration): ``cv`` a number, the cut-off a number or a list of them, ``task`` and ``metric``
+    """A member's metrics.json, as kbert sealed it (``sealed``), what is read of it in the shapes kbert writes it
+    (``score_summary``, the run's threshold and calibration): ``cv`` a number, the cut-off a number or a list of them, ``task`` and ``metric``
     names, each fold record's numbers. An edited one is one line naming the file and the key, before a blend, a
     plot or a budget reads it."""
     metrics = read_json(path, required=required)
+    if seal_broken(metrics):  # a cut-off or a class edited would change every label predicted from it
+        raise KbertError(f"{path}: not as kbert wrote it (edited: its record_sha256 does not match what it says); "
+                         "put it back, or train the member again")
 
     def check(key: str, value, fits: bool, shape: str) -> None:
         check_field(path, key, fits, shape, found=f", found {value!r}")

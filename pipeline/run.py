@@ -24,7 +24,7 @@ from kbert.models import runtime
 from kbert.models.heads import predict
 from kbert.pipeline.artifacts import (RunResult, check_resumable, check_run_outputs, config_fingerprint, fold_layout,
                                       fold_name, input_fingerprint, lock_message, lock_run_folder, new_run_id,
-                                      read_finished_fold, score_summary, write_folds_table, write_predictions,
+                                      read_finished_fold, score_summary, sealed, write_folds_table, write_predictions,
                                       write_run_config)
 from kbert.pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature
 from kbert.pipeline.config import RunConfig
@@ -412,7 +412,7 @@ def write_run_artifacts(inputs: RunInputs, paths: RunPaths, folds: list[FoldPred
         write_npz(run_dir / "outputs.npz", {"oof": predictions.oof_outputs, "test": predictions.test_outputs})
         submission_path = write_predictions_submission(expected, final.test, final.threshold,
                                                        inputs.sample_submission, paths.submission)
-        write_json(run_dir / "metrics.json", {
+        write_json(run_dir / "metrics.json", sealed({
             **score_summary(run_id, comp, inputs.metric, final.cv, inputs.threshold, records), **final.extra,
             "tokens": budget, "head": inputs.head.to_dict(), "wall_time_s": round(seconds, 2),
             "blas": runtime.status().blas.identity(), "device": current_device(), "backend": backend(),
@@ -420,6 +420,6 @@ def write_run_artifacts(inputs: RunInputs, paths: RunPaths, folds: list[FoldPred
             "compute": run_compute_path(config.train.precision),
             "submission": str(submission_path), "inputs": inputs.inputs, "config_sha256": config_fingerprint(config),
             "warnings": inputs.warnings,
-        })
+        }))
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=[r["score"] for r in records], cv_score=final.cv,
                      metric=comp.metric, submission_path=submission_path, seconds=seconds)

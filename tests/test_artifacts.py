@@ -4,6 +4,7 @@ resume checks, warnings kept in metrics.json, and what a refused run leaves behi
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
@@ -158,3 +159,20 @@ def test_a_refusal_in_the_first_fold_leaves_no_run_folder_beside_other_runs(mini
     with pytest.raises(KbertError, match="^fold 1/2: the validation loss became inf in epoch 1"):
         run_competition(mini(seed=7), run_id="second", progress=False, log=lambda _: None)
     assert sorted(str(p) for p in Path(".").rglob("*")) == before
+
+
+def test_an_edited_metrics_json_is_refused_and_one_from_before_seals_is_read(tmp_path):
+    """metrics.json carries the cut-off every label of `kbert predict --submission` and of a package comes from:
+    edited, it would change them silently; so it is sealed (record_sha256) and checked wherever it is read."""
+    from kbert.io import write_json
+    from kbert.pipeline.artifacts import read_metrics, sealed
+
+    path = tmp_path / "metrics.json"
+    record = {"cv": 0.8125, "cv_threshold": 0.5, "task": "binary", "metric": "accuracy", "folds": [{"score": 0.8}]}
+    write_json(path, sealed(record))
+    assert read_metrics(path)["cv_threshold"] == 0.5
+    path.write_text(path.read_text().replace('"cv_threshold": 0.5', '"cv_threshold": 0.1'))
+    with pytest.raises(KbertError, match=f"^{re.escape(str(path))}: not as kbert wrote it \\(edited"):
+        read_metrics(path)
+    write_json(path, record)  # a run from before metrics.json was sealed
+    assert read_metrics(path)["cv_threshold"] == 0.5

@@ -103,12 +103,13 @@ def test_wheels_resolve_for_python_3_12_with_the_cuda_build(ensemble_json, capsy
 
 
 def test_a_package_is_refused_in_one_line_for_bad_input(tmp_path, capsys):
-    from kbert.ensembles.ensemble import record_fingerprint
+    from kbert.ensembles.ensemble import PLACES
+    from kbert.pipeline.artifacts import sealed
 
     record = tmp_path / "e.json"
     said = {"competition": "titanic", "members": [{"name": "../x"}], "runs_dir": "runs",
             "competition_config": {"name": "titanic"}}
-    record.write_text(json.dumps({**said, "record_sha256": record_fingerprint(said)}))  # as if kbert wrote it
+    record.write_text(json.dumps(sealed(said, PLACES)))  # as if kbert wrote it
     for args, says in (
             ([str(record), "--dataset", "bad"], "--dataset 'bad': give it as OWNER/SLUG"),
             ([str(record), "--dataset", DATASET], "member '../x': '..' is not a plain name"),
