@@ -393,9 +393,9 @@ def read_finished_fold(fold_dir: Path) -> dict | None:
 
 def read_metrics(path: Path, required: tuple[str, ...] = ("cv",)) -> dict:
     """A member's metrics.json, as kbert sealed it (``sealed``), what is read of it in the shapes kbert writes it
-    (``score_summary``, the run's threshold and calibration): ``cv`` a number, the cut-off a number or a list of them, ``task`` and ``metric``
-    names, each fold record's numbers. An edited one is one line naming the file and the key, before a blend, a
-    plot or a budget reads it."""
+    (``score_summary``, the run's threshold and calibration): ``cv`` a number, the cut-off a number or a list of
+    them, ``task`` and ``metric`` names, each fold record's numbers. An edited one is one line naming the file (and
+    the key), before a blend, a plot or a budget reads it."""
     metrics = read_json(path, required=required)
     if seal_broken(metrics):  # a cut-off or a class edited would change every label predicted from it
         raise KbertError(f"{path}: not as kbert wrote it (edited: its record_sha256 does not match what it says); "
