@@ -156,6 +156,24 @@ def test_space_errors_and_competition_overrides(tmp_path):
                            ({"epochs": {"low": 1, "high": 3, "step": 5}}, "'step' 5 does not divide the range 1 to 3")):
         with pytest.raises(KbertError, match=error):
             parse_space(entries)
+    # Two entries may set one setting only where no trial samples both (else the study records a value the run
+    # never used), traced through the entries above them; and a `when` names values its entry takes.
+    pooling = {"pooling": ["cls", "mean"], "encoder": {"choices": ["bert", "minilm-l6"]}}
+    for entries, error in (
+            ({**pooling, "a": {"set": "max_length", "choices": [16], "when": {"encoder": "bert"}}, "max_length": 40},
+             "'a' and 'max_length' both set max_length"),
+            ({**pooling, "a": {"set": "max_length", "choices": [16], "when": {"pooling": "cls"}},
+              "b": {"set": "max_length", "choices": [32], "when": {"encoder": "bert"}}}, "'a' and 'b' both set"),
+            ({**pooling, "lr": {"set": "learning_rate", "low": 1e-4, "high": 1e-3, "when": {"encoder": "bertt"}}},
+             r"'lr': its 'when' names encoder \['bertt'\], which 'encoder' never takes"),
+            ({"max_length": [32, 48], "batch_size": {"choices": [8], "when": {"max_length": "32"}}},
+             r"its 'when' names max_length \['32'\], which 'max_length' never takes \(\[32, 48\]\)")):
+        with pytest.raises(KbertError, match=error):
+            parse_space(entries)
+    exclusive = parse_space({**pooling, "adapter": {"choices": ["none", "lora"], "when": {"encoder": "pretrained"}},
+                             "a": {"set": "learning_rate", "low": 1e-5, "high": 1e-4, "when": {"adapter": "none"}},
+                             "b": {"set": "learning_rate", "low": 1e-3, "high": 1e-2, "when": {"encoder": "bert"}}})
+    assert {p.name for p in exclusive if p.target == "learning_rate"} == {"a", "b"}  # 'a' only under minilm-l6
     with pytest.raises(KbertError, match="unknown keys"):
         parse_space({"epochs": {"lo": 1, "high": 3}})
     with pytest.raises(KbertError, match="low <= high"):

@@ -110,11 +110,6 @@ def parse_space(entries: dict[str, Any], source: str = "search space") -> list[P
         check_tunable(target, where)
         check_entry_values(entry, target, where + (f" (sets {target})" if target != name else ""))
         params[name] = Param(name, target, make_distribution(entry, where), entry.get("value"), when)
-    fixed = [p for p in params.values() if p.when is None]
-    twice = next(((a, b) for i, a in enumerate(fixed) for b in fixed[:i] if a.target == b.target), None)
-    if twice:
-        raise KbertError(f"{source}: '{twice[1].name}' and '{twice[0].name}' both set {twice[0].target} (give one a "
-                         "'when' that the other's excludes)")
     ordered: list[Param] = []
     placing: list[str] = []
 
@@ -131,7 +126,57 @@ def parse_space(entries: dict[str, Any], source: str = "search space") -> list[P
 
     for name in params:
         place(name)
+    conditions: dict[str, dict[str, list]] = {}  # entry -> the values of each entry above it under which it is sampled
+    for param in ordered:  # (an entry comes after those its `when` names)
+        check_when_values(param, params, source)
+        conditions[param.name] = sampled_under(param, params, conditions)
+    twice = next(((a, b) for i, a in enumerate(ordered) for b in ordered[:i]
+                  if a.target == b.target and not exclusive(conditions[a.name], conditions[b.name])), None)
+    if twice:  # both may be sampled in one trial: the study would record a value the run never used
+        raise KbertError(f"{source}: '{twice[1].name}' and '{twice[0].name}' both set {twice[0].target} (give one a "
+                         "'when' that the other's excludes)")
     return ordered
+
+
+def taken(param: Param) -> list | None:
+    """The values an entry takes: its choices or its value; None for a range."""
+    if param.distribution is None:
+        return [param.value]
+    if isinstance(param.distribution, optuna.distributions.CategoricalDistribution):
+        return list(param.distribution.choices)
+    return None
+
+
+def check_when_values(param: Param, params: dict[str, Param], source: str) -> None:
+    """Each value a ``when`` names is one its entry takes (for the encoder, or a kind: pretrained, scratch); else
+    the entry is never sampled, silently (a typo, or "32" for 32)."""
+    for key, values in (param.when or {}).items():
+        possible = taken(params[key])
+        if possible is None:
+            continue
+        unknown = [v for v in values if v not in possible and not (key == "encoder" and v in ENCODER_KINDS)]
+        if unknown:
+            raise KbertError(f"{source}: '{param.name}': its 'when' names {key} {unknown!r}, which '{key}' never "
+                             f"takes ({possible!r}): it would never be sampled")
+
+
+def sampled_under(param: Param, params: dict[str, Param], conditions: dict[str, dict[str, list]]) -> dict[str, list]:
+    """For each entry that decides whether ``param`` is sampled, the values of it under which it is: its own
+    ``when`` with each named entry's conditions in turn (an entry under a conditional one is as conditional)."""
+    under: dict[str, list] = {}
+    for key, values in (param.when or {}).items():
+        possible = taken(params[key])
+        accepted = values if possible is None else [v for v in possible if matches(key, v, values)]
+        for name, allowed in [*conditions[key].items(), (key, accepted)]:
+            under[name] = [v for v in under[name] if v in allowed] if name in under else allowed
+    return under
+
+
+def exclusive(a: dict[str, list], b: dict[str, list]) -> bool:
+    """Whether no trial samples both entries: one of them never is, or an entry decides both with no value in
+    common."""
+    return any(not values for values in (*a.values(), *b.values())) or \
+        any(not [v for v in a[key] if v in b[key]] for key in a.keys() & b.keys())
 
 
 def make_distribution(entry: dict, where: str) -> optuna.distributions.BaseDistribution | None:
