@@ -724,3 +724,25 @@ def test_a_study_made_from_other_data_is_refused(tmp_path):
                                          "read now\\): its trials would not compare"):
         load_study(replace(options), create=True)
     load_study(replace(options), create=False, check=False)
+
+
+def test_a_study_folder_holds_one_studys_trials_and_a_study_serves_its_own_competition(tmp_path):
+    """Two journals with one study name would share runs/<competition>/<study>/: the second overwrote the first's
+    trial folders, and the first's best.yaml then held the second's settings. A study of one competition is not
+    reported or blended as another's, even by the commands that only read it."""
+    from kbert.tune.study import STUDY_FILE, load_study
+
+    options = tiny_options(tmp_path, storage=str(tmp_path / "a.log"))
+    _, _, _, directory = load_study(replace(options), create=True)
+    assert (directory / STUDY_FILE).is_file()
+    other = replace(options, storage=str(tmp_path / "b.log"))
+    load_study(replace(other), create=True)  # no trial in the folder yet: nothing to mix up
+    (directory / "trial-0000").mkdir()
+    load_study(replace(other), create=True)  # it is the folder's study now
+    with pytest.raises(KbertError, match=f"^--study t: {directory} holds the trials of another study of that name"):
+        load_study(replace(options), create=True)
+    with pytest.raises(KbertError, match="holds the trials of another study"):
+        load_study(replace(options), create=False, check=False)  # --report, kbert ensemble --study
+    with pytest.raises(KbertError, match="^study 't' in .*b.log was made for competition 'titanic', not "
+                                         "'spaceship-titanic'$"):
+        load_study(replace(other, competition="spaceship-titanic"), create=False, check=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import uuid
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,11 @@ def open_study(options: TuneOptions, competition: CompetitionConfig, entries: di
                                     sampler=make_sampler(options.sampler_seed))
     else:
         study = optuna.load_study(study_name=options.study, storage=storage, sampler=make_sampler(options.sampler_seed))
+    made_for = study.user_attrs.get("competition")
+    if made_for not in (None, competition.name):  # read-only uses too: a report or a blend of it would be another's
+        raise KbertError(f"study '{options.study}' in {storage_label(options, directory)} was made for competition "
+                         f"'{made_for}', not '{competition.name}'")
+    claim_folder(study, directory, options, create)
     stored = None if new else study.user_attrs.get("settings")
     if stored is not None:
         adopt_settings(options, stored)
@@ -135,6 +141,30 @@ def open_study(options: TuneOptions, competition: CompetitionConfig, entries: di
     if stored is None and (new or check):
         study.set_user_attr("settings", study_settings(competition, options, entries))
     return study, params
+
+
+STUDY_FILE = "study.json"  # in the study folder: which study's trials it holds
+
+
+def claim_folder(study: optuna.Study, directory: Path, options: TuneOptions, create: bool) -> None:
+    """The study folder holds one study's trials: a study (its ``uid``, set when a worker first opens it) of the
+    same name in another storage would overwrite them, and its report or blend would read them as its own."""
+    from kbert.io import read_json, write_json
+
+    uid = study.user_attrs.get("uid")
+    if uid is None and create:  # a new study, or one from before studies were told apart
+        study.set_user_attr("uid", uuid.uuid4().hex)
+        uid = study.user_attrs["uid"]  # as stored: two workers creating the study at once agree on the last one
+    marker = directory / STUDY_FILE
+    owner = read_json(marker, required=("uid",))["uid"] if marker.is_file() else None
+    if uid is None or owner == uid:
+        return
+    if owner is not None and any(directory.glob("trial-*")):
+        raise KbertError(f"--study {options.study}: {directory} holds the trials of another study of that name (in "
+                         f"another storage than {storage_label(options, directory)}); give this one another --study "
+                         "name, or another --out")
+    if create:  # (a folder with no trial yet is this study's, whoever marked it first)
+        write_json(marker, {"study": options.study, "uid": uid})
 
 
 MACHINE_SETTINGS = ("data_dir", "out_dir")  # where this machine keeps its files: never part of a study
