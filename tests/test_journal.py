@@ -215,7 +215,7 @@ def test_a_study_once_opened_stays_whatever_is_refused_after_it(tmp_path, monkey
     assert path.is_file()
     with pytest.raises(KbertError, match="has no completed trial yet"):
         write_report(TuneOptions(competition="competition.yaml", study="s"))
-    assert sorted(p.name for p in path.parent.iterdir()) == ["journal.log"]  # no report/, no heartbeat folder
+    assert sorted(p.name for p in path.parent.iterdir()) == ["journal.log", "study.json"]  # no report/, heartbeat
 
 
 def test_kbert_tune_report_and_ensemble_study_repair_a_torn_journal_first(tmp_path, monkeypatch, capsys):
