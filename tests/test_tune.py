@@ -67,7 +67,7 @@ def test_parse_duration():
     assert parse_duration("3600") == 3600
     assert parse_duration(None) is None
     assert parse_duration("2d 3h4m5s") == 2 * 86400 + 3 * 3600 + 4 * 60 + 5
-    for bad in ("8 hours", "h", "1x", "-3h", "1m1m", "30m1h"):  # a unit twice or out of order is a typo
+    for bad in ("8 hours", "h", "1x", "-3h", "1m1m", "30m1h", ""):  # a unit twice or out of order: a typo; "": unset $T
         with pytest.raises(KbertError, match="duration"):
             parse_duration(bad)
 

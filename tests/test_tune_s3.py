@@ -240,3 +240,27 @@ def test_s3_without_boto3_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 raises ImportError
     with pytest.raises(KbertError, match=r'^--artifacts s3://b-1: S3 needs boto3; pip install "kbert\[distributed\]"$'):
         open_artifact_store("s3://b-1")
+
+
+def test_a_store_that_refuses_a_finished_trial_stops_the_study_with_the_trial_queued_again(tmp_path, monkeypatch):
+    """The endpoint gone after the bucket was checked: the upload of a trained trial is a WriteError (the study
+    stops, the trial runs again when the store is back), not a failed trial after another, with exit status 0."""
+    import optuna
+    from optuna.artifacts import Boto3ArtifactStore
+
+    from kbert.errors import WriteError
+    from kbert.tune.trial_store import upload_trial
+
+    nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    for name in UNSET:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {**KEYS, "AWS_ENDPOINT_URL": nowhere, "AWS_MAX_ATTEMPTS": "1",
+                        "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")
+                        }.items():
+        monkeypatch.setenv(name, value)
+    run = tmp_path / "trial-0000"
+    run.mkdir()
+    (run / "oof.csv").write_text("id,p\n1,0.5\n")
+    trial = optuna.create_study().ask()
+    with pytest.raises(WriteError, match=f"^--artifacts s3://{BUCKET}: cannot reach the endpoint {nowhere}"):
+        upload_trial(trial, run, Boto3ArtifactStore(BUCKET))

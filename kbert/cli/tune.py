@@ -32,8 +32,8 @@ def add_parser(commands) -> None:
                        epilog=EPILOG)
     add_competition(tune)
     add_number(tune, "--trials", int, {"at_least": 1},
-               help="finished (complete or pruned) trials the study should reach (default 100; with --timeout "
-                    "alone: no limit)")
+               help="trials the study should reach, complete, pruned or failed (a failed one counts, so a setting "
+                    "that always fails ends the study) (default 100; with --timeout alone: no limit)")
     tune.add_argument("--timeout", help="a deadline, e.g. 8h, 90m, 1h30m: a trial running then stops after its current "
                       "fold and is queued again for the next run (default: none)")
     tune.add_argument("--study", default="tune", help="study name: runs/<competition>/<study>/ (default tune)")

@@ -89,7 +89,7 @@ def check_journal_path(storage: str) -> None:
 
 def parse_duration(text: str | float | None, option: str = "") -> float | None:
     """'8h', '90m', '1h30m', '45s', '2d' or plain seconds -> seconds; ``option`` names it in the error."""
-    if text is None or text == "":
+    if text is None:
         return None
     if isinstance(text, (int, float)):
         return float(text)

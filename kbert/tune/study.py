@@ -233,10 +233,6 @@ def greater_is_better(competition: CompetitionConfig) -> bool:
     return get_metric(competition.metric).greater_is_better
 
 
-def finished_count(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=FINISHED))
-
-
 def ranked_trials(study: optuna.Study) -> list[FrozenTrial]:
     """Completed trials, best first (ties: the earlier trial)."""
     completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))

@@ -21,7 +21,7 @@ from optuna.artifacts import Boto3ArtifactStore, FileSystemArtifactStore, downlo
 from optuna.artifacts.exceptions import ArtifactNotFound
 from optuna.trial import FrozenTrial, TrialState
 
-from kbert.errors import KbertError
+from kbert.errors import KbertError, WriteError, os_error_line
 from kbert.io import check_writable_folder, make_folder
 
 RUN_ARCHIVE = "run.tar.gz"
@@ -56,9 +56,10 @@ def open_artifact_store(spec: str) -> FileSystemArtifactStore | Boto3ArtifactSto
 
 
 @contextmanager
-def s3_errors(spec: str) -> Iterator[None]:
+def s3_errors(spec: str, kind: type[KbertError] = KbertError) -> Iterator[None]:
     """boto3's errors as one line naming ``--artifacts`` (its own messages name neither the option nor what to
-    check)."""
+    check), of ``kind``: a ``WriteError`` where a store refuses what a trial wrote, which stops the study with the
+    trial queued again instead of failing one finished trial after another."""
     try:
         from botocore.exceptions import BotoCoreError, ClientError
     except ImportError:  # a folder store: nothing of boto3's can be raised
@@ -67,7 +68,7 @@ def s3_errors(spec: str) -> Iterator[None]:
     try:
         yield
     except (BotoCoreError, ClientError) as error:
-        raise KbertError(f"--artifacts {spec}: {s3_reason(error)}") from None
+        raise kind(f"--artifacts {spec}: {s3_reason(error)}") from None
 
 
 def s3_reason(error: Exception) -> str:
@@ -116,8 +117,11 @@ def upload_trial(trial: optuna.Trial, folder: Path, store) -> dict[str, str]:
         for key, name, weights in (("run", RUN_ARCHIVE, False), ("weights", WEIGHTS_ARCHIVE, True)):
             archive = Path(tmp) / name
             if pack(folder, archive, weights):
-                with s3_errors(store_label(store)):
-                    ids[key] = upload_artifact(artifact_store=store, file_path=str(archive), study_or_trial=trial)
+                with s3_errors(store_label(store), WriteError):
+                    try:
+                        ids[key] = upload_artifact(artifact_store=store, file_path=str(archive), study_or_trial=trial)
+                    except OSError as exc:  # a folder store: a full or read-only disk
+                        raise WriteError(f"--artifacts: {os_error_line(exc)}") from None
     trial.set_user_attr(ATTRIBUTE, ids)
     return ids
 

@@ -31,7 +31,7 @@ from kbert.tune.objective import TrialContext, make_objective, parent_gone
 from kbert.tune.options import TuneOptions, format_duration
 from kbert.tune.storage import (Heartbeats, fail_stale_trials, forget_finished, heartbeats_of, queued_again, retry,
                                 storage_label)
-from kbert.tune.study import (FINISHED, finished_count, keep_top_checkpoints, load_study, make_sampler,
+from kbert.tune.study import (FINISHED, keep_top_checkpoints, load_study, make_sampler,
                               ranked_trials, remove_unfinished_folders)
 
 MAX_FAILURES_IN_A_ROW = 10  # a space where every trial fails stops instead of spinning
@@ -57,7 +57,7 @@ def tune(options: TuneOptions) -> tuple[optuna.Study, int]:
     study, competition, _, directory = load_study(options, create=True)
     total = f"/{options.trials}" if options.trials else ""
     print(f"study '{options.study}' for {competition.name} ({competition.metric}, "
-          f"{study.direction.name.lower()}): {finished_count(study)}{total} trials finished, storage "
+          f"{study.direction.name.lower()}): {counted(study.get_trials(deepcopy=False))}{total} trials run, storage "
           f"{storage_label(options, directory)}; {options.workers} worker(s), pruner {options.pruner}"
           + (f", timeout {format_duration(options.timeout)}" if options.timeout else ""))
     began = time.time()
