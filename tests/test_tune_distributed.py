@@ -339,3 +339,30 @@ def test_storage_opened_for_an_rdb_url_waits_out_lost_connections(tmp_path):
     storage = open_storage(options, tmp_path)
     assert isinstance(storage, RetryingStorage) and storage.get_heartbeat_interval() == 2
     assert storage.database.engine_kwargs["pool_pre_ping"] is True
+
+
+@needs_postgres
+def test_a_database_gone_longer_than_db_wait_stops_the_study_in_one_line(tmp_path):
+    """The server stopped for good mid-study: after --db-wait the worker ends with one line naming --storage (not
+    Optuna's heartbeat-thread and tell tracebacks, exit 1); its completed trials stay in the database."""
+    server = start_postgres(tmp_path / "server")
+    try:
+        space = tmp_path / "space.yaml"
+        write_space_file(space, SPACE)
+        create_study(server.url, "gone", space, tmp_path / "setup")
+        flags = [f for f in FLAGS if f not in ("--db-wait", "120")] + ["--db-wait", "3"]
+        process = subprocess.Popen([sys.executable, "-m", "kbert.cli", "tune", "titanic", "--study", "gone",
+                                    "--storage", server.url, "--trials", str(TRIALS), "--space", str(space), "--workers",
+                                    "1", *flags], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: any(t.state == TrialState.COMPLETE for t in trials_of(server.url, "gone")), 300,
+                 "a completed trial")
+        server.stop()
+        _, err = process.communicate(timeout=300)
+    finally:
+        server.stop()
+    assert process.returncode == 2, err
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == (f"kbert: error: --storage {server.url}: the database did not answer "
+                                            "within --db-wait 3s; the completed trials are stored: rerun the same "
+                                            "kbert tune when it is back")

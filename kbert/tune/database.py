@@ -71,7 +71,8 @@ def open_rdb(options: TuneOptions) -> RetryingStorage:
         cause = connection_error(exc) or exc
         reason = str(getattr(cause, "orig", None) or cause).strip().splitlines()[0]
         raise KbertError(f"--storage {label}: cannot open the database: {reason}") from None
-    return RetryingStorage(database, wait=options.db_wait, stale_callback=RetryStaleTrial(max_retry=options.max_retry))
+    return RetryingStorage(database, wait=options.db_wait, label=label,
+                           stale_callback=RetryStaleTrial(max_retry=options.max_retry))
 
 
 def missing_sqlite_file(storage: str) -> Path | None:
@@ -101,21 +102,34 @@ def connection_error(exc: BaseException) -> BaseException | None:
     return None
 
 
+class DatabaseGone(KbertError):
+    """The database stayed unreachable for all of --db-wait: the study stops (its completed trials are stored)."""
+
+
+def database_gone(exc: BaseException | None) -> DatabaseGone | None:
+    """The DatabaseGone behind ``exc``, if any (Optuna's own code may raise another error while handling it)."""
+    while exc is not None and not isinstance(exc, DatabaseGone):
+        exc = exc.__cause__ or exc.__context__
+    return exc
+
+
 class RetryingStorage(BaseStorage, BaseHeartbeat):
     """The storage Optuna builds for an RDBStorage (``optuna.storages.get_storage``: its cache in front),
     every call forwarded, and tried again after 0.5, 1, 2 ... 30 s while it fails on the connection, until
-    ``wait`` seconds have passed; then the error is raised. A retried tell that had in fact committed counts as
-    told.
+    ``wait`` seconds have passed; then ``DatabaseGone``, one line naming ``label``. A retried tell that had in
+    fact committed counts as told.
 
     Args:
         database: Optuna's RDBStorage, with its heartbeat interval and grace period.
         wait: seconds to wait for a lost database.
+        label: the database as messages name it (no password).
         stale_callback: what Optuna calls for each trial its heartbeats find stale.
     """
 
-    def __init__(self, database: RDBStorage, *, wait: float,
+    def __init__(self, database: RDBStorage, *, wait: float, label: str = "",
                  stale_callback: Callable[[optuna.Study, FrozenTrial], None] | None = None) -> None:
         self.database = database
+        self.label = label
         self.storage = optuna.storages.get_storage(database)
         self.wait = wait
         self.stale_callback = stale_callback
@@ -127,8 +141,12 @@ class RetryingStorage(BaseStorage, BaseHeartbeat):
                 result = call(*args, **kwargs)
             except Exception as exc:
                 error = connection_error(exc)
-                if error is None or waited >= self.wait:
+                if error is None:
                     raise
+                if waited >= self.wait:
+                    raise DatabaseGone(f"--storage {self.label}: the database did not answer within --db-wait "
+                                       f"{self.wait:g}s; the completed trials are stored: rerun the same kbert tune "
+                                       "when it is back") from None
                 if lost is None:
                     lost = time.monotonic()
                     print(f"database unreachable ({type(error).__name__} in {call.__name__}); retrying for up to "
@@ -223,7 +241,10 @@ class RetryingStorage(BaseStorage, BaseHeartbeat):
     # BaseHeartbeat's
 
     def record_heartbeat(self, trial_id: int) -> None:
-        self.retrying(self.storage.record_heartbeat, trial_id)
+        try:
+            self.retrying(self.storage.record_heartbeat, trial_id)
+        except DatabaseGone:  # Optuna's heartbeat thread: the worker's own next call says it, in one line
+            pass
 
     def _get_stale_trial_ids(self, study_id: int) -> list[int]:
         return self.retrying(self.storage._get_stale_trial_ids, study_id)

@@ -28,6 +28,7 @@ from kbert.pipeline.fold_processes import (PROCESS_MEMORY, available_memory, mem
                                            usable_cores)
 from kbert.tune.trial_store import drop_weights, open_artifact_store
 from kbert.tune.objective import TrialContext, make_objective, parent_gone
+from kbert.tune.database import database_gone
 from kbert.tune.options import TuneOptions, format_duration
 from kbert.tune.storage import (Heartbeats, fail_stale_trials, forget_finished, heartbeats_of, queued_again, retry,
                                 storage_label)
@@ -127,7 +128,11 @@ def worker_main(options: dict, worker: int, started_wall: float) -> None:
     """A spawned worker process: bind the fast BLAS before MLX loads, then optimize."""
     runtime.setup()
     started = time.perf_counter() - (time.time() - started_wall)
-    sys.exit(run_worker(TuneOptions(**options), worker, started, parent_pid=os.getppid()))
+    try:
+        sys.exit(run_worker(TuneOptions(**options), worker, started, parent_pid=os.getppid()))
+    except KbertError as exc:  # one line, as the command says its own (no traceback from the process)
+        print(f"kbert: error: worker {worker}: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 @contextmanager
@@ -158,6 +163,7 @@ def run_worker(options: TuneOptions, worker: int = 0, started: float | None = No
     if heartbeats is not None:  # a journal file: kbert's heartbeats (RDBStorage: Optuna's own)
         objective = with_heartbeat(objective, heartbeats)
     after_trial, stopping = after_trial_callback(options, directory, worker, heartbeats, parent_pid)
+    gone = None
     try:
         while not stopping.is_set():
             remaining = None if not options.timeout else options.timeout - (time.perf_counter() - started)
@@ -174,15 +180,21 @@ def run_worker(options: TuneOptions, worker: int = 0, started: float | None = No
                 continue
             study.optimize(objective, n_trials=1, timeout=remaining, callbacks=[after_trial], catch=(Exception,),
                            gc_after_trial=True)
+    except Exception as exc:
+        gone = database_gone(exc)
+        if gone is None:
+            raise
+        raise gone from None
     except KeyboardInterrupt:
         abandoned = requeue_abandoned(study, options)
         print(f"worker {worker}: interrupted; trial(s) {', '.join(str(n) for n in abandoned) or '-'} "
               f"abandoned and queued again. Rerun the same `kbert tune` to resume.", file=sys.stderr)
         return INTERRUPTED
     finally:
-        if heartbeats is not None:
-            forget_finished(study, heartbeats, os.getpid())
-        remove_unfinished_folders(study, directory)
+        if gone is None:  # (nothing is tidied through a storage that is gone)
+            if heartbeats is not None:
+                forget_finished(study, heartbeats, os.getpid())
+            remove_unfinished_folders(study, directory)
     requeue_abandoned(study, options)  # stopped at the deadline
     return 0
 
