@@ -352,8 +352,8 @@ def test_a_database_gone_longer_than_db_wait_stops_the_study_in_one_line(tmp_pat
         create_study(server.url, "gone", space, tmp_path / "setup")
         flags = [f for f in FLAGS if f not in ("--db-wait", "120")] + ["--db-wait", "3"]
         process = subprocess.Popen([sys.executable, "-m", "kbert.cli", "tune", "titanic", "--study", "gone",
-                                    "--storage", server.url, "--trials", str(TRIALS), "--space", str(space), "--workers",
-                                    "1", *flags], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
+                                    "--storage", server.url, "--trials", str(TRIALS), "--space", str(space),
+                                    "--workers", "1", *flags], cwd=tmp_path, env=ENV, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True)
         wait_for(lambda: any(t.state == TrialState.COMPLETE for t in trials_of(server.url, "gone")), 300,
                  "a completed trial")
