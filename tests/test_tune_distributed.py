@@ -72,10 +72,11 @@ def worker(machine: Path, url: str, study: str, artifacts: Path, space: Path) ->
                             text=True)
 
 
-def create_study(url: str, study: str, space: Path, folder: Path) -> None:
+def create_study(url: str, study: str, space: Path, folder: Path, artifacts: Path | None = None) -> None:
     """What the first `kbert tune` does (the study's settings stored), with the trials queued."""
     options = TuneOptions(competition="titanic", study=study, storage=url, space=str(space), pruner="none",
-                          overrides={"folds": 2}, out_dir=str(folder / "runs"), enqueue_default=False)
+                          overrides={"folds": 2}, out_dir=str(folder / "runs"), enqueue_default=False,
+                          artifacts=str(artifacts or ""))
     created, _, _, _ = load_study(options, create=True)
     for params in QUEUED:
         created.enqueue_trial(params)
@@ -100,7 +101,7 @@ def test_three_machines_survive_a_kill_and_a_database_restart(postgres, tmp_path
     write_space_file(space, SPACE)
 
     # Without faults: the reference trial values.
-    create_study(url, "clean", space, tmp_path / "setup")
+    create_study(url, "clean", space, tmp_path / "setup", tmp_path / "clean-artifacts")
     clean = finish([worker(tmp_path / f"clean-{m}", url, "clean", tmp_path / "clean-artifacts", space)
                     for m in range(3)])
     assert all(code == 0 for code, _, _ in clean), clean
@@ -108,7 +109,7 @@ def test_three_machines_survive_a_kill_and_a_database_restart(postgres, tmp_path
     assert len(reference) == TRIALS
 
     # With faults: one worker killed mid-trial, then the database restarted while the others work.
-    create_study(url, "night", space, tmp_path / "setup")
+    create_study(url, "night", space, tmp_path / "setup", artifacts)
     machines = [tmp_path / f"machine-{m}" for m in range(3)]
     processes = [worker(machine, url, "night", artifacts, space) for machine in machines]
     victim = wait_for(lambda: next((t for t in trials_of(url, "night") if t.state == TrialState.RUNNING
@@ -265,6 +266,11 @@ def test_a_worker_with_other_settings_is_refused_naming_them(postgres, tmp_path)
     edited.write_text(competition.replace("metric: accuracy", "metric: f1"))
     changed = kbert("tune", str(edited), *common[2:], "--space", str(space), "--folds", "2", cwd=tmp_path)
     assert changed.returncode == 2 and "competition.metric: 'accuracy' -> 'f1'" in changed.stderr, changed.stderr
+    shared = kbert(*common, "--space", str(space), "--folds", "2", "--artifacts", str(tmp_path / "shared"),
+                   cwd=tmp_path)  # its trials would reach no other worker, or theirs not it
+    assert shared.returncode == 2 and shared.stderr.strip() == (
+        "kbert: error: study 'strict' keeps its trials in each machine's runs folder, this worker in a shared folder "
+        "(--artifacts): give the --artifacts the study's other workers give, or another --study"), shared.stderr
     # a worker that sets none of them takes the study's
     joining = TuneOptions(competition="titanic", study="strict", storage=postgres.url, out_dir=str(tmp_path / "runs"))
     _, _, params, _ = load_study(joining, create=False)

@@ -178,10 +178,17 @@ def study_settings(competition: CompetitionConfig, options: TuneOptions, entries
 
     settings = {"competition": {k: v for k, v in asdict(competition).items() if k not in MACHINE_SETTINGS},
                 "space": entries, "pruner": options.pruner, "prune_p": options.prune_p,
+                "artifacts": artifact_kind(options.artifacts),
                 "options": {k: v for k, v in options.overrides.items() if k not in MACHINE_SETTINGS},
                 "inputs": input_fingerprint(competition, resolve_data_dir(competition,
                                                                           options.overrides.get("data_dir")))}
     return json.loads(json.dumps(settings, sort_keys=True, default=str))
+
+
+def artifact_kind(spec: str) -> str:
+    """Where a study's trials go, as every machine may name it: its bucket, a shared folder (mounted where each
+    machine likes), or each machine's own runs folder."""
+    return spec if spec.startswith("s3://") else "a shared folder" if spec else "each machine's runs folder"
 
 
 def adopt_settings(options: TuneOptions, stored: dict[str, Any]) -> None:
@@ -202,7 +209,11 @@ def refuse_differences(stored: dict[str, Any], mine: dict[str, Any], options: Tu
         if changed:
             raise KbertError(f"study '{options.study}' was made from other data ({', '.join(changed)} differ from "
                              "the files read now): its trials would not compare; use those files, or another --study")
-    stored, mine = {**stored, "inputs": None}, {**mine, "inputs": None}
+    if stored.get("artifacts", mine["artifacts"]) != mine["artifacts"]:  # (a study from before: not recorded)
+        raise KbertError(f"study '{options.study}' keeps its trials in {stored['artifacts']}, this worker in "
+                         f"{mine['artifacts']} (--artifacts): give the --artifacts the study's other workers give, or "
+                         "another --study")
+    stored, mine = {**stored, "inputs": None, "artifacts": None}, {**mine, "inputs": None, "artifacts": None}
     if not options.space:
         stored, mine = {**stored, "space": None}, {**mine, "space": None}
     differ = config_differences(stored, mine)
