@@ -266,7 +266,8 @@ def _connect(slug: str) -> tuple[Any, str]:
     """An authenticated ``KaggleApi`` and the name of its credential source; KbertError when there is none."""
     source = credential_source()
     if source is None:
-        raise KbertError(NO_CREDENTIALS)
+        damaged = unreadable_keys_file()
+        raise KbertError(f"no Kaggle credentials found: {damaged}" if damaged else NO_CREDENTIALS)
     kaggle_api = _import_kaggle()
     api = kaggle_api()
     # The class fixed these when the package was imported; use today's environment.
@@ -384,7 +385,8 @@ def submit_file(slug: str, path: Path, message: str) -> str:
         response = api.competition_submit(str(path), message, slug, quiet=True)
     reply = re.sub(r"\s+", " ", _redact(str(response.message or ""))).strip()
     if reply == api.COMPETITION_SUBMIT_UPLOAD_FAILED_MESSAGE:  # the upload itself failed; the package printed why
-        raise KbertError(f"could not upload {path.name} to Kaggle: check your connection, then retry")
+        raise KbertError(f"Kaggle did not take the upload of {path.name} (the connection or the server failed): "
+                         "retry")
     return f"submitted {path.name} to {slug}: {reply or 'accepted'}; see kbert submissions {slug}"
 
 
@@ -462,7 +464,11 @@ def push_package(dataset_dir: Path, notebook_dir: Path, notes: str) -> list[str]
     from kbert.io import read_json
 
     dataset = str(read_json(Path(dataset_dir) / "dataset-metadata.json", required=("id",))["id"])
-    kernel = str(read_json(Path(notebook_dir) / "kernel-metadata.json", required=("id",))["id"])
+    notebook = read_json(Path(notebook_dir) / "kernel-metadata.json", required=("id", "code_file"))
+    kernel = str(notebook["id"])
+    if not (Path(notebook_dir) / str(notebook["code_file"])).is_file():  # checked before the dataset goes up
+        raise KbertError(f"{notebook_dir}: no {notebook['code_file']}, the code_file its kernel-metadata.json names; "
+                         "run kbert package again")
     api, source = _connect(dataset)
     lines = []
     with _translated(dataset, source, "dataset"):
@@ -479,7 +485,11 @@ def push_package(dataset_dir: Path, notebook_dir: Path, notes: str) -> list[str]
             else:
                 answer = api.dataset_create_new(str(dataset_dir), public=False, quiet=True, dir_mode="zip")
         except ValueError as exc:
-            raise KbertError(f"{dataset_dir}: the kaggle package refused it: {_redact(str(exc))}") from None
+            reason = _redact(str(exc))
+            if reason.startswith("Upload unsuccessful"):  # the server took no file: nothing wrong with the folder
+                raise KbertError(f"Kaggle did not take the upload of the dataset {dataset} ({reason}): retry "
+                                 "kbert push") from None
+            raise KbertError(f"{dataset_dir}: the kaggle package refused it: {reason}") from None
     if (answer.status or "").lower() != "ok":
         raise KbertError(f"Kaggle did not take the dataset {dataset}: {_redact(answer.error or answer.status)}")
     lines.append(f"dataset {dataset}: {'a new version' if exists else 'created'} ({answer.url})")

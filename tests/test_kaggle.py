@@ -37,6 +37,7 @@ from kagglesdk import kaggle_env
 
 from kbert.cli import main
 from kbert.pipeline.config import BUNDLED_DATA_DIR
+from kbert.ensembles.package import NOTEBOOK as NOTEBOOK_NAME
 from kbert.pipeline.kaggle import credential_source
 
 REPO = Path(__file__).resolve().parent.parent
@@ -512,6 +513,17 @@ def test_missing_credentials_say_where_to_put_a_token(server, login, kbert, argv
     assert server.seen == []
 
 
+def test_a_damaged_kaggle_json_is_named_not_passed_over(server, login, kbert):
+    from kbert.pipeline.kaggle import config_dir
+
+    login("none")
+    config_dir().mkdir(parents=True, exist_ok=True)
+    (config_dir() / "kaggle.json").write_text('{"username": "me", "key": "k",}')  # a trailing comma
+    error = one_line_error(kbert("submissions", "titanic"))
+    assert error.startswith("kbert: error: no Kaggle credentials found: ") and "kaggle.json is not valid JSON (" in error
+    assert server.seen == []
+
+
 def test_a_rejected_token_names_its_source_not_its_value(server, login, kbert, tmp_path):
     wrong = "KGAT_wrong_token_000000"
     login("token-env", token=wrong)
@@ -583,7 +595,8 @@ def test_a_failed_upload_is_an_error(server, login, kbert, tmp_path):
     submission = tmp_path / "submission.csv"
     shutil.copy(TITANIC / "gender_submission.csv", submission)
     error = one_line_error(kbert("submit", "titanic", submission, "-m", "x", "--data-dir", TITANIC))
-    assert "could not upload submission.csv" in error
+    assert error == ("kbert: error: Kaggle did not take the upload of submission.csv (the connection or the server "
+                     "failed): retry")
     assert "CreateSubmission" not in server.rpcs()
 
 
@@ -834,3 +847,10 @@ def test_push_failures_are_one_line(server, login, kbert, tmp_path, uploads_here
     assert "did not take the notebook kbert-tester/kbert-titanic-other-predict: unknown sources someone/not-there" \
         in one_line_error(kbert("push", package))
     assert "no dataset/dataset-metadata.json" in one_line_error(kbert("push", tmp_path))
+    # The notebook is checked before the dataset goes up (a dataset version uploaded for a push that then failed)
+    server.seen.clear()
+    (package / "notebook" / NOTEBOOK_NAME).unlink()
+    assert one_line_error(kbert("push", package)) == (
+        f"kbert: error: {package / 'notebook'}: no {NOTEBOOK_NAME}, the code_file its kernel-metadata.json names; run "
+        "kbert package again")
+    assert server.seen == []
