@@ -520,7 +520,8 @@ def test_a_damaged_kaggle_json_is_named_not_passed_over(server, login, kbert):
     config_dir().mkdir(parents=True, exist_ok=True)
     (config_dir() / "kaggle.json").write_text('{"username": "me", "key": "k",}')  # a trailing comma
     error = one_line_error(kbert("submissions", "titanic"))
-    assert error.startswith("kbert: error: no Kaggle credentials found: ") and "kaggle.json is not valid JSON (" in error
+    assert error.startswith("kbert: error: no Kaggle credentials found: ")
+    assert "kaggle.json is not valid JSON (" in error
     assert server.seen == []
 
 
