@@ -279,10 +279,15 @@ def check_resumable(run_dir: Path, config: RunConfig, inputs: dict[str, str] | N
         check_same_inputs(run_dir, inputs)
 
 
+TRAINED_FROM = ("encoder weights", "pseudo-labels")  # inputs.json's entries besides the data files (run.py)
+
+
 def check_same_inputs(run_dir: Path, inputs: dict[str, str]) -> None:
-    """The data files' hashes equal those the run recorded in inputs.json; else an error naming the files."""
+    """The data files' hashes, and what else the run trains from (``TRAINED_FROM``), equal those the run recorded
+    in inputs.json; else an error naming them. A run from before an entry was recorded is checked without it."""
     path = run_dir / INPUTS_FILE
     recorded = {name: sha for name, sha in read_json(path).items() if name != CONFIG_FILE}  # (check_resumable's)
+    inputs = {name: sha for name, sha in inputs.items() if name in recorded or name not in TRAINED_FROM}
     changed = [name for name in {**recorded, **inputs} if recorded.get(name) != inputs.get(name)]
     if changed:
         raise KbertError(f"{path}: run '{run_dir.name}' was started on other data: {', '.join(changed)} changed; "

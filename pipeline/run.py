@@ -10,6 +10,7 @@ what the run created. The artifact and resume contract is in pipeline/artifacts.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
@@ -21,6 +22,7 @@ import numpy as np
 from kbert.errors import KbertError
 from kbert.io import make_folder, removed_on_refusal, write_json, write_npz, write_text, written_together
 from kbert.models import runtime
+from kbert.models.adapters import weights_fingerprint
 from kbert.models.heads import predict
 from kbert.pipeline.artifacts import (RunResult, check_resumable, check_run_outputs, config_fingerprint, fold_layout,
                                       fold_name, input_fingerprint, lock_message, lock_run_folder, new_run_id,
@@ -40,7 +42,7 @@ from kbert.pipeline.precision import (backend, compute_precision, current_device
 from kbert.pipeline.predictions import (average_folds, cross_fitted_threshold_score, metric_targets, score,
                                         tune_label_thresholds, tune_threshold)
 from kbert.pipeline.profile import add_part, set_part, stage
-from kbert.pipeline.pseudo import pseudo_labels
+from kbert.pipeline.pseudo import PseudoLabels, pseudo_labels
 from kbert.pipeline.provenance import Expected
 from kbert.pipeline.submission import write_predictions_submission
 from kbert.pipeline.targets import encode_targets, num_outputs, raw_targets
@@ -112,7 +114,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         fold_sets, splits, pseudo = run_splits(config, inputs, comp_dir)
         inputs.warnings += fold_warnings(config.competition, inputs.targets,
                                          [(split.description, split.train_index) for split in splits])
-        with open_run_folder(config, paths.folder, inputs.inputs, log):
+        with open_run_folder(config, paths.folder, {**inputs.inputs, **trained_from(source, pseudo)}, log):
             finished = [read_back_fold(paths.folder / "folds" / split.name, split, inputs) for split in splits]
             check_kept_compute(paths.folder, finished, run_compute_path(config.train.precision))
             if not source.from_scratch:
@@ -229,6 +231,23 @@ def open_run_folder(config: RunConfig, run_dir: Path, inputs: dict[str, str], lo
     with lock_run_folder(run_dir):
         write_run_config(run_dir, {"run_id": run_dir.name, **config.to_dict()}, inputs)
         yield run_dir
+
+
+def trained_from(source: EncoderSource, pseudo: dict[tuple[int, int], PseudoLabels]) -> dict[str, str]:
+    """What a run trains from besides the data files (``TRAINED_FROM``), fingerprinted for its inputs.json, so
+    that a resume sees a changed one: a pretrained encoder's weights (a local folder can change between a kill and
+    the resume), and the test rows and labels each fold takes from --pseudo-label (its teacher retrained)."""
+    found = {}
+    if not source.from_scratch:
+        found["encoder weights"] = source.base_fingerprint or weights_fingerprint(source.folder)
+    if pseudo:
+        digest = hashlib.sha256()
+        for key in sorted(pseudo):
+            digest.update(repr(key).encode())
+            digest.update(np.ascontiguousarray(pseudo[key].test_index, dtype=np.int64).tobytes())
+            digest.update(np.ascontiguousarray(pseudo[key].targets, dtype=np.float64).tobytes())
+        found["pseudo-labels"] = digest.hexdigest()
+    return found
 
 
 def log_run_header(inputs: RunInputs, source: EncoderSource, run_id: str, run_dir: Path, log) -> None:

@@ -53,17 +53,17 @@ def test_every_architecture_is_covered():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", sorted(set(CONFIGS) - {"bert", "modernbert"}))
-def test_a_pretrained_folder_runs_predicts_embeds_and_pretrains(model_type, tmp_path):
+def test_a_pretrained_folder_runs_predicts_embeds_and_pretrains(model_type, tmp_path, capsys):
     folder = tmp_path / model_type
     reference, tokenizer = checkpoint_folder(model_type, folder)
     out, subs = tmp_path / "runs", tmp_path / "subs"
 
     # kbert run: layer pooling over every layer's output, LoRA in the architecture's own projection names,
     # recomputed layers, the raw columns fused in (their weights train beside the adapters).
-    assert main(["run", "titanic", "--encoder", str(folder), *tiny_args(60, max_length=60),
-                 "--pooling", "weighted-layers", "--adapter", "lora", "--lora-targets", "attention",
-                 "--gradient-checkpointing", "--fusion", "gated",
-                 "--out", str(out), "--submissions-dir", str(subs), "--run-id", "r"]) == 0
+    run = ["run", "titanic", "--encoder", str(folder), *tiny_args(60, max_length=60), "--pooling", "weighted-layers",
+           "--adapter", "lora", "--lora-targets", "attention", "--gradient-checkpointing", "--fusion", "gated",
+           "--out", str(out), "--submissions-dir", str(subs), "--run-id", "r"]
+    assert main(run) == 0
     run_dir = out / "titanic" / "r"
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert 0 <= metrics["cv"] <= 1
@@ -75,6 +75,18 @@ def test_a_pretrained_folder_runs_predicts_embeds_and_pretrains(model_type, tmp_
                  "--output", str(tmp_path / "p.csv")]) == 0
     np.testing.assert_allclose(pd.read_csv(tmp_path / "p.csv")["Survived"],
                                pd.read_csv(run_dir / "test.csv")["Survived"], atol=1e-5)
+
+    # The folder's weights changed since the run started: its resume is refused (its folds would mix two bases).
+    weights = folder / "model.safetensors"
+    original = weights.read_bytes()
+    tensors = mx.load(str(weights))
+    name = sorted(tensors)[0]
+    mx.save_safetensors(str(weights), {**tensors, name: tensors[name] + 1})
+    capsys.readouterr()
+    assert main(run) == 2
+    assert capsys.readouterr().err.strip().endswith("was started on other data: encoder weights changed; pick "
+                                                    "another --run-id")
+    weights.write_bytes(original)
 
     # kbert embed: mean-pooled states equal the reference's.
     texts = ["Braund, Mr. Owen Harris", "Cumings, Mrs. John Bradley (Florence Briggs Thayer)", "Heikkinen, Miss. Laina"]

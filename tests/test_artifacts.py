@@ -84,6 +84,11 @@ def test_a_resume_checks_the_data_files_and_accepts_a_folder_from_before_they_we
     check_resumable(run_dir, moved, inputs)
     with pytest.raises(KbertError, match=r"started with other settings \(seed: 42 -> 7\)"):
         check_resumable(run_dir, replace(moved, seed=7), inputs)
+    # What it trains from besides the data (TRAINED_FROM): checked where recorded (a run from before: not)
+    check_resumable(run_dir, config, {**inputs, "encoder weights": "e" * 64})
+    write_run_config(run_dir, {"run_id": "run", **config.to_dict()}, {**inputs, "encoder weights": "e" * 64})
+    with pytest.raises(KbertError, match="was started on other data: encoder weights changed; pick another --run-id$"):
+        check_resumable(run_dir, config, {**inputs, "encoder weights": "f" * 64})
     (run_dir / "inputs.json").unlink()  # a run folder written before inputs were recorded
     check_resumable(run_dir, config, changed)
 

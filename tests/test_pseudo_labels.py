@@ -81,6 +81,21 @@ def test_each_fold_reads_its_own_teacher_only(tmp_path):
         pseudo_labels(probe, tmp_path / "titanic", expected, [1 - folds["fold"].to_numpy()])
 
 
+@pytest.mark.slow
+def test_a_resume_refuses_pseudo_labels_of_a_teacher_trained_again(tmp_path):
+    """The student's inputs.json records its folds' pseudo-labels: a teacher trained again between an interruption
+    and the resume would give the remaining folds other labels than the kept ones had."""
+    run(tmp_path, "teacher")
+    _, student = run(tmp_path, "student", pseudo_label="teacher", pseudo_threshold=0.6)
+    assert "pseudo-labels" in json.loads((student.run_dir / "inputs.json").read_text())
+    run(tmp_path, "student", pseudo_label="teacher", pseudo_threshold=0.6)  # the same teacher: resumed, all kept
+    shutil.rmtree(tmp_path / "titanic" / "teacher")
+    run(tmp_path, "teacher", seed=7)  # the same name, other labels
+    with pytest.raises(KbertError, match="student/inputs.json: run 'student' was started on other data: "
+                                         "pseudo-labels changed; pick another --run-id$"):
+        run(tmp_path, "student", pseudo_label="teacher", pseudo_threshold=0.6)
+
+
 def test_confident_rows_and_hard_labels():
     binary = choose("binary", np.array([[0.97], [0.5], [0.02], [0.9]]), 0.95)
     assert binary.test_index.tolist() == [0, 2] and binary.targets.tolist() == [1.0, 0.0]
