@@ -859,6 +859,8 @@ ACTS_ONLY_WITH = (
     ("spm_normalization", lambda c, m, t, h: is_pretrained(m), "a pretrained DeBERTa-v2/v3 encoder's spm.model"),
     ("adversarial_lr", lambda c, m, t, h: t.adversarial == "awp", "--adversarial awp"),
     ("adapter_checkpoint", lambda c, m, t, h: m.adapter != "none", "an --adapter"),
+    ("dropout_samples", lambda c, m, t, h: m.head_dropout > 0,
+     "a --head-dropout above 0 (without dropout the samples are one)"),
 )
 
 
@@ -909,6 +911,9 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         raise KbertError(f"--pseudo-label applies to binary and multiclass tasks, not '{competition.task}'")
     if "pseudo_threshold" in merged and not train.pseudo_label:
         raise KbertError("--pseudo-threshold picks the teacher's confident test rows: it needs --pseudo-label")
+    if train.pseudo_label and competition.task == Task.BINARY and train.pseudo_threshold < 0.5:
+        raise KbertError(f"--pseudo-threshold {train.pseudo_threshold:g}: a binary teacher's predicted class has p >= "
+                         "0.5, so any threshold up to 0.5 takes every test row; give 0.5 (every row) or more")
     if competition.text.numbers == "omit" and head.fusion == "none":
         raise KbertError("text.numbers omit leaves the numbers out of the text, and with --fusion none nothing else "
                          "reads them; choose --fusion concat or gated, or text.numbers both")

@@ -127,9 +127,13 @@ def check_member(folder: Path, expected: Expected, who: str, with_test: bool = T
     if len(folds) != len(expected.train_ids) or set(folds[comp.id_column]) != set(expected.train_ids):
         raise KbertError(f"{who}: its folds.csv does not split this competition's training ids")
     folds = folds.set_index(comp.id_column).loc[expected.train_ids.to_numpy()]
+    check_config(folder, metrics)
+    saved = read_yaml(folder / CONFIG_FILE)
+    if (saved.get("run_config") or saved).get("permute_target"):  # (its CV was scored on the shuffled targets)
+        raise KbertError(f"{who}: trained with --permute-target, a sanity check on shuffled targets; it is no member "
+                         "or teacher")
     check_cv(metrics, oof, expected, who)
     check_fold_outputs(folder, metrics, oof, folds, expected, who, test)
-    check_config(folder, metrics)
     return Checked(metrics, oof, test, folds["fold"].to_numpy())
 
 

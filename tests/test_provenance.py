@@ -149,3 +149,22 @@ def test_a_teacher_an_embedding_source_and_a_kept_auto_member_of_another_competi
     with pytest.raises(KbertError, match=rf"^kbert auto titanic: member auto-baseline-hgb: {refusal}; or pass "
                                          "another --out to start over$"):
         run_auto(options, log=lambda _: None)
+
+
+def test_a_permute_target_run_is_no_member_or_teacher(tmp_path):
+    """Its CV was scored on shuffled targets (the sanity check's point): it was refused as 'the files do not belong
+    together', which they do."""
+    import yaml
+
+    from kbert.pipeline.artifacts import mapping_fingerprint
+
+    titanic = expected_for("titanic")
+    members(tmp_path, titanic)
+    config = yaml.safe_load((tmp_path / "m1" / "config.yaml").read_text())
+    config["permute_target"] = True
+    (tmp_path / "m1" / "config.yaml").write_text(yaml.safe_dump(config))
+    metrics = json.loads((tmp_path / "m1" / "metrics.json").read_text())
+    (tmp_path / "m1" / "metrics.json").write_text(json.dumps({**metrics, "config_sha256": mapping_fingerprint(config)}))
+    with pytest.raises(KbertError, match=r"^member m1: trained with --permute-target, a sanity check on shuffled "
+                                         "targets; it is no member or teacher$"):
+        select_members(tmp_path, "all", titanic, True)
