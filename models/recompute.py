@@ -1,10 +1,15 @@
 """Gradient checkpointing for encoder layers: keep only each layer's input and recompute the layer in the backward
 pass, trading about a third more compute for most of the activation memory.
 
-A recomputed layer runs under its own random key, so its dropout draws the same masks again.
+In training every layer with dropout runs under its own random key, drawn from the global generator, so that a
+recomputed layer draws the same dropout masks again, and the masks (the run's results) are the same with and
+without recomputation.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -39,6 +44,19 @@ class Dropout(nn.Module):
         return (mx.random.bernoulli(keep, x.shape, key=sub) * x) * (1 / keep)
 
 
+@contextmanager
+def layer_key(key: mx.array | None) -> Iterator[None]:
+    """The block's dropout draws from ``key`` (None: from the global generator, as outside training)."""
+    if key is None:
+        yield
+        return
+    _LAYER_KEYS.append(key)
+    try:
+        yield
+    finally:
+        _LAYER_KEYS.pop()
+
+
 def call_layer(layer: nn.Module, x: mx.array, mask: mx.array | None, recompute: bool, *extra: mx.array,
                **options) -> mx.array:
     """``layer(x, mask, *extra, **options)``, with its activations recomputed in the backward pass when ``recompute``.
@@ -48,12 +66,14 @@ def call_layer(layer: nn.Module, x: mx.array, mask: mx.array | None, recompute: 
     Recomputed, the floating ones are inputs of the checkpointed function, so gradients reach them; integer
     ones (indices, which have no gradient) are captured by closure.
     """
+    # A layer that drops out in training draws its key (from the global generator, which it advances) with or
+    # without recompute. Recomputed, the key is captured by the closure, not passed as an input: the recomputation
+    # re-runs this code with the same key array (and no gradient is asked of the random-bits generator).
+    drops = layer.training and any(isinstance(m, Dropout) and m.p > 0 for m in layer.modules())
+    key = mx.random.randint(0, 2**31 - 1, (2,)).astype(mx.uint32) if drops else None
     if not recompute:
-        return layer(x, mask, *extra, **options)
-
-    # The key is captured by the closure, not passed as an input: the recomputation re-runs this code
-    # with the same key array (and no gradient is asked of the random-bits generator).
-    key = mx.random.randint(0, 2**31 - 1, (2,)).astype(mx.uint32)  # advances the global generator
+        with layer_key(key):
+            return layer(x, mask, *extra, **options)
     floating = [i for i, e in enumerate(extra) if mx.issubdtype(e.dtype, mx.floating)]
     has_mask = mask is not None
 
@@ -62,11 +82,8 @@ def call_layer(layer: nn.Module, x: mx.array, mask: mx.array | None, recompute: 
         layer_mask = inputs[0] if has_mask else None
         given = iter(inputs[1:] if has_mask else inputs)
         layer_extra = [next(given) if i in floating else e for i, e in enumerate(extra)]
-        _LAYER_KEYS.append(key)
-        try:
+        with layer_key(key):
             return layer(x, layer_mask, *layer_extra, **options)
-        finally:
-            _LAYER_KEYS.pop()
 
     args = (x,) + ((mask,) if has_mask else ()) + tuple(extra[i] for i in floating)
     return mx.checkpoint(run)(layer.trainable_parameters(), *args)

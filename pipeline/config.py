@@ -323,7 +323,7 @@ class TrainConfig:
                             help="run the train and eval steps eagerly instead of with mx.compile")
     gradient_checkpointing: bool = setting(False, flag="--gradient-checkpointing",
                                            help="recompute encoder layers in the backward pass: much less memory, "
-                                                "about 1/3 more time")
+                                                "about 1/3 more time, the same results")
     augment: int = setting(0, bound=COUNT, flag="--augment",
                            help="augmented serializations of the training rows (column shuffle, paraphrase, numeric "
                                 "jitter); epochs cycle through them (default 0: off)")
