@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -322,6 +322,11 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
     if model not in MODELS:
         raise KbertError(f"unknown baseline model '{model}'; known: {', '.join(MODELS)}")
     started = time.perf_counter()
+    if config.competition.folds.repeats > 1:  # what its config.yaml records is what it did
+        log(f"note: a baseline trains one split of the folds; folds.repeats {config.competition.folds.repeats} is "
+            "for kbert run")
+        config = replace(config, competition=replace(config.competition,
+                                                     folds=replace(config.competition.folds, repeats=1)))
     comp = config.competition
     task = comp.task
     metric = get_metric(comp.metric)

@@ -921,6 +921,11 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
                     **{f.name: int(merged[name]) for name, f in fold_flags.items() if name in merged})
     if folds.repeats > 1 and not folds.shuffle:
         raise KbertError("folds.repeats > 1 needs shuffled folds; contiguous (shuffle: false) folds never change")
+    if folds.purge and folds.shuffle:  # each left the run bit-identical
+        raise KbertError(f"folds.purge {folds.purge} acts only with time-series folds (shuffle: false): shuffled folds "
+                         "have no rows just before a validation block")
+    if folds.group_regex and not folds.group_column:
+        raise KbertError("folds.group_regex acts only with folds.group_column, the column it reads the group from")
     check_model_sizes(model)
     from kbert.models.encoders import trains_from_scratch
 

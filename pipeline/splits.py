@@ -11,6 +11,7 @@ default when the table is mostly free text), so that a repeated tweet is never b
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -45,17 +46,23 @@ def fold_strategy(config: FoldConfig, stratified: bool = True) -> str:
 
 
 def fold_groups(rows: pd.DataFrame, config: FoldConfig, source: str = "train") -> np.ndarray | None:
-    """The group of each row (``group_column``, or the first capture of ``group_regex`` in it)."""
+    """The group of each row (``group_column``, or the first capture of ``group_regex`` in it); a row missing it is
+    a group of its own (rows without a cabin share nothing)."""
     if not config.group_column:
         return None
     if config.group_column not in rows.columns:
         raise KbertError(f"{source}: folds.group_column '{config.group_column}' is not a column")
-    values = rows[config.group_column].astype(str)
+    missing = rows[config.group_column].isna().to_numpy()
+    values = rows[config.group_column].astype(object).where(~missing, "").astype(str)
+    alone = np.char.add("\0missing-", np.arange(len(rows)).astype(str))  # (no value holds a NUL)
     if not config.group_regex:
-        return values.to_numpy()
+        return np.where(missing, alone, values.to_numpy())
     pattern = re.compile(config.group_regex)
     groups = []
-    for value in values:
+    for value, absent, row_alone in zip(values, missing, alone):
+        if absent:
+            groups.append(row_alone)
+            continue
         match = pattern.search(value)
         if match is None or not match.groups():
             raise KbertError(f"{source}: folds.group_regex {config.group_regex!r} captures nothing in "
@@ -154,6 +161,8 @@ def folds_path(competition_dir: Path, config: FoldConfig, stratified: bool = Tru
         return Path(competition_dir) / "folds" / f"forward-k{config.k}.csv"
     if config.group_column:
         kind += "-by-" + re.sub(r"[^A-Za-z0-9]+", "_", config.group_column)
+    if config.group_column and config.group_regex:  # another regex, other groups: another file
+        kind += "-re" + hashlib.sha256(config.group_regex.encode("utf-8")).hexdigest()[:8]
     if config.duplicates == "group":
         kind += "-duplicates"
     return Path(competition_dir) / "folds" / f"{kind}-k{config.k}-seed{config.seed}.csv"
@@ -201,6 +210,12 @@ def load_or_make_folds(path: Path, ids: pd.Series, targets: pd.Series | None, co
         if not config.shuffle and (np.diff(folds["fold"].to_numpy()) < 0).any():
             raise KbertError(f"{path}: its time-series blocks are out of the training file's row order; "
                              "delete it to re-split")
+        if groups is not None:  # the rows' groups as they are now (the data or the duplicates changed since?)
+            spread = pd.Series(folds["fold"].to_numpy()).groupby(groups).nunique()
+            if (spread > 1).any():
+                raise KbertError(f"{path}: it splits {int((spread > 1).sum())} of the rows' {len(spread)} groups "
+                                 f"across folds (e.g. {str(spread.index[spread > 1][0])!r}): it was made before "
+                                 "they were grouped so; delete it to re-split")
         return folds
     folds = make_folds(ids, targets, config, groups)
     write_csv(path, folds)

@@ -14,7 +14,7 @@ from kbert.ensembles.blend import (BlendOptions, Problem, apply_blend, fit_blend
 from kbert.ensembles.members import select_members
 from kbert.errors import KbertError
 from kbert.pipeline.artifacts import SCHEMA, config_fingerprint
-from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition, resolve_run_config
+from kbert.pipeline.config import BUNDLED_DATA_DIR, BUNDLED_DIR, load_competition, resolve_run_config
 from kbert.pipeline.data import load_competition_data
 from kbert.pipeline.metrics import get_metric
 from kbert.pipeline.predictions import native, score
@@ -398,7 +398,7 @@ def test_identifiers_are_dropped_and_trees_skip_short_text():
 
 
 @pytest.mark.slow
-def test_kbert_baseline_writes_a_member_on_the_run_folds(tmp_path, capsys):
+def test_kbert_baseline_writes_a_member_on_the_run_folds(tmp_path, capsys, monkeypatch):
     from kbert.cli import main
 
     args = ["--out", str(tmp_path / "runs"), "--submissions-dir", str(tmp_path / "subs")]
@@ -414,6 +414,16 @@ def test_kbert_baseline_writes_a_member_on_the_run_folds(tmp_path, capsys):
     assert main(["validate", "titanic", str(tmp_path / "subs" / "titanic" / "baseline-hgb-seed42.csv")]) == 0
     assert main(["baseline", "titanic", "--folds", "3", *args]) == 2  # the folder exists: no overwrite
     assert "already exists" in capsys.readouterr().err
+    # KBERT_LIMIT_ROWS as for kbert run; one split of repeated folds, and its config.yaml says so
+    yaml_path = tmp_path / "titanic.yaml"
+    yaml_path.write_text((BUNDLED_DIR / "titanic.yaml").read_text().replace("folds:\n", "folds:\n  repeats: 2\n", 1))
+    monkeypatch.setenv("KBERT_LIMIT_ROWS", "120")
+    assert main(["baseline", str(yaml_path), "--folds", "3", "--run-id", "r", *args]) == 0
+    assert "note: a baseline trains one split of the folds; folds.repeats 2 is for kbert run" in capsys.readouterr().out
+    repeated = tmp_path / "runs" / "titanic" / "r"
+    assert len(pd.read_csv(repeated / "oof.csv")) == 120 and list(pd.read_csv(repeated / "folds.csv").columns) == [
+        "PassengerId", "fold"]
+    assert yaml.safe_load((repeated / "config.yaml").read_text())["run_config"]["competition"]["folds"]["repeats"] == 1
 
 
 @pytest.mark.slow

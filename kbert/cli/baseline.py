@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from kbert.cli.common import (add_command, add_competition, add_data_dir, add_number, add_out, add_submissions_dir,
-                              print_run_result)
+from kbert.cli.common import (add_command, add_competition, add_data_dir, add_number, add_out, add_setting,
+                              add_submissions_dir, print_run_result)
 
 EPILOG = """examples:
   kbert baseline titanic                     HistGradientBoosting on the 5 folds of kbert run
@@ -38,7 +38,7 @@ def add_parser(commands) -> None:
                                "--out; fold k's fine-tuned model embeds fold k's rows) or a pretrained encoder "
                                "(minilm-l6, a model folder, a Hub id)")
     baseline.add_argument("--run-id", help="run folder name (default baseline-<model>[-emb-<source>]-seed<S>)")
-    add_number(baseline, "--limit-rows", int, "limit_rows", help="use only the first N training rows")
+    add_setting(baseline, "limit_rows")
     add_data_dir(baseline)
     add_out(baseline)
     add_submissions_dir(baseline)
