@@ -184,6 +184,9 @@ def score_methods(pool: Pool, spec: EnsembleSpec) -> Scores:
     unknown = [m for m in names if m not in METHODS]
     if unknown:
         raise KbertError(f"unknown ensemble method(s) {unknown}; known: {', '.join(METHODS)}")
+    if len(names) > 1 and spec.folds < 3:  # an outer fold chooses on its inner folds: the other folds but itself
+        raise KbertError(f"--outer-folds {spec.folds}: choosing among {len(names)} methods needs 3 or more (with 2, an "
+                         "outer fold's inner folds have no rows to fit on); give more, or one --method")
     member_scores = [score_table(problem, P[j]) for j in range(len(pool.members))]
     member_honest = [nested_cv("mean", P[[j]], problem, pool.fold_of_row, options, pool.outer).score
                      for j in range(len(pool.members))]

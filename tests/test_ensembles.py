@@ -706,3 +706,21 @@ def test_trees_fit_a_class_held_by_a_single_row():
     valid, = fit_predict_fold(baseline, rows, y, [rows.iloc[:5]], 0)
     assert valid.shape == (5, 3) and np.allclose(valid.sum(axis=1), 1.0)
     assert make_pipeline("hgb", column_kinds(rows, ()), True, 0, rows)[-1].early_stopping is True  # otherwise kept
+
+
+def test_a_choice_among_methods_needs_three_outer_folds(tmp_path):
+    """With two outer folds, each one's inner folds are the other fold, which it scores: no rows to fit a method on,
+    so every fold 'chose' the first method, and the nested choice was reported as honest."""
+    from kbert.ensembles.ensemble import EnsembleSpec, build_ensemble
+
+    expected = expected_for("titanic")
+    rng = np.random.default_rng(3)
+    for name in ("a", "b"):
+        oof = np.clip(expected.truth * 0.6 + rng.random(len(expected.truth)) * 0.4, 0, 1)
+        write_member(tmp_path / "titanic" / name, expected, oof, rng.random(len(expected.test_ids)))
+    with pytest.raises(KbertError, match=r"^--outer-folds 2: choosing among 2 methods needs 3 or more"):
+        build_ensemble(load_competition("titanic"), EnsembleSpec(methods="mean,rank", folds=2, repeats=1),
+                       runs_dir=str(tmp_path), log=lambda _: None)
+    one = build_ensemble(load_competition("titanic"), EnsembleSpec(methods="mean", folds=2, repeats=1),
+                         runs_dir=str(tmp_path), log=lambda _: None)
+    assert one.chosen == "mean"
