@@ -44,14 +44,12 @@ def common_rows(members: list[Member]) -> np.ndarray:
 
 
 def member_folders(competition_dir: Path) -> list[Path]:
-    """Every finished run, baseline and tuning trial under ``runs/<competition>/``: folders with a
-    metrics.json, oof.csv and test.csv, one or two levels down (run folders and study/trial folders)."""
-    found = []
-    for metrics in sorted([*competition_dir.glob("*/metrics.json"), *competition_dir.glob("*/*/metrics.json")]):
-        folder = metrics.parent
-        if (folder / "oof.csv").is_file() and (folder / "test.csv").is_file():
-            found.append(folder)
-    return found
+    """Every finished run, baseline and tuning trial under ``runs/<competition>/``: folders with a metrics.json
+    and a folds.csv, one or two levels down (run folders and study/trial folders). One that lacks its oof.csv or
+    test.csv is among them, and refused when it is read, not passed over in silence."""
+    return [metrics.parent for metrics in sorted([*competition_dir.glob("*/metrics.json"),
+                                                  *competition_dir.glob("*/*/metrics.json")])
+            if (metrics.parent / "folds.csv").is_file()]
 
 
 def load_member(folder: Path, competition_dir: Path, expected: Expected) -> Member:
@@ -61,6 +59,10 @@ def load_member(folder: Path, competition_dir: Path, expected: Expected) -> Memb
     checked = check_member(folder, expected, f"member {name}")
     return Member(name=name, path=folder, cv=float(checked.metrics["cv"]), oof=checked.oof, test=checked.test,
                   columns=expected.columns, folds=checked.folds)
+
+
+def same_predictions(a: Member, b: Member) -> bool:
+    return np.array_equal(a.oof, b.oof, equal_nan=True) and np.array_equal(a.test, b.test)
 
 
 def select_members(competition_dir: Path, spec: str, expected: Expected, greater_is_better: bool,
@@ -82,6 +84,11 @@ def select_members(competition_dir: Path, spec: str, expected: Expected, greater
         if skipped:
             log(f"skipped {len(skipped)} run(s) that do not cover every training and test row: "
                 f"{', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}")
+        twins = [b for i, b in enumerate(members) if any(same_predictions(a, b) for a in members[:i])]
+        if twins:  # two trials of the same parameters, a copied folder: each model once
+            log(f"skipped {len(twins)} member(s) with the predictions of another: "
+                f"{', '.join(b.name for b in twins[:5])}")
+            members = [m for m in members if all(m is not b for b in twins)]
         if spec.startswith("top:"):
             count = spec.partition(":")[2]
             if not count.isdigit() or int(count) < 1:
@@ -101,6 +108,10 @@ def select_members(competition_dir: Path, spec: str, expected: Expected, greater
             members.append(load_member(folder, competition_dir, expected))
     if len(members) < 1:
         raise KbertError(f"--members {spec}: no usable members in {competition_dir}")
+    same = [(a, b) for i, b in enumerate(members) for a in members[:i] if same_predictions(a, b)]
+    if same:  # (a copied folder: one model would weigh twice)
+        raise KbertError(f"members {same[0][0].name} and {same[0][1].name} hold the same predictions (a copied run "
+                         "folder?); blend each model once")
     for member in members[1:]:
         moved = int((member.folds != members[0].folds).sum())
         if moved:

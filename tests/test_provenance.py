@@ -168,3 +168,44 @@ def test_a_permute_target_run_is_no_member_or_teacher(tmp_path):
     with pytest.raises(KbertError, match=r"^member m1: trained with --permute-target, a sanity check on shuffled "
                                          "targets; it is no member or teacher$"):
         select_members(tmp_path, "all", titanic, True)
+
+
+def test_a_kept_auto_member_on_other_folds_than_the_competitions_now_is_refused_before_any_job(tmp_path):
+    """The YAML's folds changed since the member was trained: refused at the start of the resume, not by the blend
+    after the next job (which then stayed in the folder, and failed every later resume)."""
+    from kbert.pipeline.config import BUNDLED_DIR
+
+    titanic = expected_for("titanic")
+    rng = np.random.default_rng(0)
+    write_member(tmp_path / "titanic" / "auto-baseline-hgb", titanic, rng.random(len(titanic.train_ids)),
+                 rng.random(len(titanic.test_ids)))
+    four = tmp_path / "titanic.yaml"
+    four.write_text((BUNDLED_DIR / "titanic.yaml").read_text().replace("  k: 5\n", "  k: 4\n", 1))
+    options = AutoOptions(str(four), 600, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "subs"),
+                          progress=False)
+    auto = driver.Auto(options, log=lambda _: None)
+    auto.folder.mkdir(parents=True)
+    auto.load_state()
+    auto.state.jobs["auto-baseline-hgb"] = JobState("baseline", {"model": "hgb"}, Status.DONE)
+    auto.save()
+    with pytest.raises(KbertError, match=r"^kbert auto titanic: member auto-baseline-hgb: trained on other folds "
+                                         r"than the competition's now \(k: 5 -> 4\): put them back; or pass another "
+                                         "--out to start over$"):
+        run_auto(options, log=lambda _: None)
+    assert sorted(p.name for p in (tmp_path / "titanic").iterdir()) == ["auto", "auto-baseline-hgb"]  # no job ran
+
+
+def test_a_copied_member_is_blended_once_and_one_missing_its_predictions_is_named(tmp_path, capsys):
+    """A copy of a member's folder weighed its model twice; a finished member whose test.csv was deleted was left out
+    of --members all without a word."""
+    titanic = expected_for("titanic")
+    members(tmp_path, titanic)
+    shutil.copytree(tmp_path / "m1", tmp_path / "m1-copy")
+    assert [m.name for m in select_members(tmp_path, "all", titanic, True, log=print)] == ["m0", "m1"]
+    assert "skipped 1 member(s) with the predictions of another: m1-copy" in capsys.readouterr().out
+    with pytest.raises(KbertError, match=r"^members m1 and m1-copy hold the same predictions \(a copied run folder\?\)"):
+        select_members(tmp_path, "m0,m1,m1-copy", titanic, True)
+    shutil.rmtree(tmp_path / "m1-copy")
+    (tmp_path / "m1" / "test.csv").unlink()
+    with pytest.raises(KbertError, match=r"m1/test.csv: file not found$"):
+        select_members(tmp_path, "all", titanic, True)

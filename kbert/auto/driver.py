@@ -13,7 +13,7 @@ import importlib.util
 import math
 import shutil
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from kbert.auto.budget import SAFETY, Estimator
@@ -175,14 +175,23 @@ def run_auto(options: AutoOptions, log=print) -> AutoResult:
 
 def check_kept_members(auto: Auto) -> None:
     """A resume keeps the members finished before only if they still belong: made for this competition from these
-    data files, and true to what they record (pipeline/provenance.py); else one line naming the first that is not."""
-    from kbert.pipeline.provenance import check_member, expected_of
+    data files, on the folds its YAML gives now, and true to what they record (pipeline/provenance.py); else one
+    line naming the first that is not, before any job (a member on other folds failed the blend after the next)."""
+    from kbert.pipeline.artifacts import config_differences
+    from kbert.pipeline.provenance import check_member, expected_of, member_config
 
     expected = expected_of(auto.competition, auto.data)
+    folds = asdict(replace(auto.run_config({}).competition.folds, repeats=1))  # (members blend on the first split)
     for name, job in auto.state.jobs.items():
         if job.status is Status.DONE and auto.done(name):
+            who = f"kbert auto {auto.competition.name}: member {name}"
             try:
-                check_member(auto.comp_dir / name, expected, f"kbert auto {auto.competition.name}: member {name}")
+                check_member(auto.comp_dir / name, expected, who)
+                made = member_config(auto.comp_dir / name).competition.folds
+                changed = config_differences(asdict(replace(made, repeats=1)), folds)
+                if changed:
+                    raise KbertError(f"{who}: trained on other folds than the competition's now "
+                                     f"({'; '.join(changed)}): put them back")
             except KbertError as exc:
                 raise KbertError(f"{exc}; or pass another --out to start over") from None
 
