@@ -410,7 +410,7 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
             oof_predictions, test_predictions = native(task, oof), native(task, average_folds(test_tables))
             covered = fold_of_row >= 0
             cv = score(metric, task, truth[covered], oof_predictions[covered], 0.5, targets.classes)
-            write_predictions(run_dir, expected, oof_predictions, test_predictions)
+            predictions_sha256 = write_predictions(run_dir, expected, oof_predictions, test_predictions)
             submission_path = write_predictions_submission(expected, test_predictions, 0.5, data.sample_submission,
                                                            submission_path)
             seconds = time.perf_counter() - started
@@ -418,6 +418,7 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
                 **score_summary(run_id, comp, metric, cv, 0.5, fold_records), "baseline": model,
                 "wall_time_s": round(seconds, 2), "submission": str(submission_path),
                 "inputs": expected.inputs, "config_sha256": config_fingerprint(config),
+                "predictions_sha256": predictions_sha256,
                 **({"cv_rows": int(covered.sum())} if not covered.all() else {}), "warnings": warnings}))
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=fold_scores, cv_score=cv, metric=comp.metric,
                           submission_path=submission_path, seconds=seconds)

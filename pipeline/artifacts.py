@@ -24,7 +24,7 @@ import yaml
 
 from kbert.errors import KbertError
 from kbert.io import (check_field, check_writable_folder, exclusive_lock, file_sha256, is_number, is_numbers, read_json,
-                      read_json_value, read_npz, read_table, write_csv, write_json, write_npz, write_yaml)
+                      read_json_value, read_npz, read_table, write_csv, write_json, write_npz, write_text, write_yaml)
 from kbert.models.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from kbert.models.checkpoints import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
 from kbert.models.checkpoints import TOKENIZER_FILE, WEIGHTS_FILE
@@ -340,11 +340,15 @@ def read_folds_table(path: Path, id_column: str) -> pd.DataFrame:
     return folds
 
 
-def write_predictions(run_dir: Path, expected: Expected, oof: np.ndarray, test: np.ndarray) -> None:
-    """oof.csv and test.csv of ``expected``'s training and test rows: the id, then the task's prediction columns."""
+def write_predictions(run_dir: Path, expected: Expected, oof: np.ndarray, test: np.ndarray) -> dict[str, str]:
+    """oof.csv and test.csv of ``expected``'s training and test rows: the id, then the task's prediction columns;
+    returns their sha256, which metrics.json records (``predictions_sha256``: an edited file is refused)."""
     comp, classes = expected.competition, expected.classes
-    write_csv(run_dir / "oof.csv", predictions_frame(comp, classes, expected.train_ids, oof))
-    write_csv(run_dir / "test.csv", predictions_frame(comp, classes, expected.test_ids, test))
+    texts = {"oof.csv": predictions_frame(comp, classes, expected.train_ids, oof).to_csv(index=False),
+             "test.csv": predictions_frame(comp, classes, expected.test_ids, test).to_csv(index=False)}
+    for name, text in texts.items():  # (in a written_together block the files appear only when it ends)
+        write_text(run_dir / name, text)
+    return {name: hashlib.sha256(text.encode("utf-8")).hexdigest() for name, text in texts.items()}
 
 
 def score_summary(run_id: str, comp: CompetitionConfig, metric: Metric, cv: float, threshold: float | np.ndarray,

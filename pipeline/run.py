@@ -427,7 +427,7 @@ def write_run_artifacts(inputs: RunInputs, paths: RunPaths, folds: list[FoldPred
     records = [fold.record for fold in folds]
     budget = next((fold.tokens for fold in folds if fold.tokens), {})
     with written_together():  # metrics.json, the predictions and the submission appear together, or none does
-        write_predictions(run_dir, expected, final.oof, final.test)
+        predictions_sha256 = write_predictions(run_dir, expected, final.oof, final.test)
         write_npz(run_dir / "outputs.npz", {"oof": predictions.oof_outputs, "test": predictions.test_outputs})
         submission_path = write_predictions_submission(expected, final.test, final.threshold,
                                                        inputs.sample_submission, paths.submission)
@@ -438,6 +438,7 @@ def write_run_artifacts(inputs: RunInputs, paths: RunPaths, folds: list[FoldPred
             "precision": compute_precision(config.train.precision),
             "compute": run_compute_path(config.train.precision),
             "submission": str(submission_path), "inputs": inputs.inputs, "config_sha256": config_fingerprint(config),
+            "predictions_sha256": predictions_sha256,
             "warnings": inputs.warnings,
         }))
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=[r["score"] for r in records], cv_score=final.cv,

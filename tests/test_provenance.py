@@ -209,3 +209,22 @@ def test_a_copied_member_is_blended_once_and_one_missing_its_predictions_is_name
     (tmp_path / "m1" / "test.csv").unlink()
     with pytest.raises(KbertError, match=r"m1/test.csv: file not found$"):
         select_members(tmp_path, "all", titanic, True)
+
+
+def test_a_members_predictions_are_the_files_it_was_written_with(tmp_path):
+    """metrics.json records the sha256 of oof.csv and test.csv: an edit that keeps the recorded CV (probabilities
+    pushed to 0.001 and 0.999 keep every label) changed a blend's weights silently."""
+    from kbert.io import file_sha256
+
+    titanic = expected_for("titanic")
+    members(tmp_path, titanic)
+    metrics = json.loads((tmp_path / "m1" / "metrics.json").read_text())
+    recorded = {name: file_sha256(tmp_path / "m1" / name) for name in ("oof.csv", "test.csv")}
+    (tmp_path / "m1" / "metrics.json").write_text(json.dumps({**metrics, "predictions_sha256": recorded}))
+    assert [m.name for m in select_members(tmp_path, "all", titanic, True)] == ["m0", "m1"]
+    oof = pd.read_csv(tmp_path / "m1" / "oof.csv")
+    oof["Survived"] = np.where(oof["Survived"] >= 0.5, 0.999, 0.001)  # the same labels: the same accuracy
+    oof.to_csv(tmp_path / "m1" / "oof.csv", index=False)
+    with pytest.raises(KbertError, match=r"^member m1: its oof.csv is not the one it was written with \(metrics.json "
+                                         "records another sha256: edited\\?\\)"):
+        select_members(tmp_path, "all", titanic, True)
