@@ -105,7 +105,7 @@ def run(competition, tmp_path, **overrides):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("competition, fusion, extra", [
-    ("titanic", "concat", {"augment": 1, "tta": 2}),
+    ("titanic", "concat", {"augment": 1, "tta": 2, "epochs": 2}),
     ("house-prices-advanced-regression-techniques", "gated", {"target_transform": "log1p_standardize"}),
     (HEADS / "titanic-pclass.yaml", "gated", {}),
     (HEADS / "spaceship-spending.yaml", "concat", {}),

@@ -12,8 +12,8 @@ from tests.tiny import tiny_args
 @pytest.fixture(scope="module")
 def titanic_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("predict")
-    assert main(["run", "titanic", *tiny_args(150), "--tta", "2", "--augment", "1", "--out", str(out / "runs"),
-                 "--submissions-dir", str(out / "subs"), "--run-id", "tiny"]) == 0
+    assert main(["run", "titanic", *tiny_args(150), "--tta", "2", "--augment", "1", "--epochs", "2",
+                 "--out", str(out / "runs"), "--submissions-dir", str(out / "subs"), "--run-id", "tiny"]) == 0
     return out
 
 

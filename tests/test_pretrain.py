@@ -111,12 +111,14 @@ def test_tiny_pretraining_improves_masked_accuracy_and_kbert_run_and_the_tuning_
     vocabulary = Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab()
     assert Tokenizer.from_file(str(runs / "titanic" / "ft" / "tokenizer.json")).get_vocab() == vocabulary
 
-    # The tuning space takes the pretrained folder as one more encoder choice, with its own learning rates.
+    # The tuning space takes the pretrained folder as one more encoder choice, with its own learning rates: those of
+    # fine-tuning every weight of the space's pretrained encoders (an entry beside that one would set the rate
+    # twice in one trial, and is refused).
     folder_name = str(folder)
     competition = replace(load_competition("titanic"), search_space={
         "encoder": {"choices": ["bert", folder_name]},
-        "mlm_learning_rate": {"set": "learning_rate", "low": 3e-4, "high": 3e-3, "log": True,
-                              "when": {"encoder": folder_name}}})
+        "full_learning_rate": {"set": "learning_rate", "low": 3e-4, "high": 3e-3, "log": True,
+                               "when": {"adapter": "none"}}})
     params = parse_space(space_entries(competition, gpu=False))
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     seen = set()
@@ -125,7 +127,8 @@ def test_tiny_pretraining_improves_masked_accuracy_and_kbert_run_and_the_tuning_
         config = resolve_trial_config(competition, TuneOptions(competition="titanic"), to_overrides(params, chosen))
         seen.add(config.model.encoder)
         if config.model.encoder == folder_name:
-            assert "num_hidden_layers" not in chosen and 3e-4 <= config.train.learning_rate <= 3e-3
+            assert "num_hidden_layers" not in chosen
+            assert config.model.adapter != "none" or 3e-4 <= config.train.learning_rate <= 3e-3
     assert seen == {"bert", folder_name}
 
 

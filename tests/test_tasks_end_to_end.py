@@ -183,7 +183,7 @@ def test_repeated_folds_augmentation_and_tta(tmp_path, monkeypatch):
     original = fold_module.train_fold
     monkeypatch.setattr(fold_module, "train_fold", lambda model, data, *a, **k: seen.append(data) or
                         original(model, data, *a, **k))
-    comp, result, metrics = run("titanic", tmp_path, limit_rows=80, repeats=2, augment=2, tta=3)
+    comp, result, metrics = run("titanic", tmp_path, limit_rows=80, repeats=2, augment=2, tta=3, epochs=3)
     folds = pd.read_csv(result.run_dir / "folds.csv")
     assert list(folds.columns) == ["PassengerId", "fold", "fold_repeat1"]
     assert (folds["fold"] != folds["fold_repeat1"]).any()  # a second, different split

@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 
 from kbert.tune import TuneOptions, load_study
 from kbert.tune.space import write_space_file
-from kbert.tune.database import BaseHeartbeat, RetryingStorage, RetryStaleTrial, rdb_url
+from kbert.tune.database import BaseHeartbeat, DatabaseGone, RetryingStorage, RetryStaleTrial, rdb_url
 from kbert.tune.storage import open_storage
 from tests.postgres import free_port, missing_reason, start_postgres, wait_for_port
 from tests.test_tune import wait_for
@@ -247,8 +247,9 @@ def test_a_call_that_loses_its_connection_is_tried_again_until_the_wait_is_over(
     assert "database back after" in err
     with pytest.raises(ValueError):  # not the connection: raised at once
         storage.retrying(always(ValueError("bad data")))
-    storage.wait = 0.5
-    with pytest.raises(sqlalchemy.exc.OperationalError):  # the connection, for longer than the wait
+    storage.wait, storage.label = 0.5, "postgresql://db-host/kbert"
+    with pytest.raises(DatabaseGone, match=r"^--storage postgresql://db-host/kbert: the database did not answer "
+                                           "within --db-wait 0.5s"):  # the connection, for longer than the wait
         storage.retrying(always(lost))
 
 
