@@ -108,6 +108,9 @@ def check_inputs(metrics: dict, expected: Expected, who: str, with_test: bool = 
                          "rerun it on these files")
 
 
+GROUPING = ("shuffle", "group_column", "group_regex", "duplicates")  # what decides which rows share a fold
+
+
 def check_member(folder: Path, expected: Expected, who: str, with_test: bool = True) -> Checked:
     """The member in ``folder``, checked as the module says; ``who`` names it in the one-line refusal. Without
     ``with_test`` (a member predicting new rows) its test file and test predictions are not compared: the rows to
@@ -133,9 +136,17 @@ def check_member(folder: Path, expected: Expected, who: str, with_test: bool = T
     folds = folds.set_index(comp.id_column).loc[expected.train_ids.to_numpy()]
     check_config(folder, metrics)
     saved = read_yaml(folder / CONFIG_FILE)
-    if (saved.get("run_config") or saved).get("permute_target"):  # (its CV was scored on the shuffled targets)
+    made = saved.get("run_config") or saved
+    if made.get("permute_target"):  # (its CV was scored on the shuffled targets)
         raise KbertError(f"{who}: trained with --permute-target, a sanity check on shuffled targets; it is no member "
                          "or teacher")
+    grouped = {key: (made.get("competition") or {}).get("folds", {}).get(key, getattr(comp.folds, key))
+               for key in GROUPING}
+    changed = [f"folds.{key}: {grouped[key]!r} -> {getattr(comp.folds, key)!r}" for key in GROUPING
+               if grouped[key] != getattr(comp.folds, key)]
+    if changed:  # the outer folds that score it would not keep its groups (or it was split by others)
+        raise KbertError(f"{who}: made with other folds than this competition's ({'; '.join(changed)}); use the "
+                         "competition file it was made with")
     check_cv(metrics, oof, expected, who)
     check_fold_outputs(folder, metrics, oof, folds, expected, who, test)
     return Checked(metrics, oof, test, folds["fold"].to_numpy())

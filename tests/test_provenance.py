@@ -228,3 +228,22 @@ def test_a_members_predictions_are_the_files_it_was_written_with(tmp_path):
     with pytest.raises(KbertError, match=r"^member m1: its oof.csv is not the one it was written with \(metrics.json "
                                          "records another sha256: edited\\?\\)"):
         select_members(tmp_path, "all", titanic, True)
+
+
+def test_a_member_made_with_other_fold_groups_than_the_competitions_is_refused(tmp_path):
+    """Members made with group_column: Ticket blended under a YAML without groups: the outer folds that score the
+    blend would split their groups (honest CV 0.81 where the grouped outer folds give 0.77)."""
+    import yaml
+
+    from kbert.pipeline.artifacts import mapping_fingerprint
+
+    titanic = expected_for("titanic")
+    members(tmp_path, titanic)
+    config = yaml.safe_load((tmp_path / "m1" / "config.yaml").read_text())
+    config["competition"]["folds"]["group_column"] = "Ticket"
+    (tmp_path / "m1" / "config.yaml").write_text(yaml.safe_dump(config))
+    metrics = json.loads((tmp_path / "m1" / "metrics.json").read_text())
+    (tmp_path / "m1" / "metrics.json").write_text(json.dumps({**metrics, "config_sha256": mapping_fingerprint(config)}))
+    with pytest.raises(KbertError, match=r"^member m1: made with other folds than this competition's \(folds."
+                                         r"group_column: 'Ticket' -> ''\); use the competition file it was made with$"):
+        select_members(tmp_path, "all", titanic, True)
