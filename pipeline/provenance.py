@@ -141,8 +141,8 @@ def check_member(folder: Path, expected: Expected, who: str, with_test: bool = T
         raise KbertError(f"{who}: trained with --permute-target, a sanity check on shuffled targets; it is no member "
                          "or teacher")
     competition = made.get("competition")  # (an old baseline's names it)
-    folds = (competition.get("folds") if isinstance(competition, dict) else None) or {}
-    grouped = {key: folds.get(key, getattr(comp.folds, key)) for key in GROUPING}
+    split = (competition.get("folds") if isinstance(competition, dict) else None) or {}
+    grouped = {key: split.get(key, getattr(comp.folds, key)) for key in GROUPING}
     changed = [f"folds.{key}: {grouped[key]!r} -> {getattr(comp.folds, key)!r}" for key in GROUPING
                if grouped[key] != getattr(comp.folds, key)]
     if changed:  # the outer folds that score it would not keep its groups (or it was split by others)
