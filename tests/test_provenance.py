@@ -24,6 +24,32 @@ def members(tmp_path, expected, count=2):
         write_member(tmp_path / f"m{i}", expected, oof, rng.random(len(expected.test_ids)))
 
 
+def made_with(folder, edit) -> None:
+    """The member in ``folder`` as if kbert had made it with its config.yaml changed by ``edit`` (its sha256 in
+    metrics.json too)."""
+    import yaml
+
+    from kbert.pipeline.artifacts import mapping_fingerprint
+
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    edit(config)
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    metrics = json.loads((folder / "metrics.json").read_text())
+    (folder / "metrics.json").write_text(json.dumps({**metrics, "config_sha256": mapping_fingerprint(config)}))
+
+
+def kept_auto_baseline(competition: str, tmp_path) -> AutoOptions:
+    """kbert auto's options for ``competition``, whose state says its member auto-baseline-hgb finished before."""
+    options = AutoOptions(competition, 600, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "subs"),
+                          progress=False)
+    auto = driver.Auto(options, log=lambda _: None)
+    auto.folder.mkdir(parents=True)
+    auto.load_state()
+    auto.state.jobs["auto-baseline-hgb"] = JobState("baseline", {"model": "hgb"}, Status.DONE)
+    auto.save()
+    return options
+
+
 def test_a_member_of_another_competition_or_with_edited_predictions_is_refused_naming_it(tmp_path):
     titanic = expected_for("titanic")
     members(tmp_path, titanic)
@@ -139,13 +165,7 @@ def test_a_teacher_an_embedding_source_and_a_kept_auto_member_of_another_competi
     with pytest.raises(KbertError, match=rf"^--embeddings auto-baseline-hgb: {refusal}$"):
         open_embedding_source("auto-baseline-hgb", config, tmp_path / "titanic", titanic, folds[0])
 
-    options = AutoOptions("titanic", 600, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "subs"),
-                          progress=False)
-    auto = driver.Auto(options, log=lambda _: None)
-    auto.folder.mkdir(parents=True)
-    auto.load_state()
-    auto.state.jobs["auto-baseline-hgb"] = JobState("baseline", {"model": "hgb"}, Status.DONE)
-    auto.save()
+    options = kept_auto_baseline("titanic", tmp_path)
     with pytest.raises(KbertError, match=rf"^kbert auto titanic: member auto-baseline-hgb: {refusal}; or pass "
                                          "another --out to start over$"):
         run_auto(options, log=lambda _: None)
@@ -154,17 +174,9 @@ def test_a_teacher_an_embedding_source_and_a_kept_auto_member_of_another_competi
 def test_a_permute_target_run_is_no_member_or_teacher(tmp_path):
     """Its CV was scored on shuffled targets (the sanity check's point): it was refused as 'the files do not belong
     together', which they do."""
-    import yaml
-
-    from kbert.pipeline.artifacts import mapping_fingerprint
-
     titanic = expected_for("titanic")
     members(tmp_path, titanic)
-    config = yaml.safe_load((tmp_path / "m1" / "config.yaml").read_text())
-    config["permute_target"] = True
-    (tmp_path / "m1" / "config.yaml").write_text(yaml.safe_dump(config))
-    metrics = json.loads((tmp_path / "m1" / "metrics.json").read_text())
-    (tmp_path / "m1" / "metrics.json").write_text(json.dumps({**metrics, "config_sha256": mapping_fingerprint(config)}))
+    made_with(tmp_path / "m1", lambda config: config.update(permute_target=True))
     with pytest.raises(KbertError, match=r"^member m1: trained with --permute-target, a sanity check on shuffled "
                                          "targets; it is no member or teacher$"):
         select_members(tmp_path, "all", titanic, True)
@@ -181,13 +193,7 @@ def test_a_kept_auto_member_on_other_folds_than_the_competitions_now_is_refused_
                  rng.random(len(titanic.test_ids)))
     four = tmp_path / "titanic.yaml"
     four.write_text((BUNDLED_DIR / "titanic.yaml").read_text().replace("  k: 5\n", "  k: 4\n", 1))
-    options = AutoOptions(str(four), 600, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "subs"),
-                          progress=False)
-    auto = driver.Auto(options, log=lambda _: None)
-    auto.folder.mkdir(parents=True)
-    auto.load_state()
-    auto.state.jobs["auto-baseline-hgb"] = JobState("baseline", {"model": "hgb"}, Status.DONE)
-    auto.save()
+    options = kept_auto_baseline(str(four), tmp_path)
     with pytest.raises(KbertError, match=r"^kbert auto titanic: member auto-baseline-hgb: trained on other folds "
                                          r"than the competition's now \(k: 5 -> 4\): put them back; or pass another "
                                          "--out to start over$"):
@@ -233,17 +239,9 @@ def test_a_members_predictions_are_the_files_it_was_written_with(tmp_path):
 def test_a_member_made_with_other_fold_groups_than_the_competitions_is_refused(tmp_path):
     """Members made with group_column: Ticket blended under a YAML without groups: the outer folds that score the
     blend would split their groups (honest CV 0.81 where the grouped outer folds give 0.77)."""
-    import yaml
-
-    from kbert.pipeline.artifacts import mapping_fingerprint
-
     titanic = expected_for("titanic")
     members(tmp_path, titanic)
-    config = yaml.safe_load((tmp_path / "m1" / "config.yaml").read_text())
-    config["competition"]["folds"]["group_column"] = "Ticket"
-    (tmp_path / "m1" / "config.yaml").write_text(yaml.safe_dump(config))
-    metrics = json.loads((tmp_path / "m1" / "metrics.json").read_text())
-    (tmp_path / "m1" / "metrics.json").write_text(json.dumps({**metrics, "config_sha256": mapping_fingerprint(config)}))
+    made_with(tmp_path / "m1", lambda config: config["competition"]["folds"].update(group_column="Ticket"))
     with pytest.raises(KbertError, match=r"^member m1: made with other folds than this competition's \(folds."
                                          r"group_column: 'Ticket' -> ''\); use the competition file it was made with$"):
         select_members(tmp_path, "all", titanic, True)
