@@ -61,8 +61,15 @@ def load_member(folder: Path, competition_dir: Path, expected: Expected) -> Memb
                   columns=expected.columns, folds=checked.folds)
 
 
-def same_predictions(a: Member, b: Member) -> bool:
-    return np.array_equal(a.oof, b.oof, equal_nan=True) and np.array_equal(a.test, b.test)
+def without_twins(members: list[Member], log) -> list[Member]:
+    """Each set of members whose predictions are the same, once (the first): a copied folder, two trials of the same
+    parameters, a pseudo-labelled run that took no test row; one model would weigh as two."""
+    twins = [b for i, b in enumerate(members)
+             if any(np.array_equal(a.oof, b.oof, equal_nan=True) and np.array_equal(a.test, b.test)
+                    for a in members[:i])]
+    if twins:
+        log(f"skipped {len(twins)} member(s) with the predictions of another: {', '.join(b.name for b in twins[:5])}")
+    return [m for m in members if all(m is not b for b in twins)]
 
 
 def select_members(competition_dir: Path, spec: str, expected: Expected, greater_is_better: bool,
@@ -84,11 +91,7 @@ def select_members(competition_dir: Path, spec: str, expected: Expected, greater
         if skipped:
             log(f"skipped {len(skipped)} run(s) that do not cover every training and test row: "
                 f"{', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}")
-        twins = [b for i, b in enumerate(members) if any(same_predictions(a, b) for a in members[:i])]
-        if twins:  # two trials of the same parameters, a copied folder: each model once
-            log(f"skipped {len(twins)} member(s) with the predictions of another: "
-                f"{', '.join(b.name for b in twins[:5])}")
-            members = [m for m in members if all(m is not b for b in twins)]
+        members = without_twins(members, log)
         if spec.startswith("top:"):
             count = spec.partition(":")[2]
             if not count.isdigit() or int(count) < 1:
@@ -106,12 +109,9 @@ def select_members(competition_dir: Path, spec: str, expected: Expected, greater
             if not (folder / "metrics.json").is_file():
                 raise KbertError(f"--members: no finished run '{name}' in {competition_dir} (no metrics.json)")
             members.append(load_member(folder, competition_dir, expected))
+        members = without_twins(members, log)
     if len(members) < 1:
         raise KbertError(f"--members {spec}: no usable members in {competition_dir}")
-    same = [(a, b) for i, b in enumerate(members) for a in members[:i] if same_predictions(a, b)]
-    if same:  # (a copied folder: one model would weigh twice)
-        raise KbertError(f"members {same[0][0].name} and {same[0][1].name} hold the same predictions (a copied run "
-                         "folder?); blend each model once")
     for member in members[1:]:
         moved = int((member.folds != members[0].folds).sum())
         if moved:

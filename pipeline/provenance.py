@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from kbert.errors import KbertError
-from kbert.io import existing_file, file_sha256, read_npz, read_predictions
+from kbert.io import file_sha256, read_npz, read_predictions
 from kbert.pipeline.artifacts import (CONFIG_FILE, SCHEMA, input_fingerprint, mapping_fingerprint, read_folds_table,
                                       read_metrics)
 from kbert.pipeline.config import CompetitionConfig, RunConfig, read_yaml, run_config_from_dict, run_config_from_file
@@ -124,10 +124,6 @@ def check_member(folder: Path, expected: Expected, who: str, with_test: bool = T
         if metrics.get(key) != ours:
             raise KbertError(f"{who}: made for {key} {metrics.get(key)!r}, not {ours!r}")
     check_inputs(metrics, expected, who, with_test)
-    for name, sha in (metrics.get("predictions_sha256") or {}).items():  # (members from before: not recorded)
-        if (with_test or name != "test.csv") and file_sha256(existing_file(folder / name)) != sha:
-            raise KbertError(f"{who}: its {name} is not the one it was written with (metrics.json records another "
-                             "sha256: edited?); put it back, or train the member again")
     oof = aligned(folder / "oof.csv", expected, expected.train_ids, "training", who, empty_rows=True)
     test = aligned(folder / "test.csv", expected, expected.test_ids, "test", who) if with_test else None
     folds = read_folds_table(folder / "folds.csv", comp.id_column)
@@ -150,6 +146,10 @@ def check_member(folder: Path, expected: Expected, who: str, with_test: bool = T
                          "competition file it was made with")
     check_cv(metrics, oof, expected, who)
     check_fold_outputs(folder, metrics, oof, folds, expected, who, test)
+    for name, sha in (metrics.get("predictions_sha256") or {}).items():  # (members from before: not recorded)
+        if (with_test or name != "test.csv") and file_sha256(folder / name) != sha:  # an edit the checks above let by
+            raise KbertError(f"{who}: its {name} is not the one it was written with (metrics.json records another "
+                             "sha256: edited?); put it back, or train the member again")
     return Checked(metrics, oof, test, folds["fold"].to_numpy())
 
 
