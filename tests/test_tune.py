@@ -746,3 +746,15 @@ def test_a_study_folder_holds_one_studys_trials_and_a_study_serves_its_own_compe
     with pytest.raises(KbertError, match="^study 't' in .*b.log was made for competition 'titanic', not "
                                          "'spaceship-titanic'$"):
         load_study(replace(other, competition="spaceship-titanic"), create=False, check=False)
+
+
+def test_a_report_is_not_refused_for_the_limit_rows_of_the_environment(monkeypatch):
+    """KBERT_LIMIT_ROWS, set for quick runs, gives --limit-rows its default: --report was refused as if the flag had
+    been given ('drop --limit-rows'); the flag itself still is."""
+    from kbert.cli import build_parser
+    from kbert.cli.tune import check_mode
+
+    monkeypatch.setenv("KBERT_LIMIT_ROWS", "100")
+    check_mode(build_parser().parse_args(["tune", "titanic", "--report"]))
+    with pytest.raises(KbertError, match="does not tune: drop --limit-rows$"):
+        check_mode(build_parser().parse_args(["tune", "titanic", "--report", "--limit-rows", "50"]))

@@ -122,7 +122,16 @@ def check_mode(args: argparse.Namespace) -> None:
 
     if args.report and args.dashboard:
         raise KbertError("--report and --dashboard: give one (neither tunes)")
+    import os
+
+    from kbert.pipeline.config import SETTINGS
+
+    def from_environment(dest: str) -> bool:  # KBERT_LIMIT_ROWS, set for quick runs, is no option given here
+        env = SETTINGS[dest].metadata["env"] if dest in SETTINGS else ""
+        return bool(env) and os.environ.get(env) == str(getattr(args, dest))
+
     mode = "--report" if args.report else "--dashboard" if args.dashboard else None
-    given = [flag for dest, flag in TUNING_OPTIONS.items() if getattr(args, dest) is not None]
+    given = [flag for dest, flag in TUNING_OPTIONS.items()
+             if getattr(args, dest) is not None and not from_environment(dest)]
     if mode and given:
         raise KbertError(f"{mode} reads the study with its own settings, and does not tune: drop {', '.join(given)}")
