@@ -186,8 +186,8 @@ def check_kept_members(auto: Auto) -> None:
         if job.status is Status.DONE and auto.done(name):
             who = f"kbert auto {auto.competition.name}: member {name}"
             try:
-                check_member(auto.comp_dir / name, expected, who)
-                made = member_config(auto.comp_dir / name).competition.folds
+                checked = check_member(auto.comp_dir / name, expected, who)
+                made = member_config(auto.comp_dir / name, checked.metrics).competition.folds
                 changed = config_differences(asdict(replace(made, repeats=1)), folds)
                 if changed:
                     raise KbertError(f"{who}: trained on other folds than the competition's now "
