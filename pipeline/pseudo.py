@@ -7,7 +7,7 @@ reaches ``pseudo_threshold`` (binary and multiclass only), after the fold's tran
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +16,9 @@ import pandas as pd
 from kbert.errors import KbertError
 from kbert.io import read_predictions
 from kbert.names import check_name
-from kbert.pipeline.artifacts import read_folds_table
+from kbert.pipeline.artifacts import config_differences, read_folds_table
 from kbert.pipeline.config import RunConfig
-from kbert.pipeline.provenance import Expected, check_member
+from kbert.pipeline.provenance import Expected, check_member, member_config
 from kbert.tasks import Task
 
 
@@ -55,19 +55,24 @@ def fold_teachers(source: Path, repeat: int, k: int) -> list[Path]:
     return [folder for folder in found if (folder / "test.csv").is_file()]
 
 
-def check_same_folds(source: Path, id_column: str, ids: pd.Series, fold_sets: list[np.ndarray]) -> None:
-    """SOURCE must have split the training rows exactly as this run does, repeat by repeat."""
+def check_same_folds(source: Path, config: RunConfig, ids: pd.Series, fold_sets: list[np.ndarray]) -> None:
+    """SOURCE must have split the training rows exactly as this run does, repeat by repeat; the refusal names the
+    fold settings SOURCE was made with that differ from this run's."""
+    id_column = config.competition.id_column
     columns = ["fold", *(f"fold_repeat{r}" for r in range(1, len(fold_sets)))]
     table = read_folds_table(source / "folds.csv", id_column)
-    missing = [c for c in columns if c not in table.columns]
-    if missing or len(table) != len(ids) or set(table[id_column]) != set(ids):
-        raise KbertError(f"--pseudo-label {source.name}: its folds.csv is not a split of this run's training rows "
-                         f"(or has fewer repeats); pseudo-labels need a teacher trained on the same folds")
-    table = table.set_index(id_column).loc[ids.to_numpy()]
-    for column, fold_of_row in zip(columns, fold_sets):
-        if not np.array_equal(table[column].to_numpy(), np.asarray(fold_of_row)):
-            raise KbertError(f"--pseudo-label {source.name}: its folds differ from this run's ({source / 'folds.csv'}"
-                             f" column '{column}'); pseudo-labels need a teacher trained on the same folds")
+    if [c for c in columns if c not in table.columns] or len(table) != len(ids) or set(table[id_column]) != set(ids):
+        differ = "its folds.csv is not a split of this run's training rows (or has fewer repeats)"
+    else:
+        table = table.set_index(id_column).loc[ids.to_numpy()]
+        differ = next((f"its folds differ from this run's ({source / 'folds.csv'} column '{column}')"
+                       for column, fold_of_row in zip(columns, fold_sets)
+                       if not np.array_equal(table[column].to_numpy(), np.asarray(fold_of_row))), None)
+    if differ is not None:
+        made = asdict(member_config(source).competition.folds)
+        changed = config_differences(made, asdict(config.competition.folds), "folds.")
+        raise KbertError(f"--pseudo-label {source.name}: {differ}" + (f": {'; '.join(changed)}" if changed else "") +
+                         "; pseudo-labels need a teacher trained on the same folds")
 
 
 def teacher_probabilities(folders: list[Path], expected: Expected) -> np.ndarray:
@@ -107,7 +112,7 @@ def pseudo_labels(config: RunConfig, comp_dir: Path, expected: Expected,
     """Each (repeat, fold)'s pseudo-labels, from SOURCE's models of that fold alone."""
     comp = config.competition
     source = source_folder(config, comp_dir, expected)
-    check_same_folds(source, comp.id_column, expected.train_ids, fold_sets)
+    check_same_folds(source, config, expected.train_ids, fold_sets)
     chosen = {}
     for r in range(len(fold_sets)):
         for k in range(comp.folds.k):
