@@ -27,7 +27,8 @@ from kbert.pipeline.fold_processes import usable_cores
 from kbert.tune.database import missing_sqlite_file
 from kbert.tune.trial_store import open_artifact_store
 from kbert.tune.options import DEFAULT_PRUNE_P, DEFAULT_PRUNER, PRUNERS, TuneOptions
-from kbert.tune.space import Param, default_params, parse_space, space_entries, to_overrides
+from kbert.tune.space import (Param, default_params, is_active, parse_space, sampled_under, space_entries, taken,
+                              to_overrides)
 from kbert.tune.storage import journal_path, open_storage, storage_label
 
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)
@@ -54,6 +55,42 @@ def resolve_trial_config(competition: CompetitionConfig, options: TuneOptions, o
         merged["adapter_options"] = {**(options.overrides.get("adapter_options") or {}),
                                      **(overrides.get("adapter_options") or {})}
     return resolve_run_config(competition, merged)
+
+
+def check_text_values(competition: CompetitionConfig, options: TuneOptions, params: list[Param], source: str) -> None:
+    """The study's fixed settings resolve, and each value a ``text.<field>`` entry takes makes a serializer that reads
+    this competition's rows (a template naming no column, a mapping of another): refused now, in one line, rather
+    than trial by trial through a night. A value is tried in one trial's choices: the entries that decide whether
+    it is sampled at their first value that samples it, every other entry sampled with it at its first; a
+    combination that only a whole trial can judge (another setting refuses it) is left to the trial."""
+    base = resolve_trial_config(competition, options, {})
+    texts = [p for p in params if p.target.startswith("text.") and taken(p)]
+    if not texts:
+        return
+    from kbert.pipeline.fold import make_serializer
+    from kbert.pipeline.run import prepare_inputs
+
+    rows = prepare_inputs(base).features
+    by_name, conditions = {p.name: p for p in params}, {}
+    for param in params:  # (in sampling order: an entry after those its `when` names)
+        conditions[param.name] = sampled_under(param, by_name, conditions)
+    for param in texts:
+        for value in taken(param):
+            chosen: dict[str, Any] = {}
+            for other in params:
+                values = [value] if other is param else conditions[param.name].get(other.name) or taken(other)
+                if values and is_active(other, chosen):
+                    chosen[other.name] = values[0]
+            if chosen.get(param.name) != value:  # (its conditions are not all met by their first values)
+                continue
+            try:
+                config = resolve_trial_config(competition, options, to_overrides(params, chosen))
+            except KbertError:  # refused for another entry's value: the trial says why with its own values
+                continue
+            try:
+                make_serializer(config).fit(rows).transform(rows.iloc[:2])
+            except KbertError as exc:
+                raise KbertError(f"{source}: '{param.name}' value {value!r}: {exc}") from None
 
 
 def make_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
@@ -85,7 +122,7 @@ def load_study(options: TuneOptions, create: bool, check: bool = True
     entries = space_entries(competition, Path(options.space) if options.space else None)
     params = parse_space(entries, options.space or f"{competition.name} search space")  # before any file is made
     if create:  # the study's fixed settings (--folds, --limit-rows) are refused before its folder is made
-        resolve_trial_config(competition, options, {})
+        check_text_values(competition, options, params, options.space or f"{competition.name} search space")
     directory = study_dir(options, competition)
     if (directory / "config.yaml").is_file():  # (pipeline.artifacts.CONFIG_FILE: that module loads MLX)
         raise KbertError(f"--study {options.study}: {directory} is a run's folder (it holds config.yaml); choose "
