@@ -9,6 +9,7 @@ rows only; ``--embeddings`` adds an encoder's reduced text embeddings (ensembles
 from __future__ import annotations
 
 import inspect
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -50,6 +51,7 @@ MAX_CATEGORIES = 64  # categorical columns with more distinct values are target-
 IDENTIFIER_SHARE = 0.95  # ...unless this share of their values is distinct: names, ids; dropped as identifiers
 SKEW_TO_LOG = 0.75  # non-negative numeric columns more skewed than this (on the training rows) get log1p
 OUTLIER_Z = 3.5  # Iglewicz and Hoaglin's cut-off for a residual's modified z-score, 0.6745 (r - median) / MAD
+HOLDOUT = 0.15  # the hgb trees' early-stopping holdout: its share of a fold's training rows
 
 
 class SkewedLog1p(TransformerMixin, BaseEstimator):
@@ -204,7 +206,7 @@ def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, tra
         from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 
         options = dict(learning_rate=0.05, max_iter=500, max_leaf_nodes=15, min_samples_leaf=20, l2_regularization=1.0,
-                       early_stopping=True, validation_fraction=0.15, n_iter_no_change=30,
+                       early_stopping=True, validation_fraction=HOLDOUT, n_iter_no_change=30,
                        categorical_features=categorical_columns or None, random_state=seed)
         estimator = HistGradientBoostingClassifier(**options) if classify else HistGradientBoostingRegressor(**options)
     elif model == "lgbm":
@@ -258,10 +260,12 @@ class FittedFold:
 
 
 def classifier(model: str, kinds: ColumnKinds, seed: int, X: pd.DataFrame, y: np.ndarray):
-    """``model``'s classifier fitted on X, y. A class held by a single row leaves the trees no stratified
-    early-stopping split to hold out: they train their full rounds instead."""
+    """``model``'s classifier fitted on X, y. Where the trees' stratified early-stopping split cannot hold every
+    class on both sides (a class of one row; a holdout of fewer rows than classes, on a tiny table), they train
+    their full rounds instead."""
     pipeline = make_pipeline(model, kinds, True, seed, X)
-    if model == "hgb" and np.unique(y, return_counts=True)[1].min() < 2:
+    counts = np.unique(y, return_counts=True)[1]
+    if model == "hgb" and (counts.min() < 2 or math.ceil(HOLDOUT * len(y)) < len(counts)):
         pipeline[-1].set_params(early_stopping=False)
     return pipeline.fit(X, y)
 

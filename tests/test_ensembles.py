@@ -706,6 +706,11 @@ def test_trees_fit_a_class_held_by_a_single_row():
     valid, = fit_predict_fold(baseline, rows, y, [rows.iloc[:5]], 0)
     assert valid.shape == (5, 3) and np.allclose(valid.sum(axis=1), 1.0)
     assert make_pipeline("hgb", column_kinds(rows, ()), True, 0, rows)[-1].early_stopping is True  # otherwise kept
+    # Six rows of two classes: a holdout of ceil(0.15 * 6) = 1 row cannot hold both ('The test_size = 1 should be
+    # greater or equal to the number of classes = 2'), a fold of a tiny table.
+    few = rows.iloc[:6]
+    valid, = fit_predict_fold(Baseline("hgb", "binary"), few, np.array([0, 1, 0, 1, 0, 1]), [few], 0)
+    assert valid.shape == (6, 1)
 
 
 def test_a_choice_among_methods_needs_three_outer_folds(tmp_path):
