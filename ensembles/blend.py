@@ -281,8 +281,9 @@ def fit_stack(P: np.ndarray, problem: Problem, rows: np.ndarray, options: BlendO
     P = to_space(P, problem.space)
     from sklearn.linear_model import LogisticRegression, Ridge
 
+    folds = min(options.inner_folds, len(rows))  # (a forward-chaining first block may hold fewer rows)
     inner = [(rows[a], rows[b]) for a, b in
-             KFold(options.inner_folds, shuffle=True, random_state=options.seed).split(rows)]
+             KFold(folds, shuffle=True, random_state=options.seed).split(rows)] if folds >= 2 else []
     local = {row: i for i, row in enumerate(rows)}
     local_splits = [(np.array([local[r] for r in a]), np.array([local[r] for r in b])) for a, b in inner]
     models = []

@@ -150,7 +150,7 @@ def build_ensemble(competition: CompetitionConfig, spec: EnsembleSpec = Ensemble
     """Score the members and ``spec.methods`` by nested CV, choose the method with the best honest CV (or the single
     one named) and fit it on every row; ``write_ensemble`` writes its submission."""
     pool = load_pool(competition, spec, runs_dir=runs_dir, data_dir=data_dir, log=log)
-    scores = score_methods(pool, spec)
+    scores = score_methods(pool, spec, log)
     return fit_chosen(pool, spec, scores, choose_method(pool, spec, scores))
 
 
@@ -176,8 +176,9 @@ def load_pool(competition: CompetitionConfig, spec: EnsembleSpec, *, runs_dir: s
                 data_dir=data_dir)
 
 
-def score_methods(pool: Pool, spec: EnsembleSpec) -> Scores:
-    """Each member alone and each method of ``spec.methods``, scored by nested CV on the pool's outer splits."""
+def score_methods(pool: Pool, spec: EnsembleSpec, log=print) -> Scores:
+    """Each member alone and each method of ``spec.methods``, scored by nested CV on the pool's outer splits; of
+    every applicable method, one that cannot be fitted on an outer fold's rows is left out, with a note."""
     problem, P, options = pool.problem, pool.P, spec.blend_options
     names = (applicable_methods(problem) if spec.methods in ("all", "best")
              else [m.strip() for m in spec.methods.split(",")])
@@ -190,10 +191,21 @@ def score_methods(pool: Pool, spec: EnsembleSpec) -> Scores:
     member_scores = [score_table(problem, P[j]) for j in range(len(pool.members))]
     member_honest = [nested_cv("mean", P[[j]], problem, pool.fold_of_row, options, pool.outer).score
                      for j in range(len(pool.members))]
-    results = {name: nested_cv(name, P, problem, pool.fold_of_row, options, pool.outer) for name in names}
+    results = {}
+    for name in names:
+        try:
+            results[name] = nested_cv(name, P, problem, pool.fold_of_row, options, pool.outer)
+        except ValueError as exc:  # scikit-learn's refusal of too few rows (or one class) in an outer fold's part
+            if spec.methods not in ("all", "best") or len(names) == 1:
+                raise KbertError(f"--method {name} cannot be fitted on every outer fold's rows "
+                                 f"({' '.join(str(exc).split())}); give another method or more rows") from None
+            log(f"note: method {name} left out: it cannot be fitted on every outer fold's rows "
+                f"({' '.join(str(exc).split())})")
+    if not results:
+        raise KbertError("no ensemble method can be fitted on every outer fold's rows; give more rows")
     # Choosing the best member by its OOF score is itself a fit: this is that choice, scored honestly.
     selected_single = nested_cv("top-k", P, problem, pool.fold_of_row, replace(options, top_k=1), pool.outer)
-    return Scores(member_scores, member_honest, results, selected_single, choice_nested=len(names) > 1)
+    return Scores(member_scores, member_honest, results, selected_single, choice_nested=len(results) > 1)
 
 
 def choose_method(pool: Pool, spec: EnsembleSpec, scores: Scores) -> Choice:

@@ -589,6 +589,38 @@ def test_forward_chaining_nested_cv_fits_each_blend_on_earlier_rows_only():
     assert result.score == pytest.approx(get_metric("rmse")(y[len(first):], predictions))
 
 
+def test_a_forward_chaining_first_block_of_a_few_rows_still_stacks_and_a_method_that_cannot_fit_is_named():
+    """A block of 3 rows holds fewer rows than the stack's 5 inner folds (scikit-learn: 'Cannot have number of
+    splits n_splits=5 greater than the number of samples'): the stack takes as many inner folds as rows."""
+    from types import SimpleNamespace
+
+    from kbert.ensembles.ensemble import EnsembleSpec, score_methods
+    from kbert.pipeline.config import FoldConfig
+    from kbert.pipeline.splits import make_folds
+
+    rng = np.random.default_rng(4)
+    y = np.array([0, 1, 0, 1, 1, 0, 1, 0, 0, 1, 1, 0])
+    P = np.clip(y + rng.normal(scale=0.4, size=(2, 12)), 0.01, 0.99)[:, :, None]
+    outer = FoldConfig(k=3, shuffle=False)
+    folds = make_folds(pd.Series(np.arange(12), name="id"), None, outer)["fold"].to_numpy()
+    result = nested_cv("stack", P, binary_problem(y, "accuracy"), folds, outer=outer)
+    assert min(len(fit) for fit, _ in result.splits) == 3 and np.isfinite(result.score)
+
+    # Its first block of one class: the stack's logistic model cannot be fitted there. Of every method it is left
+    # out with a note; named alone, it is refused in one line naming it.
+    y = np.array([0, 0, 0, 1, 1, 0, 1, 0, 0, 1, 1, 0])
+    pool = SimpleNamespace(members=["a", "b"], problem=binary_problem(y, "accuracy"), P=P, fold_of_row=folds[None],
+                           outer=outer)  # what score_methods reads of a Pool
+    notes = []
+    scores = score_methods(pool, EnsembleSpec("a,b", methods="all", folds=3), notes.append)
+    assert "stack" not in scores.results and "mean" in scores.results
+    (note,) = notes
+    assert note.startswith("note: method stack left out: it cannot be fitted on every outer fold's rows (This solver "
+                           "needs samples of at least 2 classes")
+    with pytest.raises(KbertError, match="^--method stack cannot be fitted on every outer fold's rows "):
+        score_methods(pool, EnsembleSpec("a,b", methods="stack", folds=3), notes.append)
+
+
 def test_kbert_ensemble_blends_time_series_members_on_the_rows_both_cover(tmp_path, capsys):
     from pathlib import Path
 
