@@ -251,8 +251,8 @@ class Baseline:
 @dataclass
 class FittedFold:
     """A fold's fitted baseline: the column kinds it read (decided on its training rows), one fitted pipeline per
-    output (one for a class task), and the classes its training rows held (a class task; the others get
-    probability 0)."""
+    output (one for a class task; a label whose training rows held one class: that class, an int), and the classes
+    its training rows held (a class task; the others get probability 0)."""
 
     kinds: ColumnKinds
     models: list
@@ -283,9 +283,8 @@ def fit_fold(baseline: Baseline, train_rows: pd.DataFrame, train_targets: np.nda
     for j in range(targets.shape[1]):
         if Task(baseline.task).probabilities:
             y = targets[:, j].astype(int)
-            if len(np.unique(y)) < 2:
-                raise KbertError(f"a fold's training rows hold a single class of output {j}; use fewer folds")
-            models.append(classifier(baseline.model, kinds, seed, X, y))
+            single = len(np.unique(y)) < 2  # (fold_warnings said so): that class, as an encoder run predicts it
+            models.append(int(y[0]) if single else classifier(baseline.model, kinds, seed, X, y))
         else:
             y = np.log1p(targets[:, j]) if baseline.log_target else targets[:, j]
             models.append(make_pipeline(baseline.model, kinds, False, seed, X).fit(X, y))
@@ -302,7 +301,8 @@ def predict_fold(baseline: Baseline, fitted: FittedFold, frames: list[pd.DataFra
             table = np.zeros((len(X), baseline.classes))
             table[:, fitted.found] = fitted.models[0].predict_proba(X)
         elif Task(baseline.task).probabilities:
-            table = np.stack([model.predict_proba(X)[:, 1] for model in fitted.models], axis=1)
+            table = np.stack([np.full(len(X), float(model)) if isinstance(model, int) else model.predict_proba(X)[:, 1]
+                              for model in fitted.models], axis=1)
         else:
             inverse = np.expm1 if baseline.log_target else np.asarray
             table = np.stack([inverse(model.predict(X)) for model in fitted.models], axis=1)

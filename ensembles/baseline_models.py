@@ -60,6 +60,9 @@ def save_fold_models(fold_dir: Path, baseline: Baseline, fitted: FittedFold) -> 
     outputs = []
     for j, pipeline in enumerate(fitted.models):
         files = {}
+        if isinstance(pipeline, int):  # an output whose training rows held one class: that class
+            outputs.append({"constant": pipeline})
+            continue
         if baseline.model in NATIVE:
             files["steps"] = atomic_write(fold_dir / f"steps-{j}.skops", lambda tmp: sio.dump(pipeline[:-1], tmp))
             booster = pipeline[-1].booster_ if baseline.model == "lgbm" else pipeline[-1]  # CatBoost's is itself
@@ -98,6 +101,10 @@ def load_fold_models(fold_dir: Path, baseline: Baseline) -> FittedFold:
 
 def _load_output(fold_dir: Path, baseline: Baseline, parts: dict, record_path: Path):
     model, paths = baseline.model, {}
+    if "constant" in parts:
+        if parts["constant"] not in (0, 1) or isinstance(parts["constant"], bool) or len(parts) > 1:
+            raise KbertError(f"{record_path}: 'constant' must be a class, 0 or 1, alone in its output; found {parts}")
+        return int(parts["constant"])
     for part, entry in parts.items():
         path = fold_dir / str(entry.get("file", ""))
         if path.parent != fold_dir or not path.is_file():

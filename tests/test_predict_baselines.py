@@ -124,3 +124,30 @@ def test_new_rows_get_the_features_the_test_rows_had():
     twin = shared.assign(PassengerId=99999)  # a new passenger on a ticket the test holds
     _, rows = new_row_features(comp, train, data.test, pd.concat([shared, twin]))
     assert rows["TicketGroupSize"].tolist() == [full.loc[shared.index[0], "TicketGroupSize"] + 1] * 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["hgb", "lgbm"])
+def test_a_fold_whose_training_rows_hold_one_class_predicts_that_class_and_predict_reads_it(tmp_path, model,
+                                                                                           monkeypatch):
+    """A forward-chaining first block of one class: the fold warns and predicts that class, as an encoder run's
+    does (the baseline refused it: 'use fewer folds'); its record keeps the class, and kbert predict reads it."""
+    import shutil
+
+    import yaml
+
+    base = os.path.join(os.path.dirname(__file__), "bad_inputs", "base")
+    shutil.copytree(base, tmp_path, dirs_exist_ok=True)
+    train = pd.read_csv(tmp_path / "data" / "train.csv").sort_values("Survived", kind="stable")
+    train.to_csv(tmp_path / "data" / "train.csv", index=False)
+    spec = yaml.safe_load((tmp_path / "competition.yaml").read_text())
+    spec["folds"] = {"k": 2, "shuffle": False}
+    (tmp_path / "competition.yaml").write_text(yaml.safe_dump(spec))
+    monkeypatch.chdir(tmp_path)
+    assert main(["baseline", "competition.yaml", "--model", model, "--run-id", "b"]) == 0
+    run_dir = tmp_path / "runs" / "mini-titanic" / "b"
+    record = json.loads((run_dir / "folds" / "0" / "baseline.json").read_text())
+    assert record["outputs"] == [{"constant": 0}]  # fold 0 trained on the first block: all 0
+    assert (pd.read_csv(run_dir / "folds" / "0" / "test.csv")["Survived"] == 0.0).all()
+    assert main(["predict", str(run_dir), "--data", "data/test.csv", "--output", "p.csv"]) == 0
+    np.testing.assert_array_equal(pd.read_csv("p.csv")["Survived"], pd.read_csv(run_dir / "test.csv")["Survived"])
