@@ -146,11 +146,22 @@ def check_member(folder: Path, expected: Expected, who: str, with_test: bool = T
                          "competition file it was made with")
     check_cv(metrics, oof, expected, who)
     check_fold_outputs(folder, metrics, oof, folds, expected, who, test)
-    for name, sha in (metrics.get("predictions_sha256") or {}).items():  # (members from before: not recorded)
-        if (with_test or name != "test.csv") and file_sha256(folder / name) != sha:  # an edit the checks above let by
+    check_predictions_written(folder, metrics, who, with_test)  # an edit the checks above let by
+    return Checked(metrics, oof, test, folds["fold"].to_numpy())
+
+
+def check_predictions_written(folder: Path, metrics: dict, who: str, with_test: bool = True) -> None:
+    """oof.csv and test.csv are the files the member wrote: the sha256 its metrics.json records (members from
+    before it was recorded: not checked)."""
+    for name, sha in (metrics.get("predictions_sha256") or {}).items():
+        if not with_test and name == "test.csv":
+            continue
+        if not (folder / name).is_file():
+            raise KbertError(f"{who}: its {name} is missing (metrics.json records it); put it back, or train the "
+                             "member again")
+        if file_sha256(folder / name) != sha:
             raise KbertError(f"{who}: its {name} is not the one it was written with (metrics.json records another "
                              "sha256: edited?); put it back, or train the member again")
-    return Checked(metrics, oof, test, folds["fold"].to_numpy())
 
 
 def aligned(path: Path, expected: Expected, ids: pd.Series, rows: str, who: str,

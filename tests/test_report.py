@@ -108,6 +108,11 @@ def test_run_id_is_looked_up_and_output_goes_where_asked(titanic_runs, tmp_path)
     assert page == tmp_path / "elsewhere" / "index.html"
     assert_report(page, {"fold_scores.png", "curves.png", "confusion.png", "calibration.png"})
     assert write_report("tiny", str(titanic_runs / "runs"), str(tmp_path / "elsewhere")) == page  # rewrites in place
+    # A report over another keeps none of the plots it does not draw: a baseline's has no curves.png
+    baseline = next((titanic_runs / "runs" / "titanic").glob("baseline-hgb*"))
+    write_report(str(baseline), output=str(tmp_path / "elsewhere"))
+    assert_report(page, {"fold_scores.png", "confusion.png", "calibration.png"})
+    assert not (tmp_path / "elsewhere" / "curves.png").exists()
     # but never over a page it did not write, nor among a member's files (its PNGs would land beside them)
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "index.html").write_text("<html>my page</html>")

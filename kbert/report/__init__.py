@@ -16,7 +16,7 @@ from kbert.report.ensemble_page import ensemble_report
 from kbert.report.page import GENERATOR, Page, format_score, render_html
 from kbert.report.plots import pyplot
 from kbert.report.run_page import run_report
-from kbert.report.study_page import study_report
+from kbert.report.study_page import STUDY_PLOTS, study_report
 from kbert.report.resolve import output_folder, resolve_target
 
 __all__ = ["Page", "format_score", "render_html", "resolve_target", "write_report"]
@@ -31,11 +31,25 @@ def write_report(target: str, runs_dir: str = "runs", output: str | None = None)
     out = Path(output) if output else output_folder(kind, path)
     if out != output_folder(kind, path):
         check_report_folder(out, f"--output {output}")
+    before = kbert_page(out / "index.html")
     with removed_on_refusal():  # each report reads its files before it draws; this takes back any plot drawn anyway
         page = REPORTS[kind](path, out)
         page.notes += [f"{name} was not written" for name, _ in page.figures if not (out / name).is_file()]
         page.figures = [(name, caption) for name, caption in page.figures if (out / name).is_file()]
-        return write_text(out / "index.html", render_html(page, source=path))
+        written = write_text(out / "index.html", render_html(page, source=path))
+    if before:  # the plots of the report this one replaced that it did not draw again (an importance.json gone)
+        for name in PLOTS - {name for name, _ in page.figures}:
+            (out / name).unlink(missing_ok=True)
+    return written
+
+
+PLOTS = {"fold_scores.png", "curves.png", "importance.png", "confusion.png", "calibration.png", "residuals.png",
+         "weights.png", "correlations.png", "methods.png", *STUDY_PLOTS}  # every plot a report draws
+
+
+def kbert_page(page: Path) -> bool:
+    """Whether ``page`` is an index.html that kbert report wrote (and may write again)."""
+    return page.is_file() and GENERATOR in page.read_text(encoding="utf-8", errors="replace")[:2000]
 
 
 def check_report_folder(out: Path, what: str) -> None:
@@ -43,5 +57,5 @@ def check_report_folder(out: Path, what: str) -> None:
     page kbert did not write (its plots would replace files of the same names beside it)."""
     page = out / "index.html"
     check_outside_members(page, what)
-    if page.is_file() and GENERATOR not in page.read_text(encoding="utf-8", errors="replace")[:2000]:
+    if page.is_file() and not kbert_page(page):
         raise KbertError(f"{what}: {page} is a page kbert did not write; give an empty or a new folder")

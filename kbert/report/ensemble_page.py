@@ -17,7 +17,9 @@ from kbert.report.resolve import ENSEMBLE_KEYS
 
 def ensemble_report(path: Path, out: Path) -> Page:
     """Member weights, the correlations of the members' OOF predictions and the honest CV of each method."""
-    sidecar = check_sidecar(path, read_json(path, required=ENSEMBLE_KEYS))
+    from kbert.ensembles.ensemble import check_record
+
+    sidecar = check_sidecar(path, check_record(path, read_json(path, required=ENSEMBLE_KEYS)))
     frames, missing = read_member_predictions(sidecar["members"], path)  # checked before anything is drawn
     page = Page(title=f"Ensemble {path.stem}",
                 subtitle=f"{path} - {sidecar.get('competition', '')}, {sidecar.get('metric', 'score')} "

@@ -51,9 +51,10 @@ def fit_ylim(axes, values) -> None:
 
 
 def fold_label(record: dict, records: list[dict]) -> str:
-    """``3``, or ``r1-3`` when the run repeated its k folds."""
+    """``3``, or ``r1-3`` when the run repeated its k folds; `` s43`` added when it trained several seeds."""
     repeated = any(r.get("repeat") for r in records)
-    return f"r{record.get('repeat', 0)}-{record['fold']}" if repeated else str(record["fold"])
+    label = f"r{record.get('repeat', 0)}-{record['fold']}" if repeated else str(record["fold"])
+    return label + (f" s{record.get('seed')}" if len({r.get("seed") for r in records}) > 1 else "")
 
 
 def plot_fold_scores(metrics: dict, path: Path) -> Path:

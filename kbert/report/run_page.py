@@ -36,8 +36,10 @@ def run_report(run_dir: Path, out: Path) -> Page:
     """Fold scores, training curves and the OOF predictions against the truth, for one run folder. What the plots
     draw is read and checked first: a damaged file is refused before any plot is written."""
     from kbert.pipeline.artifacts import read_metrics
+    from kbert.pipeline.provenance import check_predictions_written
 
     metrics = read_metrics(run_dir / "metrics.json", required=("cv", "metric", "task"))
+    check_predictions_written(run_dir, metrics, str(run_dir))  # the page's numbers and plots tell one story
     task, metric = metrics["task"], metrics["metric"]
     histories = read_histories(run_dir)
     oof_path = run_dir / "oof.csv"
@@ -48,8 +50,14 @@ def run_report(run_dir: Path, out: Path) -> Page:
     page.figures = fold_figures(metrics, histories, out, RUN_FOLD_CAPTIONS)
     if metrics.get("folds"):
         page.tables.append(fold_table(metrics))
-    if "curves.png" not in dict(page.figures):
-        page.notes.append("no folds/<k>/history.json (a baseline run): no training curves")
+    if metrics.get("baseline"):
+        page.notes.append("a baseline keeps no folds/<k>/history.json: no training curves")
+    else:
+        lacking = sorted({p.parent.name for p in (run_dir / "folds").glob("*/fold.json")} - set(histories))
+        if not histories:
+            page.notes.append("no folds/<k>/history.json: no training curves")
+        elif lacking:
+            page.notes.append(f"no history.json in folds/{', '.join(lacking)}: their curves are not drawn")
     importance_section(run_dir, metrics, out, page)
 
     if oof is None:
@@ -88,7 +96,12 @@ def run_facts(run_dir: Path, metrics: dict) -> list[tuple[str, str]]:
                                          f"{format_score(metrics.get('fold_std', float('nan')))}"))
     if records:
         facts.append(("folds", str(len(records))))
-        facts.append(("OOF rows", str(sum(r.get("n_valid", 0) for r in records if not r.get("repeat")))))
+        first = records[0].get("seed")  # each row is validated once per seed and repeat: count one of them
+        facts.append(("OOF rows", str(sum(r.get("n_valid", 0) for r in records
+                                          if not r.get("repeat") and r.get("seed") == first))))
+    if len(metrics.get("seed_cv") or {}) > 1:
+        facts.append(("CV of each seed", ", ".join(f"seed {seed}: {format_score(cv)}"
+                                                   for seed, cv in metrics["seed_cv"].items())))
     facts.append(("model", model_description(run_dir, metrics)))
     if records and any(r.get("best_epoch") is not None for r in records):
         facts.append(("best epoch per fold", ", ".join(best_epoch(r) for r in records)))
@@ -122,7 +135,7 @@ def importance_section(run_dir: Path, metrics: dict, out: Path, page: Page) -> N
                               "column's words")
         return
     try:
-        importance = check_importance(path, read_json(path, required=IMPORTANCE_KEYS))
+        importance = check_importance(path, read_json(path, required=IMPORTANCE_KEYS), metrics)
     except KbertError as exc:
         page.notes.append(f"column importance skipped: {exc}")
         return
@@ -141,9 +154,10 @@ def importance_section(run_dir: Path, metrics: dict, out: Path, page: Page) -> N
 IMPORTANCE_KEYS = ("metric", "greater_is_better", "baseline_cv", "columns")
 
 
-def check_importance(path: Path, importance: dict) -> dict:
-    """What the page reads of importance.json, in the shapes pipeline/importance.py writes it; else one line naming
-    the key (the page notes it and goes on without the section)."""
+def check_importance(path: Path, importance: dict, metrics: dict) -> dict:
+    """What the page reads of importance.json, in the shapes pipeline/importance.py writes it, computed for this
+    run (its run id and CV, as ``metrics`` records them); else one line naming the key (the page notes it and goes
+    on without the section)."""
     check = partial(check_field, path)
 
     def entry(e) -> bool:
@@ -158,6 +172,10 @@ def check_importance(path: Path, importance: dict) -> dict:
     check("skipped", isinstance(importance.get("skipped") or {}, dict), "a mapping of columns to reasons")
     check("not_in_text", isinstance(not_in_text, list) and all(isinstance(c, str) for c in not_in_text),
           "a list of column names")
+    run = metrics.get("run_id")
+    if importance.get("run_id") != run or importance.get("run_cv") != metrics["cv"]:
+        raise KbertError(f"{path}: computed for run {importance.get('run_id')!r} (CV {importance.get('run_cv')}), not "
+                         f"this run {run!r} (CV {metrics['cv']}); kbert report --importance computes it again")
     return importance
 
 
@@ -206,7 +224,7 @@ def model_description(run_dir: Path, metrics: dict) -> str:
     text = str(model.get("encoder", "-"))
     if text == "bert" and "hidden_size" in model:
         text += f" from scratch (hidden {model['hidden_size']}, {model.get('num_hidden_layers', '?')} layers)"
-    if model.get("adapter"):
+    if model.get("adapter") not in (None, "", "none"):
         text += f" + {model['adapter']} adapters"
     return text
 
