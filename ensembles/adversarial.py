@@ -1,7 +1,7 @@
 """Adversarial validation: can a model tell the training rows from the test rows? If it can, CV is optimistic.
 
 ``kbert baseline``'s gradient-boosted trees learn to tell the stacked rows apart, cross-validated with every
-transform fitted on each fold's training part; the out-of-fold ROC AUC is the drift (< 0.55 none, up to 0.7 mild,
+transform fitted on each fold's training part and the rows of a group (the competition's) in one fold; the out-of-fold ROC AUC is the drift (< 0.55 none, up to 0.7 mild,
 above strong), permutation importance names the columns behind it, and the most test-like training rows are
 listed. The result goes to ``<out>/<competition>/adversarial.json``.
 """
@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from sklearn.inspection import permutation_importance
 from sklearn.metrics import roc_auc_score
-from sklearn.model_selection import StratifiedKFold
+from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
 from threadpoolctl import threadpool_limits
 
 from kbert.ensembles.baseline import ColumnKinds, column_kinds, make_pipeline, prepare
@@ -26,6 +26,7 @@ from kbert.io import write_json
 from kbert.pipeline.artifacts import check_output_file
 from kbert.pipeline.config import RunConfig
 from kbert.pipeline.data import input_rows, load_competition_data
+from kbert.pipeline.splits import row_groups
 
 NO_DRIFT_BELOW = 0.55  # AUC under this: the model cannot tell the files apart
 STRONG_DRIFT_ABOVE = 0.7  # AUC over this: it tells them apart on most rows
@@ -105,11 +106,14 @@ def adversarial_validation(config: RunConfig, folds: int = 5, seed: int | None =
         raise KbertError(f"{comp.name}: no column to compare besides the id and per-row identifiers")
     oof = np.zeros(len(X))
     fold_aucs, drops, read = [], [], set()
-    splitter = StratifiedKFold(folds, shuffle=True, random_state=seed)
+    # Rows that share a group (folds.group_column, repeated free text) stay in one fold, as in the competition's own
+    # folds: else the trees memorise a group's cabin from its other rows and call that drift.
+    groups = row_groups(rows, comp).groups
+    splitter = (StratifiedKFold if groups is None else StratifiedGroupKFold)(folds, shuffle=True, random_state=seed)
     # One OpenMP thread: the trees are small and the permutations are hundreds of small predictions, where
     # threads waiting on each other cost more than they give (benchmarks/NOTES.md).
     with threadpool_limits(1, user_api="openmp"):
-        for k, (train_index, valid_index) in enumerate(splitter.split(X, labels)):
+        for k, (train_index, valid_index) in enumerate(splitter.split(X, labels, groups)):
             try:
                 oof[valid_index], fold_drops, fold_read = fit_fold(X, labels, kinds, train_index, valid_index,
                                                                    seed + k)
