@@ -228,3 +228,12 @@ def test_output_folders_lie_outside_member_folders(tmp_path):
     for folder in (member, tmp_path / "runs" / "comp" / "r", tmp_path / "new" / "comp" / "r"):
         check_output_folder(folder, "--out x")
     assert not (tmp_path / "new").exists()
+
+
+def test_embed_reads_one_text_per_line_as_wc_counts_them(tmp_path):
+    """str.splitlines() also splits at U+2028, a form feed or NEL: 3 lines gave 6 vectors, every later one shifted."""
+    from kbert.cli.predict import _read_lines
+
+    path = tmp_path / "texts.txt"
+    path.write_bytes("one\u2028two\nthree\x0cfour\r\nfive\x85six\n\nlast".encode())
+    assert _read_lines(path) == ["one\u2028two", "three\x0cfour", "five\x85six", "", "last"]

@@ -110,15 +110,19 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
 
 def _read_lines(path) -> list[str]:
-    """The texts to embed, one per line; KbertError for a missing, non-UTF-8 or empty file."""
+    """The texts to embed, one per line as ``wc -l`` counts them (``\n`` or ``\r\n`` ends a line; a form feed or
+    U+2028 inside a line is text, so the vectors stay one per line); KbertError for a missing, non-UTF-8 or empty
+    file."""
     from kbert.errors import KbertError
     from kbert.io import existing_file
 
     existing_file(path, "text file")
     try:
-        texts = path.read_text(encoding="utf-8").splitlines()
+        with open(path, encoding="utf-8", newline="") as file:  # (no newline translation: a lone \r stays text)
+            text = file.read()
     except UnicodeDecodeError as exc:
         raise KbertError(f"{path}: not valid UTF-8 (byte {exc.start})") from None
+    texts = [line.removesuffix("\r") for line in text.removesuffix("\n").split("\n")] if text else []
     if not texts:
         raise KbertError(f"{path}: no lines to embed")
     return texts
