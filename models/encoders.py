@@ -99,13 +99,24 @@ def trains_from_scratch(encoder: str) -> bool:
     return encoder == "bert" or is_preset(encoder)
 
 
+def preset_names() -> list[str]:
+    """The named sizes to train from scratch (bert-tiny, modernbert-base, ...), sorted."""
+    return sorted(p for arch in ARCHITECTURES.values() for p in arch.presets)
+
+
+def is_pretrained_name(name: str) -> bool:
+    """Whether ``name`` can name a pretrained encoder: a shipped name, a local folder or a Hub id."""
+    from kbert.models import hub
+
+    return name in SHIPPED or Path(name).is_dir() or hub.is_hub_name(name)
+
+
 def preset_config(name: str) -> dict[str, Any]:
     """A named size (bert-tiny, modernbert-base, ...) as config.json-style values, including model_type."""
     for model_type, arch in ARCHITECTURES.items():
         if name in arch.presets:
             return {**arch.presets[name], "model_type": model_type}
-    known = sorted(p for arch in ARCHITECTURES.values() for p in arch.presets)
-    raise KbertError(f"unknown encoder preset '{name}'; known: {', '.join(known)}")
+    raise KbertError(f"unknown encoder preset '{name}'; known: {', '.join(preset_names())}")
 
 
 def _installed(package: str) -> Path | None:
@@ -172,12 +183,16 @@ def resolve_encoder_path(name_or_path: str | Path) -> Path:
     if str(name_or_path) in SHIPPED:
         return shipped_path(str(name_or_path))
     path = Path(name_or_path)
+    if not path.is_dir() and trains_from_scratch(str(name_or_path)):
+        raise KbertError(f"encoder '{name_or_path}' is a size trained from scratch, with no weights to load here; give "
+                         f"a pretrained one: a shipped name ({', '.join(SHIPPED)}), a Hugging Face Hub model "
+                         "(org/name[@revision]) or a model folder")
     if not path.is_dir():
         from kbert.models import hub
 
         if hub.is_hub_name(name_or_path):
             return hub.fetch(str(name_or_path)).folder
-        presets = sorted(p for arch in ARCHITECTURES.values() for p in arch.presets)
+        presets = preset_names()
         near = "" if "/" in str(name_or_path) else did_you_mean(name_or_path, [*SHIPPED, *presets])  # not a path
         raise KbertError(f"encoder '{name_or_path}'{near} is neither "
                          f"a shipped name ({', '.join(SHIPPED)}), "

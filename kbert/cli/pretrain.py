@@ -86,9 +86,14 @@ def check_encoder_source(args: argparse.Namespace) -> None:
     """--from-scratch names a size to train from scratch, --encoder a pretrained one, and --vocab-size (a
     vocabulary learned on the corpus) goes with the first: each the other way round was done silently otherwise."""
     from kbert.errors import KbertError
-    from kbert.models.encoders import trains_from_scratch
+    from kbert.models.encoders import is_pretrained_name, preset_names, trains_from_scratch
+    from kbert.names import did_you_mean
 
     if args.scratch is not None and not trains_from_scratch(args.scratch):
+        if not is_pretrained_name(args.scratch):
+            sizes = ["bert", *preset_names()]
+            raise KbertError(f"--from-scratch {args.scratch}: not a size to train from scratch"
+                             f"{did_you_mean(args.scratch, sizes)}; known: {', '.join(sizes)}")
         raise KbertError(f"--from-scratch {args.scratch}: a pretrained encoder, not a size to train from scratch; "
                          f"continue pretraining it with --encoder {args.scratch}")
     if args.encoder is not None and trains_from_scratch(args.encoder):
