@@ -829,14 +829,30 @@ def check_setting_names(keys: Iterable[str], where: str) -> None:
                          f"{did_you_mean(unknown[0], setting_names())}; see `kbert run --help`")
 
 
-def pretrained_from_scratch(encoder: str) -> bool:
-    """A folder `kbert pretrain` trained from scratch: a small encoder that fine-tunes at from-scratch rates."""
+def pretrain_record(encoder: str) -> dict:
+    """The pretrain.json of a folder `kbert pretrain` wrote ({} for any other encoder)."""
     path = Path(encoder) / "pretrain.json"
     if not path.is_file():
-        return False
+        return {}
     from kbert.io import read_json  # here: kbert.io loads pandas, and the command line reads this module first
 
-    return bool(read_json(path).get("from_scratch"))
+    return read_json(path)
+
+
+def pretrained_from_scratch(encoder: str) -> bool:
+    """A folder `kbert pretrain` trained from scratch: a small encoder that fine-tunes at from-scratch rates."""
+    return bool(pretrain_record(encoder).get("from_scratch"))
+
+
+def pretrained_elsewhere(config: RunConfig) -> list[str]:
+    """A warning when the encoder is a folder `kbert pretrain` made on another competition's text."""
+    record = pretrain_record(config.model.encoder)
+    made_on = record.get("competition")
+    if made_on in (None, config.competition.name):
+        return []
+    vocabulary = " and its vocabulary learned there" if record.get("from_scratch") else ""
+    return [f"encoder {config.model.encoder} was pretrained on competition '{made_on}''s text{vocabulary}, not "
+            f"'{config.competition.name}''s"]
 
 
 def is_pretrained(model: ModelConfig) -> bool:

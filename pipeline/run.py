@@ -29,7 +29,7 @@ from kbert.pipeline.artifacts import (RunResult, check_resumable, check_run_outp
                                       read_finished_fold, score_summary, sealed, write_folds_table, write_predictions,
                                       write_run_config)
 from kbert.pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature
-from kbert.pipeline.config import RunConfig
+from kbert.pipeline.config import RunConfig, pretrained_elsewhere
 from kbert.pipeline.data import data_warnings, input_rows, load_competition_data
 from kbert.pipeline.fold import (EncoderSource, FoldPredictions, FoldSplit, RunInputs, fold_warnings,
                                  load_encoder_source, make_head_config, make_serializer, split_folds, train_one_fold)
@@ -114,6 +114,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         fold_sets, splits, pseudo = run_splits(config, inputs, comp_dir)
         inputs.warnings += fold_warnings(config.competition, inputs.targets,
                                          [(split.description, split.train_index) for split in splits])
+        inputs.warnings += pretrained_elsewhere(config)
         with open_run_folder(config, paths.folder, {**inputs.inputs, **trained_from(source, pseudo)}, log):
             finished = [read_back_fold(paths.folder / "folds" / split.name, split, inputs) for split in splits]
             check_kept_compute(paths.folder, finished, run_compute_path(config.train.precision))

@@ -86,12 +86,14 @@ def test_masking_follows_80_10_10_and_never_touches_special_tokens():
 
 
 @pytest.mark.slow
-def test_tiny_pretraining_improves_masked_accuracy_and_kbert_run_and_the_tuning_space_use_it(tmp_path):
+def test_tiny_pretraining_improves_masked_accuracy_and_kbert_run_and_the_tuning_space_use_it(tmp_path, capsys):
     runs = tmp_path / "runs"
-    code = main(["pretrain", "titanic", "--steps", "60", "--batch-size", "32", "--eval-every", "30",
-                 "--augment", "1", "--lr", "2e-3", "--out", str(runs), "--run-id", "mlm", "--no-progress"])
+    code = main(["pretrain", "titanic", "--steps", "60", "--batch-size", "32", "--eval-every", "30", "--max-length",
+                 "64", "--augment", "1", "--lr", "2e-3", "--out", str(runs), "--run-id", "mlm", "--no-progress"])
     assert code == 0
     folder = runs / "titanic" / "pretrain" / "mlm"
+    printed = capsys.readouterr().out.splitlines()[-1]  # the command that fine-tunes it, run below
+    assert printed == f"fine-tune it: kbert run titanic --encoder {folder} --max-length 64"  # (its 64 positions)
     assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "pretrain.json",
                                                        "tokenizer.json"]
     assert not list(folder.parent.glob(".*"))  # the temp folder was renamed into place
@@ -101,10 +103,10 @@ def test_tiny_pretraining_improves_masked_accuracy_and_kbert_run_and_the_tuning_
     assert [h["step"] for h in report["history"]] == [0, 30, 60]
 
     assert report["from_scratch"] is True
-    code = main(["run", "titanic", "--encoder", str(folder), "--limit-rows", "120", "--folds", "2", "--epochs", "1",
-                 "--out", str(runs), "--submissions-dir", str(tmp_path / "subs"), "--run-id", "ft",
-                 "--no-progress"])
+    code = main([*printed.split()[3:], "--limit-rows", "120", "--folds", "2", "--epochs", "1", "--out", str(runs),
+                 "--submissions-dir", str(tmp_path / "subs"), "--run-id", "ft", "--no-progress"])
     assert code == 0
+    assert "warning: encoder" not in capsys.readouterr().out  # pretrained on this competition's text
     run_config = yaml.safe_load((runs / "titanic" / "ft" / "config.yaml").read_text())
     assert run_config["model"]["encoder"] == str(folder)
     assert run_config["train"]["learning_rate"] == 1e-3  # a small from-scratch encoder: the from-scratch rate
@@ -165,3 +167,13 @@ def test_a_masked_lm_step_over_streams_takes_the_step_of_the_whole_batch():
     assert sharded == pytest.approx(whole, rel=1e-5)
     for name, value in one.items():
         assert np.allclose(np.array(value), np.array(other[name]), rtol=1e-4, atol=1e-6), name
+
+
+def test_an_encoder_pretrained_on_another_competitions_text_is_a_warning(tmp_path):
+    from kbert.pipeline.config import pretrained_elsewhere, resolve_run_config
+
+    (tmp_path / "pretrain.json").write_text(json.dumps({"competition": "titanic", "from_scratch": True}))
+    for name, warned in (("titanic", []), ("spaceship-titanic", [
+            f"encoder {tmp_path} was pretrained on competition 'titanic''s text and its vocabulary learned there, not "
+            "'spaceship-titanic''s"])):
+        assert pretrained_elsewhere(resolve_run_config(load_competition(name), {"encoder": str(tmp_path)})) == warned

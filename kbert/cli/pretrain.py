@@ -28,7 +28,8 @@ def add_parser(commands) -> None:
     add_number(pretrain, "--vocab-size", int, "vocab_size",
                help="from scratch: WordPiece vocabulary size (default: the run's, 1000; never below the corpus's "
                     "distinct characters, each of which WordPiece keeps)")
-    add_number(pretrain, "--max-length", int, "max_length", help="maximum tokens per row (default: the run's)")
+    add_number(pretrain, "--max-length", int, "max_length", help="maximum tokens per row (default: the run's); from scratch, also the encoder's position "
+                    "table, so a run fine-tuning it takes at most this many")
     add_number(pretrain, "--seed", int, "seed", default=42)
     pretrain.add_argument("--run-id", help="folder name under runs/<competition>/pretrain/ (default: timestamp)")
     add_data_dir(pretrain, help="folder with the competition's CSV files (default: as kbert run)")
@@ -78,7 +79,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
                               whole_word=args.whole_word, augment=args.augment, holdout=args.holdout,
                               eval_every=args.eval_every, seed=args.seed)
     folder = pretrain(config, settings, run_id=args.run_id, progress=not args.no_progress)
-    print(f"encoder: {folder}\nfine-tune it: kbert run {args.competition} --encoder {folder}")
+    length = f" --max-length {args.max_length}" if args.max_length is not None else ""  # (its position table)
+    print(f"encoder: {folder}\nfine-tune it: kbert run {args.competition} --encoder {folder}{length}")
     return 0
 
 
