@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -88,7 +88,32 @@ def resolve_adapter(name: str, overrides: Mapping[str, Any] | None = None) -> Ad
         raise KbertError(f"unknown adapter '{name}'; known: none, {', '.join(PRESETS)}")
     config = AdapterConfig.from_dict({**PRESETS[name], **{k: v for k, v in (overrides or {}).items() if v is not None}})
     check_adapter_config(config)
+    check_acts(config)
     return config
+
+
+def check_acts(config: AdapterConfig) -> None:
+    """Each setting a user gives acts: targets name layers, and the quantization settings have a quantized base.
+    (Checked where settings are given, not where a saved run's adapters are loaded again.)"""
+    if not _patterns(config.targets):
+        raise KbertError(f"adapter targets {config.targets!r} name no layer; give a named set "
+                         f"({', '.join(TARGET_SET_NAMES)}) or comma-separated layer patterns")
+    plain = AdapterConfig()
+    quantizing = [key for key in ("group_size", "quantize_embeddings", "merge_dequantize")
+                  if getattr(config, key) != getattr(plain, key)]
+    if quantizing and not config.bits:
+        raise KbertError(f"adapter setting {quantizing[0]} acts only with a quantized base (bits 4 or 8: qlora); "
+                         "here it would be ignored: drop it")
+
+
+def check_layer_patterns(config: AdapterConfig, adapted: Iterable[str]) -> None:
+    """Each rank_pattern and alpha_pattern regex finds one of the ``adapted`` layers (else it is ignored)."""
+    adapted = sorted(adapted)
+    for key, patterns in (("rank_pattern", config.rank_pattern), ("alpha_pattern", config.alpha_pattern)):
+        for pattern in patterns:
+            if not any(re.search(pattern, name) for name in adapted):
+                raise KbertError(f"adapter {key} '{pattern}' matches none of the {len(adapted)} adapted layers (e.g. "
+                                 f"{adapted[0]}); here it would be ignored: drop it")
 
 
 def check_adapter_config(config: AdapterConfig) -> None:
@@ -259,7 +284,9 @@ def apply_adapters(model: nn.Module, config: AdapterConfig) -> AdapterReport:
         if arch is None or targets not in arch.adapter_targets:
             raise KbertError(f"no '{targets}' adapter targets for {type(root).__name__}; set targets explicitly")
         targets = arch.adapter_targets[targets]
-    linears = [name for name, module in root.named_modules() if isinstance(module, (nn.Linear, nn.QuantizedLinear))]
+    # (not the encoder's own pooler: kbert's heads pool the token states themselves, so it never gets a gradient)
+    linears = [name for name, module in root.named_modules()
+               if isinstance(module, (nn.Linear, nn.QuantizedLinear)) and name.split(".")[0] != "pooler"]
     chosen: set[str] = set()
     for pattern in _patterns(targets):
         hits = [name for name in linears if matches(name, pattern)]
@@ -319,6 +346,7 @@ def apply_adapters(model: nn.Module, config: AdapterConfig) -> AdapterReport:
     trainable = adapter_weights(model)
     if set(trainable) != expected:  # injection did not take: never train a silently unadapted model
         raise RuntimeError(f"adapter injection failed: trainable {sorted(set(trainable) ^ expected)[:6]} differ")
+    saved = [name for name in saved if tree_flatten(task_modules[name].parameters())]  # (cls pooling: no weights)
     return AdapterReport(injected=injected, saved_modules=saved, trainable=sum(v.size for v in trainable.values()),
                          total=parameter_count(model))
 

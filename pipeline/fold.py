@@ -26,7 +26,8 @@ from kbert.features import GENERIC_SERIALIZERS, SERIALIZERS, Serializer
 from kbert.features.tabular import TabularFeatures
 from kbert.io import write_csv, write_json
 from kbert.models import runtime
-from kbert.models.adapters import AdapterConfig, apply_adapters, merge_adapters, weights_fingerprint
+from kbert.models.adapters import (AdapterConfig, apply_adapters, check_layer_patterns, merge_adapters,
+                                  weights_fingerprint)
 from kbert.models.architecture import architecture, reinitialise_top_blocks
 from kbert.models.bert import BertConfig
 from kbert.models.checkpoints import AdapterOnly, save_checkpoint
@@ -380,6 +381,7 @@ def prepare_fold(job: FoldJob, source: EncoderSource, log) -> PreparedFold:
         set_recompute(model.encoder, True)
     if source.adapter is not None:
         report = apply_adapters(model, source.adapter)
+        check_layer_patterns(source.adapter, report.injected)
         if split.first:
             log(report.summary())
     return PreparedFold(fit, tokenizer_path, encoder_config, data, model, fusion, fold_seed, budget)

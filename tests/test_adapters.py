@@ -80,7 +80,30 @@ def test_default_targets_cover_every_linear_layer_of_the_blocks(family):
     per_layer = {"bert": 6, "modernbert": 4, "neobert": 4}[family]
     assert len(report.injected) == layers * per_layer
     assert sum(isinstance(m, LoRALinear) for m in model.modules()) == layers * per_layer
-    assert report.saved_modules == ["head", "pooler", "fusion"]
+    assert report.saved_modules == ["head"]  # cls pooling, no fusion: nothing else holds weights (it named them)
+    assert apply_adapters(tiny_model(family, pooling="attention"),
+                          resolve_adapter("balanced")).saved_modules == ["head", "pooler"]
+
+
+def test_settings_that_would_change_nothing_are_refused():
+    """Targets that name no layer, quantization settings without a quantized base, a rank or alpha pattern that
+    finds no adapted layer, and the encoder's own pooler (kbert's heads never read it: its adapter stays 0) were
+    accepted, and the run trained as without them."""
+    from kbert.models.adapters import check_layer_patterns
+
+    with pytest.raises(KbertError, match="^adapter targets ' , ' name no layer"):
+        resolve_adapter("lora", {"targets": " , "})
+    for key, value in (("group_size", 32), ("quantize_embeddings", True), ("merge_dequantize", False)):
+        with pytest.raises(KbertError, match=f"^adapter setting {key} acts only with a quantized base"):
+            resolve_adapter("lora", {key: value})
+    assert resolve_adapter("qlora", {"group_size": 32}).group_size == 32
+    config = resolve_adapter("lora", {"rank_pattern": {"nomatch": 4}})
+    report = apply_adapters(tiny_model("bert"), config)
+    with pytest.raises(KbertError, match="^adapter rank_pattern 'nomatch' matches none of the 12 adapted layers"):
+        check_layer_patterns(config, report.injected)
+    check_layer_patterns(resolve_adapter("lora", {"alpha_pattern": {r"layer\.0\.": 4}}), report.injected)
+    with pytest.raises(KbertError, match="^adapter target 'pooler.dense' matches no linear layer"):
+        apply_adapters(tiny_model("bert"), resolve_adapter("lora", {"targets": "pooler.dense"}))
 
 
 @pytest.mark.parametrize("family", list(ENCODERS))
