@@ -73,7 +73,11 @@ def person_word(sex: str, age: float, title: str) -> str:
     return "boy" if young else "man"
 
 
-def family_phrase(sibsp: int, parch: int) -> str:
+def family_phrase(sibsp: object, parch: object) -> str:
+    """Who travelled along, in words; a count missing (a new row to predict) makes the family unknown."""
+    if pd.isna(sibsp) or pd.isna(parch):
+        return "travelling with an unknown family"
+    sibsp, parch = int(sibsp), int(parch)
     if sibsp + parch == 0:
         return "travelling alone"
     return (f"travelling with {count_words(sibsp)} siblings or spouses and {count_words(parch)} parents or children, "
@@ -131,16 +135,15 @@ class TitanicSerializer:
         age = float(row["Age"]) if pd.notna(row["Age"]) else float("nan")
         title = title_of(str(row["Name"]))
         sex = str(row["Sex"])
-        sibsp, parch = int(row["SibSp"]), int(row["Parch"])
         facts = {
             "person": person_word(sex, age, title),
             "sex": sex,
             "title": title,
             "age": life_stage(age),
-            "pclass": CLASS_WORDS.get(int(row["Pclass"]), "an unknown class"),
+            "pclass": CLASS_WORDS.get(int(row["Pclass"]) if pd.notna(row["Pclass"]) else None, "an unknown class"),
             "port": PORT_WORDS.get(row["Embarked"], "an unknown port") if pd.notna(row["Embarked"]) else "an unknown port",
             "fare": fare_band(float(row["Fare"]) if pd.notna(row["Fare"]) else float("nan"), self.fare_edges_),
-            "family": family_phrase(sibsp, parch),
+            "family": family_phrase(row["SibSp"], row["Parch"]),
             "cabin": cabin_phrase(row["Cabin"]),
         }
         if "TicketGroupSize" in row.index:  # from add_features (YAML ``features: titanic``)

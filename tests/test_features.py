@@ -45,6 +45,9 @@ def test_text_states_missing_values_explicitly(titanic, train_rows):
     first = serializer.transform(train_rows.iloc[:1])[0]
     assert first.startswith("A man with the title mister, a young adult, travelling in third class.")
     assert "a family of two" in first
+    # A new row to predict may lack the counts and the class the training rows all had (a traceback before).
+    blank = serializer.transform(train_rows.iloc[:1].assign(SibSp=np.nan, Pclass=np.nan))[0]
+    assert "travelling with an unknown family" in blank and "an unknown class" in blank and "nan" not in blank
 
 
 def test_every_row_of_train_and_test_serializes(titanic, train_rows, test_rows):
