@@ -132,7 +132,7 @@ def submission_values(task: str, predictions: np.ndarray, columns: dict[str, str
     for j, name in enumerate(names):
         values = table[:, j]
         if Task(task).probabilities and columns[name] != "float":  # labels: 0/1, or a binary task's two classes
-            cut = threshold[j] if isinstance(threshold, np.ndarray) else threshold
+            cut = threshold[j] if np.ndim(threshold) else threshold  # one cut per label, or one for every label
             values = (values >= cut).astype(int)
             if task == Task.BINARY and classes is not None:
                 values = np.asarray(classes, dtype=object)[values]

@@ -170,3 +170,17 @@ def test_a_binary_task_of_two_words_submits_the_words_and_refuses_others(titanic
     frame.loc[3, "Survived"] = "survived"
     with pytest.raises(KbertError, match="must hold class labels died or lived, found \\['survived'\\]"):
         validate_submission(frame, sample, words)
+
+
+def test_multilabel_labels_take_one_cut_or_one_per_label_however_it_is_held():
+    """A multilabel run records one cv_threshold; kbert predict --submission read it as a 0-d array and indexed it
+    ('too many indices for array'), and so did the offline package's notebook."""
+    import numpy as np
+
+    probabilities = np.array([[0.9, 0.2], [0.4, 0.7]])
+    columns, labels = {"a": "int", "b": "int"}, {"a": [1, 0], "b": [0, 1]}
+    for threshold in (0.5, np.asarray(0.5), np.array([0.5, 0.5])):
+        values = submission_values("multilabel", probabilities, columns, ["a", "b"], None, threshold)
+        assert {name: list(v) for name, v in values.items()} == labels
+    values = submission_values("multilabel", probabilities, columns, ["a", "b"], None, np.array([0.95, 0.1]))
+    assert {name: list(v) for name, v in values.items()} == {"a": [0, 0], "b": [1, 1]}
