@@ -152,8 +152,9 @@ def target_encoder(classify: bool, seed: int):
 
 
 def kept_words(texts: pd.Series) -> int:
-    """How many words the trees' TF-IDF keeps from ``texts`` (those in two rows or more): its SVD needs more than
-    its 32 components (a column of words each seen once, such as part codes, kept too few and stopped the fit)."""
+    """How many words a TF-IDF keeps from ``texts`` (those in two rows or more): the trees' SVD needs more than its
+    32 components (a column of words each seen once, such as part codes, kept too few and stopped the fit); the
+    linear model's TF-IDF none ('After pruning, no terms remain' on a tiny fold)."""
     from sklearn.feature_extraction.text import CountVectorizer
 
     try:
@@ -177,7 +178,7 @@ def make_pipeline(model: str, kinds: ColumnKinds, classify: bool, seed: int, tra
         if many:
             parts.append(("target-encoded", chain(target_encoder(classify, seed), StandardScaler()), many))
         parts += [(f"text:{c}", TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True), c)
-                  for c in kinds.text]
+                  for c in kinds.text if kept_words(train_rows[c].fillna("").astype(str))]  # (none: no word to read)
         if classify:
             estimator = LogisticRegression(C=1.0, max_iter=3000)
         else:  # the lasso's penalty is picked by a 5-fold CV on the fold's training rows

@@ -30,7 +30,7 @@ from pathlib import Path
 from kbert.errors import KbertError
 from kbert.io import make_folder, read_json, read_text, removed_on_refusal, write_json, write_text
 from kbert.ensembles.ensemble import check_record
-from kbert.ensembles.predict import embedding_spec, is_baseline
+from kbert.ensembles.predict import check_all_rows, embedding_spec, is_baseline
 from kbert.names import check_name
 from kbert.pipeline.artifacts import member_folder_of
 from kbert.pipeline.config import RunConfig, find_competition, read_yaml
@@ -148,6 +148,7 @@ def check_predictable(folder: Path, config: RunConfig) -> None:
     from kbert.pipeline.new_rows import check_fold_models
 
     if is_baseline(folder):
+        check_all_rows(folder, config)
         saved = read_yaml(folder / "config.yaml")
         baseline = Baseline(saved["baseline"], config.competition.task)
         for k in range(config.competition.folds.k):

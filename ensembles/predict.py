@@ -27,7 +27,7 @@ from kbert.errors import KbertError
 from kbert.io import read_json, read_predictions, write_csv
 from kbert.names import check_name
 from kbert.pipeline.artifacts import check_predictions_file, input_paths, predictions_path, read_metrics
-from kbert.pipeline.config import competition_from_dict, read_yaml
+from kbert.pipeline.config import RunConfig, competition_from_dict, read_yaml
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
 from kbert.pipeline.new_rows import new_row_features, predict_run, read_fold_table
 from kbert.pipeline.predictions import average_folds, native, predictions_frame
@@ -39,6 +39,14 @@ from kbert.pipeline.submission import write_predictions_submission
 def is_baseline(run_dir: Path) -> bool:
     saved = read_yaml(Path(run_dir) / "config.yaml")
     return isinstance(saved, dict) and "baseline" in saved
+
+
+def check_all_rows(run_dir: Path, config: RunConfig) -> None:
+    """A baseline predicts new rows only when it was trained on every row (its column kinds and fitted transforms
+    are read again from the training file)."""
+    if config.limit_rows is not None:
+        raise KbertError(f"{run_dir}: a --limit-rows {config.limit_rows} baseline; kbert predict reads baselines "
+                         "trained on every row")
 
 
 def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, data_dir: str | None = None,
@@ -55,9 +63,7 @@ def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, da
     out = predictions_path(run_dir, data_path, out)
     data = load_competition_data(comp, data_dir if data_dir is not None else config.data_dir or None)
     check_predictions_file(out, data_path, run_dir.parent, *input_paths(comp, data.data_dir))
-    if config.limit_rows is not None:
-        raise KbertError(f"{run_dir}: a --limit-rows {config.limit_rows} baseline; kbert predict reads baselines "
-                         "trained on every row")
+    check_all_rows(run_dir, config)
     expected = expected_of(comp, data)
     check_member(run_dir, expected, str(run_dir), with_test=False)  # this competition, its files
     train = data.train

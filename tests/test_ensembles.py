@@ -745,6 +745,16 @@ def test_trees_fit_a_class_held_by_a_single_row():
     assert valid.shape == (6, 1)
 
 
+def test_the_linear_model_fits_a_text_column_whose_words_are_each_in_one_row():
+    """Its TF-IDF keeps words seen in two rows or more; with none (a tiny fold), scikit-learn refused the fit ('After
+    pruning, no terms remain'): the column is left out, as it gives the model no word to read."""
+    rows = pd.DataFrame({"x": np.arange(8.0), "words": [f"alpha{i} beta{i} gamma{i} delta{i}" for i in range(8)]})
+    kinds = column_kinds(rows, exclude=())
+    assert kinds.text == ["words"]
+    valid, = fit_predict_fold(Baseline("logreg", "binary"), rows, np.array([0, 1] * 4), [rows], 0)
+    assert valid.shape == (8, 1)
+
+
 def test_a_choice_among_methods_needs_three_outer_folds(tmp_path):
     """With two outer folds, each one's inner folds are the other fold, which it scores: no rows to fit a method on,
     so every fold 'chose' the first method, and the nested choice was reported as honest."""
