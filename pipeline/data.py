@@ -156,6 +156,9 @@ def check_feature_rows(frame: pd.DataFrame, competition: CompetitionConfig, path
         _check_dtype(frame, column, dtype, path, allow_missing=column != competition.id_column)
     _check_ids(frame, competition.id_column, path)
     numbers_as_declared(frame, competition)
+    ids = frame[competition.id_column]
+    if competition.columns.get(competition.id_column) == "int" and pd.api.types.is_float_dtype(ids):
+        frame[competition.id_column] = ids.astype(np.int64)  # 892.0 is id 892 (checked whole, none missing)
 
 
 def numbers_as_declared(frame: pd.DataFrame, competition: CompetitionConfig) -> None:

@@ -50,7 +50,7 @@ def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, compet
         values = frame[column]
         if values.isna().any():
             raise KbertError(f"{source}: column '{column}' has missing values")
-        if dtype == "int" and not pd.api.types.is_integer_dtype(values):
+        if dtype == "int" and not is_integers(values):
             raise KbertError(f"{source}: column '{column}' must be integers, found dtype {values.dtype}")
         if dtype in ("int", "str") and competition.task == Task.BINARY and column != id_column \
                 and not values.isin(classes).all():
@@ -67,6 +67,14 @@ def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, compet
             row = int(outside.to_numpy().argmax())
             raise KbertError(f"{source}: column '{column}' holds probabilities, but row {row + 2} has "
                              f"{values.iloc[row]:g}, outside [0, 1]")
+
+
+def is_integers(values: pd.Series) -> bool:
+    """Integers, or integers as the files write them (``0061``, kept as text so that the submission gives the ids
+    back as the sample has them: kbert.io.parse_csv)."""
+    if pd.api.types.is_integer_dtype(values):
+        return True
+    return not pd.api.types.is_numeric_dtype(values) and values.astype(str).str.fullmatch(r"[+-]?\d+").all()
 
 
 def write_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competition: CompetitionConfig, path: Path,

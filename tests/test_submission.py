@@ -95,6 +95,13 @@ def test_ids_are_written_as_the_sample_writes_them(titanic, tmp_path):
     unpadded = pd.DataFrame({"PassengerId": [892, 893], "Survived": [0, 1]})
     with pytest.raises(KbertError, match="2 id\\(s\\) in 'PassengerId' are not in the sample submission"):
         validate_submission(unpadded, sample, comp)
+    # Declared int, as titanic.yaml declares it: 0892 is an integer as the files write it (every run and baseline
+    # failed at its very end: "must be integers, found dtype str"); a word is not.
+    path = write_submission(frame, sample, titanic, tmp_path / "int.csv")
+    assert path.read_text() == "PassengerId,Survived\n0892,0\n0893,1\n"
+    with pytest.raises(KbertError, match="column 'PassengerId' must be integers"):
+        validate_submission(frame.assign(PassengerId=["0892", "x893"]), sample.assign(PassengerId=["0892", "x893"]),
+                            titanic)
 
     test_ids = pd.Series([893.0, 892.0])  # pandas read test.csv's ids as floats
     frame = submission_frame("PassengerId", test_ids, {"Survived": np.array([1, 0])}, titanic.submission_columns)
@@ -184,3 +191,15 @@ def test_multilabel_labels_take_one_cut_or_one_per_label_however_it_is_held():
         assert {name: list(v) for name, v in values.items()} == labels
     values = submission_values("multilabel", probabilities, columns, ["a", "b"], None, np.array([0.95, 0.1]))
     assert {name: list(v) for name, v in values.items()} == {"a": [0, 0], "b": [1, 1]}
+
+
+def test_new_rows_ids_written_as_floats_are_the_declared_integers(titanic, tmp_path):
+    """A file to predict whose ids read 892.0: plain predictions kept 892.0, and a submission of them was refused
+    naming the output file ('must be integers, found dtype float64') after every member had predicted."""
+    from kbert.pipeline.config import BUNDLED_DATA_DIR
+    from kbert.pipeline.data import check_feature_rows
+
+    rows = pd.read_csv(BUNDLED_DATA_DIR / "titanic" / "test.csv").head(3)
+    rows["PassengerId"] = rows["PassengerId"].astype(float)
+    check_feature_rows(rows, titanic, tmp_path / "new.csv")
+    assert rows["PassengerId"].tolist() == [892, 893, 894] and rows["PassengerId"].dtype.kind == "i"

@@ -62,7 +62,7 @@ def add_parser(commands) -> None:
     package.add_argument("--push", action="store_true",
                          help="then upload the dataset (a new version if it exists) and push the notebook through "
                               "the official kaggle client, with kbert submit's credentials")
-    package.add_argument("--notes", default="kbert package", help="the dataset version's notes (with --push)")
+    package.add_argument("--notes", help="the dataset version's notes (with --push; default 'kbert package')")
     package.add_argument("--resolve-only", action="store_true",
                          help="only check that every wheel exists for this Python and print them; write nothing")
     package.set_defaults(handler=cmd_package)
@@ -136,6 +136,11 @@ def cmd_package(args: argparse.Namespace) -> int:
     from kbert.ensembles.package import (PackageSpec, build_package, check_backend, check_spec, package_contents,
                                          requirements, resolve_wheels)
 
+    if args.notes is not None and not args.push:
+        raise KbertError("--notes: the notes of a dataset version that --push uploads; without --push they would be "
+                         "dropped (give them to kbert push)")
+    if args.resolve_only and args.push:
+        raise KbertError("--resolve-only writes nothing, so there is nothing to --push: give one of them")
     spec = PackageSpec(Path(args.source), Path(args.out), args.dataset, args.python, args.device, args.competition)
     if args.resolve_only:
         check_spec(spec, writing=False)
@@ -151,7 +156,7 @@ def cmd_package(args: argparse.Namespace) -> int:
             raise KbertError(NO_CREDENTIALS)
     build_package(spec)
     if args.push:
-        args.package = str(spec.out)
+        args.package, args.notes = str(spec.out), args.notes or "kbert package"
         return cmd_push(args)
     return 0
 

@@ -62,6 +62,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.run.endswith(".json"):
         if not args.output:
             raise KbertError(f"kbert predict {args.run}: an ensemble needs --output (the submission file to write)")
+        if args.tta > 1 or args.submission:  # each member predicts as it was made, and a blend is a submission
+            raise KbertError(f"{'--tta' if args.tta > 1 else '--submission'}: an ensemble writes its submission with "
+                             "each member's own settings; drop it")
         path = predict_ensemble(Path(args.run), args.data, Path(args.output), args.out_dir, args.data_dir)
         print(f"submission: {path}")
         return 0
