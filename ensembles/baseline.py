@@ -40,7 +40,7 @@ from kbert.pipeline.splits import fold_rows
 from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.pipeline.predictions import average_folds, metric_targets, native, predictions_frame, score
 from kbert.pipeline.provenance import Expected
-from kbert.pipeline.submission import write_predictions_submission
+from kbert.pipeline.submission import check_submittable, write_predictions_submission
 from kbert.pipeline.targets import encode_targets, raw_targets
 from kbert.tasks import Task
 
@@ -361,6 +361,7 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
                                                   for k in range(comp.folds.k)])
         expected = Expected(comp, input_fingerprint(comp, data.data_dir), train[comp.id_column],
                             data.test[comp.id_column], truth, targets.classes)
+        check_submittable(expected, data.sample_submission, submission_path)
         source = None if not embeddings else open_embedding_source(embeddings, config, comp_dir, expected,
                                                                    fold_of_row)
         try:

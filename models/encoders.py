@@ -286,8 +286,8 @@ def check_limits(values: dict[str, Any], tokenizer: Tokenizer | None, max_length
                              "(vocab_size in config.json): the tokenizer is not this model's")
     limit = max_tokens(values)
     if max_length is not None and limit is not None and max_length > limit:
-        raise KbertError(f"--max-length {max_length} (given, or the competition's training.max_length) exceeds the "
-                         f"encoder's max_position_embeddings {limit}: give --max-length {limit} or less")
+        raise KbertError(f"max length {max_length} exceeds the encoder's max_position_embeddings {limit}: give "
+                         f"--max-length {limit} or less")
 
 
 def load_encoder(name_or_path: str | Path, spm_normalization: str = "sentencepiece",

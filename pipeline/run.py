@@ -44,7 +44,7 @@ from kbert.pipeline.predictions import (average_folds, cross_fitted_threshold_sc
 from kbert.pipeline.profile import add_part, set_part, stage
 from kbert.pipeline.pseudo import PseudoLabels, pseudo_labels
 from kbert.pipeline.provenance import Expected
-from kbert.pipeline.submission import write_predictions_submission
+from kbert.pipeline.submission import check_submittable, write_predictions_submission
 from kbert.pipeline.targets import encode_targets, num_outputs, raw_targets
 from kbert.tasks import Task
 
@@ -110,6 +110,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                      submission=submission_path or Path(config.submissions_dir) / config.competition.name /
                      f"{run_id}.csv")
     check_run_outputs(config, paths.folder, paths.submission)
+    check_submittable(run_expected(inputs), inputs.sample_submission, paths.submission)
     with removed_on_refusal() as created:  # refused before a fold finished: nothing is left behind
         fold_sets, splits, pseudo = run_splits(config, inputs, comp_dir)
         inputs.warnings += fold_warnings(config.competition, inputs.targets,

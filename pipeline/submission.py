@@ -11,7 +11,7 @@ import pandas as pd
 from kbert.errors import KbertError
 from kbert.io import write_csv
 from kbert.pipeline.config import CompetitionConfig
-from kbert.pipeline.predictions import submission_frame, submission_values
+from kbert.pipeline.predictions import native, submission_frame, submission_values
 from kbert.pipeline.provenance import Expected
 from kbert.tasks import Task, submission_kind
 
@@ -80,6 +80,12 @@ def is_integers(values: pd.Series) -> bool:
 def write_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competition: CompetitionConfig, path: Path,
                      test_ids: pd.Series | None = None) -> Path:
     """Order rows like the sample submission (or the test file), validate, then write atomically."""
+    return write_csv(path, ordered_submission(frame, sample, competition, path, test_ids))
+
+
+def ordered_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competition: CompetitionConfig, path: Path,
+                       test_ids: pd.Series | None = None) -> pd.DataFrame:
+    """``frame`` in the sample submission's (or the test file's) row order and id text, validated."""
     order = sample[competition.id_column] if sample is not None else test_ids
     ids = frame[competition.id_column] if competition.id_column in frame.columns else None
     if order is not None and ids is not None and len(ids) == len(order) and set(ids) == set(order) \
@@ -87,15 +93,29 @@ def write_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competiti
         frame = frame.set_index(competition.id_column).loc[order].reset_index()
         frame[competition.id_column] = order.to_numpy()  # as the sample writes them (60, where test.csv has 60.0)
     validate_submission(frame, sample, competition, source=str(path), test_ids=test_ids)
-    return write_csv(path, frame)
+    return frame
 
 
 def write_predictions_submission(expected: Expected, predictions: np.ndarray, threshold: float | np.ndarray,
                                  sample: pd.DataFrame | None, path: Path) -> Path:
     """Test predictions (see pipeline/predictions.py) of ``expected``'s test rows -> the submission's columns and
     dtypes -> a checked, atomic ``write_submission``."""
+    return write_csv(path, predictions_submission(expected, predictions, threshold, sample, path))
+
+
+def predictions_submission(expected: Expected, predictions: np.ndarray, threshold: float | np.ndarray,
+                           sample: pd.DataFrame | None, path: Path) -> pd.DataFrame:
     competition, test_ids = expected.competition, expected.test_ids
     values = submission_values(competition.task, predictions, competition.value_columns, competition.target_columns,
                                expected.classes, threshold)
     frame = submission_frame(competition.id_column, test_ids, values, competition.submission_columns)
-    return write_submission(frame, sample, competition, path, test_ids=test_ids)
+    return ordered_submission(frame, sample, competition, path, test_ids=test_ids)
+
+
+def check_submittable(expected: Expected, sample: pd.DataFrame | None, path: Path) -> None:
+    """The submission of ``expected``'s test rows can be written (its ids, columns and dtypes against the sample
+    submission), checked with placeholder predictions before any training: a refusal after the last fold loses the
+    whole run."""
+    columns = expected.columns
+    table = np.full((len(expected.test_ids), len(columns)), 1.0 / len(columns) if expected.classes else 0.5)
+    predictions_submission(expected, native(expected.competition.task, table), 0.5, sample, path)

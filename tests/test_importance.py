@@ -118,5 +118,7 @@ def test_a_competition_serializer_gets_the_column_as_missing():
     assert ("PassengerId", "missing") not in removals(serializer, rows.columns, "PassengerId")
     _, missing = without_column(serializer, rows, "Embarked", "missing")
     assert serializer.transform(missing) == ["woman, an adult, an unknown port."]
-    with pytest.raises(ValueError):  # a class it cannot write as missing: column_importance skips it
-        serializer.transform(without_column(serializer, rows, "Pclass", "missing")[1])
+    # a missing class or family count is written as unknown too (a new row to predict may lack them)
+    template = TitanicSerializer(template="{person} in {pclass}, {family}.").fit(rows)
+    for column in ("Pclass", "SibSp"):
+        assert "unknown" in template.transform(without_column(template, rows, column, "missing")[1])[0]

@@ -203,3 +203,28 @@ def test_new_rows_ids_written_as_floats_are_the_declared_integers(titanic, tmp_p
     rows["PassengerId"] = rows["PassengerId"].astype(float)
     check_feature_rows(rows, titanic, tmp_path / "new.csv")
     assert rows["PassengerId"].tolist() == [892, 893, 894] and rows["PassengerId"].dtype.kind == "i"
+
+
+@pytest.mark.parametrize("command", [["baseline", "competition.yaml", "--model", "logreg", "--run-id", "x"],
+                                     ["run", "competition.yaml", "--encoder", "bert-tiny", "--run-id", "x",
+                                      "--no-progress"]])
+def test_a_submission_that_cannot_be_written_is_refused_before_any_training(command, tmp_path, monkeypatch, capsys):
+    """Its check ran after the last fold, so a refusal there (ids written 0061 under a declared int, before that was
+    fixed) lost the whole run: the run and the baseline now check the submission with placeholder predictions
+    first, through the very check that writes it."""
+    import shutil
+    from pathlib import Path
+
+    from kbert.cli import main
+    from kbert.pipeline import submission
+
+    def refused(frame, sample, competition, source, test_ids=None):
+        raise KbertError(f"{source}: refused")
+
+    shutil.copytree(Path(__file__).parent / "bad_inputs" / "base", tmp_path, dirs_exist_ok=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(submission, "validate_submission", refused)
+    assert main(command) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == "kbert: error: submissions/mini-titanic/x.csv: refused"
+    assert "fold 1" not in captured.out and not (tmp_path / "runs" / "mini-titanic" / "x").exists()

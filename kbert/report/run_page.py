@@ -39,11 +39,11 @@ def run_report(run_dir: Path, out: Path) -> Page:
     from kbert.pipeline.provenance import check_predictions_written
 
     metrics = read_metrics(run_dir / "metrics.json", required=("cv", "metric", "task"))
-    check_predictions_written(run_dir, metrics, str(run_dir))  # the page's numbers and plots tell one story
     task, metric = metrics["task"], metrics["metric"]
     histories = read_histories(run_dir)
     oof_path = run_dir / "oof.csv"
     oof = read_oof(oof_path, task) if oof_path.is_file() else None
+    check_predictions_written(run_dir, metrics, str(run_dir))  # (after the cells: a damaged one is named precisely)
     page = Page(title=f"Run {metrics.get('run_id', run_dir.name)}",
                 subtitle=f"{run_dir} - {task}, {metric} ({direction(metrics.get('greater_is_better', True))})")
     page.facts = run_facts(run_dir, metrics)
