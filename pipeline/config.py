@@ -534,8 +534,13 @@ def setting_row(name: str, f: Field) -> str:
 
 
 def check_competition_settings(competition: CompetitionConfig, where: str = "") -> None:
-    """The numbers of a competition's `training:`, `head:`, `folds:` and `text:` sections; ``where`` is put
-    before the key in messages (``competition.yaml: ``)."""
+    """The keys of a competition's `training:` and `head:` sections, and the numbers of those and of its `folds:`
+    and `text:` sections; ``where`` is put before the key in messages (``competition.yaml: ``)."""
+    check_setting_names(competition.training, f"{where}training: ")
+    unknown_head_keys = set(competition.head) - {f.name for f in fields(HeadOptions)}
+    if unknown_head_keys:
+        raise KbertError(f"{where}head: unknown key(s) {sorted(unknown_head_keys)}; known: "
+                         f"{', '.join(f.name for f in fields(HeadOptions))}")
     check_settings(competition.training, lambda key: f"{where}training.{key}")
     check_settings(competition.head, lambda key: f"{where}head.{key}")
     check_settings(asdict(competition.folds), lambda key: f"{where}{key}", "folds.")
@@ -728,9 +733,6 @@ def parse_competition(data: Any, source: Path) -> CompetitionConfig:
         check_unique(text.get(key), f"{source}: text.{key}")
     check_unique(data.get("classes"), f"{source}: classes")
     head = data.get("head", {}) or {}
-    unknown_head_keys = set(head) - {f.name for f in fields(HeadOptions)}
-    if unknown_head_keys:
-        raise KbertError(f"{source}: unknown keys under 'head': {sorted(unknown_head_keys)}")
     folds = data.get("folds", {}) or {}
     unknown_fold_keys = set(folds) - {f.name for f in fields(FoldConfig)}
     if unknown_fold_keys:
@@ -759,7 +761,6 @@ def parse_competition(data: Any, source: Path) -> CompetitionConfig:
     check_types(competition, f"{source}: ")
     if competition.data_dir:  # relative to the YAML file
         competition = replace(competition, data_dir=str((source.parent / competition.data_dir).resolve()))
-    check_setting_names(competition.training, f"{source}: training: ")
     from kbert.features import FEATURES, SERIALIZERS  # here: the command line reads this module first
 
     check_known("text.serializer", competition.text.serializer, SERIALIZERS, f"{source}: ")

@@ -286,6 +286,20 @@ def test_text_choices_are_checked_in_the_competition_file_and_in_a_resolved_conf
         run_config_from_file(path)
 
 
+@pytest.mark.parametrize("section,refusal", [("training", "competition.training: unknown setting(s) 'bogus'"),
+                                              ("head", "competition.head: unknown key(s) ['bogus']; known: ")])
+def test_unknown_keys_of_a_resolved_configs_competition_sections_are_refused(titanic, tmp_path, section, refusal):
+    """As in the competition's own YAML (a run's config.yaml took them, and wrote them into the next run's)."""
+    from kbert.pipeline.config import run_config_from_file
+
+    resolved = resolve_run_config(titanic).to_dict()
+    resolved["competition"][section]["bogus"] = 1
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+    with pytest.raises(KbertError, match=re.escape(f"config.yaml: {refusal}")):
+        run_config_from_file(path)
+
+
 SETTINGS_CLASSES = ("TextConfig", "FoldConfig", "ModelConfig", "TrainConfig", "HeadOptions", "RunConfig")
 
 
