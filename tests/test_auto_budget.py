@@ -4,6 +4,7 @@ finish inside the limit; the final ensemble's reserve, timed; the state, checked
 
 import dataclasses
 import json
+import time
 
 import numpy as np
 import pytest
@@ -359,8 +360,10 @@ def test_a_state_that_is_not_what_kbert_auto_wrote_is_refused_and_one_auto_runs_
     bad = {"spent_s": -3000.0, "measured": {"baseline:hgb": [[1.0, -2.0]]}, "jobs": [], "competition": "house-prices",
            "corrections": {"bert": [0.0]}, "precision": "bf32", "surprise": 1}
     bad_jobs = [{**job, "status": "finished"}, {**job, "seconds": -1.0}, {"action": "run"}, {**job, "settings": []}]
-    for change in [{key: value} for key, value in bad.items()] + [{"jobs": {"auto-bert": j}} for j in bad_jobs]:
-        (folder / "state.json").write_text(json.dumps({**state, **change}))
+    changes = [{key: value} for key, value in bad.items()] + [{"jobs": {"auto-bert": j}} for j in bad_jobs]
+    for change in changes + [{"jobs": None}]:  # None: the key left out (its members then read as encoder runs)
+        edited = {key: value for key, value in {**state, **change}.items() if value is not None}
+        (folder / "state.json").write_text(json.dumps(edited))
         with pytest.raises(KbertError, match="state.json: .*; delete .* to start this competition's kbert auto over"):
             run_auto(options, log=lambda _: None)
     (folder / "state.json").unlink()
@@ -369,6 +372,28 @@ def test_a_state_that_is_not_what_kbert_auto_wrote_is_refused_and_one_auto_runs_
             run_auto(options, log=lambda _: None)
     assert run_auto(options, log=lambda _: None) == ["auto-baseline-hgb"]  # the lock went with its holder
     assert json.loads((folder / "state.json").read_text())["jobs"]["auto-baseline-hgb"]["status"] == "done"
+
+
+def test_the_clock_keeps_the_time_of_a_job_killed_mid_way(tmp_path, monkeypatch):
+    """state.json records the time spent when a job starts or ends: after a kill -9 mid-job, the next invocation
+    started from the job's start and the limit was overrun by the job's time (280 s for 4 minutes). The clock file,
+    written every few seconds while jobs run, keeps it."""
+    options = AutoOptions("titanic", 600, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"))
+    auto = driver.Auto(options, log=lambda _: None)
+    auto.folder.mkdir(parents=True)
+    auto.load_state()
+    auto.save()  # a job starts: state.json says ~0 s
+    monkeypatch.setattr(driver, "CLOCK_EVERY_S", 0.05)
+    with driver.ticking(auto):
+        time.sleep(0.5)  # the job runs, then the process is killed: state.json is not written again
+    clock = driver.read_clock(auto.folder / driver.CLOCK_FILE)
+    assert clock >= 0.3 and json.loads(auto.state_path.read_text())["spent_s"] < 0.1
+    again = driver.Auto(options, log=lambda _: None)
+    again.load_state()
+    assert again.spent_before == clock and again.left() <= 600 - clock
+    (auto.folder / driver.CLOCK_FILE).write_text("{damaged")  # then the state's own figure stands
+    again.load_state()
+    assert again.spent_before < 0.1
 
 
 def test_the_precision_reaches_every_encoder_run_and_its_probe_and_a_rerun_must_keep_it(tmp_path, monkeypatch):
@@ -502,6 +527,7 @@ def test_a_deadline_on_the_real_clock_stops_a_run_between_folds_and_a_resume_end
     folder = tmp_path / "runs" / "titanic" / "auto"
     folder.mkdir(parents=True)
     (folder / "state.json").write_text(json.dumps({"competition": "titanic", "preset": "fast", "seed": 42,
+                                                   "spent_s": 0.0, "jobs": {},
                                                    "ensemble_s_per_member": 0.1,  # the baseline's reserve ~11 s
                                                    "adversarial": {"auc": 0.5, "verdict": "none", "seconds": 0}}))
 

@@ -10,9 +10,12 @@ each job is a member folder ``runs/<competition>/auto-<job>``, done when it hold
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import shutil
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -23,7 +26,7 @@ from kbert.auto.plan import BEST_BASELINE, BEST_RUN, STRONGEST_FITTING, Facts, J
 from kbert.auto.state import Action, AutoState, Drift, JobState, Status, read_state
 from kbert.auto.state import seconds as valid_seconds
 from kbert.errors import KbertError
-from kbert.io import exclusive_lock, read_json
+from kbert.io import exclusive_lock, read_json, write_json
 from kbert.pipeline.artifacts import check_output_folder
 from kbert.pipeline.config import RunConfig, load_competition, resolve_run_config
 
@@ -106,7 +109,8 @@ class Auto:
                              "another --out")
         self.estimator = Estimator(self.state.measured, self.state.corrections, self.state.ensemble_s_per_member)
         self.started = time.perf_counter()
-        self.spent_before = float(self.state.spent_s)
+        clock = read_clock(self.folder / CLOCK_FILE) if self.state_path.is_file() else 0.0
+        self.spent_before = max(float(self.state.spent_s), clock)  # the clock: a kill -9 mid-job (state: its start)
 
     # --- the clock --------------------------------------------------------------------------------------------
     def left(self) -> float:
@@ -116,8 +120,12 @@ class Auto:
         """The seconds one more job may take: the time left less the final ensemble's reserve and the margin."""
         return self.estimator.free(self.left(), members, self.options.time_limit)
 
+    def spent(self) -> float:
+        """The seconds spent over every invocation, this one until now."""
+        return round(self.spent_before + time.perf_counter() - self.started, 2)
+
     def save(self) -> None:
-        self.state.spent_s = round(self.spent_before + time.perf_counter() - self.started, 2)
+        self.state.spent_s = self.spent()
         self.state.time_limit_s = self.options.time_limit
         self.state.ensemble_s_per_member = self.estimator.ensemble_seconds
         self.state.write(self.state_path)
@@ -167,10 +175,48 @@ def run_auto(options: AutoOptions, log=print) -> AutoResult:
         auto.load_state()
         check_kept_members(auto)
         try:
-            return auto_jobs(auto)
+            with ticking(auto):
+                return auto_jobs(auto)
         except KeyboardInterrupt:  # Ctrl-C mid-job: the job's time counts against the limit too
             auto.save()
             raise
+
+
+CLOCK_FILE = "clock.json"  # in the auto folder: the seconds spent, written every CLOCK_EVERY_S while jobs run
+CLOCK_EVERY_S = 5.0
+
+
+def read_clock(path: Path) -> float:
+    """The seconds the clock file last recorded (0 without one, or for one not as ``ticking`` writes it: the
+    state's own figure stands then)."""
+    try:
+        spent = json.loads(path.read_text(encoding="utf-8")).get("spent_s")
+    except (OSError, ValueError, AttributeError):
+        return 0.0
+    return float(spent) if valid_seconds(spent) else 0.0
+
+
+@contextmanager
+def ticking(auto: Auto):
+    """The clock file, written every ``CLOCK_EVERY_S`` by a thread while jobs run: state.json records the time
+    spent when a job starts or ends, so a kill -9 mid-job would lose that job's time (the limit counts over every
+    invocation). The thread writes that one file only, and a failed write leaves the last one."""
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(CLOCK_EVERY_S):
+            try:
+                write_json(auto.folder / CLOCK_FILE, {"spent_s": auto.spent()})
+            except (OSError, KbertError):  # a full disk: state.json's own figure stands
+                pass
+
+    thread = threading.Thread(target=tick, name="kbert-auto-clock", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def check_kept_members(auto: Auto) -> None:

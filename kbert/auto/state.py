@@ -101,6 +101,9 @@ def read_state(path: Path, competition: str) -> AutoState:
     known = {f.name for f in fields(AutoState)}
     if set(data) - known:
         raise refuse(f"unknown keys {sorted(set(data) - known)}")
+    missing = [key for key in ("jobs", "spent_s") if key not in data]  # (the keys every kbert auto wrote)
+    if missing:
+        raise refuse(f"missing keys {missing}")
     if data.get("competition") != competition:
         raise refuse(f"the state of competition {data.get('competition')!r}, not {competition!r}")
     if not isinstance(data.get("preset"), str) or not isinstance(data.get("seed"), int):
@@ -126,9 +129,9 @@ def read_state(path: Path, competition: str) -> AutoState:
     if adversarial is not None and not (isinstance(adversarial, dict) and share(adversarial.get("auc"))
                                         and isinstance(adversarial.get("verdict"), str)):
         raise refuse("adversarial must be the drift check's result (an auc in [0, 1] and a verdict)")
-    if not isinstance(data.get("jobs", {}), dict):
+    if not isinstance(data["jobs"], dict):
         raise refuse("jobs must be a mapping of job names to their records")
-    jobs = {name: read_job(name, job, refuse) for name, job in data.get("jobs", {}).items()}
+    jobs = {name: read_job(name, job, refuse) for name, job in data["jobs"].items()}
     drift = (None if adversarial is None else
              Drift(adversarial["auc"], adversarial["verdict"], adversarial.get("seconds")))
     return AutoState(**{**data, "jobs": jobs, "adversarial": drift})
