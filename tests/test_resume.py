@@ -116,13 +116,15 @@ def test_a_folder_without_config_is_refused_and_a_half_written_fold_is_redone(tm
     (fold / "fold.json").unlink()  # as if killed between the checkpoint and the marker
     (fold / "stale.txt").write_text("left by the killed attempt")
     os.utime(fold / "model.safetensors", ns=(0, 0))
+    (run_dir / "folds" / "2" / "model.safetensors").unlink()  # a finished fold that lost its model: trained again
     kept = read_json(run_dir / "folds" / "0" / "fold.json")  # as if fold 1 had been trained on other kernels
     blas = kept["record"]["blas"]
     write_json(run_dir / "folds" / "0" / "fold.json", {**kept, "record": {**kept["record"], "blas": {
         "library": blas["library"], "core": "Atom"}}})
     again = run_kbert(tmp_path, "r")
     assert again.returncode == 0, again.stderr
-    assert again.stdout.count("(finished before; kept)") == 3
+    assert again.stdout.count("(finished before; kept)") == 2  # (it kept fold 2, which kbert predict refused)
+    assert (run_dir / "folds" / "2" / "model.safetensors").is_file()
     assert (f"warning: the kept folds were trained with BLAS {blas['library']} Atom, the others now with "
             f"{blas['library']} {blas['core']}".rstrip()) in again.stdout
     assert (fold / "fold.json").is_file() and not (fold / "stale.txt").exists()
