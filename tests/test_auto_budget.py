@@ -396,6 +396,32 @@ def test_the_clock_keeps_the_time_of_a_job_killed_mid_way(tmp_path, monkeypatch)
     assert again.spent_before < 0.1
 
 
+@pytest.mark.parametrize("blend,single,submitted", [(0.80, 0.81, "m2"), (0.82, 0.81, "auto-ensemble")])
+def test_the_submission_is_the_best_member_when_picking_it_scored_better_than_the_blend(tmp_path, monkeypatch,
+                                                                                       blend, single, submitted):
+    """The nested CV scores the blend and, on the same outer splits, picking the best member: a blend significantly
+    below it was still submitted."""
+    from types import SimpleNamespace
+
+    from kbert.ensembles import ensemble
+
+    options = AutoOptions("titanic", 600, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"))
+    auto = driver.Auto(options, log=lambda _: None)
+    auto.folder.mkdir(parents=True)
+    auto.load_state()
+    for name in ("m1", "m2"):
+        (auto.comp_dir / name).mkdir()
+        (auto.comp_dir / name / "metrics.json").write_text(json.dumps({"submission": f"s/titanic/{name}.csv"}))
+    result = SimpleNamespace(chosen="mean", honest=SimpleNamespace(score=blend), best_member="m2",
+                             selected_single=SimpleNamespace(score=single), submission_path="s/auto-ensemble.csv")
+    monkeypatch.setattr(ensemble, "build_ensemble", lambda *args, **kwargs: result)
+    monkeypatch.setattr(ensemble, "write_ensemble", lambda result, *args, **kwargs: result)
+    monkeypatch.setattr(driver, "print_leaderboard", lambda *args, **kwargs: (None, "", None))
+    monkeypatch.setattr(driver, "write_leaderboard_report", lambda *args: tmp_path / "report.html")
+    final = driver.final_ensemble(auto, ["m1", "m2"])
+    assert submitted in str(final.submission) and final.honest == max(blend, single)
+
+
 def test_the_precision_reaches_every_encoder_run_and_its_probe_and_a_rerun_must_keep_it(tmp_path, monkeypatch):
     from kbert.errors import KbertError
     import kbert.pipeline.probe as probe

@@ -781,7 +781,8 @@ def member_added(auto: Auto, job: Job, members: list[str], added: list[str]) -> 
 
 
 def final_ensemble(auto: Auto, members: list[str]) -> AutoResult:
-    """``kbert ensemble`` over every member (3 outer splits); its best honest blend is the submission."""
+    """``kbert ensemble`` over every member (3 outer splits); its best honest blend is the submission, unless picking
+    the best member scored better in the same nested CV: then that member's submission is."""
     from kbert.ensembles.ensemble import EnsembleSpec, build_ensemble, write_ensemble
 
     if not members:
@@ -801,10 +802,19 @@ def final_ensemble(auto: Auto, members: list[str]) -> AutoResult:
     frame, text, best_single = print_leaderboard(auto, members, result, final=True)
     auto.save()
     honest = result.honest.score if result is not None else None
+    chosen = result.chosen if result is not None else members[0]
+    single = result.selected_single.score if result is not None and result.selected_single is not None else None
+    if single is not None and (single > honest if greater_is_better(auto) else single < honest):
+        # Picking the best member is a procedure the nested CV scored too, and it scored better than the blend.
+        auto.log(f"the blend's honest CV {honest:.4f} is below the best member's, picked inside the nested CV "
+                 f"({single:.4f}): its submission is the best member's, {result.best_member}")
+        chosen, honest = f"best member ({result.best_member})", single
+        submission = Path(read_json(auto.comp_dir / result.best_member / "metrics.json", required=("submission",))
+                          ["submission"])
     facts = [("competition", auto.competition.name), ("preset", auto.options.preset),
              ("time limit", f"{auto.options.time_limit / 60:.1f} min"),
              ("time spent", f"{auto.state.spent_s / 60:.1f} min"),
-             ("chosen blend", result.chosen if result is not None else members[0]),
+             ("chosen blend", chosen),
              ("its honest CV", "-" if honest is None else f"{honest:.4f}"),
              ("submission", str(submission))]
     facts += [(f"{name} ({job.status.value})", job.form) for name, job in auto.state.jobs.items()
@@ -815,5 +825,5 @@ def final_ensemble(auto: Auto, members: list[str]) -> AutoResult:
                                       get_metric(auto.competition.metric).greater_is_better)
     auto.log(f"submission: {submission}")
     return AutoResult(leaderboard=auto.folder / "leaderboard.csv", report=report, submission=submission,
-                      chosen=result.chosen if result is not None else members[0], honest=honest,
+                      chosen=chosen, honest=honest,
                       best_single=best_single, seconds=auto.state.spent_s)
