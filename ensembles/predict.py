@@ -93,7 +93,7 @@ def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, da
         if not np.isfinite(table).all():
             raise KbertError(f"{fold_dir}: its model predicts NaN or infinite values; nothing was written")
         tables.append(table)
-        log(f"{fold_dir.name}: {len(rows)} rows predicted")
+        log(f"folds/{fold_dir.name}: {len(rows)} rows predicted")
     predictions = native(comp.task, average_folds(tables))
     return write_csv(out, predictions_frame(comp, expected.classes, rows[comp.id_column], predictions))
 

@@ -266,8 +266,9 @@ class ModelConfig:
                                  help="re-initialise the top N encoder blocks of a pretrained encoder before "
                                       "fine-tuning, as transformers initialises them (default 0: off)")
     pooling: str = setting("cls", choices=words_of("kbert.models.pooling", "POOLING_KINDS"), flag="--pooling",
-                           help="how token states are pooled: weighted-layers is a learned mix of the last 4 layers, "
-                                "then the mean; cls-last4 joins the CLS vectors of the last 4 layers")
+                           help="how token states are pooled: weighted-layers is a learned mix of the last 4 layers "
+                                "(every layer of a shallower encoder), then the mean; cls-last4 joins the CLS vectors "
+                                "of the last 4 layers (or of every one)")
     vocab_size: int = setting(1000, bound=SIZE, help="from scratch: the vocabulary trained on the competition's text "
                               "(never below its distinct characters, each of which WordPiece keeps)")
     adapter: str = setting("none", flag="--adapter",

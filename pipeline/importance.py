@@ -86,7 +86,7 @@ def column_importance(run_dir: Path, log=print) -> dict:
         removed = ablate_fold(found, serializer, predict, inputs, valid_index)
         del predict  # the fold model
         mx.clear_cache()
-        log(f"{fold_dir.name}: {len(valid_index)} validation rows predicted as they are and without the words of "
+        log(f"folds/{fold_dir.name}: {len(valid_index)} validation rows predicted as they are and without the words of "
             f"each of {removed} columns")
     result = importance_summary(run_dir, config, metrics, inputs, found, len(fold_models))
     write_json(run_dir / IMPORTANCE_FILE, result)

@@ -98,7 +98,7 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
         predictions.append(to_predictions(head, fold_outputs, transform))
         del model
         mx.clear_cache()
-        log(f"{fold_dir.name}: {len(new_features)} rows predicted")
+        log(f"folds/{fold_dir.name}: {len(new_features)} rows predicted")
     mean = average_folds(predictions)
     if "calibration" in metrics:  # a calibrated run: temperature-scale the fold-averaged logits, as the run did
         mean = to_predictions(head, apply_temperature(average_folds(outputs), metrics["calibration"]["temperature"]),
