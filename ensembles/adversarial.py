@@ -3,7 +3,8 @@
 ``kbert baseline``'s gradient-boosted trees learn to tell the stacked rows apart, cross-validated with every
 transform fitted on each fold's training part and the rows of a group (the competition's) in one fold; the
 out-of-fold ROC AUC is the drift (< 0.55 none, up to 0.7 mild, above strong), permutation importance names the
-columns behind it, and the most test-like training rows are listed. The result goes to ``<out>/<competition>/adversarial.json``.
+columns behind it, and the most test-like training rows are listed. The result goes to
+``<out>/<competition>/adversarial.json``.
 """
 
 from __future__ import annotations

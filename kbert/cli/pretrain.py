@@ -28,8 +28,9 @@ def add_parser(commands) -> None:
     add_number(pretrain, "--vocab-size", int, "vocab_size",
                help="from scratch: WordPiece vocabulary size (default: the run's, 1000; never below the corpus's "
                     "distinct characters, each of which WordPiece keeps)")
-    add_number(pretrain, "--max-length", int, "max_length", help="maximum tokens per row (default: the run's); from scratch, also the encoder's position "
-                    "table, so a run fine-tuning it takes at most this many")
+    add_number(pretrain, "--max-length", int, "max_length",
+               help="maximum tokens per row (default: the run's); from scratch, also the encoder's position table, so "
+                    "a run fine-tuning it takes at most this many")
     add_number(pretrain, "--seed", int, "seed", default=42)
     pretrain.add_argument("--run-id", help="folder name under runs/<competition>/pretrain/ (default: timestamp)")
     add_data_dir(pretrain, help="folder with the competition's CSV files (default: as kbert run)")
