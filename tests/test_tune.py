@@ -758,3 +758,19 @@ def test_a_report_is_not_refused_for_the_limit_rows_of_the_environment(monkeypat
     check_mode(build_parser().parse_args(["tune", "titanic", "--report"]))
     with pytest.raises(KbertError, match="does not tune: drop --limit-rows$"):
         check_mode(build_parser().parse_args(["tune", "titanic", "--report", "--limit-rows", "50"]))
+
+
+def test_plots_of_a_space_with_list_choices_are_skipped_with_a_note(tmp_path, capsys):
+    """Optuna's importance and parallel-coordinate plots hash each choice: a text.columns entry's lists raised
+    TypeError, a traceback after best.yaml and history.png were written."""
+    import warnings
+
+    from kbert.tune.summary import write_plots
+
+    study = optuna.create_study()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna warns of choices that are not None, bool, int, float or str
+        study.optimize(lambda t: len(t.suggest_categorical("cols", [["a", "b"], ["c"]])) + t.suggest_float("x", 0, 1),
+                       n_trials=4)
+    assert write_plots(study, tmp_path, 4) == [tmp_path / "history.png"]
+    assert "note: importances.png skipped: unhashable type: 'list'" in capsys.readouterr().err

@@ -119,7 +119,7 @@ def write_plots(study: optuna.Study, report_dir: Path, completed: int) -> list[P
             warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
             try:
                 axes = plot(study)
-            except (ValueError, RuntimeError) as exc:  # e.g. importances of a single distinct trial
+            except (ValueError, RuntimeError, TypeError) as exc:  # importances of one distinct trial, of list choices
                 print(f"note: {name} skipped: {exc}", file=sys.stderr)
                 continue
         figure = axes.figure if hasattr(axes, "figure") else axes.flat[0].figure
