@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # provenance reads run folders with this module: no import at
 
 # A finished fold's model files, whose sha256 its fold.json records.
 MODEL_FILES = (WEIGHTS_FILE, ADAPTER_WEIGHTS_FILE, ADAPTER_CONFIG_FILE, CHECKPOINT_CONFIG_FILE, TOKENIZER_FILE)
+RECORDED_FILES = (*MODEL_FILES, "history.json", "test.csv")  # a finished fold's files, whose sha256 fold.json keeps
 SCHEMA = 2  # metrics.json's "schema": what a member folder holds (folders from before it was recorded: schema 1)
 
 
@@ -363,23 +364,36 @@ def score_summary(run_id: str, comp: CompetitionConfig, metric: Metric, cv: floa
 
 
 def write_finished_fold(fold_dir: Path, fold: FoldPredictions) -> None:
-    """The fold's predictions, then fold.json: the marker that the fold is complete, with the sha256 of each of
-    its model files (``MODEL_FILES``), which resuming and predicting verify (``verify_fold_files``)."""
+    """The fold's predictions, then fold.json, sealed: the marker that the fold is complete, with the sha256 of each
+    of its model files, its history and its test predictions (``RECORDED_FILES``), which resuming, predicting and
+    reports verify (``verify_fold_files``)."""
     write_npz(fold_dir / "outputs.npz", {"valid_outputs": fold.valid_outputs, "valid_predictions": fold.valid_predictions,
                                          "test_outputs": fold.test_outputs, "test_predictions": fold.test_predictions})
-    files = {name: file_sha256(fold_dir / name) for name in MODEL_FILES if (fold_dir / name).is_file()}
-    write_json(fold_dir / "fold.json", {"record": fold.record, "tokens": fold.tokens, "files": files})
+    files = {name: file_sha256(fold_dir / name) for name in RECORDED_FILES if (fold_dir / name).is_file()}
+    write_json(fold_dir / "fold.json", sealed({"record": fold.record, "tokens": fold.tokens, "files": files}))
 
 
-def verify_fold_files(fold_dir: Path) -> None:
-    """Each model file of a finished fold is the one its fold.json recorded (sha256): a damaged or swapped weights
-    file is refused, naming it, before it predicts plausible numbers. A file the fold no longer keeps (a tuning
-    trial outside the top-N) is not checked; ``missing_fold_part`` says when it is needed."""
-    recorded = read_json(fold_dir / "fold.json").get("files")
+def recorded_files(fold_dir: Path) -> dict[str, str]:
+    """The sha256 of each file fold.json recorded, by name, fold.json checked to be as kbert wrote it (a score
+    edited there was carried into the next resume's metrics.json)."""
+    path = fold_dir / "fold.json"
+    finished = read_json(path)
+    if seal_broken(finished):
+        raise KbertError(f"{path}: not as kbert wrote it (edited: its record_sha256 does not match what it says); "
+                         "delete the fold's folder to train it again")
+    recorded = finished.get("files")
     if not isinstance(recorded, dict):
-        raise KbertError(f"{fold_dir / 'fold.json'}: no checksums of the fold's model files (written by another "
-                         "kbert); rerun it")
-    for name, digest in recorded.items():
+        raise KbertError(f"{path}: no checksums of the fold's model files (written by another kbert); rerun it")
+    return recorded
+
+
+def verify_fold_files(fold_dir: Path, names: tuple[str, ...] | None = None) -> None:
+    """Each file of a finished fold (of ``names``, when given) is the one its fold.json recorded (sha256): a damaged
+    or swapped weights file is refused, naming it, before it predicts plausible numbers. A file the fold no longer
+    keeps (a tuning trial outside the top-N) is not checked; ``missing_fold_part`` says when it is needed."""
+    for name, digest in recorded_files(fold_dir).items():
+        if names is not None and name not in names:
+            continue
         path = fold_dir / name
         if path.is_file() and file_sha256(path) != digest:
             raise KbertError(f"{path}: not the file this fold was trained to (its sha256 differs from the one "

@@ -80,10 +80,11 @@ def record_checksums(fold_dir):
     import json
 
     from kbert.io import file_sha256
+    from kbert.pipeline.artifacts import sealed
 
     finished = json.loads((fold_dir / "fold.json").read_text())
     finished["files"] = {name: file_sha256(fold_dir / name) for name in finished["files"]}
-    (fold_dir / "fold.json").write_text(json.dumps(finished))
+    (fold_dir / "fold.json").write_text(json.dumps(sealed(finished)))
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from kbert.io import read_json, write_json
-from kbert.pipeline.artifacts import lock_run_folder
+from kbert.pipeline.artifacts import lock_run_folder, sealed
 
 pytestmark = pytest.mark.slow  # every test trains in kbert processes
 REPO = Path(__file__).resolve().parent.parent
@@ -119,8 +119,8 @@ def test_a_folder_without_config_is_refused_and_a_half_written_fold_is_redone(tm
     (run_dir / "folds" / "2" / "model.safetensors").unlink()  # a finished fold that lost its model: trained again
     kept = read_json(run_dir / "folds" / "0" / "fold.json")  # as if fold 1 had been trained on other kernels
     blas = kept["record"]["blas"]
-    write_json(run_dir / "folds" / "0" / "fold.json", {**kept, "record": {**kept["record"], "blas": {
-        "library": blas["library"], "core": "Atom"}}})
+    write_json(run_dir / "folds" / "0" / "fold.json", sealed({**kept, "record": {**kept["record"], "blas": {
+        "library": blas["library"], "core": "Atom"}}}))
     again = run_kbert(tmp_path, "r")
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("(finished before; kept)") == 2  # (it kept fold 2, which kbert predict refused)
@@ -133,8 +133,8 @@ def test_a_folder_without_config_is_refused_and_a_half_written_fold_is_redone(tm
     # a fold computed on another half-precision path (bf16's numbers differ between them): refused, nothing touched
     kept = read_json(run_dir / "folds" / "0" / "fold.json")
     assert kept["record"]["compute"] == "fp32"
-    write_json(run_dir / "folds" / "0" / "fold.json", {**kept, "record": {**kept["record"],
-                                                                           "compute": "bf16 avx512_bf16"}})
+    write_json(run_dir / "folds" / "0" / "fold.json", sealed({**kept, "record": {**kept["record"],
+                                                                                  "compute": "bf16 avx512_bf16"}}))
     before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
     other = run_kbert(tmp_path, "r")
     assert other.returncode == 2
@@ -142,6 +142,22 @@ def test_a_folder_without_config_is_refused_and_a_half_written_fold_is_redone(tm
                                     "computes in fp32 (half-precision numbers differ between these paths); resume "
                                     "it where it was trained, or start a new run")
     assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
+
+    # fold.json edited (a score: it was carried into the resume's sealed metrics.json), and a fold that lost its
+    # history or test predictions (kept as finished before, and still missing them)
+    write_json(run_dir / "folds" / "0" / "fold.json", {**kept, "record": {**kept["record"], "score": 0.99}})
+    edited = run_kbert(tmp_path, "r")
+    assert edited.returncode == 2
+    assert edited.stderr.strip() == (f"kbert: error: {run_dir / 'folds' / '0' / 'fold.json'}: not as kbert wrote it "
+                                     "(edited: its record_sha256 does not match what it says); delete the fold's "
+                                     "folder to train it again")
+    write_json(run_dir / "folds" / "0" / "fold.json", kept)
+    (run_dir / "folds" / "1" / "history.json").unlink()
+    (run_dir / "folds" / "2" / "test.csv").unlink()
+    again = run_kbert(tmp_path, "r")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("(finished before; kept)") == 2  # of 4: folds/1 and folds/2 trained again
+    assert (run_dir / "folds" / "1" / "history.json").is_file() and (run_dir / "folds" / "2" / "test.csv").is_file()
 
 
 def test_a_second_process_on_the_same_run_id_is_refused_while_the_first_writes_it(tmp_path):

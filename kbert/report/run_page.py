@@ -258,11 +258,13 @@ def fold_figures(metrics: dict, histories: dict[str, list[dict]], out: Path,
 def read_histories(run_dir: Path) -> dict[str, list[dict]]:
     """Each fold folder's history.json (epoch, train_loss, valid_loss, valid_score), by folder name; a damaged one is
     refused, naming it (pipeline/artifacts.py ``read_history``)."""
-    from kbert.pipeline.artifacts import read_history
+    from kbert.pipeline.artifacts import read_history, verify_fold_files
 
     found = {}
     for path in sorted((run_dir / "folds").glob("*/history.json"), key=lambda p: _fold_order(p.parent.name)):
         history = read_history(path)
+        if (path.parent / "fold.json").is_file():  # the one the fold was trained with (its sha256; after the cells)
+            verify_fold_files(path.parent, ("history.json",))
         if history:
             found[path.parent.name] = history
     return found
