@@ -98,9 +98,11 @@ def check_acts(config: AdapterConfig) -> None:
     if not _patterns(config.targets):
         raise KbertError(f"adapter targets {config.targets!r} name no layer; give a named set "
                          f"({', '.join(TARGET_SET_NAMES)}) or comma-separated layer patterns")
+    if not config.merge_dequantize:  # (kbert merges a quantized base into a plain Linear, or keeps the adapters)
+        raise KbertError("adapter setting merge_dequantize false: a merged checkpoint always dequantizes its base; "
+                         "here it would be ignored: drop it")
     plain = AdapterConfig()
-    quantizing = [key for key in ("group_size", "quantize_embeddings", "merge_dequantize")
-                  if getattr(config, key) != getattr(plain, key)]
+    quantizing = [key for key in ("group_size", "quantize_embeddings") if getattr(config, key) != getattr(plain, key)]
     if quantizing and not config.bits:
         raise KbertError(f"adapter setting {quantizing[0]} acts only with a quantized base (bits 4 or 8: qlora); "
                          "here it would be ignored: drop it")

@@ -266,8 +266,22 @@ def load_tokenizer(folder: Path, spm_normalization: str = "sentencepiece") -> To
     return tokenizer
 
 
+SIZES = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "embedding_size",
+         "vocab_size", "max_position_embeddings", "max_length")  # config.json counts that are whole and positive
+
+
+def check_sizes(values: dict[str, Any]) -> None:
+    """Each of ``SIZES`` that config.json-style ``values`` give is a whole number >= 1; else a ValueError naming the
+    key (callers name the file): a zero or negative one failed deep in the model, or gave NaN."""
+    for key in SIZES:
+        value = values.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key} must be a whole number >= 1, found {value!r}")
+
+
 def build_encoder(values: dict[str, Any]) -> tuple[nn.Module, Any]:
     """A randomly initialised encoder from config.json-style values (``model_type`` picks the architecture)."""
+    check_sizes(values)
     arch = architecture(values.get("model_type", DEFAULT_MODEL_TYPE))
     config = arch.config.from_dict(values)
     return arch.model(config), config
@@ -298,6 +312,10 @@ def load_encoder(name_or_path: str | Path, spm_normalization: str = "sentencepie
     pass ``config.to_dict()`` to ``build_encoder`` to build the same encoder again."""
     folder = resolve_encoder_path(name_or_path)
     values = read_config(folder)
+    try:
+        check_sizes(values)
+    except ValueError as exc:
+        raise KbertError(f"{folder / 'config.json'}: {exc}") from None
     tokenizer = load_tokenizer(folder, spm_normalization)
     check_limits(values, tokenizer, max_length, str(folder))
     arch = architecture(values["model_type"])

@@ -954,8 +954,6 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     if adapter is not None and trains_from_scratch(model.encoder):
         raise KbertError(f"--adapter {model.adapter} needs a pretrained encoder: '{model.encoder}' trains from "
                          f"scratch, so every weight trains anyway; drop --adapter or pass a pretrained --encoder")
-    if adapter is not None and model.adapter_checkpoint == "merged" and adapter.bits and not adapter.merge_dequantize:
-        raise KbertError("adapter_checkpoint: merged with a quantized base needs merge_dequantize: true")
     check_reinit_layers(model)
     # Fine-tuning every weight of a pretrained encoder: a low rate over few epochs, decayed (on Disaster Tweets,
     # minilm-l6 at 1e-5 for 4 epochs beat 2e-5, 3e-5 and 5e-5: benchmarks/NOTES.md). Adapters train few weights

@@ -93,9 +93,12 @@ def test_settings_that_would_change_nothing_are_refused():
 
     with pytest.raises(KbertError, match="^adapter targets ' , ' name no layer"):
         resolve_adapter("lora", {"targets": " , "})
-    for key, value in (("group_size", 32), ("quantize_embeddings", True), ("merge_dequantize", False)):
+    for key, value in (("group_size", 32), ("quantize_embeddings", True)):
         with pytest.raises(KbertError, match=f"^adapter setting {key} acts only with a quantized base"):
             resolve_adapter("lora", {key: value})
+    for kind in ("lora", "qlora"):  # a merged checkpoint always dequantizes: false never acted
+        with pytest.raises(KbertError, match="^adapter setting merge_dequantize false: "):
+            resolve_adapter(kind, {"merge_dequantize": False})
     assert resolve_adapter("qlora", {"group_size": 32}).group_size == 32
     config = resolve_adapter("lora", {"rank_pattern": {"nomatch": 4}})
     report = apply_adapters(tiny_model("bert"), config)

@@ -195,6 +195,17 @@ def test_a_config_json_whose_values_the_architecture_refuses_is_one_line(tmp_pat
         assert main(command) == 2
         assert capsys.readouterr().err.strip().startswith(
             f"kbert: error: {model / 'config.json'}: does not describe a bert model: {says}")
+    # sizes that are zero, negative or text: a ZeroDivisionError, or NaN from a negative head count
+    for key, value in (("intermediate_size", 0), ("num_attention_heads", -12), ("max_position_embeddings", 0),
+                       ("hidden_size", "384")):
+        model = tmp_path / f"size-{key}"
+        shutil.copytree(resolve_encoder_path("minilm-l6"), model)
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, key: value}))
+        command = ["embed", str(model), "--texts", str(tmp_path / "texts.txt"), "--out", str(tmp_path / "e.npy")]
+        assert main(command) == 2
+        assert capsys.readouterr().err.strip() == (f"kbert: error: {model / 'config.json'}: {key} must be a whole "
+                                                   f"number >= 1, found {value!r}")
 
 
 def test_an_output_file_loses_nothing(tmp_path):

@@ -137,6 +137,9 @@ def member_path(path: str, sidecar: Path) -> Path | None:
 def read_member_predictions(members: list[dict], sidecar: Path) -> tuple[dict[str, np.ndarray], list[str]]:
     """Each member's OOF predictions as one flat vector, rows aligned on the first member's ids (multi-column
     predictions are flattened row by row); and the names of members whose oof.csv was not found or not aligned."""
+    from kbert.pipeline.artifacts import read_metrics
+    from kbert.pipeline.provenance import check_predictions_written
+
     frames: dict[str, np.ndarray] = {}
     missing = []
     ids = None
@@ -146,6 +149,7 @@ def read_member_predictions(members: list[dict], sidecar: Path) -> tuple[dict[st
             missing.append(member["name"])
             continue
         oof = read_predictions(folder / "oof.csv", empty_rows=True)
+        check_predictions_written(folder, read_metrics(folder / "metrics.json"), f"{sidecar}: member {member['name']}")
         table = oof.set_index(oof.columns[0])
         if ids is None:
             ids = table.index
