@@ -85,6 +85,7 @@ class Auto:
     """One invocation: the state, the clock, the estimator, and the jobs run so far."""
 
     def __init__(self, options: AutoOptions, log=print):
+        self.started = time.perf_counter()  # (reading the data counts against the limit too)
         self.options, self.log = options, log
         self.competition = load_competition(options.competition)
         self.comp_dir = Path(options.out_dir) / self.competition.name
@@ -108,7 +109,6 @@ class Auto:
                              f"{started[0]} --seed {started[1]} --precision {started[2]}; rerun with those, or pass "
                              "another --out")
         self.estimator = Estimator(self.state.measured, self.state.corrections, self.state.ensemble_s_per_member)
-        self.started = time.perf_counter()
         clock = read_clock(self.folder / CLOCK_FILE) if self.state_path.is_file() else 0.0
         self.spent_before = max(float(self.state.spent_s), clock)  # the clock: a kill -9 mid-job (state: its start)
 
@@ -204,11 +204,13 @@ def ticking(auto: Auto):
     stop = threading.Event()
 
     def tick() -> None:
-        while not stop.wait(CLOCK_EVERY_S):
+        while True:
             try:
                 write_json(auto.folder / CLOCK_FILE, {"spent_s": auto.spent()})
             except (OSError, KbertError):  # a full disk: state.json's own figure stands
                 pass
+            if stop.wait(CLOCK_EVERY_S):
+                return
 
     thread = threading.Thread(target=tick, name="kbert-auto-clock", daemon=True)
     thread.start()
