@@ -41,7 +41,7 @@ from kbert.models.task_model import build_task_model
 from kbert.models.tokenizer import encode, fits_in, load_or_train_tokenizer, token_lengths
 from kbert.models.weights import load_state_strict
 from kbert.pipeline.artifacts import FoldPredictions, write_finished_fold
-from kbert.pipeline.config import CompetitionConfig, RunConfig, adapter_config
+from kbert.pipeline.config import CompetitionConfig, RunConfig, TextConfig, adapter_config
 from kbert.pipeline.splits import make_fold_sets
 from kbert.pipeline.metrics import Metric, get_metric
 from kbert.pipeline.precision import run_compute_path
@@ -161,6 +161,9 @@ def fold_warnings(comp: CompetitionConfig, targets: Targets, folds: list[tuple[s
     return found
 
 
+GENERIC_ONLY = ("columns", "numeric", "numbers", "bins", "missing", "mappings", "truncate", "priority", "jitter")
+
+
 def make_serializer(config: RunConfig) -> Serializer:
     """The competition's serializer, unfitted, with its text settings."""
     comp = config.competition
@@ -169,9 +172,11 @@ def make_serializer(config: RunConfig) -> Serializer:
         raise KbertError(f"unknown serializer '{text.serializer}'; known: {', '.join(sorted(SERIALIZERS))}")
     if text.serializer in GENERIC_SERIALIZERS:
         return SERIALIZERS[text.serializer](text, exclude=(comp.id_column, *comp.target_columns))
-    if text.numbers == "omit":
-        raise KbertError(f"text.numbers omit works with the list and sentence serializers; '{text.serializer}' "
-                         f"writes its own sentences (features/{text.serializer}.py)")
+    plain = TextConfig(serializer=text.serializer)
+    inert = [key for key in GENERIC_ONLY if getattr(text, key) != getattr(plain, key)]
+    if inert:  # the competition's own serializer reads its template and augmentation settings only
+        raise KbertError(f"text.{inert[0]} acts only with the list, sentence or template serializers; "
+                         f"'{text.serializer}' writes its own sentences (features/{text.serializer}.py): drop it")
     return SERIALIZERS[text.serializer](template=text.template, paraphrases=text.paraphrases,
                                         shuffle_columns=text.shuffle_columns, paraphrase=text.paraphrase)
 

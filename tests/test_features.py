@@ -104,3 +104,18 @@ def test_every_named_serializer_satisfies_the_protocol(titanic, train_rows):
         statistics = fitted.fitted_statistics()
         assert statistics == json.loads(json.dumps(statistics)), name  # JSON-able, as serializer.json
         assert len(fitted.transform(train_rows.iloc[:3], rng=np.random.default_rng(0))) == 3
+
+
+@pytest.mark.parametrize("key,value", [("columns", ["Sex", "Age"]), ("mappings", {"Sex": {"male": "man"}}),
+                                       ("priority", ["Sex"]), ("numeric", "bins")])
+def test_a_generic_text_setting_with_a_competitions_own_serializer_is_refused(key, value):
+    """The titanic serializer writes its own sentences from its template: text.columns, mappings, ... changed
+    nothing (a tuning space sampling them trained the same model under other names)."""
+    from kbert.errors import KbertError
+    from kbert.pipeline.config import load_competition, resolve_run_config
+    from kbert.pipeline.fold import make_serializer
+
+    config = resolve_run_config(load_competition("titanic"), {"text": {key: value}})
+    with pytest.raises(KbertError, match=f"^text.{key} acts only with the list, sentence or template serializers; "
+                                         "'titanic' writes its own sentences"):
+        make_serializer(config)
