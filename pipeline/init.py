@@ -39,9 +39,22 @@ def column_dtype(values: pd.Series) -> str:
     return "str"
 
 
+def sample_id(sample: pd.DataFrame, test: pd.DataFrame) -> str:
+    """The sample submission's id column: the one of its columns the test file holds too (where one does), else its
+    first; it may come after the values (``y,id``)."""
+    shared = [str(c) for c in sample.columns if c in test.columns]
+    return shared[0] if len(shared) == 1 else str(sample.columns[0])
+
+
+def sample_values(sample: pd.DataFrame, test: pd.DataFrame) -> list:
+    """The sample submission's value columns, in its order: every column but the id."""
+    identifier = sample_id(sample, test)
+    return [c for c in sample.columns if str(c) != identifier]
+
+
 def infer_id_column(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame | None) -> str:
     if sample is not None:
-        return str(sample.columns[0])
+        return sample_id(sample, test)
     shared = [c for c in train.columns if c in test.columns and train[c].is_unique and test[c].is_unique]
     named = [c for c in shared if re.search(r"(^|_|\b)id$", str(c), re.IGNORECASE)]
     if named:
@@ -55,7 +68,7 @@ def infer_id_column(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFram
 def per_class_target(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame) -> str | None:
     """The target of a sample submission with one probability column per class: the one training column missing
     from the test file whose values, written out, are the sample's column names."""
-    names = {str(c) for c in sample.columns[1:]}
+    names = {str(c) for c in sample_values(sample, test)}
     only_train = [c for c in train.columns if c not in test.columns]
     if len(only_train) == 1 and names == set(train[only_train[0]].dropna().astype(str)):
         return only_train[0]
@@ -64,11 +77,12 @@ def per_class_target(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFra
 
 def infer_targets(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame | None) -> list[str]:
     if sample is not None:
-        if all(c in train.columns for c in sample.columns[1:]):
-            return [str(c) for c in sample.columns[1:]]
+        values = sample_values(sample, test)
+        if all(c in train.columns for c in values):
+            return [str(c) for c in values]
         target = per_class_target(train, test, sample)
         if target is None:
-            raise KbertError(f"the sample submission's columns {list(map(str, sample.columns[1:]))} are neither "
+            raise KbertError(f"the sample submission's columns {list(map(str, values))} are neither "
                              "training columns nor the classes of one; pass --target")
         return [target]
     only_train = [c for c in train.columns if c not in test.columns]
@@ -125,6 +139,13 @@ def sample_dtype(column: pd.Series, target: pd.Series) -> str:
     if dtype == "float" or label_dtype(target) != "str":
         return dtype
     return "str"
+
+
+def submission_order(columns: dict[str, str], sample: pd.DataFrame | None) -> dict[str, str]:
+    """The submission's columns in the sample submission's order (its id may come last), else the id first."""
+    if sample is None or {str(c) for c in sample.columns} != set(columns):
+        return columns
+    return {str(c): columns[str(c)] for c in sample.columns}
 
 
 def submission_types(task: Task, train: pd.DataFrame, targets: list[str], sample: pd.DataFrame | None,
@@ -209,7 +230,7 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
         classes = binary_classes(train[targets[0]])
     elif per_class:  # in the sample's column order, which is the submission's
         by_name = {str(plain(v)): plain(v) for v in train[targets[0]].dropna().unique()}
-        classes = [by_name[str(c)] for c in sample.columns[1:]]
+        classes = [by_name[str(c)] for c in sample_values(sample, test)]
     value_columns = submission_types(task, train, targets, sample, classes)
     metric, why = choose_metric(task, train, targets, submission_kind(task, value_columns), classes)
     check_metric_fits(get_metric(metric), task, value_columns)
@@ -225,7 +246,8 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
         "files": {"train": train_path.name, "test": test_path.name,
                   **({"sample_submission": Path(sample_path).name} if sample_path else {})},
         "columns": {c: column_dtype(pd.concat([train[c], test[c]])) for c in features},
-        "submission": {"columns": {id_column: column_dtype(test[id_column]), **value_columns}},
+        "submission": {"columns": submission_order({id_column: column_dtype(test[id_column]), **value_columns},
+                                                   sample)},
         "text": {"serializer": "list", "columns": [c for c in features if c != id_column], "numeric": "raw",
                  "missing": "unknown"},
         # A time series validates each block on the rows before it, in the file's order (never on shuffled rows)

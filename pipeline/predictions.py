@@ -149,7 +149,7 @@ def submission_frame(id_column: str, ids: pd.Series, values: dict[str, np.ndarra
         elif columns[name] == "bool":
             column = np.asarray(column).astype(bool)
         frame[name] = column
-    return frame
+    return frame[[c for c in columns if c in frame.columns]]  # the YAML's order: the sample's (its id may come last)
 
 
 def average_folds(fold_predictions: list[np.ndarray]) -> np.ndarray:

@@ -90,7 +90,7 @@ def ordered_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competi
     ids = frame[competition.id_column] if competition.id_column in frame.columns else None
     if order is not None and ids is not None and len(ids) == len(order) and set(ids) == set(order) \
             and not ids.duplicated().any():
-        frame = frame.set_index(competition.id_column).loc[order].reset_index()
+        frame = frame.set_index(competition.id_column).loc[order].reset_index()[list(frame.columns)]
         frame[competition.id_column] = order.to_numpy()  # as the sample writes them (60, where test.csv has 60.0)
     validate_submission(frame, sample, competition, source=str(path), test_ids=test_ids)
     return frame

@@ -291,3 +291,30 @@ def test_a_time_series_gets_folds_in_the_files_order_and_zero_padded_ids_stay_te
     assert spec["task"] == "timeseries" and spec["folds"]["shuffle"] is False
     assert spec["columns"]["step"] == "str" and spec["submission"]["columns"]["step"] == "str"
     assert load_competition(str(path)).folds.shuffle is False
+
+
+@pytest.mark.slow
+def test_a_sample_submission_with_its_id_last_is_read_and_written_in_its_order(tmp_path):
+    """A sample 'y,id': init took y for the id (a KeyError traceback), and with --id the submission came out
+    'id,y', which the submission check then refused against the sample."""
+    from kbert.cli import main
+
+    rng = np.random.default_rng(0)
+    data = tmp_path / "d"
+    data.mkdir()
+    train = pd.DataFrame({"id": range(100), "x": rng.normal(size=100)})
+    train["y"] = (train["x"] > 0).astype(int)
+    train.to_csv(data / "train.csv", index=False)
+    test = pd.DataFrame({"id": range(100, 140), "x": rng.normal(size=40)})
+    test.to_csv(data / "test.csv", index=False)
+    pd.DataFrame({"y": 0, "id": test["id"]}).to_csv(data / "sample_submission.csv", index=False)
+    path = init_competition("last", DataFiles(data / "train.csv", data / "test.csv", data / "sample_submission.csv"),
+                            out=tmp_path / "last.yaml")
+    spec = yaml.safe_load(path.read_text())
+    assert (spec["id_column"], spec["target"], list(spec["submission"]["columns"])) == ("id", "y", ["y", "id"])
+    out = ["--out", str(tmp_path / "runs"), "--submissions-dir", str(tmp_path / "subs")]
+    assert main(["baseline", str(path), "--model", "logreg", "--folds", "2", "--run-id", "b", *out]) == 0
+    submission = tmp_path / "subs" / "last" / "b.csv"
+    header, first = submission.read_text().splitlines()[:2]
+    assert header == "y,id" and first in ("0,100", "1,100")
+    assert main(["validate", str(path), str(submission)]) == 0
