@@ -141,6 +141,24 @@ def sample_dtype(column: pd.Series, target: pd.Series) -> str:
     return "str"
 
 
+def date_order(train: pd.DataFrame, test: pd.DataFrame, columns: list[str]) -> str | None:
+    """A column of dates that orders the training rows, every test date after them: a time series, whose shuffled
+    folds would validate on the past of the rows they train on (a leaky, optimistic CV); None when none does."""
+    import warnings
+
+    for column in columns:
+        if pd.api.types.is_numeric_dtype(train[column]) or train[column].isna().any() or test[column].isna().any():
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pandas guessing a format per element
+            before = pd.to_datetime(train[column], errors="coerce")
+            after = pd.to_datetime(test[column], errors="coerce")
+        if before.notna().all() and after.notna().all() and before.is_monotonic_increasing \
+                and before.nunique() > 1 and after.min() >= before.max():
+            return str(column)
+    return None
+
+
 def submission_order(columns: dict[str, str], sample: pd.DataFrame | None) -> dict[str, str]:
     """The submission's columns in the sample submission's order (its id may come last), else the id first."""
     if sample is None or {str(c) for c in sample.columns} != set(columns):
@@ -235,6 +253,7 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
     metric, why = choose_metric(task, train, targets, submission_kind(task, value_columns), classes)
     check_metric_fits(get_metric(metric), task, value_columns)
     features = [c for c in train.columns if c in test.columns and c not in targets]
+    dated = date_order(train, test, features)
     data = {
         "name": name,
         "task": task.value,
@@ -251,7 +270,7 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
         "text": {"serializer": "list", "columns": [c for c in features if c != id_column], "numeric": "raw",
                  "missing": "unknown"},
         # A time series validates each block on the rows before it, in the file's order (never on shuffled rows)
-        "folds": {"k": 5, "seed": 42, **({"shuffle": False} if task == Task.TIMESERIES else {})},
+        "folds": {"k": 5, "seed": 42, **({"shuffle": False} if task == Task.TIMESERIES or dated else {})},
     }
     header = (f"# Written by `kbert init {name}`: inferred task '{task}', id '{id_column}', target {targets}.\n"
               "# Check the task and the metric, and trim text.columns; then `kbert run` it.\n")
@@ -263,6 +282,12 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
     check_competition_frames(parse_competition(yaml.safe_load(text), out), train, test, sample,  # as `kbert run` would
                              (train_path, test_path, Path(sample_path) if sample_path else None))
     write_text(out, header + text)
+    if dated:
+        log(f"folds in the files' order (folds.shuffle: false): the training rows follow '{dated}', and the test "
+            "rows come after them; each fold validates on later rows than it trains on")
+    elif task == Task.TIMESERIES:
+        log("several numeric targets: task timeseries, folds in the files' order (folds.shuffle: false), whose first "
+            "block is never validated; if the rows are in no time order, set folds.shuffle: true")
     duplicates = duplicate_report(train, data["text"]["columns"], targets)
     if duplicates:
         log(duplicates)

@@ -293,6 +293,26 @@ def test_a_time_series_gets_folds_in_the_files_order_and_zero_padded_ids_stay_te
     assert load_competition(str(path)).folds.shuffle is False
 
 
+def test_a_date_column_that_orders_the_rows_gives_folds_in_the_files_order(tmp_path):
+    """One target, a date per row, the test rows after the training rows: shuffled folds validated on the past of
+    the rows they trained on (a leaky CV). The same table without that order keeps shuffled folds."""
+    rng = np.random.default_rng(0)
+    frame = pd.DataFrame({"id": range(120), "day": pd.date_range("2020-01-01", periods=120).strftime("%Y-%m-%d"),
+                          "x": rng.normal(size=120), "sales": rng.normal(size=120).cumsum()})
+    said = []
+    for name, train in (("dated", frame.iloc[:100]), ("shuffled", frame.iloc[:100].sample(frac=1, random_state=0))):
+        folder = tmp_path / name
+        folder.mkdir()
+        train.to_csv(folder / "train.csv", index=False)
+        frame.iloc[100:].drop(columns="sales").to_csv(folder / "test.csv", index=False)
+        path = init_competition(name, DataFiles(folder / "train.csv", folder / "test.csv"),
+                                out=tmp_path / f"{name}.yaml", log=said.append)
+        spec = yaml.safe_load(path.read_text())
+        assert spec["task"] == "regression" and spec["folds"].get("shuffle", True) is (name == "shuffled")
+    assert said == ["folds in the files' order (folds.shuffle: false): the training rows follow 'day', and the test "
+                    "rows come after them; each fold validates on later rows than it trains on"]
+
+
 @pytest.mark.slow
 def test_a_sample_submission_with_its_id_last_is_read_and_written_in_its_order(tmp_path):
     """A sample 'y,id': init took y for the id (a KeyError traceback), and with --id the submission came out
