@@ -253,6 +253,9 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
     metric, why = choose_metric(task, train, targets, submission_kind(task, value_columns), classes)
     check_metric_fits(get_metric(metric), task, value_columns)
     features = [c for c in train.columns if c in test.columns and c not in targets]
+    if not [c for c in features if c != id_column]:
+        raise KbertError(f"{train_path.name} and {test_path.name} share no column besides the id '{id_column}': "
+                         "nothing to predict from")
     dated = date_order(train, test, features)
     data = {
         "name": name,

@@ -97,6 +97,10 @@ def test_task_inference_and_refusals(tmp_path):
         init_competition("wine", files, out=out)
     with pytest.raises(KbertError, match="target is unclear"):
         init_competition("w2", DataFiles(files.test, files.test), out=tmp_path / "w2.yaml")
+    pd.read_csv(files.test)[["wine_id"]].assign(z=1.0).to_csv(tmp_path / "data" / "bare.csv", index=False)
+    with pytest.raises(KbertError, match="^train.csv and bare.csv share no column besides the id 'wine_id'"):
+        init_competition("w3", DataFiles(files.train, tmp_path / "data" / "bare.csv"), out=tmp_path / "w3.yaml")
+    assert not (tmp_path / "w3.yaml").exists()
 
 
 def test_init_refuses_what_run_would_refuse_and_writes_nothing(tmp_path):
