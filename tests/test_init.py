@@ -99,7 +99,8 @@ def test_task_inference_and_refusals(tmp_path):
         init_competition("w2", DataFiles(files.test, files.test), out=tmp_path / "w2.yaml")
     pd.read_csv(files.test)[["wine_id"]].assign(z=1.0).to_csv(tmp_path / "data" / "bare.csv", index=False)
     with pytest.raises(KbertError, match="^train.csv and bare.csv share no column besides the id 'wine_id'"):
-        init_competition("w3", DataFiles(files.train, tmp_path / "data" / "bare.csv"), out=tmp_path / "w3.yaml")
+        init_competition("w3", DataFiles(files.train, tmp_path / "data" / "bare.csv"), out=tmp_path / "w3.yaml",
+                         target="cultivar")
     assert not (tmp_path / "w3.yaml").exists()
 
 
