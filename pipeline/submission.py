@@ -118,4 +118,8 @@ def check_submittable(expected: Expected, sample: pd.DataFrame | None, path: Pat
     whole run."""
     columns = expected.columns
     table = np.full((len(expected.test_ids), len(columns)), 1.0 / len(columns) if expected.classes else 0.5)
-    predictions_submission(expected, native(expected.competition.task, table), 0.5, sample, path)
+    try:
+        predictions_submission(expected, native(expected.competition.task, table), 0.5, sample, path)
+    except KbertError as exc:  # (its ids and their dtype come from the test file and the sample submission)
+        raise KbertError(f"{exc}; checked before training, with placeholder predictions: see the test file and the "
+                         "sample submission") from None

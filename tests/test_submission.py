@@ -226,5 +226,6 @@ def test_a_submission_that_cannot_be_written_is_refused_before_any_training(comm
     monkeypatch.setattr(submission, "validate_submission", refused)
     assert main(command) == 2
     captured = capsys.readouterr()
-    assert captured.err.strip() == "kbert: error: submissions/mini-titanic/x.csv: refused"
+    assert captured.err.strip() == ("kbert: error: submissions/mini-titanic/x.csv: refused; checked before training, "
+                                    "with placeholder predictions: see the test file and the sample submission")
     assert "fold 1" not in captured.out and not (tmp_path / "runs" / "mini-titanic" / "x").exists()

@@ -70,6 +70,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         return 0
     if not (Path(args.run) / "config.yaml").is_file():
         check_run_id(args.run, "kbert predict RUN")
+    elif args.out_dir is not None:  # (it names the runs folder a run id is looked up in)
+        raise KbertError(f"--out {args.out_dir}: {args.run} is a run folder, not a run id to look up there; drop it")
     run_dir = resolve_run_dir(args.run, args.out_dir or "runs")
     if args.submission:
         if not args.output or args.tta > 1:
