@@ -196,11 +196,10 @@ def score_methods(pool: Pool, spec: EnsembleSpec, log=print) -> Scores:
         try:
             results[name] = nested_cv(name, P, problem, pool.fold_of_row, options, pool.outer)
         except ValueError as exc:  # scikit-learn's refusal of too few rows (or one class) in an outer fold's part
+            why = f"cannot be fitted on every outer fold's rows ({' '.join(str(exc).split())})"
             if spec.methods not in ("all", "best") or len(names) == 1:
-                raise KbertError(f"--method {name} cannot be fitted on every outer fold's rows "
-                                 f"({' '.join(str(exc).split())}); give another method or more rows") from None
-            log(f"note: method {name} left out: it cannot be fitted on every outer fold's rows "
-                f"({' '.join(str(exc).split())})")
+                raise KbertError(f"--method {name} {why}; give another method or more rows") from None
+            log(f"note: method {name} left out: it {why}")
     if not results:
         raise KbertError("no ensemble method can be fitted on every outer fold's rows; give more rows")
     # Choosing the best member by its OOF score is itself a fit: this is that choice, scored honestly.

@@ -26,8 +26,8 @@ from kbert.models.adapters import weights_fingerprint
 from kbert.models.heads import predict
 from kbert.pipeline.artifacts import (RunResult, check_resumable, check_run_outputs, config_fingerprint, fold_layout,
                                       fold_name, input_fingerprint, lock_message, lock_run_folder, missing_fold_part,
-                                      new_run_id, read_finished_fold, recorded_files, score_summary, sealed,
-                                      write_folds_table, write_predictions, write_run_config)
+                                      new_run_id, read_finished_fold, score_summary, sealed, write_folds_table,
+                                      write_predictions, write_run_config)
 from kbert.pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature
 from kbert.pipeline.config import RunConfig, pretrained_elsewhere
 from kbert.pipeline.data import data_warnings, input_rows, load_competition_data
@@ -323,7 +323,7 @@ def read_back_fold(fold_dir: Path, split: FoldSplit, inputs: RunInputs) -> FoldP
     must have the fold's validation rows and the test rows. Every finished fold is read before anything is
     written, so that a damaged one refuses the resume with the folder as it was."""
     finished = read_finished_fold(fold_dir)
-    gone = finished is not None and any(not (fold_dir / name).is_file() for name in recorded_files(fold_dir))
+    gone = finished is not None and any(not (fold_dir / name).is_file() for name in finished["files"])
     if finished is None or gone or missing_fold_part(fold_dir) is not None:  # a file gone: the fold trains again
         return None
     rows = {"valid_outputs": len(split.valid_index), "valid_predictions": len(split.valid_index),
