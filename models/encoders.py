@@ -177,9 +177,11 @@ def _unpacked(name: str, shipped: Shipped, parts: list[Path]) -> Path:
     return target / shipped.folder
 
 
-def resolve_encoder_path(name_or_path: str | Path) -> Path:
+def resolve_encoder_path(name_or_path: str | Path, scratch_sizes: bool = False) -> Path:
     """A shipped name (``minilm-l6``), a local folder holding a Hugging Face model, or a Hugging Face Hub model id
-    (``org/name[@revision]``, fetched into the Hugging Face cache by models/hub.py); a local path always wins."""
+    (``org/name[@revision]``, fetched into the Hugging Face cache by models/hub.py); a local path always wins.
+    ``scratch_sizes``: the caller (``kbert run``) also takes a size to train from scratch, so an unknown name's
+    message lists those too; elsewhere weights are needed and only pretrained names are suggested."""
     if str(name_or_path) in SHIPPED:
         return shipped_path(str(name_or_path))
     path = Path(name_or_path)
@@ -192,12 +194,11 @@ def resolve_encoder_path(name_or_path: str | Path) -> Path:
 
         if hub.is_hub_name(name_or_path):
             return hub.fetch(str(name_or_path)).folder
-        presets = preset_names()
+        presets = preset_names() if scratch_sizes else []
         near = "" if "/" in str(name_or_path) else did_you_mean(name_or_path, [*SHIPPED, *presets])  # not a path
-        raise KbertError(f"encoder '{name_or_path}'{near} is neither "
-                         f"a shipped name ({', '.join(SHIPPED)}), "
-                         f"a from-scratch size ({', '.join(presets)}), a Hugging Face Hub model "
-                         "(org/name[@revision]), nor a model folder")
+        sizes = f"a from-scratch size ({', '.join(presets)}), " if scratch_sizes else ""
+        raise KbertError(f"encoder '{name_or_path}'{near} is neither a shipped name ({', '.join(SHIPPED)}), {sizes}"
+                         "a Hugging Face Hub model (org/name[@revision]), nor a model folder")
     return path
 
 

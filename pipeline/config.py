@@ -123,6 +123,11 @@ def words_of(module: str, name: str) -> tuple[str, ...]:
     raise KbertError(f"{path}: no {name} = (...) at the top level")
 
 
+def shipped_names() -> str:
+    """The pretrained encoders PyPI packages ship (models/encoders.py's SHIPPED), for help texts."""
+    return ", ".join(words_of("kbert.models.encoders", "SHIPPED"))
+
+
 @functools.cache  # a module's source is read and parsed once, however many of its constants are asked for
 def _top_level_assignments(module: str) -> tuple[Path, list[ast.Assign]]:
     package, _, leaf = module.rpartition(".")
@@ -249,9 +254,9 @@ class ModelConfig:
     encoder: str = setting("bert", flag="--encoder",
                            help="bert (a small BERT trained from scratch; the default, except minilm-l6 where the text "
                                 "is mostly free text), a size to train from scratch (bert-tiny, modernbert-base, "
-                                "deberta-v3-xsmall, ...), a shipped pretrained name (minilm-l6), a local Hugging Face "
-                                "model folder, or a Hugging Face Hub id (org/name[@revision], downloaded once into the "
-                                "Hugging Face cache)")
+                                f"deberta-v3-xsmall, ...), a shipped pretrained name ({shipped_names()}), a local "
+                                "Hugging Face model folder, or a Hugging Face Hub id (org/name[@revision], downloaded "
+                                "once into the Hugging Face cache)")
     hidden_size: int = setting(128, bound=SIZE, help="from scratch: the hidden size")
     num_hidden_layers: int = setting(2, bound=SIZE, help="from scratch: encoder layers")
     num_attention_heads: int = setting(4, bound=SIZE, help="from scratch: attention heads (hidden_size a multiple)")

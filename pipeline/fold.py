@@ -240,7 +240,7 @@ def load_encoder_source(config: RunConfig) -> EncoderSource:
         return EncoderSource(name=config.model.encoder, from_scratch=True, adapter=adapter)
     # A Hub id is fetched here (or found in the Hugging Face cache) and pinned to the commit it resolved to.
     hub = fetch(config.model.encoder) if is_hub_name(config.model.encoder) else None
-    folder = hub.folder if hub is not None else resolve_encoder_path(config.model.encoder)
+    folder = hub.folder if hub is not None else resolve_encoder_path(config.model.encoder, scratch_sizes=True)
     pretrained, loaded_config, tokenizer = load_encoder(folder, config.model.spm_normalization,
                                                         config.train.max_length)
     encoder_config = {**read_config(folder), **loaded_config.to_dict()}  # as loaded: without a pooler it has none

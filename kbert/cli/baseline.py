@@ -19,6 +19,8 @@ member: <out>/<competition>/baseline-<model>[-emb-<source>]-seed<S>/{config.yaml
 
 
 def add_parser(commands) -> None:
+    from kbert.pipeline.config import shipped_names
+
     baseline = add_command(commands, "baseline", help="train a tabular baseline (gradient-boosted trees or linear) "
                            "on the same folds, as an ensemble member",
                            description="Train a tabular model per fold on the competition's raw columns plus "
@@ -36,7 +38,7 @@ def add_parser(commands) -> None:
                           help="add an encoder's text embeddings, reduced to 32 PCA components per fold on its "
                                "training rows: a finished kbert run on the same folds (its folder, or its id under "
                                "--out; fold k's fine-tuned model embeds fold k's rows) or a pretrained encoder "
-                               "(minilm-l6, a model folder, a Hub id)")
+                               f"({shipped_names()}, a model folder, a Hub id)")
     baseline.add_argument("--run-id", help="run folder name (default baseline-<model>[-emb-<source>]-seed<S>)")
     add_setting(baseline, "limit_rows")
     add_data_dir(baseline)

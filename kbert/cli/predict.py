@@ -11,7 +11,7 @@ EMBED_LENGTH = 256  # kbert embed's default --max-length (the encoder's position
 
 
 def add_parser(commands) -> None:
-    from kbert.pipeline.config import words_of
+    from kbert.pipeline.config import shipped_names, words_of
 
     predict = add_command(commands, "predict", help="predict a CSV with a run, a baseline or an ensemble",
                           description="Predict new rows with every saved fold model of a run or baseline and "
@@ -35,8 +35,8 @@ def add_parser(commands) -> None:
     embed = add_command(commands, "embed", help="write sentence embeddings of a text file with an encoder",
                         description="Embed one text per line of FILE with a pretrained encoder and write "
                                     "a (lines, hidden) float32 .npy array.")
-    embed.add_argument("model", help="a shipped name (minilm-l6), a local Hugging Face model folder or a Hub id "
-                                     "(org/name[@revision])")
+    embed.add_argument("model", help=f"a shipped name ({shipped_names()}), a local Hugging Face model folder or a "
+                                     "Hub id (org/name[@revision])")
     embed.add_argument("--texts", required=True, help="UTF-8 text file, one text per line")
     embed.add_argument("--out", required=True, help="output .npy file")
     embed.add_argument("--pooling", choices=words_of("kbert.models.pooling", "EMBED_POOLINGS"), default="mean",

@@ -45,8 +45,11 @@ def _add_encoder_source(pretrain: argparse.ArgumentParser) -> None:
     source.add_argument("--from-scratch", dest="scratch", metavar="SIZE",
                         help="bert (default: the size kbert run trains, with a WordPiece vocabulary learned on the "
                              "corpus) or a preset (bert-mini, modernbert-base, neobert, ...)")
-    source.add_argument("--encoder", help="continue pretraining a pretrained encoder: minilm-l6, a model folder or a "
-                                          "Hugging Face Hub id (org/name[@revision])")
+    from kbert.pipeline.config import shipped_names
+
+    source.add_argument("--encoder", help=f"continue pretraining a pretrained encoder: a shipped name "
+                                          f"({shipped_names()}), a model folder or a Hugging Face Hub id "
+                                          "(org/name[@revision])")
 
 
 def _add_masking_options(pretrain: argparse.ArgumentParser) -> None:
