@@ -126,6 +126,20 @@ def test_new_rows_get_the_features_the_test_rows_had():
     assert rows["TicketGroupSize"].tolist() == [full.loc[shared.index[0], "TicketGroupSize"] + 1] * 2
 
 
+def test_a_new_row_on_a_training_ticket_leaves_the_training_rows_features_as_the_run_made_them():
+    """A new passenger on a training passenger's ticket counts that passenger in its group; the training row keeps
+    the group size it had in the run (predict refits each fold's statistics on the training rows: with the new
+    row counted, a fusion run refused every such row as 'the training data changed')."""
+    comp = load_competition("titanic")
+    data = load_competition_data(comp)
+    train = data.train.drop(columns=comp.target_columns)
+    as_run, _ = new_row_features(comp, train, data.test, data.test)
+    newcomer = data.train.drop(columns=comp.target_columns).iloc[[0]].assign(PassengerId=99999)
+    train_features, rows = new_row_features(comp, train, data.test, newcomer)
+    pd.testing.assert_frame_equal(train_features, as_run)
+    assert rows["TicketGroupSize"].item() == as_run.loc[0, "TicketGroupSize"] + 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["hgb", "lgbm"])
 def test_a_fold_whose_training_rows_hold_one_class_predicts_that_class_and_predict_reads_it(tmp_path, model,
