@@ -192,6 +192,11 @@ def check_targets(train: pd.DataFrame, competition: CompetitionConfig, path: Pat
             given = train[column].dropna()
             if task == Task.BINARY and given.nunique() == 2 and pd.to_numeric(given, errors="coerce").isna().any():
                 raise not_zero_one(path, task, column, sorted(map(str, given.unique())))
+            words = pd.to_numeric(given, errors="coerce").isna()
+            if task == Task.ORDINAL and words.any():
+                raise KbertError(f"{path}: ordinal target '{column}' must hold numbered levels, found "
+                                 f"{plain(given[words].iloc[0])!r} (row {int(words.idxmax()) + 2}); or list the levels "
+                                 "in order in the YAML as classes: [lowest, ..., highest]")
             _check_dtype(train, column, "float", path, allow_missing=False)
         values = train[column] if task == Task.MULTICLASS or named else pd.to_numeric(train[column])
         distinct = sorted((plain(v) for v in values.unique()), key=lambda v: (isinstance(v, str), v))

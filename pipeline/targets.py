@@ -34,16 +34,15 @@ def encode_targets(train: pd.DataFrame, competition: CompetitionConfig) -> Targe
         return Targets(values=raw.to_numpy(dtype=np.float32), classes=None, stratify=None)
     if task == Task.BINARY:
         classes = competition.binary_classes
-    elif task == Task.ORDINAL:
-        classes = competition.classes or sorted(pd.to_numeric(raw).unique().tolist())
+    elif task == Task.ORDINAL:  # levels are numbers (pipeline/data.py checks them), or the words classes: orders
+        if all(isinstance(c, (int, float)) for c in competition.classes or []):
+            raw = pd.to_numeric(raw)
+        classes = competition.classes or sorted(raw.unique().tolist())
     else:  # multiclass: numbers sort numerically, strings alphabetically
         classes = competition.classes or sorted(raw.unique().tolist(), key=lambda v: (isinstance(v, str), v))
     classes = [_python_value(c) for c in classes]
     index = {c: i for i, c in enumerate(classes)}
-    if task == Task.ORDINAL:
-        codes = [index.get(_python_value(v)) for v in pd.to_numeric(raw)]
-    else:
-        codes = [index.get(_python_value(v)) for v in raw]
+    codes = [index.get(_python_value(v)) for v in raw]
     if any(c is None for c in codes):
         raise KbertError(f"target '{columns[0]}' has values outside the classes {classes}")
     values = np.asarray(codes, dtype=np.float32 if task == Task.BINARY else np.int32)

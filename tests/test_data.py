@@ -230,3 +230,17 @@ def test_every_model_reads_the_declared_columns_only(titanic):
     rows = load_competition_data(spaceship)
     plain, _ = input_rows(replace(spaceship, features=""), rows.train, rows.test)
     assert list(plain.columns) == list(spaceship.columns)
+
+
+def test_an_ordinal_target_of_words_takes_the_order_classes_gives():
+    """classes: [low, mid, high] orders the words of an ordinal target (it raised 'Unable to parse string')."""
+    import pandas as pd
+
+    from kbert.pipeline.targets import encode_targets
+
+    comp = replace(load_competition("titanic"), task="ordinal", metric="qwk", target="Level",
+                   classes=["low", "mid", "high"])
+    targets = encode_targets(pd.DataFrame({"Level": ["mid", "high", "low", "mid"]}), comp)
+    assert targets.values.tolist() == [1, 2, 0, 1] and targets.classes == ["low", "mid", "high"]
+    numbered = encode_targets(pd.DataFrame({"Level": [3, 1, 2]}), replace(comp, classes=None))
+    assert numbered.values.tolist() == [2, 0, 1] and numbered.classes == [1, 2, 3]
