@@ -66,8 +66,11 @@ def check_head_config(config: HeadConfig) -> None:
         raise ValueError(f"label_smoothing must be in [0, 1), got {config.label_smoothing}")
     if config.class_weights is not None and len(config.class_weights) != config.num_outputs:
         raise ValueError(f"class_weights has {len(config.class_weights)} entries for {config.num_outputs} classes")
+    if config.class_weights is not None and not any(config.class_weights):
+        raise ValueError("class_weights are all 0: no row would weigh in the loss")
     if isinstance(config.pos_weight, list) and len(config.pos_weight) != config.num_outputs:
-        raise ValueError(f"pos_weight has {len(config.pos_weight)} entries for {config.num_outputs} labels")
+        raise ValueError(f"pos_weight has {len(config.pos_weight)} entries for {config.num_outputs} "
+                         f"label{'s' if config.num_outputs != 1 else ''}")
     if config.num_outputs < task.min_outputs:
         raise ValueError(f"task '{config.task}' needs at least {task.min_outputs} classes/outputs, "
                          f"got {config.num_outputs}")

@@ -870,11 +870,33 @@ def is_pretrained(model: ModelConfig) -> bool:
 
 # Settings that act only beside another: (the setting, whether it acts, what it needs). Set away from its default
 # where it does not act, a setting would be ignored: it is refused instead.
+def resolved_loss(competition: CompetitionConfig, head: HeadOptions) -> str:
+    """The loss the head trains with: ``default`` is the task's first (models/heads.py ``resolved_loss``)."""
+    return Task(competition.task).losses[0] if head.loss == "default" else head.loss
+
+
+def labels_from_probabilities(competition: CompetitionConfig) -> bool:
+    """A binary or multilabel task whose submission or metric reads class labels: a cut-off makes them."""
+    from kbert.pipeline.metrics import get_metric
+    from kbert.tasks import submission_kind
+
+    return Task(competition.task).probabilities and (
+        submission_kind(competition.task, competition.value_columns) == "label"
+        or get_metric(competition.metric).needs_labels)
+
+
 ACTS_ONLY_WITH = (
     ("label_smoothing", lambda c, m, t, h: c.task == Task.MULTICLASS and h.loss != "focal",
      "a multiclass task's cross-entropy loss"),
     ("focal_gamma", lambda c, m, t, h: h.loss == "focal", "--loss focal"),
-    ("threshold", lambda c, m, t, h: Task(c.task).probabilities, "a binary or multilabel task"),
+    ("focal_alpha", lambda c, m, t, h: Task(c.task).probabilities and h.loss == "focal",
+     "a binary or multilabel task's --loss focal"),
+    ("pos_weight", lambda c, m, t, h: Task(c.task).probabilities and resolved_loss(c, h) == "bce",
+     "a binary or multilabel task's bce loss"),
+    ("class_weights", lambda c, m, t, h: c.task == Task.MULTICLASS, "a multiclass task"),
+    ("huber_delta", lambda c, m, t, h: resolved_loss(c, h) == "huber", "--loss huber"),
+    ("threshold", lambda c, m, t, h: labels_from_probabilities(c),
+     "a binary or multilabel task whose submission or metric reads class labels"),
     ("adversarial_epsilon", lambda c, m, t, h: t.adversarial != "none", "--adversarial fgm or awp"),
     ("adversarial_start", lambda c, m, t, h: t.adversarial != "none", "--adversarial fgm or awp"),
     ("adversarial_start", lambda c, m, t, h: t.adversarial_start <= t.epochs, "--epochs of at least its value"),
