@@ -44,6 +44,11 @@ def fit_temperature(logits: np.ndarray, targets: np.ndarray) -> float:
     return float(np.exp(result.x))
 
 
+def temperature_at_bound(temperature: float) -> bool:
+    """Whether a fitted temperature stopped at an end of the search range (``fit_temperature``)."""
+    return not np.exp(LOG_T_BOUNDS[0]) * 1.001 < temperature < np.exp(LOG_T_BOUNDS[1]) / 1.001
+
+
 def apply_temperature(logits: np.ndarray, temperature: float) -> np.ndarray:
     """Calibrated logits: logits / T."""
     if not temperature > 0:

@@ -32,7 +32,8 @@ from kbert.pipeline.calibration import apply_temperature, cross_fitted_temperatu
 from kbert.pipeline.config import RunConfig, pretrained_elsewhere
 from kbert.pipeline.data import data_warnings, input_rows, load_competition_data
 from kbert.pipeline.fold import (EncoderSource, FoldPredictions, FoldSplit, RunInputs, fold_warnings,
-                                 load_encoder_source, make_head_config, make_serializer, split_folds, train_one_fold)
+                                 load_encoder_source, make_head_config, make_serializer, make_tabular, split_folds,
+                                 train_one_fold)
 from kbert.pipeline.fold_processes import (FoldJob, FoldPlan, Machine, available_memory, plan_folds, train_folds,
                                            usable_cores, with_streams)
 from kbert.pipeline.splits import fold_rows
@@ -104,6 +105,9 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         config = replace(config, model=replace(config.model, encoder=source.name))
         inputs.config = config
     make_serializer(config).fit(inputs.features).transform(inputs.features.iloc[:2])  # bad text settings fail early
+    tabular = make_tabular(config, inputs.train, inputs.features)
+    if tabular is not None:
+        tabular.fit(inputs.features)  # a fusion with no columns to read fails now (each fold fits its own)
     run_id = run_id or new_run_id(config.seed)
     comp_dir = Path(config.out_dir) / config.competition.name
     paths = RunPaths(run_id=run_id, folder=comp_dir / run_id, cache=comp_dir / "cache",

@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, log_loss
@@ -87,3 +89,23 @@ def test_bad_inputs_raise():
         cross_fitted_temperature(np.zeros(4), np.array([0, 1, 0, 1]), np.zeros(4, dtype=int))
     with pytest.raises(KbertError):
         fit_temperature(np.zeros((4, 3)), np.zeros(5, dtype=int))
+
+
+def test_a_calibrated_run_says_its_cv_is_calibrated_and_gives_the_uncalibrated_one(tmp_path, capsys):
+    """The CV of a --calibrate run is of the cross-fitted calibrated OOF, its folds' scores are not: the closing
+    line said neither (CV log_loss 1.09 beside folds 1.34 and 1.87); a temperature at its search bound is noted."""
+    from types import SimpleNamespace
+
+    from kbert.cli.common import print_run_result
+    from kbert.pipeline.calibration import temperature_at_bound
+
+    assert temperature_at_bound(19.99999) and temperature_at_bound(0.05) and not temperature_at_bound(1.3)
+    (tmp_path / "metrics.json").write_text(json.dumps({"calibration": {"temperature": 19.99999,
+                                                                       "cv_uncalibrated": 1.6048}}))
+    result = SimpleNamespace(metric="log_loss", cv_score=1.0919, fold_scores=[1.3413, 1.8684], run_dir=tmp_path,
+                             submission_path="s.csv", seconds=3.0)
+    print_run_result(result)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("CV log_loss: 1.0919 calibrated (") and \
+        lines[0].endswith("), 1.6048 uncalibrated  (folds, uncalibrated: 1.3413, 1.8684)")
+    assert lines[1].startswith("note: the temperature 20 is at the end of its search range")

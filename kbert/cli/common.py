@@ -108,10 +108,22 @@ def check_run_id(value: str, what: str) -> str:
 
 def print_run_result(result) -> None:
     """The closing lines of `kbert run` and `kbert baseline` (a kbert.pipeline.artifacts.RunResult)."""
-    print(f"CV {result.metric}: {result.cv_score:.4f}  (folds: {', '.join(f'{s:.4f}' for s in result.fold_scores)})")
     from kbert.io import read_json
 
-    threshold = read_json(result.run_dir / "metrics.json").get("threshold") or {}
+    metrics = read_json(result.run_dir / "metrics.json")
+    folds = ", ".join(f"{s:.4f}" for s in result.fold_scores)
+    calibration = metrics.get("calibration")
+    if calibration:  # the CV is of the cross-fitted calibrated OOF; each fold's score is its model's own
+        print(f"CV {result.metric}: {result.cv_score:.4f} calibrated (each fold's rows by a temperature fitted on the "
+              f"other folds), {calibration['cv_uncalibrated']:.4f} uncalibrated  (folds, uncalibrated: {folds})")
+        from kbert.pipeline.calibration import temperature_at_bound
+
+        if temperature_at_bound(calibration["temperature"]):
+            print(f"note: the temperature {calibration['temperature']:.4g} is at the end of its search range: the "
+                  "calibrated probabilities are nearly constant, the model's outputs carry little signal")
+    else:
+        print(f"CV {result.metric}: {result.cv_score:.4f}  (folds: {folds})")
+    threshold = metrics.get("threshold") or {}
     if "cv_cross_fitted" in threshold:
         print(f"CV {result.metric} at a threshold tuned on the other folds: {threshold['cv_cross_fitted']:.4f}")
     print(f"run folder: {result.run_dir}")
