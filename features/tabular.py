@@ -52,7 +52,8 @@ class TabularFeatures:
             raise KbertError(f"fusion: column(s) {unknown} are not in the data")
         is_number = {c: pd.api.types.is_numeric_dtype(rows[c]) and not pd.api.types.is_bool_dtype(rows[c])
                      for c in columns}
-        numeric = [c for c in columns if is_number[c]] if self.numbers else []
+        # A numeric column missing on every training row carries nothing (its quantiles would all be NaN).
+        numeric = [c for c in columns if is_number[c] and rows[c].notna().any()] if self.numbers else []
         categories = {}
         for c in columns:
             if is_number[c]:

@@ -55,6 +55,18 @@ def test_columns_are_fitted_on_the_training_rows_only():
     assert json.dumps(TabularFeatures(exclude=("Id",)).fit(extreme).fitted_statistics()) != before
 
 
+def test_a_numeric_column_missing_on_every_training_row_is_left_out_without_numpy_warnings():
+    """Its quantiles would be NaN (numpy warned 'All-NaN slice encountered' through the run's output)."""
+    import warnings
+
+    rows = ROWS.assign(Age=np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        features = TabularFeatures(exclude=("Id",)).fit(rows)
+        numeric, _ = features.transform(ROWS)
+    assert features.numeric_columns_ == [] and numeric.shape == (8, 0)
+
+
 def test_words_only_numbers_and_tables_without_columns():
     assert TabularFeatures(exclude=("Id",), numbers=False).fit(ROWS).numeric_columns_ == []
     with pytest.raises(KbertError, match="fusion: no numeric or categorical columns"):
