@@ -103,12 +103,15 @@ class ColumnKinds:
 
 
 def column_kinds(rows: pd.DataFrame, exclude: tuple[str, ...]) -> ColumnKinds:
-    """Numbers, categories, free text and identifiers, decided from the (training) rows given."""
+    """Numbers, categories, free text and identifiers, decided from the (training) rows given; a column missing on
+    every one of them is none of these, and left out."""
     numeric, categorical, text, identifiers = [], [], [], []
     for column in rows.columns:
         if column in exclude:
             continue
         values = rows[column]
+        if values.isna().all():  # missing on every training row: nothing to read (the trees' binning failed on it)
+            continue
         if pd.api.types.is_bool_dtype(values) or pd.api.types.is_numeric_dtype(values):
             numeric.append(column)
             continue

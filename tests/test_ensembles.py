@@ -755,6 +755,18 @@ def test_the_linear_model_fits_a_text_column_whose_words_are_each_in_one_row():
     assert valid.shape == (8, 1)
 
 
+@pytest.mark.parametrize("model", ["hgb", "logreg", "lgbm"])
+def test_a_column_missing_on_every_training_row_is_left_out(model):
+    """An all-empty column (numeric or text) reads as nothing: the trees' binning failed on it ('window shape
+    cannot be larger than input array shape', reported as the fold's rows being too few)."""
+    rng = np.random.default_rng(0)
+    rows = pd.DataFrame({"x": rng.normal(size=60), "empty": np.nan, "blank": pd.Series([None] * 60, dtype=object)})
+    kinds = column_kinds(rows, exclude=())
+    assert kinds.numeric == ["x"] and kinds.categorical == kinds.text == kinds.identifiers == []
+    valid, = fit_predict_fold(Baseline(model, "binary"), rows, (rows["x"] > 0).astype(int).to_numpy(), [rows], 0)
+    assert valid.shape == (60, 1)
+
+
 def test_a_choice_among_methods_needs_three_outer_folds(tmp_path):
     """With two outer folds, each one's inner folds are the other fold, which it scores: no rows to fit a method on,
     so every fold 'chose' the first method, and the nested choice was reported as honest."""
