@@ -136,6 +136,8 @@ def sample_dtype(column: pd.Series, target: pd.Series) -> str:
     if column.isna().all():
         return label_dtype(target)
     dtype = column_dtype(column)
+    if dtype == "float" and not column.dropna().between(0, 1).all():  # not probabilities: the target's values
+        return label_dtype(target)
     if dtype == "float" or label_dtype(target) != "str":
         return dtype
     return "str"
@@ -208,6 +210,44 @@ def data_dir_for(data: Path, yaml_path: Path) -> str:
         return str(data)
 
 
+def check_writable_submission(competition, train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame | None,
+                              out: Path) -> None:
+    """A run of the YAML can write its submission (the sample's columns, ids and their types): the check `kbert
+    run` makes before training (``check_submittable``), made before the YAML is written, so that init never writes
+    one that every run refuses."""
+    from kbert.pipeline.provenance import Expected
+    from kbert.pipeline.submission import check_submittable
+    from kbert.pipeline.targets import encode_targets
+
+    classes = encode_targets(train, competition).classes  # (as a run's: a binary task's two, or None)
+    expected = Expected(competition=competition, inputs={}, train_ids=train[competition.id_column],
+                        test_ids=test[competition.id_column], truth=np.zeros(len(train)), classes=classes)
+    try:
+        check_submittable(expected, sample, out.with_suffix(".csv"))
+    except KbertError as exc:
+        message = str(exc).split("; checked before training")[0].replace(f"{out.with_suffix('.csv')}: ", "")
+        raise KbertError(f"{message}: no YAML kbert init can infer writes this competition's submission; give "
+                         "--id-column or --target, or write the YAML by hand") from None
+
+
+def sample_label_notes(competition, train: pd.DataFrame, sample: pd.DataFrame | None, path: Path | None) -> list[str]:
+    """A line for each label column of the sample whose values are not the target's (0 for yes/no, No for no): a
+    placeholder, or another spelling the competition wants; the submission writes the target's values."""
+    if sample is None or submission_kind(competition.task, competition.value_columns) != "label":
+        return []
+    lines = []
+    for column in competition.value_columns:
+        if column not in train.columns:
+            continue
+        targets = {str(plain(v)) for v in train[column].dropna().unique()}
+        found = sorted({str(plain(v)) for v in sample[column].dropna().unique()} - targets)
+        if found:
+            lines.append(f"note: {path.name} column '{column}' holds {', '.join(found[:3])}, not the target's values "
+                         f"({', '.join(sorted(targets)[:5])}); the submission writes the target's values: if the "
+                         "competition wants the sample's, map them in the training file")
+    return lines
+
+
 @dataclass(frozen=True)
 class DataFiles:
     """A new competition's CSV files, all in one folder: train, test and (optionally) the sample submission."""
@@ -268,8 +308,8 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
         "files": {"train": train_path.name, "test": test_path.name,
                   **({"sample_submission": Path(sample_path).name} if sample_path else {})},
         "columns": {c: column_dtype(pd.concat([train[c], test[c]])) for c in features},
-        "submission": {"columns": submission_order({id_column: column_dtype(test[id_column]), **value_columns},
-                                                   sample)},
+        "submission": {"columns": submission_order({id_column: column_dtype((test if sample is None else sample)
+                                                                            [id_column]), **value_columns}, sample)},
         "text": {"serializer": "list", "columns": [c for c in features if c != id_column], "numeric": "raw",
                  "missing": "unknown"},
         # A time series validates each block on the rows before it, in the file's order (never on shuffled rows)
@@ -282,9 +322,13 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
     if classes is not None and task == Task.BINARY:
         text = text.replace("\nclasses:", f"\n# [negative, positive]: {classes[1]!r} is the rarer value; swap them to "
                                            "predict the other\nclasses:", 1)
-    check_competition_frames(parse_competition(yaml.safe_load(text), out), train, test, sample,  # as `kbert run` would
+    competition = parse_competition(yaml.safe_load(text), out)
+    check_competition_frames(competition, train, test, sample,  # as `kbert run` would
                              (train_path, test_path, Path(sample_path) if sample_path else None))
+    check_writable_submission(competition, train, test, sample, out)
     write_text(out, header + text)
+    for line in sample_label_notes(competition, train, sample, Path(sample_path) if sample_path else None):
+        log(line)
     if dated:
         log(f"folds in the files' order (folds.shuffle: false): the training rows follow '{dated}', and the test "
             "rows come after them; each fold validates on later rows than it trains on")

@@ -17,16 +17,19 @@ from kbert.tasks import Task, submission_kind
 
 
 def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competition: CompetitionConfig,
-                        source: str = "submission", test_ids: pd.Series | None = None) -> None:
+                        source: str = "submission", test_ids: pd.Series | None = None,
+                        classes: list | None = None) -> None:
     """Raise KbertError unless ``frame`` has the expected columns, dtypes, and exactly the sample's (or the
-    test file's) ids in the same order, without missing or infinite values."""
+    test file's) ids in the same order, without missing or infinite values. A label column holds the competition's
+    classes: a binary task's two, or ``classes`` (a multiclass or ordinal task's, from its training rows)."""
     expected_columns = list(competition.submission_columns)
     if list(frame.columns) != expected_columns:
         raise KbertError(f"{source}: columns {list(frame.columns)} differ from the expected {expected_columns}")
     id_column = competition.id_column
     if sample is not None:
         if list(sample.columns) != expected_columns:
-            raise KbertError(f"sample submission: columns {list(sample.columns)} differ from the expected {expected_columns}")
+            raise KbertError(f"sample submission {competition.sample_submission_file}: columns {list(sample.columns)} "
+                             f"differ from the expected {expected_columns}")
         reference = sample[id_column]
     elif test_ids is not None:
         reference = test_ids
@@ -44,7 +47,7 @@ def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, compet
         first = int(np.flatnonzero(frame[id_column].to_numpy() != reference.to_numpy())[0])
         raise KbertError(f"{source}: ids in '{id_column}' are not in the sample submission's order "
                          f"(row {first + 1}: {frame[id_column].iloc[first]}, expected {reference.iloc[first]})")
-    classes = competition.binary_classes
+    labels = competition.binary_classes if competition.task == Task.BINARY else classes
     scores = submission_kind(competition.task, competition.value_columns) == "score"  # probabilities
     for column, dtype in competition.submission_columns.items():
         values = frame[column]
@@ -52,10 +55,10 @@ def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, compet
             raise KbertError(f"{source}: column '{column}' has missing values")
         if dtype == "int" and not is_integers(values):
             raise KbertError(f"{source}: column '{column}' must be integers, found dtype {values.dtype}")
-        if dtype in ("int", "str") and competition.task == Task.BINARY and column != id_column \
-                and not values.isin(classes).all():
-            raise KbertError(f"{source}: column '{column}' must hold class labels {' or '.join(map(str, classes))}"
-                             f", found {sorted(set(values) - set(classes), key=str)[:3]}")
+        if dtype in ("int", "str") and labels is not None and column != id_column and not values.isin(labels).all():
+            named = ", ".join(map(str, labels[:-1][:8])) + (", ..." if len(labels) > 9 else "")
+            raise KbertError(f"{source}: column '{column}' must hold class labels {named} or {labels[-1]}, found "
+                             f"{sorted(set(values) - set(labels), key=str)[:3]}")
         if dtype == "bool" and not pd.api.types.is_bool_dtype(values):
             raise KbertError(f"{source}: column '{column}' must be True/False, found dtype {values.dtype}")
         if dtype == "float" and not pd.api.types.is_numeric_dtype(values):
@@ -84,7 +87,7 @@ def write_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competiti
 
 
 def ordered_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competition: CompetitionConfig, path: Path,
-                       test_ids: pd.Series | None = None) -> pd.DataFrame:
+                       test_ids: pd.Series | None = None, classes: list | None = None) -> pd.DataFrame:
     """``frame`` in the sample submission's (or the test file's) row order and id text, validated."""
     order = sample[competition.id_column] if sample is not None else test_ids
     ids = frame[competition.id_column] if competition.id_column in frame.columns else None
@@ -92,7 +95,7 @@ def ordered_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, competi
             and not ids.duplicated().any():
         frame = frame.set_index(competition.id_column).loc[order].reset_index()[list(frame.columns)]
         frame[competition.id_column] = order.to_numpy()  # as the sample writes them (60, where test.csv has 60.0)
-    validate_submission(frame, sample, competition, source=str(path), test_ids=test_ids)
+    validate_submission(frame, sample, competition, source=str(path), test_ids=test_ids, classes=classes)
     return frame
 
 
@@ -109,7 +112,7 @@ def predictions_submission(expected: Expected, predictions: np.ndarray, threshol
     values = submission_values(competition.task, predictions, competition.value_columns, competition.target_columns,
                                expected.classes, threshold)
     frame = submission_frame(competition.id_column, test_ids, values, competition.submission_columns)
-    return ordered_submission(frame, sample, competition, path, test_ids=test_ids)
+    return ordered_submission(frame, sample, competition, path, test_ids=test_ids, classes=expected.classes)
 
 
 def check_submittable(expected: Expected, sample: pd.DataFrame | None, path: Path) -> None:

@@ -343,3 +343,56 @@ def test_a_sample_submission_with_its_id_last_is_read_and_written_in_its_order(t
     header, first = submission.read_text().splitlines()[:2]
     assert header == "y,id" and first in ("0,100", "1,100")
     assert main(["validate", str(path), str(submission)]) == 0
+
+
+def small_pair(folder: Path, target: list) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """train.csv (100 rows, x and the target ``target`` repeated) and test.csv (40 rows) in ``folder``."""
+    rng = np.random.default_rng(0)
+    folder.mkdir()
+    train = pd.DataFrame({"id": range(100), "x": rng.normal(size=100), "y": np.resize(target, 100)})
+    train.to_csv(folder / "train.csv", index=False)
+    test = pd.DataFrame({"id": range(100, 140), "x": rng.normal(size=40)})
+    test.to_csv(folder / "test.csv", index=False)
+    return train, test
+
+
+def test_init_writes_no_yaml_whose_submission_every_run_refuses(tmp_path):
+    """init makes the run's own pre-training submission check (check_submittable) before writing: a sample with a
+    column the YAML cannot fill was written anyway, then refused by every run and baseline; a sample whose ids are
+    written 120.0 gives the id that type (it was int, which the sample's own ids then failed)."""
+    from kbert.cli import main
+
+    data = tmp_path / "d"
+    _, test = small_pair(data, [0, 1])
+    files = DataFiles(data / "train.csv", data / "test.csv", data / "sample_submission.csv")
+    pd.DataFrame({"id": test["id"], "y": 0, "Usage": "Public"}).to_csv(files.sample, index=False)
+    with pytest.raises(KbertError, match=r"^sample submission sample_submission\.csv: columns \['id', 'y', 'Usage'\] "
+                                         r"differ from the expected \['id', 'y'\]: no YAML kbert init can infer"):
+        init_competition("extra", files, out=tmp_path / "extra.yaml", target="y")
+    assert not (tmp_path / "extra.yaml").exists()
+    pd.DataFrame({"id": test["id"].astype(float), "y": 0}).to_csv(files.sample, index=False)
+    path = init_competition("floats", files, out=tmp_path / "floats.yaml")
+    assert yaml.safe_load(path.read_text())["submission"]["columns"]["id"] == "float"
+    out = ["--out", str(tmp_path / "runs"), "--submissions-dir", str(tmp_path / "subs")]
+    assert main(["baseline", str(path), "--model", "logreg", "--folds", "2", "--run-id", "b", *out]) == 0
+    assert main(["validate", str(path), str(tmp_path / "subs" / "floats" / "b.csv")]) == 0
+
+
+def test_init_says_when_the_sample_holds_labels_the_target_does_not(tmp_path):
+    """A yes/no target under a sample of 0 placeholders (or of 'No'): the submission writes the target's values,
+    and init says the sample holds others; a float sample outside [0, 1] holds labels, not probabilities."""
+    lines = []
+    data = tmp_path / "d"
+    _, test = small_pair(data, ["no", "yes", "no"])
+    files = DataFiles(data / "train.csv", data / "test.csv", data / "sample_submission.csv")
+    pd.DataFrame({"id": test["id"], "y": 0}).to_csv(files.sample, index=False)
+    init_competition("words", files, out=tmp_path / "words.yaml", log=lines.append)
+    assert lines == ["note: sample_submission.csv column 'y' holds 0, not the target's values (no, yes); the "
+                     "submission writes the target's values: if the competition wants the sample's, map them in the "
+                     "training file"]
+    data = tmp_path / "f"
+    _, test = small_pair(data, [1.5, 2.5, 1.5])
+    files = DataFiles(data / "train.csv", data / "test.csv", data / "sample_submission.csv")
+    pd.DataFrame({"id": test["id"], "y": 1.5}).to_csv(files.sample, index=False)
+    spec = yaml.safe_load(init_competition("halves", files, out=tmp_path / "halves.yaml").read_text())
+    assert spec["classes"] == [1.5, 2.5] and spec["submission"]["columns"]["y"] == "str" and spec["metric"] != "roc_auc"

@@ -179,6 +179,18 @@ def test_a_binary_task_of_two_words_submits_the_words_and_refuses_others(titanic
         validate_submission(frame, sample, words)
 
 
+def test_a_multiclass_label_column_holds_the_training_classes(titanic, sample):
+    """kbert validate passed a multiclass submission holding a class the training rows never held ('fish')."""
+    from dataclasses import replace
+
+    animals = replace(titanic, task="multiclass", submission_columns={"PassengerId": "int", "Survived": "str"})
+    frame = pd.DataFrame({"PassengerId": sample["PassengerId"], "Survived": "cat"})
+    validate_submission(frame, sample, animals, classes=["bird", "cat", "dog"])
+    frame.loc[5, "Survived"] = "fish"
+    with pytest.raises(KbertError, match=r"'Survived' must hold class labels bird, cat or dog, found \['fish'\]"):
+        validate_submission(frame, sample, animals, classes=["bird", "cat", "dog"])
+
+
 def test_multilabel_labels_take_one_cut_or_one_per_label_however_it_is_held():
     """A multilabel run records one cv_threshold; kbert predict --submission read it as a 0-d array and indexed it
     ('too many indices for array'), and so did the offline package's notebook."""
@@ -218,7 +230,7 @@ def test_a_submission_that_cannot_be_written_is_refused_before_any_training(comm
     from kbert.cli import main
     from kbert.pipeline import submission
 
-    def refused(frame, sample, competition, source, test_ids=None):
+    def refused(frame, sample, competition, source, test_ids=None, classes=None):
         raise KbertError(f"{source}: refused")
 
     shutil.copytree(Path(__file__).parent / "bad_inputs" / "base", tmp_path, dirs_exist_ok=True)

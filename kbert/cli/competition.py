@@ -42,11 +42,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from kbert.pipeline.data import load_competition_data, read_csv
     from kbert.pipeline.submission import validate_submission
 
+    from kbert.pipeline.targets import encode_targets
+    from kbert.tasks import Task
+
     competition = load_competition(args.competition)
     data = load_competition_data(competition, args.data_dir)
     test_ids = data.test[competition.id_column]
+    classes = encode_targets(data.train, competition).classes if Task(competition.task).classes else None
     validate_submission(read_csv(Path(args.file)), data.sample_submission, competition, source=args.file,
-                        test_ids=test_ids)
+                        test_ids=test_ids, classes=classes)
     print(f"{args.file}: valid {competition.name} submission ({len(test_ids)} rows)")
     return 0
 
