@@ -18,7 +18,7 @@ from kbert.ensembles.blend import (METHODS, Blend, BlendOptions, HonestResult, P
                                    paired_bootstrap, score_table)
 from kbert.ensembles.members import Member, common_rows, select_members
 from kbert.errors import KbertError
-from kbert.io import write_json, written_together
+from kbert.io import file_sha256, write_json, written_together
 from kbert.pipeline.artifacts import check_output_file, recorded_submissions, seal_broken, sealed
 from kbert.pipeline.config import CompetitionConfig, FoldConfig
 from kbert.pipeline.data import CompetitionData, load_competition_data
@@ -176,15 +176,23 @@ def load_pool(competition: CompetitionConfig, spec: EnsembleSpec, *, runs_dir: s
                 data_dir=data_dir)
 
 
+def named_methods(methods: str) -> list[str]:
+    """``--method``'s comma-separated names, each a known method, each once."""
+    names = [m.strip() for m in methods.split(",")]
+    unknown = [m for m in names if m not in METHODS]
+    if unknown:
+        raise KbertError(f"unknown ensemble method(s) {unknown}; known: {', '.join(METHODS)}")
+    repeated = sorted({m for m in names if names.count(m) > 1})
+    if repeated:
+        raise KbertError(f"--method names {', '.join(repeated)} more than once")
+    return names
+
+
 def score_methods(pool: Pool, spec: EnsembleSpec, log=print) -> Scores:
     """Each member alone and each method of ``spec.methods``, scored by nested CV on the pool's outer splits; of
     every applicable method, one that cannot be fitted on an outer fold's rows is left out, with a note."""
     problem, P, options = pool.problem, pool.P, spec.blend_options
-    names = (applicable_methods(problem) if spec.methods in ("all", "best")
-             else [m.strip() for m in spec.methods.split(",")])
-    unknown = [m for m in names if m not in METHODS]
-    if unknown:
-        raise KbertError(f"unknown ensemble method(s) {unknown}; known: {', '.join(METHODS)}")
+    names = applicable_methods(problem) if spec.methods in ("all", "best") else named_methods(spec.methods)
     if len(names) > 1 and spec.folds < 3:  # an outer fold chooses on its inner folds: the other folds but itself
         raise KbertError(f"--outer-folds {spec.folds}: choosing among {len(names)} methods needs 3 or more (with 2, an "
                          "outer fold's inner folds have no rows to fit on); give more, or one --method")
@@ -300,7 +308,8 @@ def record_fields(result: EnsembleResult, path: Path) -> dict:
         "weights": result.weights,
         "stack_coefficients": ([np.asarray(m.coef_).round(4).tolist() for m in final.meta]
                                if final.meta else None),
-        "members": [{"name": m.name, "path": str(m.path), "cv": s, "cv_tuned_nested": h}
+        "members": [{"name": m.name, "path": str(m.path), "cv": s, "cv_tuned_nested": h,
+                     "metrics_sha256": file_sha256(Path(m.path) / "metrics.json")}  # which run: predict checks it
                     for m, s, h in zip(result.members, result.member_scores, result.member_honest)],
         "methods": {name: {"honest_cv": r.score, "honest_cv_per_split": r.repeat_scores, "in_sample_cv": r.in_sample}
                     for name, r in result.results.items()},

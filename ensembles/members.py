@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from kbert.errors import KbertError
-from kbert.pipeline.provenance import Expected, Partial, check_member
+from kbert.pipeline.provenance import Expected, Partial, ShuffledTargets, check_member
 
 
 @dataclass
@@ -82,15 +82,18 @@ def select_members(competition_dir: Path, spec: str, expected: Expected, greater
         raise KbertError(f"{competition_dir}: no runs for this competition yet; run kbert run or kbert baseline first")
     spec = spec.strip()
     if spec == "all" or spec.startswith("top:"):
-        members, skipped = [], []
+        members, skipped, sanity = [], [], []
         for folder in member_folders(competition_dir):
             try:
                 members.append(load_member(folder, competition_dir, expected))
             except Partial:
                 skipped.append(folder.name)
-        if skipped:
-            log(f"skipped {len(skipped)} run(s) that do not cover every training and test row: "
-                f"{', '.join(skipped[:5])}{' ...' if len(skipped) > 5 else ''}")
+            except ShuffledTargets:
+                sanity.append(folder.name)
+        for names, what in ((skipped, "that do not cover every training and test row"),
+                            (sanity, "trained with --permute-target (sanity checks on shuffled targets)")):
+            if names:
+                log(f"skipped {len(names)} run(s) {what}: {', '.join(names[:5])}{' ...' if len(names) > 5 else ''}")
         members = without_twins(members, log)
         if spec.startswith("top:"):
             count = spec.partition(":")[2]

@@ -29,9 +29,7 @@ from pathlib import Path
 
 from kbert.errors import KbertError
 from kbert.io import make_folder, read_json, read_text, removed_on_refusal, write_json, write_text
-from kbert.ensembles.ensemble import check_record
-from kbert.ensembles.predict import check_all_rows, embedding_spec, is_baseline
-from kbert.names import check_name
+from kbert.ensembles.predict import check_all_rows, checked_ensemble, embedding_spec, is_baseline
 from kbert.pipeline.artifacts import member_folder_of
 from kbert.pipeline.config import RunConfig, find_competition, read_yaml
 from kbert.pipeline.provenance import member_config
@@ -104,17 +102,10 @@ def package_contents(source: Path, competition: str = "") -> Contents:
     """The runs and record that ``source`` (an ensemble's JSON, or a run or baseline folder) predicts with; every
     run must be of one competition (and of ``competition``, when named)."""
     source = Path(source)
-    if source.suffix == ".json":
-        record = check_record(source, read_json(source, required=("competition", "members", "runs_dir",
-                                                                  "competition_config")))
-        runs_dir = Path(record["runs_dir"]) / record["competition"]
-        runs = {}
-        for member in record["members"]:
-            name = str(member.get("name", ""))
-            for part in name.split("/"):
-                check_name(part, f"{source}: member {name!r}:")
-            runs[name] = runs_dir / name
-        comp = str(record["competition"])
+    if source.suffix == ".json":  # the members and blend that kbert predict would read, checked as it checks them
+        ensemble = checked_ensemble(source)
+        record, comp = ensemble.record, ensemble.competition.name
+        runs = {member.name: member.path for member in ensemble.members}
     elif (source / "config.yaml").is_file():
         record, runs = None, {source.name: source}
         comp = member_config(source).competition.name

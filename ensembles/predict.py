@@ -11,7 +11,7 @@ anything is written.
 from __future__ import annotations
 
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,16 +19,16 @@ import pandas as pd
 
 from kbert.ensembles.baseline import Baseline, predict_fold
 from kbert.ensembles.baseline_models import MODELS_FILE, load_fold_models
-from kbert.ensembles.blend import BlendOptions, apply_blend, apply_decision, fit_blend
+from kbert.ensembles.blend import Blend, BlendOptions, apply_blend, apply_decision, fit_blend
 from kbert.ensembles.embedding_features import new_rows_with_embeddings, open_embedding_source
 from kbert.ensembles.ensemble import check_record, load_problem
 from kbert.ensembles.members import Member, common_rows
 from kbert.errors import KbertError
-from kbert.io import read_json, read_predictions, write_csv
+from kbert.io import file_sha256, read_json, read_predictions, write_csv
 from kbert.names import check_name
 from kbert.pipeline.artifacts import check_predictions_file, input_paths, predictions_path, read_metrics
-from kbert.pipeline.config import RunConfig, competition_from_dict, read_yaml
-from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
+from kbert.pipeline.config import CompetitionConfig, RunConfig, competition_from_dict, read_yaml
+from kbert.pipeline.data import CompetitionData, check_feature_rows, load_competition_data, read_csv
 from kbert.pipeline.new_rows import new_row_features, predict_run, read_fold_table
 from kbert.pipeline.predictions import average_folds, native, predictions_frame
 from kbert.pipeline.provenance import Expected, check_member, expected_of, member_config
@@ -120,12 +120,25 @@ def member_table(folder: Path, data_path: Path, scratch: Path, columns: list[str
     return frame.set_index(frame.columns[0]).loc[ids.to_numpy(), columns].to_numpy(dtype=np.float64)
 
 
-def predict_ensemble(record_path: Path, data_path: Path, out: Path, runs_dir: str | None = None,
-                     data_dir: str | None = None, log=print) -> Path:
-    """The ensemble ``record_path`` (the JSON beside its submission) on new rows: every member predicts them from
-    its own fold models, the chosen blend is refitted on the members' stored OOF predictions exactly as
-    ``kbert ensemble`` fitted it (and must give the weights and cut-off the record holds), then applied; the file
-    has the submission's format."""
+@dataclass
+class CheckedEnsemble:
+    """An ensemble record whose members are the runs it blended and whose blend, refitted, is the one it records."""
+
+    record: dict
+    competition: CompetitionConfig
+    data: CompetitionData
+    expected: Expected
+    members: list[Member]
+    final: Blend
+    data_dir: str | None
+
+
+def checked_ensemble(record_path: Path, runs_dir: str | None = None, data_dir: str | None = None) -> CheckedEnsemble:
+    """The ensemble ``record_path`` (the JSON beside its submission), read for predicting: each member is checked
+    against the competition and its training file, and is the run the ensemble blended (its metrics.json, which
+    seals its OOF and test predictions, has the sha256 the record holds); the chosen blend is refitted on the
+    members' stored OOF predictions exactly as ``kbert ensemble`` fitted it and must give the weights and cut-off
+    the record holds. ``kbert predict`` and ``kbert package`` read an ensemble through this."""
     record_path = Path(record_path)
     record = check_record(record_path, read_json(record_path, required=("competition", "method", "members",
                                                                          "decision")))
@@ -141,21 +154,36 @@ def predict_ensemble(record_path: Path, data_path: Path, out: Path, runs_dir: st
         raise KbertError(f"{record_path}: not an ensemble record kbert wrote ({type(exc).__name__}: {exc})") from None
     data_dir = data_dir if data_dir is not None else record.get("data_dir")
     runs_dir = runs_dir if runs_dir is not None else record["runs_dir"]
-    new_rows = read_csv(Path(data_path))
-    check_feature_rows(new_rows, comp, Path(data_path))
     data, _, problem = load_problem(comp, data_dir)
-    check_predictions_file(Path(out), data_path, Path(runs_dir) / comp.name, record_path,
-                           *input_paths(comp, data.data_dir))
     expected = expected_of(comp, data)
     members = [trained_member(Path(runs_dir) / comp.name, name, expected) for name in names]
+    for member, recorded in zip(members, record["members"]):
+        sealed = recorded.get("metrics_sha256")  # (a record of an older kbert has none: its refit check below)
+        if sealed is not None and file_sha256(member.path / "metrics.json") != sealed:
+            raise KbertError(f"{record_path}: member {member.name} is not the run the ensemble blended (its "
+                             "metrics.json changed since: trained again, or replaced); run kbert ensemble again")
     rows = common_rows(members)
     final = fit_blend(record["method"], np.stack([m.oof[rows] for m in members]), problem.on_rows(rows),
                       np.arange(len(rows)), options)
     check_refitted(record_path, record, final, members)
+    return CheckedEnsemble(record, comp, data, expected, members, final, data_dir)
+
+
+def predict_ensemble(record_path: Path, data_path: Path, out: Path, runs_dir: str | None = None,
+                     data_dir: str | None = None, log=print) -> Path:
+    """The ensemble ``record_path`` on new rows (``checked_ensemble``): every member predicts them from its own fold
+    models, and the refitted blend is applied; the file has the submission's format."""
+    new_rows = read_csv(Path(data_path))
+    ensemble = checked_ensemble(Path(record_path), runs_dir, data_dir)
+    comp, data, expected = ensemble.competition, ensemble.data, ensemble.expected
+    check_feature_rows(new_rows, comp, Path(data_path))
+    check_predictions_file(Path(out), data_path, ensemble.members[0].path.parent, Path(record_path),
+                           *input_paths(comp, data.data_dir))
     ids = new_rows[comp.id_column]
     with tempfile.TemporaryDirectory() as scratch:
-        T = np.stack([member_table(member.path, Path(data_path), Path(scratch), expected.columns, ids, data_dir, log)
-                      for member in members])
+        T = np.stack([member_table(member.path, Path(data_path), Path(scratch), expected.columns, ids,
+                                   ensemble.data_dir, log) for member in ensemble.members])
+    final = ensemble.final
     table = apply_decision(comp.task, apply_blend(final, T, comp.task), final.decision)
     return write_new_submission(expected, data, ids, table, final.decision.threshold, Path(out))
 

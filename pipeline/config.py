@@ -427,7 +427,8 @@ class RunConfig:
                          help="train every fold with seeds S, S+1, ... on the same folds and average their "
                               "predictions into one member (default 1)")
     data_dir: str = setting("", flag="--data-dir", placement=True,
-                            help="folder with the competition's CSV files (default: the bundled copy)")
+                            help="folder with the competition's CSV files (default: the YAML's data_dir, else "
+                                 "data/<name> where kbert download put it, else the bundled copy)")
     out_dir: str = setting("runs", flag="--out", placement=True, help="runs folder (default: runs)")
     submissions_dir: str = setting("submissions", flag="--submissions-dir", placement=True,
                                    help="submissions folder (default: submissions)")

@@ -35,6 +35,10 @@ class Partial(KbertError):
     """A member trained on part of the training rows (``--limit-rows``)."""
 
 
+class ShuffledTargets(KbertError):
+    """A ``--permute-target`` sanity run: trained on shuffled targets, no member or teacher."""
+
+
 @dataclass(frozen=True)
 class Expected:
     """What a member must match: the competition, the sha256 of its data files, its rows, and its targets as the
@@ -46,6 +50,7 @@ class Expected:
     test_ids: pd.Series
     truth: np.ndarray
     classes: list | None
+    data_dir: Path | None = None  # the folder the data files were read from, for messages
 
     @property
     def columns(self) -> list[str]:
@@ -69,7 +74,7 @@ def expected_of(comp: CompetitionConfig, data: CompetitionData) -> Expected:
     targets = encode_targets(data.train, comp)
     truth = metric_targets(comp.task, targets.values, raw_targets(data.train, comp), metric.kind, targets.classes)
     return Expected(comp, input_fingerprint(comp, data.data_dir), data.train[comp.id_column],
-                    data.test[comp.id_column], truth, targets.classes)
+                    data.test[comp.id_column], truth, targets.classes, data.data_dir)
 
 
 def member_config(folder: Path, metrics: dict | None = None) -> RunConfig:
@@ -104,8 +109,9 @@ def check_inputs(metrics: dict, expected: Expected, who: str, with_test: bool = 
     compared = {**recorded, **expected.inputs} if with_test else [comp.train_file]
     changed = sorted(name for name in compared if recorded.get(name) != expected.inputs.get(name))
     if changed:
-        raise KbertError(f"{who}: trained on other data ({', '.join(changed)} differ from the files read now); "
-                         "rerun it on these files")
+        where = f" in {expected.data_dir}" if expected.data_dir is not None else ""
+        raise KbertError(f"{who}: trained on other data ({', '.join(changed)} differ from the files read now{where}"
+                         "); rerun it on these files")
 
 
 GROUPING = ("shuffle", "group_column", "group_regex", "duplicates")  # what decides which rows share a fold
@@ -134,8 +140,8 @@ def check_member(folder: Path, expected: Expected, who: str, with_test: bool = T
     saved = read_yaml(folder / CONFIG_FILE)
     made = saved.get("run_config") or saved
     if made.get("permute_target"):  # (its CV was scored on the shuffled targets)
-        raise KbertError(f"{who}: trained with --permute-target, a sanity check on shuffled targets; it is no member "
-                         "or teacher")
+        raise ShuffledTargets(f"{who}: trained with --permute-target, a sanity check on shuffled targets; it is no "
+                              "member or teacher")
     competition = made.get("competition")  # (an old baseline's names it)
     split = (competition.get("folds") if isinstance(competition, dict) else None) or {}
     grouped = {key: split.get(key, getattr(comp.folds, key)) for key in GROUPING}

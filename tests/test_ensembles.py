@@ -258,10 +258,10 @@ def expected_for(name: str) -> Expected:
     return expected_of(comp, load_competition_data(comp))
 
 
-def write_member(folder, expected: Expected, oof, test, rows: int | None = None) -> None:
+def write_member(folder, expected: Expected, oof, test, rows: int | None = None, **settings) -> None:
     """A member as kbert writes one: oof.csv and test.csv, folds.csv (one split shared by every member written
     here), config.yaml and a metrics.json recording the competition, its data files and the CV its oof.csv scores.
-    ``rows``: the first rows only, as a ``--limit-rows`` run."""
+    ``rows``: the first rows only, as a ``--limit-rows`` run; ``settings``: its config's others."""
     comp, rows = expected.competition, rows or len(expected.train_ids)
     ids, columns = expected.train_ids[:rows], expected.columns
     oof, test = np.asarray(oof, float).reshape(rows, -1), np.asarray(test, float).reshape(len(expected.test_ids), -1)
@@ -275,7 +275,8 @@ def write_member(folder, expected: Expected, oof, test, rows: int | None = None)
     covered = ~np.isnan(oof).all(axis=1)
     cv = (score(get_metric(comp.metric), comp.task, expected.truth[:rows][covered], native(comp.task, oof[covered]),
                 0.5, expected.classes) if np.isfinite(oof[covered]).all() else 0.0)  # (a damaged file's)
-    config = resolve_run_config(comp, {"seed": 1, "limit_rows": rows if rows < len(expected.train_ids) else None})
+    config = resolve_run_config(comp, {"seed": 1, "limit_rows": rows if rows < len(expected.train_ids) else None,
+                                       **settings})
     (folder / "metrics.json").write_text(json.dumps({
         "schema": SCHEMA, "competition": comp.name, "task": comp.task, "metric": comp.metric, "cv": cv,
         "cv_threshold": 0.5, "inputs": expected.inputs, "config_sha256": config_fingerprint(config)}))
@@ -294,6 +295,9 @@ def spaceship_members(tmp_path):
                      rng.random(len(expected.test_ids)))
     # A --limit-rows run covers fewer rows: skipped by `all`, an error when named.
     write_member(runs / "partial", expected, np.full(100, 0.5), np.full(len(expected.test_ids), 0.5), rows=100)
+    # A --permute-target sanity run: skipped by `all` (it refused every default ensemble), an error when named.
+    write_member(runs / "shuffled", expected, rng.random(len(y)), rng.random(len(expected.test_ids)),
+                 permute_target=True)
     return tmp_path
 
 
@@ -303,7 +307,10 @@ def test_member_selection(spaceship_members):
     notes = []
     members = select_members(runs, "all", expected, True, log=notes.append)
     assert [m.name for m in members] == ["run-0", "run-1", "study/trial-0004"]
-    assert "partial" in notes[0]
+    assert notes == ["skipped 1 run(s) that do not cover every training and test row: partial",
+                     "skipped 1 run(s) trained with --permute-target (sanity checks on shuffled targets): shuffled"]
+    with pytest.raises(KbertError, match=r"^member shuffled: trained with --permute-target"):
+        select_members(runs, "shuffled,run-0", expected, True)
     assert [m.name for m in select_members(runs, "top:2", expected, True)] == ["run-0", "run-1"]
     assert [m.name for m in select_members(runs, "study/trial-0004,run-1", expected, True)] == \
         ["study/trial-0004", "run-1"]

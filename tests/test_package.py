@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -18,7 +19,7 @@ import pytest
 
 from kbert.cli import main
 from kbert.ensembles.package import notebook_script
-from kbert.pipeline.config import BUNDLED_DATA_DIR
+from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition
 from tests.tiny import run_tiny
 
 TITANIC = BUNDLED_DATA_DIR / "titanic"
@@ -107,8 +108,8 @@ def test_a_package_is_refused_in_one_line_for_bad_input(tmp_path, capsys):
     from kbert.pipeline.artifacts import sealed
 
     record = tmp_path / "e.json"
-    said = {"competition": "titanic", "members": [{"name": "../x"}], "runs_dir": "runs",
-            "competition_config": {"name": "titanic"}}
+    said = {"competition": "titanic", "members": [{"name": "../x"}], "runs_dir": "runs", "method": "mean",
+            "decision": {}, "options": {}, "competition_config": asdict(load_competition("titanic"))}
     record.write_text(json.dumps(sealed(said, PLACES)))  # as if kbert wrote it
     for args, says in (
             ([str(record), "--dataset", "bad"], "--dataset 'bad': give it as OWNER/SLUG"),

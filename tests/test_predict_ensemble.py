@@ -87,3 +87,30 @@ def test_an_ensemble_whose_member_changed_or_lost_its_models_is_refused(members,
             assert err == [f"kbert: error: {tmp_path / 'edited.json'}: not as kbert ensemble wrote it (edited, or by "
                            "an older kbert: its record_sha256 does not match); run kbert ensemble again"], (key, err)
     assert not out.exists() and not (tmp_path / "pkg").exists()
+
+
+@pytest.mark.slow
+def test_an_ensemble_whose_member_was_replaced_is_refused_by_predict_and_package(tmp_path, capsys):
+    """A mean blend refits to the same weights whatever its members: a member trained again under its name (another
+    model) predicted silently in the ensemble's place, and kbert package shipped it. The record holds each member's
+    metrics.json sha256, which seals its OOF and test predictions."""
+    where = ["--out", str(tmp_path / "runs"), "--submissions-dir", str(tmp_path / "subs")]
+    for args in (["--run-id", "a"], ["--run-id", "m2", "--seed", "8"]):
+        assert main(["baseline", "titanic", "--folds", "3", *args, *where]) == 0
+    assert main(["ensemble", "titanic", "--members", "a,m2", "--method", "mean", "--outer-repeats", "1", "--name", "e",
+                 *where]) == 0
+    record = tmp_path / "subs" / "titanic" / "e.json"
+    out = tmp_path / "p.csv"
+    assert main(["predict", str(record), "--data", str(TEST), "--output", str(out)]) == 0
+    assert out.read_bytes() == (tmp_path / "subs" / "titanic" / "e.csv").read_bytes()
+    out.unlink()
+    shutil.rmtree(tmp_path / "runs" / "titanic" / "m2")
+    assert main(["baseline", "titanic", "--folds", "3", "--model", "logreg", "--run-id", "m2", *where]) == 0
+    capsys.readouterr()
+    for command in (["predict", str(record), "--data", str(TEST), "--output", str(out)],
+                    ["package", str(record), "--out", str(tmp_path / "pkg"), "--dataset", "me/kbert-replaced"]):
+        assert main(command) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [
+            f"kbert: error: {record}: member m2 is not the run the ensemble blended (its metrics.json changed since: "
+            "trained again, or replaced); run kbert ensemble again"]
+    assert not out.exists() and not (tmp_path / "pkg").exists()

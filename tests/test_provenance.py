@@ -105,7 +105,8 @@ def test_a_resume_on_changed_training_labels_is_refused_naming_the_member(tmp_pa
     train["Survived"] = 1 - train["Survived"]
     train.to_csv(data / "train.csv", index=False)
     with pytest.raises(KbertError, match=r"^kbert auto titanic: member auto-baseline-logreg: trained on other data "
-                                         r"\(train.csv differ from the files read now\); rerun it on these files; or "
+                                         r"\(train.csv differ from the files read now in .*data\); rerun it on these "
+                                         r"files; or "
                                          r"pass another --out to start over$"):
         run_auto(options, log=lambda _: None)
 
@@ -173,13 +174,17 @@ def test_a_teacher_an_embedding_source_and_a_kept_auto_member_of_another_competi
 
 def test_a_permute_target_run_is_no_member_or_teacher(tmp_path):
     """Its CV was scored on shuffled targets (the sanity check's point): it was refused as 'the files do not belong
-    together', which they do."""
+    together', which they do. Named, it is refused; ``all`` leaves it out with a note (one sanity run in the
+    runs folder refused every default ensemble)."""
     titanic = expected_for("titanic")
     members(tmp_path, titanic)
     made_with(tmp_path / "m1", lambda config: config.update(permute_target=True))
     with pytest.raises(KbertError, match=r"^member m1: trained with --permute-target, a sanity check on shuffled "
                                          "targets; it is no member or teacher$"):
-        select_members(tmp_path, "all", titanic, True)
+        select_members(tmp_path, "m0,m1", titanic, True)
+    notes = []
+    assert "m1" not in [m.name for m in select_members(tmp_path, "all", titanic, True, log=notes.append)]
+    assert "skipped 1 run(s) trained with --permute-target (sanity checks on shuffled targets): m1" in notes
 
 
 def test_a_kept_auto_member_on_other_folds_than_the_competitions_now_is_refused_before_any_job(tmp_path):

@@ -32,7 +32,7 @@ def add_parser(commands) -> None:
     ensemble.add_argument("--method", default="best",
                           help="best (default: every method, the best honest CV is submitted), or one or more of "
                                "mean, top-k, weighted, rank, hill, stack (comma-separated)")
-    add_number(ensemble, "--top-k", int, {"at_least": 1}, default=3, help="members in the top-k mean (default 3)")
+    add_number(ensemble, "--top-k", int, {"at_least": 1}, help="members in the top-k mean (default 3)")
     ensemble.add_argument("--threshold", choices=("auto", "tune", "fixed"), default="auto",
                           help="label metrics: tune the cut-off (binary), per-label cut-offs or per-class weights "
                                "on OOF (tune), keep 0.5 / argmax (fixed), or tune for every label metric but "
@@ -55,12 +55,16 @@ def add_parser(commands) -> None:
 
 
 def cmd_ensemble(args: argparse.Namespace) -> int:
-    from kbert.ensembles.blend import BlendOptions
+    from kbert.ensembles.blend import METHODS, BlendOptions
     from kbert.ensembles.ensemble import (EnsembleSpec, build_ensemble, check_ensemble_name, ensemble_table,
-                                         write_ensemble)
+                                         named_methods, write_ensemble)
+    from kbert.errors import KbertError
     from kbert.pipeline.config import load_competition
 
     check_member_ids(args.members)
+    methods = METHODS if args.method in ("best", "all") else named_methods(args.method)
+    if args.top_k is not None and "top-k" not in methods:
+        raise KbertError(f"--top-k {args.top_k} acts only with --method top-k (or best); here it would be ignored")
     if args.name is not None:
         from kbert.names import check_name
 
@@ -70,7 +74,9 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
         check_ensemble_name(args.submissions_dir, competition.name, args.name, args.out_dir)
     if args.study:
         fetch_study_trials(args)
-    options = BlendOptions(top_k=args.top_k, seed=args.seed, decision=args.threshold)
+    elif args.storage or args.artifacts:
+        raise KbertError(f"{'--storage' if args.storage else '--artifacts'} names a study's store: give --study too")
+    options = BlendOptions(top_k=args.top_k or BlendOptions.top_k, seed=args.seed, decision=args.threshold)
     spec = EnsembleSpec(args.members, args.method, folds=args.outer_folds, repeats=args.outer_repeats, seed=args.seed,
                         options=options)
     result = build_ensemble(competition, spec, runs_dir=args.out_dir, data_dir=args.data_dir)
