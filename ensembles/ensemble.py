@@ -254,6 +254,9 @@ def ensemble_path(submissions_dir: str, competition: str, name: str) -> Path:
 def check_ensemble_name(submissions_dir: str, competition: str, name: str, runs_dir: str) -> None:
     """``--name`` names a submission that can be written and that no run or baseline records as its own (checked
     before the blend is built); an earlier ensemble of that name is replaced, its record with it."""
+    if name.lower().endswith((".csv", ".json")):
+        raise KbertError(f"--name {name}: give it without {Path(name).suffix} (kbert writes <name>.csv and "
+                         "<name>.json)")
     check_output_file(ensemble_path(submissions_dir, competition, name), f"--name {name}",
                       keep=recorded_submissions(Path(runs_dir) / competition), with_record=True)
 
