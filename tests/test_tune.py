@@ -774,3 +774,25 @@ def test_plots_of_a_space_with_list_choices_are_skipped_with_a_note(tmp_path, ca
                        n_trials=4)
     assert write_plots(study, tmp_path, 4) == [tmp_path / "history.png"]
     assert "note: importances.png skipped: unhashable type: 'list'" in capsys.readouterr().err
+
+
+def test_a_trial_queued_after_another_does_not_make_it_unneeded_and_an_unneeded_one_is_not_counted():
+    """A --timeout stop queues its trials again (the default first); a rerun with --trials 1 failed the queued
+    default as 'not needed', counting the retry queued after it, and that failure then made the study 'done' with
+    no completed trial."""
+    from kbert.tune.objective import NotNeeded, check_needed
+    from kbert.tune.workers import counted
+
+    study = optuna.create_study()
+    for x in (0.0, 1.0):
+        study.enqueue_trial({"x": x})
+    first = study.ask()  # the queued default; the other stays queued after it
+    check_needed(first, 1)
+    second = study.ask()
+    with pytest.raises(NotNeeded, match="^not needed: the trials before it make --trials 1$"):
+        check_needed(second, 1)  # the race the check is for: the trial before it makes the target
+    second.set_user_attr("not_needed", True)
+    study.tell(second, state=TrialState.FAIL)
+    assert counted(study.get_trials()) == 0
+    study.tell(first, 0.5)
+    assert counted(study.get_trials()) == 1

@@ -33,7 +33,8 @@ def add_parser(commands) -> None:
     add_competition(tune)
     add_number(tune, "--trials", int, {"at_least": 1},
                help="trials the study should reach, complete, pruned or failed (a failed one counts, so a setting "
-                    "that always fails ends the study) (default 100; with --timeout alone: no limit)")
+                    "that always fails ends the study; one stopped by Ctrl-C or --timeout counts once, when its retry "
+                    "finishes) (default 100; with --timeout alone: no limit)")
     tune.add_argument("--timeout", help="a deadline, e.g. 8h, 90m, 1h30m: a trial running then stops after its current "
                       "fold and is queued again for the next run (default: none)")
     tune.add_argument("--study", default="tune", help="study name: runs/<competition>/<study>/ (default tune)")

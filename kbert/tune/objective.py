@@ -107,11 +107,12 @@ def make_objective(context: TrialContext) -> Callable[[optuna.Trial], float]:
 
 def check_needed(trial: optuna.Trial, target: int | None) -> None:
     """Fail at once a trial that two workers' race made one too many: the finished, running and queued trials
-    before it already make ``target``."""
+    before it already make ``target``. Only those numbered before it: a trial queued after it (a deadline's retry)
+    runs after it, and counting it failed the queued default trial of a rerun with fewer --trials."""
     if not target:
         return
     ahead = [t for t in trial.study.get_trials(deepcopy=False)
-             if t.state == TrialState.WAITING or (t.number < trial.number and t.state in COUNTED)]
+             if t.number < trial.number and (t.state == TrialState.WAITING or t.state in COUNTED)]
     if len(ahead) >= target:
         raise NotNeeded(f"not needed: the trials before it make --trials {target}")
 
@@ -154,6 +155,8 @@ def trial_outcome(trial: optuna.Trial, context: TrialContext, folder: Path, scor
     except (Abandoned, NotNeeded) as exc:
         shutil.rmtree(folder, ignore_errors=True)
         trial.set_user_attr("error", str(exc))
+        if isinstance(exc, NotNeeded):
+            trial.set_user_attr("not_needed", True)  # no trial run: it does not count toward --trials
         context.log(f"trial {trial.number:4d} w{context.worker}: {exc}")
         raise
     except WriteError as exc:  # a full or read-only disk: not the trial's fault; it runs again, the worker stops

@@ -223,9 +223,10 @@ def trial_room(study: optuna.Study, target: int | None) -> str:
 
 def counted(trials: list[FrozenTrial]) -> int:
     """The trials that count toward --trials: completed, pruned and failed ones (a failed trial is a trial run;
-    one queued again counts once, as its retry)."""
+    one queued again counts once, as its retry; one failed as not needed never ran)."""
     retried = queued_again(trials)
-    return sum(t.state in FINISHED or (t.state == TrialState.FAIL and t.number not in retried) for t in trials)
+    return sum(t.state in FINISHED or (t.state == TrialState.FAIL and t.number not in retried
+                                       and not t.user_attrs.get("not_needed")) for t in trials)
 
 
 def check_written(study: optuna.Study, since: float) -> None:
