@@ -180,6 +180,21 @@ def test_study_report(study_dir, capsys):
 
 
 @pytest.mark.slow
+def test_a_study_report_links_only_the_plots_optuna_drew(study_dir, tmp_path, monkeypatch, capsys):
+    """A plot Optuna cannot draw is skipped with a note; the page linked it anyway (a broken image)."""
+    from optuna.visualization import matplotlib as optuna_plots
+
+    def refuse(study):
+        raise ValueError("cannot draw")
+
+    monkeypatch.setattr(optuna_plots, "plot_parallel_coordinate", refuse)
+    page = write_report(str(study_dir), output=str(tmp_path / "elsewhere"))
+    assert_report(page, {"history.png", "fold_scores.png"})
+    assert not (tmp_path / "elsewhere" / "parallel_coordinate.png").exists()
+    assert "note: parallel_coordinate.png skipped: cannot draw" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_ensemble_report(ensemble_sidecar):
     sidecar = json.loads(ensemble_sidecar.read_text())
     page = write_report(str(ensemble_sidecar))
