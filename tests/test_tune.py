@@ -183,6 +183,11 @@ def test_space_errors_and_competition_overrides(tmp_path):
         parse_space({"pooling": ["cls", "nonsense"]}, "space")
     with pytest.raises(KbertError, match=r"^space: 'numbers' \(sets text\.numbers\): value 'digits' is unknown"):
         parse_space({"numbers": {"set": "text.numbers", "value": "digits"}}, "space")
+    # true/false settings and serializer names were checked trial by trial: every trial of the night failed
+    with pytest.raises(KbertError, match=r"^space: 'calibrate': choice 1 must be true or false, got 'no'$"):
+        parse_space({"calibrate": ["no", "off"]}, "space")
+    with pytest.raises(KbertError, match=r"^space: 's' \(sets text\.serializer\): choice 1 'bogus' is unknown"):
+        parse_space({"s": {"set": "text.serializer", "choices": ["bogus", "list"]}}, "space")
     assert [p.distribution.choices for p in parse_space({"pooling": ["mean", "cls"]})] == [("mean", "cls")]  # a subset
     competition = load_competition("titanic")
     competition.search_space = {"pooling": None, "epochs": {"low": 2, "high": 4}}

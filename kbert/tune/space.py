@@ -14,8 +14,8 @@ import optuna
 from kbert.errors import KbertError
 from kbert.io import existing_file, write_yaml
 from kbert.names import did_you_mean
-from kbert.pipeline.config import (RUN_FIELDS, SETTINGS, Bound, CompetitionConfig, RunConfig, bound_of, check_number,
-                                   choices_of, read_yaml)
+from kbert.pipeline.config import (RUN_FIELDS, SETTINGS, Bound, CompetitionConfig, RunConfig, check_known,
+                                   check_number, check_settings, read_yaml)
 from kbert.tasks import Task
 
 DEFAULT_SPACE = Path(__file__).resolve().parent / "search_space.yaml"
@@ -232,12 +232,12 @@ def check_entry_values(entry: dict, target: str, where: str) -> None:
     size or a word its setting does not know; it may sample a subset of a setting's choices."""
     given = [(key, entry[key]) for key in ("low", "high", "value") if key in entry]
     given += [(f"choice {i + 1}", choice) for i, choice in enumerate(entry.get("choices") or [])]
-    bound, words = bound_of(target), choices_of(target)
-    for key, value in given:
-        if bound is not None:
-            check_number(value, f"{where}: {key}", bound)
-        elif words and value not in words:
-            raise KbertError(f"{where}: {key} {value!r} is unknown; known: {', '.join(words)}")
+    for key, value in given:  # as a run's settings are checked: numbers, words, true/false, text
+        check_settings({target: value}, lambda _, key=key: f"{where}: {key}")
+        if target == "text.serializer":  # (a name of kbert.features, or the competition's own)
+            from kbert.features import SERIALIZERS
+
+            check_known(f"{where}: {key}", value, [*SERIALIZERS, "competition"])
 
 
 ENCODER_KINDS = ("pretrained", "scratch")  # `when: {encoder: pretrained}` holds for every pretrained encoder
