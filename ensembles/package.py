@@ -32,6 +32,7 @@ from kbert.io import make_folder, read_json, read_text, removed_on_refusal, writ
 from kbert.ensembles.predict import check_all_rows, checked_ensemble, embedding_spec, is_baseline
 from kbert.pipeline.artifacts import member_folder_of
 from kbert.pipeline.config import RunConfig, find_competition, read_yaml
+from kbert.pipeline.kaggle import check_dataset_id
 from kbert.pipeline.provenance import member_config
 
 PYTHONS = ("3.11", "3.12")
@@ -86,10 +87,7 @@ def check_spec(spec: PackageSpec, writing: bool = True) -> None:
         raise KbertError(f"--python {spec.python}: choose one of {', '.join(PYTHONS)}")
     if spec.device not in DEVICES:
         raise KbertError(f"--device {spec.device}: choose one of {', '.join(DEVICES)}")
-    owner, _, slug = spec.dataset.partition("/")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", owner) or not re.fullmatch(r"[a-z0-9][a-z0-9-]{5,41}", slug):
-        raise KbertError(f"--dataset {spec.dataset!r}: give it as OWNER/SLUG, the slug 6-42 lowercase letters, "
-                         "digits and '-' (the notebook's is SLUG-predict)")
+    check_dataset_id(spec.dataset, "--dataset")
     if writing and spec.out.exists():
         raise KbertError(f"--out {spec.out}: already exists; kbert package writes a new folder")
     member = member_folder_of(spec.out) if writing else None

@@ -110,6 +110,13 @@ def _make_folders(folder: Path, path: Path) -> None:
         created.folders += missing
 
 
+def make_folders(folder: Path) -> Path:
+    """Create ``folder`` and its missing parents, as for a file in it: in a ``removed_on_refusal`` block, the new
+    ones are removed again on a refusal, when they are empty."""
+    _make_folders(Path(folder), Path(folder))
+    return Path(folder)
+
+
 def make_folder(folder: Path) -> Path:
     """Create ``folder`` (and its missing parents); FileExistsError when it exists. Recorded as owned whole: a
     refusal removes it with everything in it."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kbert.errors import KbertError
+from kbert.io import make_folders, removed_on_refusal
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +155,8 @@ def credential_source() -> str | None:
 
 
 def _secrets() -> list[str]:
-    """Every credential value present now, and the basic-auth form of the legacy pair, for ``_redact``."""
+    """Every credential value present now (also without surrounding spaces and line breaks), and the basic-auth form
+    of the legacy pair, for ``_redact``."""
     values = [os.environ.get("KAGGLE_API_TOKEN", ""), os.environ.get("KAGGLE_KEY", "")]
     token = os.environ.get("KAGGLE_API_TOKEN")
     files = _token_files() + ([Path(token)] if token else [])
@@ -168,7 +170,7 @@ def _secrets() -> list[str]:
     values += [key, str(_read_json(config_dir() / "kaggle.json").get("key") or "")]
     if key:
         values.append(base64.b64encode(f"{username}:{key}".encode()).decode())
-    return sorted({v for v in values if len(v) >= 6}, key=len, reverse=True)
+    return sorted({v for value in values for v in (value, value.strip()) if len(v) >= 6}, key=len, reverse=True)
 
 
 def _redact(text: str) -> str:
@@ -219,10 +221,25 @@ def _http_error(exc: Any, slug: str, source: str, kind: str = "competition") -> 
     return f"Kaggle refused the request for '{slug}' (HTTP {status}{': ' + detail if detail else ''})"
 
 
+class _Captured(io.StringIO):
+    """The kaggle package's prints, kept for the debug log; its retry notices ("Request failed: ... Will retry in
+    12.0 seconds") are passed on to ``echo`` at once, redacted: an upload retrying for minutes says so."""
+
+    def __init__(self, echo: Any):
+        super().__init__()
+        self.echo = echo
+
+    def write(self, text: str) -> int:
+        if "Will retry" in text:
+            self.echo.write(f"kaggle: {_redact(' '.join(text.split()))}\n")
+            self.echo.flush()
+        return super().write(text)
+
+
 @contextmanager
 def _silenced(occasion: str) -> Iterator[None]:
-    """The kaggle package's prints (stdout and stderr) go to the debug log, redacted."""
-    captured = io.StringIO()
+    """The kaggle package's prints (stdout and stderr) go to the debug log, redacted; retry notices to stderr."""
+    captured = _Captured(sys.stderr)
     try:
         with redirect_stdout(captured), redirect_stderr(captured):
             yield
@@ -242,6 +259,8 @@ def _translated(slug: str, source: str, kind: str = "competition") -> Iterator[N
             yield
     except SystemExit:  # authenticate() calls exit(1) when no credential works
         raise KbertError(_bad_credentials(source)) from None
+    except ValueError as exc:  # the package's own checks; a header value with a line break (a token's) in http.client
+        raise KbertError(f"the kaggle package refused the request for '{slug}': {_redact(str(exc))}") from None
     except requests.HTTPError as exc:
         raise KbertError(_http_error(exc, slug, source, kind)) from None
     except (requests.ConnectionError, requests.Timeout, ConnectionError, TimeoutError):
@@ -263,7 +282,12 @@ def _import_kaggle() -> Any:
 
 
 def _connect(slug: str) -> tuple[Any, str]:
-    """An authenticated ``KaggleApi`` and the name of its credential source; KbertError when there is none."""
+    """An authenticated ``KaggleApi`` and the name of its credential source; KbertError when there is none. A
+    credential variable's surrounding spaces and line breaks (a token pasted from a file with Windows line endings)
+    are dropped: the package would send them in the request's header."""
+    for name in ("KAGGLE_API_TOKEN", "KAGGLE_USERNAME", "KAGGLE_KEY"):
+        if os.environ.get(name, "").strip() != os.environ.get(name, ""):
+            os.environ[name] = os.environ[name].strip()
     source = credential_source()
     if source is None:
         damaged = unreadable_keys_file()
@@ -333,6 +357,20 @@ def _move_into(source: Path, folder: Path) -> list[Path]:
     return moved
 
 
+def _fetched(api: Any, source: str, slug: str, staging: Path, folder: Path) -> list[Path]:
+    """The competition's zip fetched into ``staging``, unpacked, and its files moved into ``folder``."""
+    downloads = staging / "zip"
+    with _translated(slug, source):
+        try:
+            api.competition_download_files(slug, path=str(downloads), force=True, quiet=True)
+        except ValueError as exc:  # the package's size check after the transfer
+            raise KbertError(f"the download of '{slug}' was incomplete ({_redact(str(exc))}): retry") from None
+    if not downloads.is_dir():
+        raise KbertError(f"Kaggle sent no files for '{slug}': retry with --force")
+    _extract(downloads, staging / "files", slug)
+    return _move_into(_unpacked_root(staging / "files", slug), folder)
+
+
 def download_competition(slug: str, folder: Path, force: bool = False) -> list[Path]:
     """Download ``slug``'s files and unzip them into ``folder``; the extracted files, sorted.
 
@@ -345,25 +383,16 @@ def download_competition(slug: str, folder: Path, force: bool = False) -> list[P
               "(--force downloads it again)")
         return existing
     api, source = _connect(slug)
-    staging: Path | None = None
     try:
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".download", dir=folder.parent))
-        downloads = staging / "zip"
-        with _translated(slug, source):
+        with removed_on_refusal():  # an unknown competition leaves no new parent folder behind
+            make_folders(folder.parent)
+            staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".download", dir=folder.parent))
             try:
-                api.competition_download_files(slug, path=str(downloads), force=True, quiet=True)
-            except ValueError as exc:  # the package's size check after the transfer
-                raise KbertError(f"the download of '{slug}' was incomplete ({_redact(str(exc))}): retry") from None
-        if not downloads.is_dir():
-            raise KbertError(f"Kaggle sent no files for '{slug}': retry with --force")
-        _extract(downloads, staging / "files", slug)
-        files = _move_into(_unpacked_root(staging / "files", slug), folder)
+                files = _fetched(api, source, slug, staging, folder)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
     except OSError as exc:
         raise KbertError(f"could not write the files of '{slug}' to {folder}: {exc.strerror or exc}") from None
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
     stale = [p.relative_to(folder) for p in existing if p not in files]
     if stale:  # --force: files of an earlier download (or the user's own) that this one does not hold
         print(f"{folder}: kept {len(stale)} file(s) that this download does not hold, from before: "
@@ -454,6 +483,14 @@ def leaderboard_table(slug: str, top: int) -> str:
 # ---------------------------------------------------------------- push a package (dataset and notebook)
 
 
+def check_dataset_id(value: Any, what: str) -> None:
+    """A Kaggle dataset id as Kaggle takes it: OWNER/SLUG, the slug 6-42 lowercase letters, digits and '-'."""
+    owner, _, slug = str(value).partition("/")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", owner) or not re.fullmatch(r"[a-z0-9][a-z0-9-]{5,41}", slug):
+        raise KbertError(f"{what} {value!r}: give it as OWNER/SLUG, the slug 6-42 lowercase letters, digits and '-' "
+                         "(the notebook's is SLUG-predict)")
+
+
 def push_package(dataset_dir: Path, notebook_dir: Path, notes: str) -> list[str]:
     """Create the dataset of ``dataset_dir`` (its dataset-metadata.json's id), or add a version when it exists, wait
     until Kaggle has processed it, then push the notebook of ``notebook_dir``; one line per step."""
@@ -463,9 +500,15 @@ def push_package(dataset_dir: Path, notebook_dir: Path, notes: str) -> list[str]
 
     from kbert.io import read_json
 
-    dataset = str(read_json(Path(dataset_dir) / "dataset-metadata.json", required=("id",))["id"])
+    metadata = Path(dataset_dir) / "dataset-metadata.json"
+    dataset = read_json(metadata, required=("id",))["id"]
+    check_dataset_id(dataset, f"{metadata}: id")  # (as kbert package wrote it, unless edited since)
+    dataset = str(dataset)
     notebook = read_json(Path(notebook_dir) / "kernel-metadata.json", required=("id", "code_file"))
     kernel = str(notebook["id"])
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*/[a-z0-9][a-z0-9-]*", kernel):
+        raise KbertError(f"{Path(notebook_dir) / 'kernel-metadata.json'}: id {notebook['id']!r}: give it as "
+                         "OWNER/SLUG, the slug lowercase letters, digits and '-'")
     if not (Path(notebook_dir) / str(notebook["code_file"])).is_file():  # checked before the dataset goes up
         raise KbertError(f"{notebook_dir}: no {notebook['code_file']}, the code_file its kernel-metadata.json names; "
                          "run kbert package again")

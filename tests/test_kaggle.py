@@ -461,6 +461,8 @@ def test_download_of_an_unknown_competition(server, login, kbert, tmp_path):
     assert "unknown competition 'no-such-competition'" in error and "HTTP 404" in error
     assert server.rpc("DownloadDataFiles").json() == {"competitionName": "no-such-competition"}
     assert not (tmp_path / "x").exists()
+    one_line_error(kbert("download", "no-such-competition", "--data-dir", tmp_path / "a" / "b" / "c"))
+    assert not (tmp_path / "a").exists()  # (the parents made for it were left behind, empty)
 
 
 def test_a_damaged_zip_leaves_no_files(server, login, kbert, tmp_path):
@@ -855,3 +857,40 @@ def test_push_failures_are_one_line(server, login, kbert, tmp_path, uploads_here
         f"kbert: error: {package / 'notebook'}: no {NOTEBOOK_NAME}, the code_file its kernel-metadata.json names; run "
         "kbert package again")
     assert server.seen == []
+
+
+@pytest.mark.parametrize("ending", ["\r\n", "\n", " "])
+def test_a_token_variable_with_a_line_break_works_and_never_shows(server, login, kbert, ending):
+    """A token pasted from a file with Windows line endings went into the request header: http.client's
+    ValueError, a traceback holding the token."""
+    login("token-env", token=TOKEN + ending)
+    result = kbert("submissions", "titanic")
+    assert result.code == 0, result.err
+
+
+def test_push_of_an_edited_dataset_id_is_refused_before_any_request(server, login, kbert, tmp_path, uploads_here):
+    """push read the id kbert package had checked, edited since: 'noslash' raised IndexError in the kaggle package
+    after its first request, a number AttributeError."""
+    login("token-env")
+    package = hand_made_package(tmp_path, f"{USERNAME}/kbert-titanic-edited")
+    metadata = package / "dataset" / "dataset-metadata.json"
+    for edited in ("noslash", f"{USERNAME}/", 123, f"{USERNAME}/Bad Slug!"):
+        metadata.write_text(json.dumps({**json.loads(metadata.read_text()), "id": edited}))
+        server.seen.clear()
+        assert one_line_error(kbert("push", package)) == (
+            f"kbert: error: {metadata}: id {edited!r}: give it as OWNER/SLUG, the slug 6-42 lowercase letters, "
+            "digits and '-' (the notebook's is SLUG-predict)")
+        assert server.seen == []
+
+
+def test_the_packages_retry_notices_are_said_as_they_happen(login, capsys):
+    """An upload the kaggle package retries with backoff for minutes said nothing until it gave up: its notices
+    went to the debug log only. They are passed on, redacted."""
+    from kbert.pipeline.kaggle import _silenced
+
+    login("token-env")
+    with _silenced(""):
+        print(f"Request failed: 503 for Bearer {TOKEN}. Will retry in 12.0 seconds", file=sys.stderr)
+        print("other chatter")
+    err = capsys.readouterr().err
+    assert err == "kaggle: Request failed: 503 for Bearer ***. Will retry in 12.0 seconds\n"
