@@ -910,6 +910,26 @@ ACTS_ONLY_WITH = (
 )
 
 
+BERT_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_dropout_prob",
+              "attention_probs_dropout_prob")  # what sizes the classic BERT of --encoder bert (scratch_encoder_config)
+
+
+def check_scratch_sizes(model: ModelConfig, given: set[str]) -> None:
+    """A size given for this run (a flag, a ``--config`` file, a trial) acts only on the encoder it sizes: BERT's
+    sizes on ``bert``, the vocabulary on an encoder trained from scratch; a named size or a pretrained encoder
+    keeps its own, and the run recorded a size it never used. (A competition YAML's ``training:`` may hold sizes
+    for when ``bert`` is chosen: those are not refused.)"""
+    from kbert.models.encoders import trains_from_scratch
+
+    for key in sorted(given):
+        if key in BERT_SIZES and model.encoder != "bert":
+            raise KbertError(f"{key} sizes the BERT that --encoder bert trains from scratch; encoder "
+                             f"'{model.encoder}' has its own: drop it")
+        if key == "vocab_size" and not trains_from_scratch(model.encoder):
+            raise KbertError(f"vocab_size is the vocabulary learned for an encoder trained from scratch; pretrained "
+                             f"encoder '{model.encoder}' has its own: drop it")
+
+
 def check_inert_settings(competition: CompetitionConfig, model: ModelConfig, train: TrainConfig,
                          head: HeadOptions) -> None:
     """No setting is set where it would not act (``ACTS_ONLY_WITH``, read with the epochs resolved): one line naming
@@ -983,6 +1003,7 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         raise KbertError(f"--adapter {model.adapter} needs a pretrained encoder: '{model.encoder}' trains from "
                          f"scratch, so every weight trains anyway; drop --adapter or pass a pretrained --encoder")
     check_reinit_layers(model)
+    check_scratch_sizes(model, {k for k, v in (overrides or {}).items() if v is not None})
     # Fine-tuning every weight of a pretrained encoder: a low rate over few epochs, decayed (on Disaster Tweets,
     # minilm-l6 at 1e-5 for 4 epochs beat 2e-5, 3e-5 and 5e-5: benchmarks/NOTES.md). Adapters train few weights
     # from zero: a LoRA-sized rate.

@@ -57,6 +57,20 @@ def test_every_named_size_resolves_to_a_buildable_config(titanic):
     assert resolve_run_config(titanic, {"encoder": "minilm-l6"}).train.learning_rate == 1e-5
 
 
+def test_a_size_given_for_an_encoder_it_does_not_size_is_refused():
+    """A named size or a pretrained encoder keeps its own sizes: --encoder bert-tiny with hidden_size 100 trained at
+    128 and recorded 100. The competition's own training: section may hold sizes for 'bert' (tweets' vocab_size)."""
+    titanic, tweets = load_competition("titanic"), load_competition("nlp-getting-started")
+    with pytest.raises(KbertError, match=r"^num_attention_heads sizes the BERT that --encoder bert trains from "
+                                         r"scratch; encoder 'bert-tiny' has its own: drop it$"):
+        resolve_run_config(titanic, {"encoder": "bert-tiny", "num_attention_heads": 3})
+    with pytest.raises(KbertError, match=r"^vocab_size is the vocabulary learned for an encoder trained from scratch; "
+                                         r"pretrained encoder 'minilm-l6' has its own: drop it$"):
+        resolve_run_config(titanic, {"encoder": "minilm-l6", "vocab_size": 500})
+    assert resolve_run_config(titanic, {"encoder": "bert-tiny", "vocab_size": 500}).model.vocab_size == 500
+    assert resolve_run_config(tweets, {"encoder": "minilm-l6"}).model.vocab_size == 8000  # the YAML's, for bert
+
+
 def test_epochs_and_rate_default_by_what_trains():
     """Fine-tuning every weight of a pretrained encoder: 4 epochs at 1e-5; from scratch 20 at 1e-3; adapters 20 at
     5e-4; a competition's or the command line's value wins."""

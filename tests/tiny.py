@@ -3,7 +3,8 @@
 from pathlib import Path
 
 from kbert.pipeline.artifacts import RunResult
-from kbert.pipeline.config import CompetitionConfig, RunConfig, load_competition, resolve_run_config
+from kbert.models.encoders import trains_from_scratch
+from kbert.pipeline.config import BERT_SIZES, CompetitionConfig, RunConfig, load_competition, resolve_run_config
 from kbert.pipeline.run import run_competition
 
 TINY = {"folds": 2, "epochs": 1, "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -21,7 +22,13 @@ def tiny_config(competition: str | Path | CompetitionConfig, out: Path, **overri
     submissions to out/subs; ``overrides`` change any run setting."""
     if not isinstance(competition, CompetitionConfig):
         competition = load_competition(str(competition))
-    return resolve_run_config(competition, {**TINY, "out_dir": str(out / "runs"), "submissions_dir": str(out / "subs"),
+    tiny = dict(TINY)
+    encoder = overrides.get("encoder", "bert")
+    if encoder != "bert":  # a named size or a pretrained encoder has its own sizes (refused if given)
+        tiny = {k: v for k, v in tiny.items() if k not in BERT_SIZES}
+    if not trains_from_scratch(encoder):
+        tiny.pop("vocab_size")
+    return resolve_run_config(competition, {**tiny, "out_dir": str(out / "runs"), "submissions_dir": str(out / "subs"),
                                             **overrides})
 
 
