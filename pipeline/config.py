@@ -765,45 +765,55 @@ def parse_competition(data: Any, source: Path) -> CompetitionConfig:
         search_space=data.get("search_space") or {},
     )
     check_competition_settings(competition, f"{source}: ")
-    check_types(competition, f"{source}: ")
     if competition.data_dir:  # relative to the YAML file
         competition = replace(competition, data_dir=str((source.parent / competition.data_dir).resolve()))
+    check_competition(competition, f"{source}: ")
+    return competition
+
+
+def check_competition(competition: CompetitionConfig, where: str) -> None:
+    """A competition's settings hold together: types, serializer and features known, classes, text and submission
+    columns, the metric for the submission, the sizes in ``training:``. Of a competition YAML as it is read, and of
+    a resolved run config's ``competition:`` (``where`` begins the messages)."""
+    task, metric = competition.task, competition.metric
+    _check_dtypes(competition.columns, where.removesuffix(": "), "columns")
+    _check_dtypes(competition.submission_columns, where.removesuffix(": "), "submission.columns")
+    check_types(competition, where)
     from kbert.features import FEATURES, SERIALIZERS  # here: the command line reads this module first
 
-    check_known("text.serializer", competition.text.serializer, SERIALIZERS, f"{source}: ")
+    check_known("text.serializer", competition.text.serializer, SERIALIZERS, where)
     if competition.features:
-        check_known("features", competition.features, FEATURES, f"{source}: ")
+        check_known("features", competition.features, FEATURES, where)
     if task == Task.BINARY and competition.classes is not None and len(competition.classes) != 2:
-        raise KbertError(f"{source}: a binary task's classes are [negative, positive], got {competition.classes}")
+        raise KbertError(f"{where}a binary task's classes are [negative, positive], got {competition.classes}")
     answers = [c for c in competition.text.columns or [] if c in (competition.id_column, *competition.target_columns)]
     if answers:  # the id names a row, the target is the answer: neither belongs in the text the model reads
-        raise KbertError(f"{source}: text.columns includes the id or target column(s) {answers}; drop them")
+        raise KbertError(f"{where}text.columns includes the id or target column(s) {answers}; drop them")
     unknown = [c for c in competition.text.columns or [] if c not in competition.columns]
     if unknown and not competition.features:  # a feature function may add columns: the serializer checks those
-        raise KbertError(f"{source}: text.columns names {', '.join(map(repr, unknown))}, which columns: does not "
+        raise KbertError(f"{where}text.columns names {', '.join(map(repr, unknown))}, which columns: does not "
                          f"declare{did_you_mean(unknown[0], competition.columns)}")
     submitted = list(competition.submission_columns)
     if competition.id_column not in submitted:
-        raise KbertError(f"{source}: id_column '{competition.id_column}' is not among submission.columns "
+        raise KbertError(f"{where}id_column '{competition.id_column}' is not among submission.columns "
                          f"{submitted}{did_you_mean(competition.id_column, submitted)}")
     if not competition.value_columns:
-        raise KbertError(f"{source}: submission.columns holds only the id column '{competition.id_column}'; add the "
+        raise KbertError(f"{where}submission.columns holds only the id column '{competition.id_column}'; add the "
                          "column(s) to predict")
     values = list(competition.value_columns)
     if not Task(task).classes and len(values) != len(competition.target_columns):  # one per target column
-        raise KbertError(f"{source}: submission.columns holds {len(values)} column(s) to predict {values}, but "
+        raise KbertError(f"{where}submission.columns holds {len(values)} column(s) to predict {values}, but "
                          f"target names {len(competition.target_columns)} {competition.target_columns}: a {task} "
                          "task predicts one submission column per target column")
-    from kbert.pipeline.metrics import check_metric_fits
+    from kbert.pipeline.metrics import check_metric_fits, get_metric
 
     try:
         check_metric_fits(get_metric(metric), task, competition.value_columns)
     except KbertError as exc:
-        raise KbertError(f"{source}: {exc}") from None
+        raise KbertError(f"{where}{exc}") from None
     model_fields = {f.name for f in fields(ModelConfig)}
     check_model_sizes(replace(ModelConfig(), **{k: v for k, v in competition.training.items() if k in model_fields}),
-                      f"{source}: training: ")
-    return competition
+                      f"{where}training: ")
 
 
 def _apply(obj: Any, overrides: dict[str, Any], source: str) -> Any:
@@ -1092,6 +1102,7 @@ def run_config_from_file(path: Path, overrides: dict[str, Any] | None = None) ->
         raise KbertError(f"{path} is a resolved run config; edit it instead of passing {sorted(refused)} "
                          f"(only {', '.join(sorted(RUN_FIELDS))} may change on the command line)")
     rest.pop("run_id", None)
+    check_resolved_keys({"competition": competition, **rest}, f"{path}: ")
     try:
         config = run_config_from_dict({"competition": competition, **rest})
     except TypeError as exc:
@@ -1100,6 +1111,32 @@ def run_config_from_file(path: Path, overrides: dict[str, Any] | None = None) ->
         raise KbertError(f"{path}: not a kbert run config: missing or malformed section {exc}") from None
     check_resolved_config(config, f"{path}: ")
     return replace(config, **overrides)
+
+
+RESOLVED_SECTIONS = {"model": ModelConfig, "train": TrainConfig, "head": HeadOptions, "competition": CompetitionConfig,
+                     "competition.text": TextConfig, "competition.folds": FoldConfig}
+
+
+def check_resolved_keys(data: dict[str, Any], where: str) -> None:
+    """A resolved run config's keys, section by section, are its dataclasses' fields: one line naming the key
+    (``train.epochz``, did you mean) where the dataclass said 'got an unexpected keyword argument'."""
+    top = {"run_id", *RUN_FIELDS, *(name for name in RESOLVED_SECTIONS if "." not in name)}
+    sections = {"": (data, top)}
+    for name, cls in RESOLVED_SECTIONS.items():
+        parent, _, leaf = name.rpartition(".")
+        holder = sections[parent][0] if parent in sections else None
+        value = holder.get(leaf) if isinstance(holder, dict) else None
+        if value is None:
+            continue  # missing: said by the reading below (a missing head is the defaults)
+        if not isinstance(value, dict):
+            raise KbertError(f"{where}{name} must be a mapping, got {value!r}")
+        sections[name] = (value, {f.name for f in fields(cls)})
+    for name, (section, known) in sections.items():
+        unknown = sorted(set(map(str, section)) - known)
+        if unknown:
+            key = f"{name}.{unknown[0]}" if name else unknown[0]
+            raise KbertError(f"{where}unknown key {key!r}{did_you_mean(unknown[0], known)}; known: "
+                             f"{', '.join(sorted(known))}")
 
 
 def check_resolved_config(config: RunConfig, where: str) -> None:
@@ -1111,5 +1148,14 @@ def check_resolved_config(config: RunConfig, where: str) -> None:
     check_settings(asdict(config.head), lambda key: f"{where}head.{key}")
     check_settings({name: getattr(config, name) for name in RUN_FIELDS}, lambda key: f"{where}{key}")
     check_competition_settings(config.competition, f"{where}competition.")
+    check_competition(config.competition, f"{where}competition: ")
+    from kbert.models.encoders import trains_from_scratch
+
+    for key in (*BERT_SIZES, "vocab_size"):  # a run records these as resolved (defaults, or the YAML's training:)
+        recorded = config.competition.training.get(key, SETTINGS[key].default)
+        sized = config.model.encoder == "bert" or (key == "vocab_size" and trains_from_scratch(config.model.encoder))
+        if not sized and getattr(config.model, key) != recorded:
+            raise KbertError(f"{where}model.{key} {getattr(config.model, key)!r}: encoder '{config.model.encoder}' "
+                             f"has its own, and a run of it records {recorded!r}; put that back")
     check_model_sizes(config.model, f"{where}model: ")
     check_reinit_layers(config.model, f"{where}model: ")

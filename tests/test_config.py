@@ -254,6 +254,37 @@ def test_run_config_files_are_checked_like_yaml_and_flags(titanic, tmp_path):
         run_config_from_file(path)
 
 
+def test_a_resolved_config_names_its_unknown_keys_and_is_checked_as_its_competition_yaml_is(titanic, tmp_path):
+    """A key no section has said 'TrainConfig.__init__() got an unexpected keyword argument'; a competition whose
+    YAML would be refused (a column of no dtype, three classes for a binary task) trained; so did a size the named
+    encoder never used."""
+    from copy import deepcopy
+
+    from kbert.pipeline.config import run_config_from_file
+
+    resolved = resolve_run_config(titanic, {"encoder": "bert-tiny"}).to_dict()
+    path = tmp_path / "config.yaml"
+    for edit, message in (
+            (lambda c: c["train"].update(epochz=3), r"unknown key 'train\.epochz' \(did you mean 'epochs'\?\)"),
+            (lambda c: c["competition"]["folds"].update(kk=3), r"unknown key 'competition\.folds\.kk'"),
+            (lambda c: c.update(seeed=3), r"unknown key 'seeed' \(did you mean 'seed'\?\)"),
+            (lambda c: c.update(model=[1, 2]), r"model must be a mapping, got \[1, 2\]$"),
+            (lambda c: c["competition"]["columns"].update(Age="complex"),
+             r"competition: columns\.Age has dtype 'complex'"),
+            (lambda c: c["competition"].update(classes=[0, 1, 2]),
+             r"competition: a binary task's classes are \[negative, positive\], got \[0, 1, 2\]$"),
+            (lambda c: c["model"].update(num_attention_heads=3),
+             r"model\.num_attention_heads 3: encoder 'bert-tiny' has its own, and a run of it records 4; put that "
+             r"back$")):
+        edited = deepcopy(resolved)
+        edit(edited)
+        path.write_text(yaml.safe_dump(edited, sort_keys=False))
+        with pytest.raises(KbertError, match=rf"^{path}: {message}"):
+            run_config_from_file(path)
+    path.write_text(yaml.safe_dump(resolved, sort_keys=False))
+    assert run_config_from_file(path).to_dict() == resolved  # the run's own round trip
+
+
 CHOICES = [("model", "pooling"), ("model", "spm_normalization"), ("model", "adapter_checkpoint"),
            ("head", "target_transform"), ("head", "fusion"), ("train", "precision"), ("train", "device")]
 
