@@ -223,14 +223,15 @@ def _http_error(exc: Any, slug: str, source: str, kind: str = "competition") -> 
 
 class _Captured(io.StringIO):
     """The kaggle package's prints, kept for the debug log; its retry notices ("Request failed: ... Will retry in
-    12.0 seconds") are passed on to ``echo`` at once, redacted: an upload retrying for minutes says so."""
+    12.0 seconds") and its warnings (a key file other users can read) are passed on to ``echo`` at once, redacted:
+    an upload retrying for minutes says so."""
 
     def __init__(self, echo: Any):
         super().__init__()
         self.echo = echo
 
     def write(self, text: str) -> int:
-        if "Will retry" in text:
+        if "Will retry" in text or text.lstrip().startswith("Warning:"):
             self.echo.write(f"kaggle: {_redact(' '.join(text.split()))}\n")
             self.echo.flush()
         return super().write(text)
@@ -410,8 +411,14 @@ def submit_file(slug: str, path: Path, message: str) -> str:
     The caller has validated the file against the sample submission."""
     path = Path(path)
     api, source = _connect(slug)
-    with _translated(slug, source):
-        response = api.competition_submit(str(path), message, slug, quiet=True)
+    try:
+        with _translated(slug, source):
+            response = api.competition_submit(str(path), message, slug, quiet=True)
+    except KbertError as exc:
+        if str(exc) != OFFLINE:
+            raise
+        raise KbertError(f"{OFFLINE}; if it failed after the upload, Kaggle may have recorded the submission: see kbert "
+                         f"submissions {slug} before submitting again") from None
     reply = re.sub(r"\s+", " ", _redact(str(response.message or ""))).strip()
     if reply == api.COMPETITION_SUBMIT_UPLOAD_FAILED_MESSAGE:  # the upload itself failed; the package printed why
         raise KbertError(f"Kaggle did not take the upload of {path.name} (the connection or the server failed): "

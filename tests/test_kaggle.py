@@ -894,3 +894,35 @@ def test_the_packages_retry_notices_are_said_as_they_happen(login, capsys):
         print("other chatter")
     err = capsys.readouterr().err
     assert err == "kaggle: Request failed: 503 for Bearer ***. Will retry in 12.0 seconds\n"
+
+
+def test_a_submit_that_lost_the_connection_says_to_look_before_submitting_again(server, login, kbert, tmp_path,
+                                                                                monkeypatch):
+    """The connection may fail after Kaggle recorded the submission: 'retry' could submit twice. An empty
+    description is refused before anything is sent."""
+    login("token-env")
+    submission = tmp_path / "submission.csv"
+    shutil.copy(TITANIC / "gender_submission.csv", submission)
+    assert one_line_error(kbert("submit", "titanic", submission, "-m", " ", "--data-dir", TITANIC)) == (
+        "kbert: error: -m/--message is empty: give the submission a description (Kaggle lists it beside the score)")
+    assert server.seen == []
+    import requests
+    from kaggle.api.kaggle_api_extended import KaggleApi
+
+    def dropped(self, *args, **kwargs):  # the connection fails once the request is on its way
+        raise requests.ConnectionError("Connection aborted")
+
+    monkeypatch.setattr(KaggleApi, "competition_submit", dropped)
+    error = one_line_error(kbert("submit", "titanic", submission, "-m", "again", "--data-dir", TITANIC))
+    assert error.endswith("if it failed after the upload, Kaggle may have recorded the submission: see kbert "
+                          "submissions titanic before submitting again")
+
+
+def test_the_packages_warnings_are_said(capsys):
+    """The package's warning of a key file other users can read went to the debug log only."""
+    from kbert.pipeline.kaggle import _silenced
+
+    with _silenced(""):
+        print("Warning: Your Kaggle API key is readable by other users on this system! To fix this, you can run "
+              "'chmod 600 /h/.kaggle/kaggle.json'")
+    assert capsys.readouterr().err.startswith("kaggle: Warning: Your Kaggle API key is readable by other users")

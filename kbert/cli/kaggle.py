@@ -108,8 +108,11 @@ def cmd_download(args: argparse.Namespace) -> int:
 def cmd_submit(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from kbert.errors import KbertError
     from kbert.pipeline.kaggle import submit_file
 
+    if not args.message.strip():
+        raise KbertError("-m/--message is empty: give the submission a description (Kaggle lists it beside the score)")
     cmd_validate(args)
     print(submit_file(kaggle_slug(args.competition), Path(args.file), args.message))
     return 0
