@@ -417,8 +417,8 @@ def submit_file(slug: str, path: Path, message: str) -> str:
     except KbertError as exc:
         if str(exc) != OFFLINE:
             raise
-        raise KbertError(f"{OFFLINE}; if it failed after the upload, Kaggle may have recorded the submission: see kbert "
-                         f"submissions {slug} before submitting again") from None
+        raise KbertError(f"{OFFLINE}; if it failed after the upload, Kaggle may have recorded the submission: see "
+                         f"kbert submissions {slug} before submitting again") from None
     reply = re.sub(r"\s+", " ", _redact(str(response.message or ""))).strip()
     if reply == api.COMPETITION_SUBMIT_UPLOAD_FAILED_MESSAGE:  # the upload itself failed; the package printed why
         raise KbertError(f"Kaggle did not take the upload of {path.name} (the connection or the server failed): "
