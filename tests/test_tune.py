@@ -801,3 +801,17 @@ def test_a_trial_queued_after_another_does_not_make_it_unneeded_and_an_unneeded_
     assert counted(study.get_trials()) == 0
     study.tell(first, 0.5)
     assert counted(study.get_trials()) == 1
+
+
+def test_a_finished_trials_line_gives_the_fold_scores_in_fold_order(monkeypatch):
+    """Folds side by side finish in any order: the live line listed them so, the study's table in fold order."""
+    from types import SimpleNamespace
+
+    from kbert.tune import objective
+
+    logged = []
+    monkeypatch.setattr(objective, "log_trial", lambda trial, context, scores, *rest, **kw: logged.append(scores))
+    trial = optuna.create_study().ask()
+    result = SimpleNamespace(fold_scores=[0.82, 0.80], cv_score=0.81, run_dir="r", seconds=1.0)
+    assert objective.record_result(trial, None, result, 1.0) == pytest.approx(0.81)
+    assert logged == [[0.82, 0.80]] and trial.user_attrs["fold_scores"] == [0.82, 0.8]

@@ -95,7 +95,7 @@ def objective(trial: optuna.Trial, context: TrialContext) -> float:
                                  log=lambda _: None, on_fold=on_fold, submission_path=folder / "submission.csv")
         if context.store is not None:
             upload_trial(trial, result.run_dir, context.store)
-    return record_result(trial, context, result, scores, time.perf_counter() - began)
+    return record_result(trial, context, result, time.perf_counter() - began)
 
 
 def make_objective(context: TrialContext) -> Callable[[optuna.Trial], float]:
@@ -177,15 +177,14 @@ def trial_outcome(trial: optuna.Trial, context: TrialContext, folder: Path, scor
             trial.set_user_attr("rss_mb", round(rss, 1))
 
 
-def record_result(trial: optuna.Trial, context: TrialContext, result: RunResult, scores: list[float],
-                  seconds: float) -> float:
+def record_result(trial: optuna.Trial, context: TrialContext, result: RunResult, seconds: float) -> float:
     mean = float(np.mean(result.fold_scores))  # the objective: the mean fold score (what the pruner sees)
     trial.set_user_attr("fold_scores", [round(s, 6) for s in result.fold_scores])
     trial.set_user_attr("oof_cv", result.cv_score)  # the metric over all OOF rows at once
     trial.set_user_attr("run_dir", str(result.run_dir))
     trial.set_user_attr("seconds", round(result.seconds, 2))
-    log_trial(trial, context, scores, mean, seconds, oof=result.cv_score)
-    return mean
+    log_trial(trial, context, list(result.fold_scores), mean, seconds, oof=result.cv_score)  # in fold order (not
+    return mean  # the order they finished in), as the study's table lists them
 
 
 def log_trial(trial: optuna.Trial, context: TrialContext, scores: list[float], cv: float | None, seconds: float,
