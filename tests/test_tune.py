@@ -183,6 +183,16 @@ def test_space_errors_and_competition_overrides(tmp_path):
         parse_space({"pooling": ["cls", "nonsense"]}, "space")
     with pytest.raises(KbertError, match=r"^space: 'numbers' \(sets text\.numbers\): value 'digits' is unknown"):
         parse_space({"numbers": {"set": "text.numbers", "value": "digits"}}, "space")
+    # narrowing an entry leaves part of another's `when` untaken: still sampled under the rest (it was refused,
+    # blaming the built-in entry); a `when` wholly untaken says how to drop its entry
+    narrowed = parse_space({"serializer": {"set": "text.serializer", "choices": ["competition", "list"]},
+                            "numeric": {"set": "text.numeric", "choices": ["raw"],
+                                        "when": {"serializer": ["list", "sentence"]}}})
+    assert [p.name for p in narrowed] == ["serializer", "numeric"]
+    with pytest.raises(KbertError, match=r"'full': its 'when' names adapter \['none'\], which 'adapter' never takes "
+                                         r"\(\['lora'\]\): it would never be sampled; drop it from the space with "
+                                         r"'full: null'$"):
+        parse_space({"adapter": ["lora"], "full": {"set": "learning_rate", "value": 1e-5, "when": {"adapter": "none"}}})
     # true/false settings and serializer names were checked trial by trial: every trial of the night failed
     with pytest.raises(KbertError, match=r"^space: 'calibrate': choice 1 must be true or false, got 'no'$"):
         parse_space({"calibrate": ["no", "off"]}, "space")

@@ -148,16 +148,29 @@ def taken(param: Param) -> list | None:
 
 
 def check_when_values(param: Param, params: dict[str, Param], source: str) -> None:
-    """Each value a ``when`` names is one its entry takes (for the encoder, or a kind: pretrained, scratch); else
-    the entry is never sampled, silently (a typo, or "32" for 32)."""
+    """Each value a ``when`` names is a value of its entry's setting (not a typo, or "32" for 32), and one at least
+    is taken by the entry (for the encoder, or a kind: pretrained, scratch); else the entry is never sampled,
+    silently. A narrowed entry may leave some values of another's ``when`` untaken (``serializer: [list]`` under
+    an entry for ``[list, sentence]``)."""
     for key, values in (param.when or {}).items():
         possible = taken(params[key])
         if possible is None:
             continue
         unknown = [v for v in values if v not in possible and not (key == "encoder" and v in ENCODER_KINDS)]
-        if unknown:
-            raise KbertError(f"{source}: '{param.name}': its 'when' names {key} {unknown!r}, which '{key}' never "
-                             f"takes ({possible!r}): it would never be sampled")
+        invalid = [v for v in unknown if not is_setting_value(params[key].target, v)]
+        if invalid or (unknown and len(unknown) == len(values)):
+            raise KbertError(f"{source}: '{param.name}': its 'when' names {key} {(invalid or unknown)!r}, which "
+                             f"'{key}' never takes ({possible!r}): it would never be sampled"
+                             + ("" if invalid else f"; drop it from the space with '{param.name}: null'"))
+
+
+def is_setting_value(target: str, value: Any) -> bool:
+    """Whether setting ``target`` takes ``value`` (as a run's settings are checked)."""
+    try:
+        check_entry_values({"value": value}, target, "")
+    except KbertError:
+        return False
+    return True
 
 
 def sampled_under(param: Param, params: dict[str, Param], conditions: dict[str, dict[str, list]]) -> dict[str, list]:
