@@ -189,6 +189,8 @@ def check_targets(train: pd.DataFrame, competition: CompetitionConfig, path: Pat
             if train[column].isna().any():
                 raise missing_values(path, f"target column '{column}'", train[column])
         else:
+            if train[column].isna().any():
+                raise missing_values(path, f"target column '{column}'", train[column])
             given = train[column].dropna()
             if task == Task.BINARY and given.nunique() == 2 and pd.to_numeric(given, errors="coerce").isna().any():
                 raise not_zero_one(path, task, column, sorted(map(str, given.unique())))

@@ -190,7 +190,8 @@ def choose_metric(task: Task, train: pd.DataFrame, targets: list[str], kind: str
         return metric, f"{metric}: the sample submission holds probabilities"
     if task == Task.MULTICLASS:
         return "accuracy", "accuracy: the submission holds one label per row"
-    positive = 1 if classes is None else classes[1]
+    booleans = all(column_dtype(train[t]) == "bool" for t in targets)
+    positive = classes[1] if classes is not None else True if booleans else 1
     share = float(np.mean([(train[t] == positive).mean() for t in targets]))
     if share < RARE_POSITIVE:
         metric = "f1" if task == Task.BINARY else "f1_micro"
@@ -208,6 +209,16 @@ def data_dir_for(data: Path, yaml_path: Path) -> str:
         return Path(os.path.relpath(data, Path(yaml_path).resolve().parent)).as_posix()
     except ValueError:
         return str(data)
+
+
+def check_sample_shape(sample: pd.DataFrame, test: pd.DataFrame, path: Path, id_column: str | None) -> None:
+    """A sample submission holds an id and the columns to predict, never the test's input columns (a training or
+    test file given as --sample-submission by mistake)."""
+    identifier = id_column or sample_id(sample, test)
+    inputs = [str(c) for c in sample.columns if c in test.columns and c != identifier and test[c].notna().any()]
+    if inputs:
+        raise KbertError(f"{path}: holds the test file's input columns {inputs[:4]}: not a sample submission (the id "
+                         "and the columns to predict)")
 
 
 def check_writable_submission(competition, train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame | None,
@@ -270,17 +281,29 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
     if out.exists() and not force:
         raise KbertError(f"{out} exists; pass --force to overwrite it")
     check_output_file(out, f"--out {out}")
+    for flag, given in (("--train", files.train), ("--test", files.test), ("--sample-submission", files.sample)):
+        if given is not None and Path(given).is_dir():
+            raise KbertError(f"{flag} {given}: a folder; give the CSV file in it")
     train_path, test_path, sample_path = Path(files.train).resolve(), Path(files.test).resolve(), files.sample
     if train_path.parent != test_path.parent or (sample_path and Path(sample_path).resolve().parent != train_path.parent):
         raise KbertError(f"{train_path.name}, {test_path.name} (and the sample submission) must be in one folder")
     train, test = read_csv(train_path), read_csv(test_path)
     sample = read_csv(Path(sample_path)) if sample_path else None
+    if sample is not None:
+        check_sample_shape(sample, test, Path(sample_path), id_column)
+    inferred_id = id_column is None
     id_column = id_column or infer_id_column(train, test, sample)
     targets = [target] if target else infer_targets(train, test, sample)
     for column in [id_column, *targets]:
         if column not in train.columns:
-            hint = near_header(column, train.columns)
-            raise KbertError(f"{train_path}: no column '{column}'" + (f"; {hint}" if hint else ""))
+            hint = f"; {near_header(column, train.columns)}" if near_header(column, train.columns) else ""
+            if inferred_id and sample is not None and column == id_column:  # the sample's, not the user's
+                raise KbertError(f"{sample_path}: its id column '{column}' is not in {train_path.name}{hint}")
+            raise KbertError(f"{train_path}: no column '{column}'{hint}")
+    for column in targets:
+        if train[column].nunique() < 2:
+            raise KbertError(f"{train_path}: target '{column}' holds the single value {plain(train[column].iloc[0])!r}"
+                             " (or none): nothing to learn")
     per_class = sample is not None and len(targets) == 1 and per_class_target(train, test, sample) == targets[0]
     task = infer_task(train[targets], per_class)
     classes = None

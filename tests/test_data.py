@@ -50,7 +50,7 @@ def test_nan_target_and_string_in_numeric_column(titanic, data_copy):
     path = data_copy / "train.csv"
     original = path.read_text()
     path.write_text(original.replace("1,0,3,\"Braund", "1,,3,\"Braund", 1))
-    with pytest.raises(KbertError, match=r"train\.csv: column 'Survived' has missing values"):
+    with pytest.raises(KbertError, match=r"train\.csv: target column 'Survived' has missing values"):
         load_competition_data(titanic, data_copy)
     path.write_text(original.replace("male,22,1,0", "male,twenty,1,0", 1))
     with pytest.raises(KbertError, match=r"train\.csv: column 'Age' must be float, found 'twenty'"):

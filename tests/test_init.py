@@ -111,7 +111,8 @@ def test_init_refuses_what_run_would_refuse_and_writes_nothing(tmp_path):
     train = pd.read_csv(tmp_path / "data" / "train.csv")
     train.assign(cultivar="class_0").to_csv(tmp_path / "data" / "one.csv", index=False)
     files = DataFiles(tmp_path / "data" / "one.csv", tmp_path / "data" / "test.csv")
-    with pytest.raises(KbertError, match=r"one\.csv: multiclass target 'cultivar' has the single value 'class_0'"):
+    with pytest.raises(KbertError, match=r"one\.csv: target 'cultivar' holds the single value 'class_0' \(or none\): "
+                                         r"nothing to learn$"):
         init_competition("one", files, out=tmp_path / "one.yaml")
     with pytest.raises(KbertError, match=r"--out .*wine\.csv: a competition YAML's name ends in \.yaml or \.yml"):
         init_competition("wine", DataFiles(tmp_path / "data" / "train.csv", files.test), out=tmp_path / "wine.csv")
@@ -396,3 +397,24 @@ def test_init_says_when_the_sample_holds_labels_the_target_does_not(tmp_path):
     pd.DataFrame({"id": test["id"], "y": 1.5}).to_csv(files.sample, index=False)
     spec = yaml.safe_load(init_competition("halves", files, out=tmp_path / "halves.yaml").read_text())
     assert spec["classes"] == [1.5, 2.5] and spec["submission"]["columns"]["y"] == "str" and spec["metric"] != "roc_auc"
+
+
+def test_init_names_what_is_wrong_with_the_files_it_is_given(tmp_path):
+    """A folder for --train, the training file given as --sample-submission ('share no column besides the id'),
+    a sample whose id is spelt otherwise (train.csv was blamed); a True/False target's positive class is True."""
+    data = tmp_path / "d"
+    train, test = small_pair(data, [True, False, False])
+    files = DataFiles(data / "train.csv", data / "test.csv")
+    with pytest.raises(KbertError, match=rf"^--train {data}: a folder; give the CSV file in it$"):
+        init_competition("f", DataFiles(data, files.test), out=tmp_path / "f.yaml")
+    with pytest.raises(KbertError, match=r"train\.csv: holds the test file's input columns \['x'\]: not a sample "
+                                         r"submission"):
+        init_competition("f", DataFiles(files.train, files.test, files.train), out=tmp_path / "f.yaml")
+    pd.DataFrame({"ID": test["id"], "y": False}).to_csv(data / "sample_submission.csv", index=False)
+    with pytest.raises(KbertError, match=r"sample_submission\.csv: its id column 'ID' is not in train\.csv; the file "
+                                         r"has 'id' \(another case\)$"):
+        init_competition("f", DataFiles(files.train, files.test, data / "sample_submission.csv"),
+                         out=tmp_path / "f.yaml")
+    text = init_competition("f", files, out=tmp_path / "f.yaml").read_text()
+    assert "the positive class True is 34% of the training rows" in text  # (np.resize: 34 of 100)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "f.yaml"]
