@@ -91,7 +91,12 @@ def unreadable_keys_file() -> str | None:
     try:
         values = json.loads(_read_text(path) or "{}")
     except json.JSONDecodeError as exc:
-        return f"{_display(path)} is not valid JSON ({exc.msg}, line {exc.lineno})"
+        try:  # the line in the file: its text was stripped of the blank lines before it
+            raw = path.read_text(encoding="utf-8")
+            line = exc.lineno + raw[: len(raw) - len(raw.lstrip())].count("\n")
+        except (OSError, UnicodeDecodeError):
+            line = exc.lineno
+        return f"{_display(path)} is not valid JSON ({exc.msg}, line {line})"
     if not (isinstance(values, dict) and values.get("username") and values.get("key")):
         return f"{_display(path)} holds no username and key"
     return None
@@ -137,8 +142,9 @@ def credential_source() -> str | None:
         return f"KAGGLE_API_V1_TOKEN file {_display(notebook)} (Kaggle notebook)"
     token = os.environ.get("KAGGLE_API_TOKEN")
     if token:
-        if not Path(token).exists():
-            return "KAGGLE_API_TOKEN environment variable"
+        if not Path(token).exists():  # the token itself, or a path to a file that is not there
+            pathlike = os.sep in token or token.startswith("~") or token.endswith((".txt", ".json"))
+            return "KAGGLE_API_TOKEN environment variable" + (" (as a path, it names no file)" if pathlike else "")
         if _read_text(Path(token)):
             return f"KAGGLE_API_TOKEN file {_display(Path(token))}"
         # an empty token file ends the package's token search; legacy keys are next

@@ -525,6 +525,15 @@ def test_a_damaged_kaggle_json_is_named_not_passed_over(server, login, kbert):
     assert error.startswith("kbert: error: no Kaggle credentials found: ")
     assert "kaggle.json is not valid JSON (" in error
     assert server.seen == []
+    (config_dir() / "kaggle.json").write_text('\n\n\n{"username": "me",\n "key": "k",}')
+    assert "kaggle.json is not valid JSON (Expecting property name enclosed in double quotes, line 5)" in \
+        one_line_error(kbert("submissions", "titanic"))  # the file's line (it said 2: the blank lines stripped)
+
+
+def test_a_token_variable_naming_a_missing_file_says_so(server, login, kbert, tmp_path):
+    login("token-env", token=str(tmp_path / "no-such-token.txt"))
+    assert "rejected the credentials from KAGGLE_API_TOKEN environment variable (as a path, it names no file)" in \
+        one_line_error(kbert("submissions", "titanic"))
 
 
 def test_a_rejected_token_names_its_source_not_its_value(server, login, kbert, tmp_path):
