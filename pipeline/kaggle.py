@@ -322,7 +322,7 @@ def _visible_files(folder: Path) -> list[Path]:
                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))
 
 
-def _extract(downloads: Path, out: Path, slug: str) -> None:
+def _extract(downloads: Path, out: Path, slug: str, again: str) -> None:
     """Unzip every archive in ``downloads`` into ``out``; move any other file there as is."""
     out.mkdir()
     for path in sorted(downloads.iterdir()):
@@ -333,9 +333,9 @@ def _extract(downloads: Path, out: Path, slug: str) -> None:
                 with zipfile.ZipFile(path) as archive:
                     archive.extractall(out)  # drops absolute paths and '..' from member names
             except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as exc:
-                raise KbertError(f"the download of '{slug}' is a damaged zip ({exc}): retry with --force") from None
+                raise KbertError(f"the download of '{slug}' is a damaged zip ({exc}): {again}") from None
         elif path.suffix == ".zip":
-            raise KbertError(f"the download of '{slug}' is not a valid zip: retry with --force")
+            raise KbertError(f"the download of '{slug}' is not a valid zip: {again}")
         else:
             os.replace(path, out / path.name)
 
@@ -364,8 +364,9 @@ def _move_into(source: Path, folder: Path) -> list[Path]:
     return moved
 
 
-def _fetched(api: Any, source: str, slug: str, staging: Path, folder: Path) -> list[Path]:
-    """The competition's zip fetched into ``staging``, unpacked, and its files moved into ``folder``."""
+def _fetched(api: Any, source: str, slug: str, staging: Path, folder: Path, again: str) -> list[Path]:
+    """The competition's zip fetched into ``staging``, unpacked, and its files moved into ``folder``; ``again``:
+    what to do after a damaged download (nothing of it was written)."""
     downloads = staging / "zip"
     with _translated(slug, source):
         try:
@@ -373,8 +374,8 @@ def _fetched(api: Any, source: str, slug: str, staging: Path, folder: Path) -> l
         except ValueError as exc:  # the package's size check after the transfer
             raise KbertError(f"the download of '{slug}' was incomplete ({_redact(str(exc))}): retry") from None
     if not downloads.is_dir():
-        raise KbertError(f"Kaggle sent no files for '{slug}': retry with --force")
-    _extract(downloads, staging / "files", slug)
+        raise KbertError(f"Kaggle sent no files for '{slug}': {again}")
+    _extract(downloads, staging / "files", slug, again)
     return _move_into(_unpacked_root(staging / "files", slug), folder)
 
 
@@ -395,7 +396,7 @@ def download_competition(slug: str, folder: Path, force: bool = False) -> list[P
             make_folders(folder.parent)
             staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".download", dir=folder.parent))
             try:
-                files = _fetched(api, source, slug, staging, folder)
+                files = _fetched(api, source, slug, staging, folder, "retry with --force" if force else "retry")
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
     except OSError as exc:

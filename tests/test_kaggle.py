@@ -470,9 +470,11 @@ def test_a_damaged_zip_leaves_no_files(server, login, kbert, tmp_path):
     server.zip_bytes = b"PK\x03\x04 this is not a zip archive"
     folder = tmp_path / "titanic"
     error = one_line_error(kbert("download", "titanic", "--data-dir", folder))
-    assert "not a valid zip" in error or "damaged zip" in error
+    assert ("not a valid zip" in error or "damaged zip" in error) and error.endswith(": retry")  # nothing written
     assert not folder.exists() or not any(folder.iterdir())
     assert leftovers(folder) == []
+    assert one_line_error(kbert("download", "titanic", "--data-dir", folder, "--force")).endswith(
+        ": retry with --force")
 
 
 def zip_of(files: dict[str, bytes]) -> bytes:
