@@ -843,8 +843,11 @@ def check_setting_names(keys: Iterable[str], where: str) -> None:
     """``keys`` (of a ``training:`` section, a ``--config`` file) name run settings; ``where`` begins the message."""
     unknown = sorted(set(keys) - setting_names() - set(NESTED_SETTINGS))
     if unknown:
-        raise KbertError(f"{where}unknown setting(s) {', '.join(map(repr, unknown))}"
-                         f"{did_you_mean(unknown[0], setting_names())}; see `kbert run --help`")
+        by_flag = {f.metadata["flag"].lstrip("-").replace("-", "_"): key for key, f in SETTINGS.items()
+                   if f.metadata.get("flag")}  # `lr:` for --lr's learning_rate
+        near = (f" (did you mean '{by_flag[unknown[0]]}', the setting of --{unknown[0].replace('_', '-')}?)"
+                if unknown[0] in by_flag else did_you_mean(unknown[0], setting_names()))
+        raise KbertError(f"{where}unknown setting(s) {', '.join(map(repr, unknown))}{near}; see `kbert run --help`")
 
 
 def pretrain_record(encoder: str) -> dict:
@@ -1099,8 +1102,11 @@ def run_config_from_file(path: Path, overrides: dict[str, Any] | None = None) ->
         return resolve_run_config(load_competition(competition), {**rest, **overrides})
     refused = set(overrides) - set(RUN_FIELDS)
     if refused:
-        raise KbertError(f"{path} is a resolved run config; edit it instead of passing {sorted(refused)} "
-                         f"(only {', '.join(sorted(RUN_FIELDS))} may change on the command line)")
+        flag = {key: SETTINGS[key].metadata.get("flag") or key if key in SETTINGS else key
+                for key in {*refused, *RUN_FIELDS}}  # as they were typed
+        raise KbertError(f"{path} is a resolved run config; edit it instead of passing "
+                         f"{sorted(flag[k] for k in refused)} (only {', '.join(sorted(flag[k] for k in RUN_FIELDS))} "
+                         "may change on the command line)")
     rest.pop("run_id", None)
     check_resolved_keys({"competition": competition, **rest}, f"{path}: ")
     try:

@@ -283,6 +283,13 @@ def test_a_resolved_config_names_its_unknown_keys_and_is_checked_as_its_competit
             run_config_from_file(path)
     path.write_text(yaml.safe_dump(resolved, sort_keys=False))
     assert run_config_from_file(path).to_dict() == resolved  # the run's own round trip
+    with pytest.raises(KbertError, match=r"edit it instead of passing \['--lr'\] \(only --data-dir, --limit-rows, "
+                                         r"--out, --permute-target, --seed, --seeds, --submissions-dir may change"):
+        run_config_from_file(path, {"learning_rate": 0.1})  # named as typed (it said 'learning_rate')
+    (tmp_path / "short.yaml").write_text("competition: titanic\nlr: 0.1\n")
+    with pytest.raises(KbertError, match=r"unknown setting\(s\) 'lr' \(did you mean 'learning_rate', the setting of "
+                                         r"--lr\?\)"):
+        run_config_from_file(tmp_path / "short.yaml")
 
 
 CHOICES = [("model", "pooling"), ("model", "spm_normalization"), ("model", "adapter_checkpoint"),
