@@ -32,7 +32,10 @@ def resolve_data_dir(competition: CompetitionConfig, data_dir: str | Path | None
     default = downloaded if downloaded.is_dir() else BUNDLED_DATA_DIR / competition.name
     path = Path(data_dir or competition.data_dir or default)
     if not path.is_dir():
-        raise KbertError(f"data folder not found: {path}")
+        found = "" if data_dir or competition.data_dir else (
+            f" (competition '{competition.name}' has no bundled data and no {downloaded} from kbert download: give "
+            "--data-dir)")
+        raise KbertError(f"data folder not found: {path}{found}")
     return path
 
 

@@ -58,8 +58,11 @@ def test_nan_target_and_string_in_numeric_column(titanic, data_copy):
 
 
 def test_missing_data_dir(titanic, tmp_path):
-    with pytest.raises(KbertError, match="data folder not found"):
+    with pytest.raises(KbertError, match=rf"^data folder not found: {tmp_path / 'nowhere'}$"):
         load_competition_data(titanic, tmp_path / "nowhere")
+    with pytest.raises(KbertError, match=r"^data folder not found: .*nope \(competition 'nope' has no bundled data and "
+                                         r"no data/nope from kbert download: give --data-dir\)$"):
+        load_competition_data(replace(titanic, name="nope"))
 
 
 def test_unknown_competition():
