@@ -21,7 +21,7 @@ from kbert.errors import KbertError
 from kbert.io import write_text
 from kbert.names import check_name
 from kbert.pipeline.artifacts import check_output_file
-from kbert.pipeline.config import USER_DIR, parse_competition
+from kbert.pipeline.config import USER_DIR, CompetitionConfig, parse_competition
 from kbert.pipeline.data import check_competition_frames, duplicate_report, near_header, plain, read_csv
 from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.tasks import Task, submission_kind
@@ -221,27 +221,26 @@ def check_sample_shape(sample: pd.DataFrame, test: pd.DataFrame, path: Path, id_
                          "and the columns to predict)")
 
 
-def check_writable_submission(competition, train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame | None,
-                              out: Path) -> None:
+def check_writable_submission(competition: CompetitionConfig, train: pd.DataFrame, test: pd.DataFrame,
+                              sample: pd.DataFrame | None) -> None:
     """A run of the YAML can write its submission (the sample's columns, ids and their types): the check `kbert
     run` makes before training (``check_submittable``), made before the YAML is written, so that init never writes
     one that every run refuses."""
     from kbert.pipeline.provenance import Expected
-    from kbert.pipeline.submission import check_submittable
+    from kbert.pipeline.submission import placeholder_submission
     from kbert.pipeline.targets import encode_targets
 
     classes = encode_targets(train, competition).classes  # (as a run's: a binary task's two, or None)
     expected = Expected(competition=competition, inputs={}, train_ids=train[competition.id_column],
                         test_ids=test[competition.id_column], truth=np.zeros(len(train)), classes=classes)
     try:
-        check_submittable(expected, sample, out.with_suffix(".csv"))
+        placeholder_submission(expected, sample, Path(f"the submission of {competition.name}"))
     except KbertError as exc:
-        message = str(exc).split("; checked before training")[0].replace(f"{out.with_suffix('.csv')}: ", "")
-        raise KbertError(f"{message}: no YAML kbert init can infer writes this competition's submission; give "
+        raise KbertError(f"{exc}: no YAML kbert init can infer writes this competition's submission; give "
                          "--id-column or --target, or write the YAML by hand") from None
 
 
-def sample_label_notes(competition, train: pd.DataFrame, sample: pd.DataFrame | None, path: Path | None) -> list[str]:
+def sample_label_notes(competition: CompetitionConfig, train: pd.DataFrame, sample: pd.DataFrame | None, path: Path | None) -> list[str]:
     """A line for each label column of the sample whose values are not the target's (0 for yes/no, No for no): a
     placeholder, or another spelling the competition wants; the submission writes the target's values."""
     if sample is None or submission_kind(competition.task, competition.value_columns) != "label":
@@ -348,7 +347,7 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
     competition = parse_competition(yaml.safe_load(text), out)
     check_competition_frames(competition, train, test, sample,  # as `kbert run` would
                              (train_path, test_path, Path(sample_path) if sample_path else None))
-    check_writable_submission(competition, train, test, sample, out)
+    check_writable_submission(competition, train, test, sample)
     write_text(out, header + text)
     for line in sample_label_notes(competition, train, sample, Path(sample_path) if sample_path else None):
         log(line)

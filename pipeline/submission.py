@@ -119,10 +119,15 @@ def check_submittable(expected: Expected, sample: pd.DataFrame | None, path: Pat
     """The submission of ``expected``'s test rows can be written (its ids, columns and dtypes against the sample
     submission), checked with placeholder predictions before any training: a refusal after the last fold loses the
     whole run."""
-    columns = expected.columns
-    table = np.full((len(expected.test_ids), len(columns)), 1.0 / len(columns) if expected.classes else 0.5)
     try:
-        predictions_submission(expected, native(expected.competition.task, table), 0.5, sample, path)
+        placeholder_submission(expected, sample, path)
     except KbertError as exc:  # (its ids and their dtype come from the test file and the sample submission)
         raise KbertError(f"{exc}; checked before training, with placeholder predictions: see the test file and the "
                          "sample submission") from None
+
+
+def placeholder_submission(expected: Expected, sample: pd.DataFrame | None, path: Path) -> pd.DataFrame:
+    """The submission of ``expected``'s test rows with placeholder predictions, checked as the real one will be."""
+    columns = expected.columns
+    table = np.full((len(expected.test_ids), len(columns)), 1.0 / len(columns) if expected.classes else 0.5)
+    return predictions_submission(expected, native(expected.competition.task, table), 0.5, sample, path)

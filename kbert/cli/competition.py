@@ -41,7 +41,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from kbert.pipeline.config import load_competition
     from kbert.pipeline.data import load_competition_data, read_csv
     from kbert.pipeline.submission import validate_submission
-
     from kbert.pipeline.targets import encode_targets
     from kbert.tasks import Task
 
