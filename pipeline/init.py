@@ -240,7 +240,8 @@ def check_writable_submission(competition: CompetitionConfig, train: pd.DataFram
                          "--id-column or --target, or write the YAML by hand") from None
 
 
-def sample_label_notes(competition: CompetitionConfig, train: pd.DataFrame, sample: pd.DataFrame | None, path: Path | None) -> list[str]:
+def sample_label_notes(competition: CompetitionConfig, train: pd.DataFrame, sample: pd.DataFrame | None,
+                       path: Path | None) -> list[str]:
     """A line for each label column of the sample whose values are not the target's (0 for yes/no, No for no): a
     placeholder, or another spelling the competition wants; the submission writes the target's values."""
     if sample is None or submission_kind(competition.task, competition.value_columns) != "label":
