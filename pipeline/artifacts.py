@@ -209,6 +209,21 @@ def sealed(record: dict, leave_out: tuple[str, ...] = ()) -> dict:
     return {**record, "record_sha256": record_fingerprint(record, leave_out)}
 
 
+def unchanged_record(path: Path, record: dict, timings: tuple[str, ...]) -> dict:
+    """The sealed record already at ``path`` when it says what ``record`` says but for its ``timings``: a rerun of
+    a finished run (nothing trained) leaves its metrics.json as it was, with the wall time of the run that made it,
+    and the ensembles sealed to it keep working. Else ``record``."""
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return record
+    ignored = {*timings, "record_sha256"}
+    if not isinstance(old, dict) or seal_broken(old) or \
+            {k: v for k, v in old.items() if k not in ignored} != {k: v for k, v in record.items() if k not in ignored}:
+        return record
+    return old
+
+
 def seal_broken(record: dict, leave_out: tuple[str, ...] = ()) -> bool:
     """A sealed record that no longer says what it was sealed with (edited); one from before seals is not."""
     return "record_sha256" in record and record["record_sha256"] != record_fingerprint(record, leave_out)

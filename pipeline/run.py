@@ -26,8 +26,8 @@ from kbert.models.adapters import weights_fingerprint
 from kbert.models.heads import predict
 from kbert.pipeline.artifacts import (RunResult, check_resumable, check_run_outputs, config_fingerprint, fold_layout,
                                       fold_name, input_fingerprint, lock_message, lock_run_folder, missing_fold_part,
-                                      new_run_id, read_finished_fold, score_summary, sealed, write_folds_table,
-                                      write_predictions, write_run_config)
+                                      new_run_id, read_finished_fold, score_summary, sealed, unchanged_record,
+                                      write_folds_table, write_predictions, write_run_config)
 from kbert.pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature
 from kbert.pipeline.config import RunConfig, pretrained_elsewhere
 from kbert.pipeline.data import data_warnings, input_rows, load_competition_data
@@ -438,7 +438,7 @@ def write_run_artifacts(inputs: RunInputs, paths: RunPaths, folds: list[FoldPred
         write_npz(run_dir / "outputs.npz", {"oof": predictions.oof_outputs, "test": predictions.test_outputs})
         submission_path = write_predictions_submission(expected, final.test, final.threshold,
                                                        inputs.sample_submission, paths.submission)
-        write_json(run_dir / "metrics.json", sealed({
+        metrics = sealed({
             **score_summary(run_id, comp, inputs.metric, final.cv, inputs.threshold, records), **final.extra,
             "tokens": budget, "head": inputs.head.to_dict(), "wall_time_s": round(seconds, 2),
             "blas": runtime.status().blas.identity(), "device": current_device(), "backend": backend(),
@@ -447,6 +447,7 @@ def write_run_artifacts(inputs: RunInputs, paths: RunPaths, folds: list[FoldPred
             "submission": str(submission_path), "inputs": inputs.inputs, "config_sha256": config_fingerprint(config),
             "predictions_sha256": predictions_sha256,
             "warnings": inputs.warnings,
-        }))
+        })
+        write_json(run_dir / "metrics.json", unchanged_record(run_dir / "metrics.json", metrics, ("wall_time_s",)))
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=[r["score"] for r in records], cv_score=final.cv,
                      metric=comp.metric, submission_path=submission_path, seconds=seconds)

@@ -79,6 +79,12 @@ def test_sigkill_after_a_fold_then_rerun_keeps_the_finished_folds_and_matches_an
         pd.testing.assert_frame_equal(pd.read_csv(runs / "resumed" / name), pd.read_csv(runs / "uninterrupted" / name),
                                       check_exact=False, rtol=0, atol=1e-6)
     assert (runs / "resumed" / "folds.csv").read_text() == (runs / "uninterrupted" / "folds.csv").read_text()
+    # A rerun of the finished run trains nothing and leaves its metrics.json as it was (its wall time became the
+    # rerun's, which broke every ensemble sealed to it)
+    before = (runs / "uninterrupted" / "metrics.json").read_bytes()
+    again = run_kbert(tmp_path, "uninterrupted", "--fold-processes", processes)
+    assert again.returncode == 0, again.stderr
+    assert (runs / "uninterrupted" / "metrics.json").read_bytes() == before
 
 
 def test_ctrl_c_stops_with_a_resume_message_and_a_rerun_with_other_settings_is_refused(tmp_path):
