@@ -19,7 +19,7 @@ import pandas as pd
 from sklearn.decomposition import PCA
 
 from kbert.errors import KbertError
-from kbert.io import atomic_write, write_json
+from kbert.io import atomic_write, file_sha256, write_json
 from kbert.models.encoders import load_encoder, max_tokens, trains_from_scratch
 from kbert.models.pooling import Pooler
 from kbert.models.tokenizer import special_token_id
@@ -53,9 +53,10 @@ class EmbeddingSource:
 
     def describe(self) -> dict:
         """What config.yaml records."""
-        if self.run_dir is not None:
+        if self.run_dir is not None:  # (its metrics.json's sha256: which run, for predict and package to check)
             return {"source": self.spec, "kind": "fine-tuned run", "run_dir": str(self.run_dir),
-                    "pooling": self.run_config.model.pooling, "components": COMPONENTS}
+                    "pooling": self.run_config.model.pooling, "components": COMPONENTS,
+                    "metrics_sha256": file_sha256(self.run_dir / "metrics.json")}
         return {"source": self.spec, "kind": "pretrained encoder", "pooling": "mean, L2-normalised",
                 "max_length": self.max_length, "components": COMPONENTS}
 
@@ -76,12 +77,15 @@ def run_folder(spec: str, comp_dir: Path) -> Path | None:
 
 
 def open_embedding_source(spec: str, config: RunConfig, comp_dir: Path, expected: Expected,
-                          fold_of_row: np.ndarray, with_test: bool = True) -> EmbeddingSource:
+                          fold_of_row: np.ndarray, with_test: bool = True, made_with: dict | None = None
+                          ) -> EmbeddingSource:
     """The checked source, before the baseline writes anything: a run must be a finished kbert run made for this
     competition and these data files (pipeline/provenance.py; without ``with_test``, predicting new rows, its
-    training file only), on these folds, with every fold model; an encoder must load."""
+    training file only), on these folds, with every fold model; an encoder must load. ``made_with``: what the
+    baseline's config.yaml recorded of its source, which a run must still be (``check_source_run``)."""
     run_dir = run_folder(spec, comp_dir)
     if run_dir is not None:
+        check_source_run(run_dir, made_with or {})
         return open_run_source(spec, run_dir, config, expected, fold_of_row, with_test)
     if trains_from_scratch(spec):
         raise KbertError(f"--embeddings {spec}: a from-scratch encoder has no trained weights; pass a finished run "
@@ -95,6 +99,17 @@ def open_embedding_source(spec: str, config: RunConfig, comp_dir: Path, expected
     max_length = min(config.train.max_length, limit) if limit is not None else config.train.max_length
     return EmbeddingSource(spec=spec, name=source_name(spec), encoder=encoder, tokenizer=tokenizer,
                            max_length=max_length)
+
+
+def check_source_run(run_dir: Path, made_with: dict) -> None:
+    """The source run is the one the baseline was made with: its metrics.json (which seals its predictions) has the
+    sha256 the baseline recorded. A run trained again under its name fed its new embeddings to PCA and models
+    fitted on the old ones (every row predicted 1.0). A baseline of an older kbert recorded none."""
+    sealed = made_with.get("metrics_sha256")
+    if sealed is not None and (not (run_dir / "metrics.json").is_file()
+                               or file_sha256(run_dir / "metrics.json") != sealed):
+        raise KbertError(f"--embeddings {run_dir}: not the run this baseline was made with (its metrics.json changed "
+                         "since: trained again, or replaced); train the baseline again")
 
 
 def open_run_source(spec: str, run_dir: Path, config: RunConfig, expected: Expected,

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from kbert.errors import KbertError
 from kbert.io import make_folder, read_json, read_text, removed_on_refusal, write_json, write_text
+from kbert.ensembles.embedding_features import check_source_run
 from kbert.ensembles.predict import check_all_rows, checked_ensemble, embedding_spec, is_baseline
 from kbert.pipeline.artifacts import member_folder_of
 from kbert.pipeline.config import RunConfig, find_competition, read_yaml
@@ -148,9 +149,14 @@ def check_predictable(folder: Path, config: RunConfig) -> None:
 
 
 def embedding_runs(folder: Path) -> list[Path]:
-    """The run an embedding baseline reads its fold models from (it predicts through them)."""
+    """The run an embedding baseline reads its fold models from (it predicts through them), the one it was made
+    with."""
     embeddings = read_yaml(folder / "config.yaml").get("embeddings") or {}
-    return [Path(embedding_spec(folder, embeddings))] if embeddings.get("run_dir") else []
+    if not embeddings.get("run_dir"):
+        return []
+    source = Path(embedding_spec(folder, embeddings))
+    check_source_run(source, embeddings)
+    return [source]
 
 
 def pretrained_encoders(saved: dict) -> set[str]:

@@ -76,7 +76,7 @@ def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, da
     source = None
     if saved.get("embeddings"):
         source = open_embedding_source(embedding_spec(run_dir, saved["embeddings"]), config, run_dir.parent,
-                                       expected, folds, with_test=False)
+                                       expected, folds, with_test=False, made_with=saved["embeddings"])
     tables = []
     for k, (fold_dir, models) in enumerate(zip(fold_dirs, fitted)):
         frame = new_features

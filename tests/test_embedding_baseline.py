@@ -11,9 +11,11 @@ import pytest
 import yaml
 
 from kbert.ensembles.baseline import run_baseline
-from kbert.ensembles.embedding_features import COMPONENTS, REDUCER_FILE, cached_vectors, source_name
+from kbert.ensembles.embedding_features import (COMPONENTS, REDUCER_FILE, cached_vectors, check_source_run,
+                                               source_name)
 from kbert.ensembles.members import load_member
 from kbert.errors import KbertError
+from kbert.io import file_sha256
 from kbert.models.encoders import build_encoder, save_encoder
 from kbert.models.tokenizer import train_wordpiece
 from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition, resolve_run_config
@@ -112,6 +114,13 @@ def test_a_fine_tuned_source_gives_a_member_in_the_run_format(fine_tuned, capsys
     member_dir = runs / NAME / "baseline-hgb-emb-tuned-seed42"
     config = yaml.safe_load((member_dir / "config.yaml").read_text())
     assert config["embeddings"]["source"] == "tuned" and config["embeddings"]["kind"] == "fine-tuned run"
+    # which run: predict and package refuse a source trained again under its name (its new embeddings went to
+    # reducers and models fitted on the old ones, and every row was predicted 1.0)
+    assert config["embeddings"]["metrics_sha256"] == file_sha256(source_dir / "metrics.json")
+    check_source_run(source_dir, config["embeddings"])
+    with pytest.raises(KbertError, match=r"not the run this baseline was made with \(its metrics\.json changed since: "
+                                         r"trained again, or replaced\); train the baseline again$"):
+        check_source_run(source_dir, {**config["embeddings"], "metrics_sha256": "0" * 64})
     pd.testing.assert_frame_equal(pd.read_csv(member_dir / "folds.csv"), pd.read_csv(source_dir / "folds.csv"))
     for k in range(2):  # the tiny run's encoder is 32 wide: 32 components of its pooled vectors, per fold
         saved = reducer(member_dir, k)
