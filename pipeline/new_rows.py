@@ -112,9 +112,9 @@ def new_row_features(comp: CompetitionConfig, train: pd.DataFrame, test: pd.Data
     read the train and test rows together (Titanic's ticket group sizes), so it runs over the training rows, the
     competition's test rows and those of ``rows`` that are not among them. A test row keeps the features it had in
     the run, in any subset or order; a row the test does not hold (another id, or other values) joins the
-    context, as the rows of Kaggle's hidden test do. The training rows keep the features they had in the run (a
-    new row sharing a ticket with a training row does not change that row's group size): the fold's fitted
-    statistics are refitted on them and must match the saved ones."""
+    context, as the rows of Kaggle's hidden test do. The training and test rows keep the features they had in the
+    run (a new row sharing a ticket with one does not change its group size): the fold's fitted statistics are
+    refitted on the training rows and must match the saved ones."""
     columns, id_column = list(comp.columns), comp.id_column
     new, train = rows[columns].reset_index(drop=True), train[columns]  # as input_rows reads them
     if not comp.features:
@@ -124,14 +124,15 @@ def new_row_features(comp: CompetitionConfig, train: pd.DataFrame, test: pd.Data
     values = new.set_index(id_column).to_numpy(object)
     in_test = new[id_column].isin(known.index).to_numpy() & ((same == values) |
                                                               (pd.isna(same) & pd.isna(values))).all(axis=1)
-    context = pd.concat([test[columns], new[~in_test]], ignore_index=True)
-    train_features, context_features = add_features(comp.features, train, context)
-    if not in_test.all():  # as the run made them, from the training and test rows only
-        train_features, _ = add_features(comp.features, train, test[columns])
+    train_features, pool = add_features(comp.features, train, test[columns])  # as the run made them
+    if not in_test.all():  # the rows the test lacks, made with them in the context
+        _, context_features = add_features(comp.features, train,
+                                           pd.concat([test[columns], new[~in_test]], ignore_index=True))
+        pool = pd.concat([pool, context_features.iloc[len(test):]], ignore_index=True)
     first = pd.Series(np.arange(len(test)), index=test[id_column].to_numpy()).groupby(level=0).first()
     positions = np.where(in_test, first.reindex(new[id_column]).fillna(0).to_numpy(int),
                          len(test) + np.cumsum(~in_test) - 1)
-    return train_features, context_features.iloc[positions].set_index(rows.index)
+    return train_features, pool.iloc[positions].set_index(rows.index)
 
 
 def refitted(transform, train_rows: pd.DataFrame, saved: Path):

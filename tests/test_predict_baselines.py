@@ -110,8 +110,8 @@ def test_skops_files_load_only_the_trusted_types(tmp_path):
 
 
 def test_new_rows_get_the_features_the_test_rows_had():
-    """Titanic's TicketGroupSize counts a ticket over train and test: a test row keeps its count in any subset;
-    a row the test does not hold joins the count."""
+    """Titanic's TicketGroupSize counts a ticket over train and test: a test row keeps its count in any subset and
+    beside any new row; a row the test does not hold is counted with the others for its own count."""
     comp = load_competition("titanic")
     data = load_competition_data(comp)
     train = data.train.drop(columns=comp.target_columns)
@@ -123,7 +123,8 @@ def test_new_rows_get_the_features_the_test_rows_had():
     shared = data.test[data.test.duplicated("Ticket", keep=False)].iloc[[0]]
     twin = shared.assign(PassengerId=99999)  # a new passenger on a ticket the test holds
     _, rows = new_row_features(comp, train, data.test, pd.concat([shared, twin]))
-    assert rows["TicketGroupSize"].tolist() == [full.loc[shared.index[0], "TicketGroupSize"] + 1] * 2
+    before = full.loc[shared.index[0], "TicketGroupSize"]
+    assert rows["TicketGroupSize"].tolist() == [before, before + 1]
 
 
 def test_a_new_row_on_a_training_ticket_leaves_the_training_rows_features_as_the_run_made_them():
@@ -138,6 +139,12 @@ def test_a_new_row_on_a_training_ticket_leaves_the_training_rows_features_as_the
     train_features, rows = new_row_features(comp, train, data.test, newcomer)
     pd.testing.assert_frame_equal(train_features, as_run)
     assert rows["TicketGroupSize"].item() == as_run.loc[0, "TicketGroupSize"] + 1
+    # and the test rows theirs: a copy of a test passenger under a new id, predicted with the test file, left the
+    # test row's group size as the run had it (it counted the copy)
+    _, full = new_row_features(comp, train, data.test, data.test)
+    shared = data.test.iloc[[0]]
+    _, both = new_row_features(comp, train, data.test, pd.concat([data.test, shared.assign(PassengerId=99999)]))
+    pd.testing.assert_frame_equal(both.iloc[: len(data.test)], full)
 
 
 @pytest.mark.slow
