@@ -920,7 +920,15 @@ ACTS_ONLY_WITH = (
     ("adapter_checkpoint", lambda c, m, t, h: m.adapter != "none", "an --adapter"),
     ("dropout_samples", lambda c, m, t, h: m.head_dropout > 0,
      "a --head-dropout above 0 (without dropout the samples are one)"),
+    ("augment", lambda c, m, t, h: augments(c.text), "text augmentation (text.shuffle_columns, paraphrase or jitter)"),
+    ("tta", lambda c, m, t, h: augments(c.text), "text augmentation (text.shuffle_columns, paraphrase or jitter)"),
+    ("average_best", lambda c, m, t, h: t.epochs >= 2, "two or more --epochs (one has no epochs to average)"),
 )
+
+
+def augments(text: TextConfig) -> bool:
+    """Whether a row's serializations can differ (what --augment and --tta draw)."""
+    return text.shuffle_columns or text.paraphrase or text.jitter > 0
 
 
 BERT_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_dropout_prob",
@@ -1155,6 +1163,10 @@ def check_resolved_config(config: RunConfig, where: str) -> None:
     check_settings({name: getattr(config, name) for name in RUN_FIELDS}, lambda key: f"{where}{key}")
     check_competition_settings(config.competition, f"{where}competition.")
     check_competition(config.competition, f"{where}competition: ")
+    try:  # (as resolve_run_config checks the settings it resolves)
+        check_inert_settings(config.competition, config.model, config.train, config.head)
+    except KbertError as exc:
+        raise KbertError(f"{where}{exc}") from None
     from kbert.models.encoders import trains_from_scratch
 
     for key in (*BERT_SIZES, "vocab_size"):  # a run records these as resolved (defaults, or the YAML's training:)

@@ -273,6 +273,8 @@ def test_a_resolved_config_names_its_unknown_keys_and_is_checked_as_its_competit
              r"competition: columns\.Age has dtype 'complex'"),
             (lambda c: c["competition"].update(classes=[0, 1, 2]),
              r"competition: a binary task's classes are \[negative, positive\], got \[0, 1, 2\]$"),
+            (lambda c: c["head"].update(huber_delta=3.0),  # (a binary task: the flags' refusal, now here too)
+             r"huber_delta 3\.0 acts only with --loss huber; here it would be ignored: drop it$"),
             (lambda c: c["model"].update(num_attention_heads=3),
              r"model\.num_attention_heads 3: encoder 'bert-tiny' has its own, and a run of it records 4; put that "
              r"back$")):
