@@ -47,7 +47,8 @@ def validate_submission(frame: pd.DataFrame, sample: pd.DataFrame | None, compet
         first = int(np.flatnonzero(frame[id_column].to_numpy() != reference.to_numpy())[0])
         raise KbertError(f"{source}: ids in '{id_column}' are not in the sample submission's order "
                          f"(row {first + 1}: {frame[id_column].iloc[first]}, expected {reference.iloc[first]})")
-    labels = competition.binary_classes if competition.task == Task.BINARY else classes
+    labels = (competition.binary_classes if competition.task == Task.BINARY else [0, 1]
+              if competition.task == Task.MULTILABEL else classes)  # (a multilabel label column holds 0/1)
     scores = submission_kind(competition.task, competition.value_columns) == "score"  # probabilities
     for column, dtype in competition.submission_columns.items():
         values = frame[column]

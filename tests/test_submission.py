@@ -189,6 +189,9 @@ def test_a_multiclass_label_column_holds_the_training_classes(titanic, sample):
     frame.loc[5, "Survived"] = "fish"
     with pytest.raises(KbertError, match=r"'Survived' must hold class labels bird, cat or dog, found \['fish'\]"):
         validate_submission(frame, sample, animals, classes=["bird", "cat", "dog"])
+    labels = replace(titanic, task="multilabel", target=["Survived"])  # a multilabel label column holds 0/1
+    with pytest.raises(KbertError, match=r"'Survived' must hold class labels 0 or 1, found \[2\]"):
+        validate_submission(pd.DataFrame({"PassengerId": sample["PassengerId"], "Survived": 2}), sample, labels)
 
 
 def test_multilabel_labels_take_one_cut_or_one_per_label_however_it_is_held():
