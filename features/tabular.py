@@ -64,9 +64,10 @@ class TabularFeatures:
             if len(kept) and kept.sum() >= counts.sum() / 2:  # repeats enough to be a category, not an id
                 categories[c] = sorted(kept.index)
         if not numeric and not categories:
-            numbers = [c for c in columns if is_number[c]]
-            why = (f"the numeric ones ({', '.join(numbers)}) are left to the text by text.numbers: words, and every "
-                   "other" if numbers else "every text") + " column is id-like or free text"
+            numbers = ", ".join(c for c in columns if is_number[c])
+            cause = "missing on every training row" if self.numbers else "left to the text by text.numbers: words"
+            why = (f"the numeric ones ({numbers}) are {cause}, and every other column is id-like or free text"
+                   if numbers else "every text column is id-like or free text")
             raise KbertError(f"fusion: no numeric or categorical columns among {columns} ({why}); use --fusion none")
         transformer = None
         if numeric:

@@ -65,6 +65,9 @@ def test_a_numeric_column_missing_on_every_training_row_is_left_out_without_nump
         features = TabularFeatures(exclude=("Id",)).fit(rows)
         numeric, _ = features.transform(ROWS)
     assert features.numeric_columns_ == [] and numeric.shape == (8, 0)
+    with pytest.raises(KbertError, match=r"among \['Age'\] \(the numeric ones \(Age\) are missing on every training "
+                                         r"row, and every other column is id-like or free text\)"):
+        TabularFeatures(columns=["Age"]).fit(rows)  # (not 'left to the text by text.numbers: words')
 
 
 def test_words_only_numbers_and_tables_without_columns():
