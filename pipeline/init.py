@@ -82,8 +82,9 @@ def infer_targets(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame 
             return [str(c) for c in values]
         target = per_class_target(train, test, sample)
         if target is None:
-            raise KbertError(f"the sample submission's columns {list(map(str, values))} are neither "
-                             "training columns nor the classes of one; pass --target")
+            others = [str(c) for c in values if c not in train.columns]
+            raise KbertError(f"the sample submission's column(s) {others} are neither training columns nor the "
+                             "classes of one; pass --target")
         return [target]
     only_train = [c for c in train.columns if c not in test.columns]
     if not only_train:  # some test files carry the target as an empty column
@@ -236,8 +237,8 @@ def check_writable_submission(competition: CompetitionConfig, train: pd.DataFram
     try:
         placeholder_submission(expected, sample, Path(f"the submission of {competition.name}"))
     except KbertError as exc:
-        raise KbertError(f"{exc}: no YAML kbert init can infer writes this competition's submission; give "
-                         "--id-column or --target, or write the YAML by hand") from None
+        raise KbertError(f"{exc}: no YAML kbert init can infer writes this competition's submission; write the "
+                         "YAML by hand (kbert init --target and --id name the columns it cannot tell)") from None
 
 
 def sample_label_notes(competition: CompetitionConfig, train: pd.DataFrame, sample: pd.DataFrame | None,
@@ -247,8 +248,8 @@ def sample_label_notes(competition: CompetitionConfig, train: pd.DataFrame, samp
     if sample is None or submission_kind(competition.task, competition.value_columns) != "label":
         return []
     lines = []
-    for column in competition.value_columns:
-        if column not in train.columns:
+    for column, dtype in competition.value_columns.items():
+        if column not in train.columns or dtype == "bool":  # (True/False: written as the sample writes them)
             continue
         targets = {str(plain(v)) for v in train[column].dropna().unique()}
         found = sorted({str(plain(v)) for v in sample[column].dropna().unique()} - targets)

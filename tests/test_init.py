@@ -367,6 +367,8 @@ def test_init_writes_no_yaml_whose_submission_every_run_refuses(tmp_path):
     _, test = small_pair(data, [0, 1])
     files = DataFiles(data / "train.csv", data / "test.csv", data / "sample_submission.csv")
     pd.DataFrame({"id": test["id"], "y": 0, "Usage": "Public"}).to_csv(files.sample, index=False)
+    with pytest.raises(KbertError, match=r"^the sample submission's column\(s\) \['Usage'\] are neither training "):
+        init_competition("extra", files, out=tmp_path / "extra.yaml")  # (it named y, a training column, too)
     with pytest.raises(KbertError, match=r"^sample submission sample_submission\.csv: columns \['id', 'y', 'Usage'\] "
                                          r"differ from the expected \['id', 'y'\]: no YAML kbert init can infer"):
         init_competition("extra", files, out=tmp_path / "extra.yaml", target="y")
@@ -391,6 +393,14 @@ def test_init_says_when_the_sample_holds_labels_the_target_does_not(tmp_path):
     assert lines == ["note: sample_submission.csv column 'y' holds 0, not the target's values (no, yes); the "
                      "submission writes the target's values: if the competition wants the sample's, map them in the "
                      "training file"]
+    lines.clear()  # a 0/1 target under a sample of False: the submission writes True/False, as the sample does
+    data = tmp_path / "b"
+    small_pair(data, [0, 1, 1])
+    pd.DataFrame({"id": test["id"], "y": False}).to_csv(data / "sample_submission.csv", index=False)
+    spec = yaml.safe_load(init_competition("bools", DataFiles(data / "train.csv", data / "test.csv",
+                                                              data / "sample_submission.csv"),
+                                           out=tmp_path / "bools.yaml", log=lines.append).read_text())
+    assert spec["submission"]["columns"]["y"] == "bool" and lines == []
     data = tmp_path / "f"
     _, test = small_pair(data, [1.5, 2.5, 1.5])
     files = DataFiles(data / "train.csv", data / "test.csv", data / "sample_submission.csv")
