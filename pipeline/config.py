@@ -784,6 +784,8 @@ def check_competition(competition: CompetitionConfig, where: str) -> None:
     check_known("text.serializer", competition.text.serializer, SERIALIZERS, where)
     if competition.features:
         check_known("features", competition.features, FEATURES, where)
+    if competition.classes is not None and any(c is None for c in competition.classes):
+        raise KbertError(f"{where}classes holds null (an empty, ~ or null entry): name every class")
     if task == Task.BINARY and competition.classes is not None and len(competition.classes) != 2:
         raise KbertError(f"{where}a binary task's classes are [negative, positive], got {competition.classes}")
     answers = [c for c in competition.text.columns or [] if c in (competition.id_column, *competition.target_columns)]

@@ -182,6 +182,9 @@ def not_zero_one(path: Path, task: str, column: str, distinct: list) -> KbertErr
                       f"({shown}); {fix}")
 
 
+YAML_BOOLEANS = ("yes", "no", "on", "off", "true", "false")  # words PyYAML reads as true or false
+
+
 def check_targets(train: pd.DataFrame, competition: CompetitionConfig, path: Path) -> None:
     """Each task's target columns hold what that task needs; no missing or infinite values. A binary target holds
     0/1 (or True/False), or the two values its YAML names as ``classes: [negative, positive]``."""
@@ -223,8 +226,12 @@ def check_targets(train: pd.DataFrame, competition: CompetitionConfig, path: Pat
             unseen = [v for v in distinct if v not in competition.classes]
             if unseen:
                 row = int(values.isin(unseen).to_numpy().argmax()) + 2
+                booleans = any(isinstance(c, bool) for c in competition.classes) and \
+                    any(str(v).lower() in YAML_BOOLEANS for v in unseen)
                 raise KbertError(f"{path}: {task} target '{column}' has class(es) {', '.join(map(repr, unseen))} "
-                                 f"(row {row}) that the YAML's classes {competition.classes} do not list")
+                                 f"(row {row}) that the YAML's classes {competition.classes} do not list"
+                                 + ("; YAML reads unquoted yes, no, on and off as true and false: quote them "
+                                    "(classes: ['no', 'yes'])" if booleans else ""))
 
 
 def load_competition_data(competition: CompetitionConfig, data_dir: str | Path | None = None) -> CompetitionData:
