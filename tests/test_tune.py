@@ -825,3 +825,11 @@ def test_a_finished_trials_line_gives_the_fold_scores_in_fold_order(monkeypatch)
     result = SimpleNamespace(fold_scores=[0.82, 0.80], cv_score=0.81, run_dir="r", seconds=1.0)
     assert objective.record_result(trial, None, result, 1.0) == pytest.approx(0.81)
     assert logged == [[0.82, 0.80]] and trial.user_attrs["fold_scores"] == [0.82, 0.8]
+
+
+def test_each_worker_and_each_rerun_draws_with_its_own_sampler_seed():
+    """--seed S seeded every rerun's sampler alike: a resumed study proposed its first run's trials again."""
+    from kbert.tune.workers import sampler_seed
+
+    seeds = {sampler_seed(1, worker, trials) for worker in range(3) for trials in (0, 1, 4)}
+    assert len(seeds) == 9 and sampler_seed(1, 0, 4) == sampler_seed(1, 0, 4) != sampler_seed(2, 0, 4)

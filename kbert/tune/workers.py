@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
@@ -144,6 +145,13 @@ def cores_shared(workers: int) -> Iterator[None]:
         yield
 
 
+def sampler_seed(seed: int, worker: int, trials: int) -> int:
+    """A worker's sampler seed from --seed, the worker and the trials the study holds when it starts: each worker,
+    and each rerun of the study (which resumes it), draws anew; the same history gives the same seeds. --seed S
+    alone made every rerun propose the trials the first run had proposed."""
+    return int(np.random.SeedSequence([seed, worker, trials]).generate_state(1)[0])
+
+
 def run_worker(options: TuneOptions, worker: int = 0, started: float | None = None,
                parent_pid: int | None = None) -> int:
     """Optimize in this process until the study has ``options.trials`` finished trials or time runs out.
@@ -155,8 +163,8 @@ def run_worker(options: TuneOptions, worker: int = 0, started: float | None = No
     # after load_study, which sets WARNING: failures are logged by the objective, one line each, not with
     # Optuna's traceback (a trial stopped at the deadline is no error)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    if options.sampler_seed is not None:  # workers must not propose the same parameters
-        study.sampler = make_sampler(options.sampler_seed + worker)
+    if options.sampler_seed is not None:  # neither workers nor reruns may propose the same parameters again
+        study.sampler = make_sampler(sampler_seed(options.sampler_seed, worker, len(study.get_trials(deepcopy=False))))
     objective = make_objective(TrialContext(options, competition, params, directory, worker, started,
                                             parent_pid=parent_pid))
     heartbeats = heartbeats_of(options, directory)
