@@ -193,6 +193,9 @@ def test_space_errors_and_competition_overrides(tmp_path):
                                          r"\(\['lora'\]\): it would never be sampled; drop it from the space with "
                                          r"'full: null'$"):
         parse_space({"adapter": ["lora"], "full": {"set": "learning_rate", "value": 1e-5, "when": {"adapter": "none"}}})
+    with pytest.raises(KbertError, match=r"^space: 'encoder': choice 2 'bert-huge' is no encoder \(did you mean "
+                                         r"'bert-base'\?\)"):
+        parse_space({"encoder": ["bert-tiny", "bert-huge"]}, "space")  # (only the trials drawing it failed)
     # true/false settings and serializer names were checked trial by trial: every trial of the night failed
     with pytest.raises(KbertError, match=r"^space: 'calibrate': choice 1 must be true or false, got 'no'$"):
         parse_space({"calibrate": ["no", "off"]}, "space")

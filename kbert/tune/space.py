@@ -251,6 +251,19 @@ def check_entry_values(entry: dict, target: str, where: str) -> None:
             from kbert.features import SERIALIZERS
 
             check_known(f"{where}: {key}", value, [*SERIALIZERS, "competition"])
+        if target == "encoder":
+            check_encoder_name(value, f"{where}: {key}")
+
+
+def check_encoder_name(name: str, where: str) -> None:
+    """An encoder a trial can build: a size to train from scratch, a shipped name, a model folder or a Hub id (a
+    typo failed every trial that drew it, through the night). Loads MLX: called after ``runtime.setup()``."""
+    from kbert.models.encoders import SHIPPED, is_pretrained_name, preset_names, trains_from_scratch
+
+    if not (trains_from_scratch(name) or is_pretrained_name(name)):
+        raise KbertError(f"{where} '{name}' is no encoder{did_you_mean(name, ['bert', *SHIPPED, *preset_names()])}: "
+                         "give a size to train from scratch (bert, bert-tiny, ...), a shipped name, a model folder or "
+                         "a Hugging Face Hub id (org/name)")
 
 
 ENCODER_KINDS = ("pretrained", "scratch")  # `when: {encoder: pretrained}` holds for every pretrained encoder
