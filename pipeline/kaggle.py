@@ -176,14 +176,17 @@ def _secrets() -> list[str]:
     values += [key, str(_read_json(config_dir() / "kaggle.json").get("key") or "")]
     if key:
         values.append(base64.b64encode(f"{username}:{key}".encode()).decode())
-    return sorted({v for value in values for v in (value, value.strip()) if len(v) >= 6}, key=len, reverse=True)
+    forms = {form for value in values for v in (value, value.strip())  # as given, and as messages print it
+             for form in (v, v.encode("unicode_escape").decode("ascii"), repr(v)[1:-1])}
+    return sorted((v for v in forms if len(v) >= 6), key=len, reverse=True)
 
 
 def _redact(text: str) -> str:
-    """``text`` with every credential value replaced by ``***``."""
+    """``text`` with every credential value (also as an escaped string prints it) and any value of an
+    Authorization header replaced by ``***``."""
     for secret in _secrets():
         text = text.replace(secret, "***")
-    return text
+    return re.sub(r"\b(Bearer|Basic)\s+[\w+/=\\-]+", r"\1 ***", text)
 
 
 # ---------------------------------------------------------------- the kaggle package
@@ -236,21 +239,48 @@ class _Captured(io.StringIO):
         super().__init__()
         self.echo = echo
 
+    said: set[str] = set()  # the warnings said in this process: the package repeats them at each authentication
+
     def write(self, text: str) -> int:
-        if "Will retry" in text or text.lstrip().startswith("Warning:"):
+        warning = text.lstrip().startswith("Warning:")
+        if warning and text.strip() in self.said:
+            return super().write(text)
+        if warning:
+            self.said.add(text.strip())
+        if "Will retry" in text or warning:
             self.echo.write(f"kaggle: {_redact(' '.join(text.split()))}\n")
             self.echo.flush()
         return super().write(text)
+
+
+class _Retrying(logging.Handler):
+    """urllib3's notices of the retries it makes itself (a file upload's: 'Retrying (Retry(total=9 ...)) after
+    connection broken by ...'), passed on to ``echo``, redacted: the upload of a package retried for 6 minutes
+    with nothing on the screen."""
+
+    def __init__(self, echo: Any):
+        super().__init__(logging.WARNING)
+        self.echo = echo
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("Retrying"):
+            self.echo.write(f"kaggle: {_redact(' '.join(message.split()))}\n")
+            self.echo.flush()
 
 
 @contextmanager
 def _silenced(occasion: str) -> Iterator[None]:
     """The kaggle package's prints (stdout and stderr) go to the debug log, redacted; retry notices to stderr."""
     captured = _Captured(sys.stderr)
+    retrying = _Retrying(sys.stderr)
+    connections = logging.getLogger("urllib3.connectionpool")
+    connections.addHandler(retrying)
     try:
         with redirect_stdout(captured), redirect_stderr(captured):
             yield
     finally:
+        connections.removeHandler(retrying)
         output = _redact(captured.getvalue()).strip()
         if output:
             log.debug("kaggle package output%s: %s", occasion, output)
@@ -266,7 +296,10 @@ def _translated(slug: str, source: str, kind: str = "competition") -> Iterator[N
             yield
     except SystemExit:  # authenticate() calls exit(1) when no credential works
         raise KbertError(_bad_credentials(source)) from None
-    except ValueError as exc:  # the package's own checks; a header value with a line break (a token's) in http.client
+    except ValueError as exc:  # the package's own checks; http.client's of a header value (a credential's)
+        if "header" in str(exc) or isinstance(exc, UnicodeEncodeError):
+            raise KbertError(f"the Kaggle credential from {source} holds a line break or a character a request "
+                             "cannot carry (a byte-order mark, a curly quote): write it again as plain text") from None
         raise KbertError(f"the kaggle package refused the request for '{slug}': {_redact(str(exc))}") from None
     except requests.HTTPError as exc:
         raise KbertError(_http_error(exc, slug, source, kind)) from None

@@ -937,3 +937,36 @@ def test_the_packages_warnings_are_said(capsys):
         print("Warning: Your Kaggle API key is readable by other users on this system! To fix this, you can run "
               "'chmod 600 /h/.kaggle/kaggle.json'")
     assert capsys.readouterr().err.startswith("kaggle: Warning: Your Kaggle API key is readable by other users")
+
+
+def test_a_token_with_a_line_break_inside_says_so_and_never_shows(server, login, kbert):
+    """A line break inside the token reached http.client's header check, whose message printed the header escaped
+    ('Bearer KGAT_secret\\\\ntoken'): redaction missed it."""
+    inside = "KGAT_secret\ntoken_9f8e7d"
+    login("token-env", token=inside)
+    result = kbert("submissions", "titanic")
+    assert one_line_error(result) == (
+        "kbert: error: the Kaggle credential from KAGGLE_API_TOKEN environment variable holds a line break or a "
+        "character a request cannot carry (a byte-order mark, a curly quote): write it again as plain text")
+    from kbert.pipeline.kaggle import _redact
+
+    escaped = inside.encode("unicode_escape").decode()
+    assert _redact(f"Invalid header value b'Bearer {escaped}'") == "Invalid header value b'Bearer ***'"
+    assert "secret" not in _redact(repr(inside)) and "token_9f8e7d" not in _redact(repr(inside))
+
+
+def test_retries_the_connection_layer_makes_are_said_and_a_warning_once(login, capsys):
+    """A file upload retried inside urllib3 for 6 minutes with nothing on the screen; the package's warning of a
+    readable key file was said twice."""
+    from kbert.pipeline.kaggle import _silenced
+
+    login("token-env")
+    with _silenced(""):
+        logging.getLogger("urllib3.connectionpool").warning(
+            "Retrying (Retry(total=9, connect=None)) after connection broken by 'ProtocolError' for Bearer %s: "
+            "/upload/blob", TOKEN)
+        for _ in range(2):
+            print("Warning: Your Kaggle API key is readable by other users on this system!")
+    assert capsys.readouterr().err.splitlines() == [
+        "kaggle: Retrying (Retry(total=9, connect=None)) after connection broken by 'ProtocolError' for Bearer ***: "
+        "/upload/blob", "kaggle: Warning: Your Kaggle API key is readable by other users on this system!"]
