@@ -538,6 +538,57 @@ def check_dataset_id(value: Any, what: str) -> None:
                          "(the notebook's is SLUG-predict)")
 
 
+DATASET_FIELDS = {"title": str, "id": str, "licenses": list, "description": str, "subtitle": str, "keywords": list}
+KERNEL_FIELDS = {"id": str, "title": str, "code_file": str, "language": str, "kernel_type": str, "is_private": bool,
+                 "enable_gpu": bool, "enable_internet": bool, "dataset_sources": list, "competition_sources": list,
+                 "kernel_sources": list}
+
+
+def check_metadata(path: Path, fields: dict[str, type], required: tuple[str, ...]) -> dict:
+    """A package's metadata file as kbert package writes it: each field of its type (a list of text; licenses of
+    {name: text}), so that the kaggle package gets nothing it would raise a traceback on, after an upload."""
+    from kbert.io import read_json
+
+    values = read_json(path, required=required)
+    for key, kind in fields.items():
+        value = values.get(key)
+        if key not in values and key not in required:
+            continue
+        fits = isinstance(value, kind) and (kind is not list or all(
+            isinstance(item, dict) and isinstance(item.get("name"), str) if key == "licenses" else isinstance(item, str)
+            for item in value))
+        if not fits:
+            shape = {str: "text", bool: "true or false", list: "a list of {name: text}" if key == "licenses" else
+                     "a list of text"}[kind]
+            raise KbertError(f"{path}: {key} must be {shape}, got {value!r}; run kbert package again")
+    return values
+
+
+def check_push_folders(dataset_dir: Path, notebook_dir: Path) -> tuple[str, str]:
+    """The dataset and notebook folders of a package hold what kbert package wrote (edited since or not): their
+    metadata's fields of the right types, ids Kaggle takes, the notebook reading the dataset, its code file inside
+    its folder, and no hidden file or link (everything in the folders is uploaded). Their ids."""
+    metadata = check_metadata(dataset_dir / "dataset-metadata.json", DATASET_FIELDS, ("id", "title", "licenses"))
+    check_dataset_id(metadata["id"], f"{dataset_dir / 'dataset-metadata.json'}: id")
+    notebook = check_metadata(notebook_dir / "kernel-metadata.json", KERNEL_FIELDS, ("id", "code_file"))
+    kernel, code = notebook["id"], notebook_dir / notebook["code_file"]
+    where = notebook_dir / "kernel-metadata.json"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*/[a-z0-9][a-z0-9-]*", kernel):
+        raise KbertError(f"{where}: id {kernel!r}: give it as OWNER/SLUG, the slug lowercase letters, digits and '-'")
+    if metadata["id"] not in notebook.get("dataset_sources", []):
+        raise KbertError(f"{where}: dataset_sources does not name the dataset {metadata['id']}, which the notebook "
+                         "installs kbert from; run kbert package again")
+    if code.resolve().parent != notebook_dir.resolve() or not code.is_file():
+        raise KbertError(f"{notebook_dir}: no {notebook['code_file']} in it, the code_file its kernel-metadata.json "
+                         "names; run kbert package again")
+    for folder in (dataset_dir, notebook_dir):
+        stray = next((p for p in sorted(folder.rglob("*")) if p.is_symlink() or p.name.startswith(".")), None)
+        if stray is not None:
+            raise KbertError(f"{stray}: a {'link' if stray.is_symlink() else 'hidden file'} in the package, which "
+                             "push would upload to Kaggle; kbert package writes none: remove it")
+    return metadata["id"], kernel
+
+
 def push_package(dataset_dir: Path, notebook_dir: Path, notes: str) -> list[str]:
     """Create the dataset of ``dataset_dir`` (its dataset-metadata.json's id), or add a version when it exists, wait
     until Kaggle has processed it, then push the notebook of ``notebook_dir``; one line per step."""
@@ -545,20 +596,7 @@ def push_package(dataset_dir: Path, notebook_dir: Path, notes: str) -> list[str]
 
     import requests
 
-    from kbert.io import read_json
-
-    metadata = Path(dataset_dir) / "dataset-metadata.json"
-    dataset = read_json(metadata, required=("id",))["id"]
-    check_dataset_id(dataset, f"{metadata}: id")  # (as kbert package wrote it, unless edited since)
-    dataset = str(dataset)
-    notebook = read_json(Path(notebook_dir) / "kernel-metadata.json", required=("id", "code_file"))
-    kernel = str(notebook["id"])
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*/[a-z0-9][a-z0-9-]*", kernel):
-        raise KbertError(f"{Path(notebook_dir) / 'kernel-metadata.json'}: id {notebook['id']!r}: give it as "
-                         "OWNER/SLUG, the slug lowercase letters, digits and '-'")
-    if not (Path(notebook_dir) / str(notebook["code_file"])).is_file():  # checked before the dataset goes up
-        raise KbertError(f"{notebook_dir}: no {notebook['code_file']}, the code_file its kernel-metadata.json names; "
-                         "run kbert package again")
+    dataset, kernel = check_push_folders(Path(dataset_dir), Path(notebook_dir))  # before anything goes up
     api, source = _connect(dataset)
     lines = []
     with _translated(dataset, source, "dataset"):

@@ -856,7 +856,7 @@ def test_push_failures_are_one_line(server, login, kbert, tmp_path, uploads_here
         kbert("push", package))
     del server.fail["CreateDataset"]
     kernel = json.loads((package / "notebook" / "kernel-metadata.json").read_text())
-    kernel["dataset_sources"] = ["someone/not-there"]
+    kernel["dataset_sources"] = [*kernel["dataset_sources"], "someone/not-there"]
     (package / "notebook" / "kernel-metadata.json").write_text(json.dumps(kernel))
     assert "did not take the notebook kbert-tester/kbert-titanic-other-predict: unknown sources someone/not-there" \
         in one_line_error(kbert("push", package))
@@ -865,8 +865,8 @@ def test_push_failures_are_one_line(server, login, kbert, tmp_path, uploads_here
     server.seen.clear()
     (package / "notebook" / NOTEBOOK_NAME).unlink()
     assert one_line_error(kbert("push", package)) == (
-        f"kbert: error: {package / 'notebook'}: no {NOTEBOOK_NAME}, the code_file its kernel-metadata.json names; run "
-        "kbert package again")
+        f"kbert: error: {package / 'notebook'}: no {NOTEBOOK_NAME} in it, the code_file its kernel-metadata.json "
+        "names; run kbert package again")
     assert server.seen == []
 
 
@@ -885,13 +885,42 @@ def test_push_of_an_edited_dataset_id_is_refused_before_any_request(server, logi
     login("token-env")
     package = hand_made_package(tmp_path, f"{USERNAME}/kbert-titanic-edited")
     metadata = package / "dataset" / "dataset-metadata.json"
-    for edited in ("noslash", f"{USERNAME}/", 123, f"{USERNAME}/Bad Slug!"):
-        metadata.write_text(json.dumps({**json.loads(metadata.read_text()), "id": edited}))
+    made = json.loads(metadata.read_text())
+    for edited in ("noslash", f"{USERNAME}/", f"{USERNAME}/Bad Slug!"):
+        metadata.write_text(json.dumps({**made, "id": edited}))
         server.seen.clear()
         assert one_line_error(kbert("push", package)) == (
             f"kbert: error: {metadata}: id {edited!r}: give it as OWNER/SLUG, the slug 6-42 lowercase letters, "
             "digits and '-' (the notebook's is SLUG-predict)")
         assert server.seen == []
+    # every field of either metadata file of the type the kaggle package reads (a title of 5, a license of 5, a
+    # source of 5 raised tracebacks, some after the dataset was uploaded), the notebook's code inside its folder and
+    # reading the dataset, and nothing hidden or linked in the folders (all of it is uploaded)
+    kernel_path = package / "notebook" / "kernel-metadata.json"
+    kernel = json.loads(kernel_path.read_text())
+    outside = tmp_path / "outside.py"
+    outside.write_text("print('elsewhere')")
+    for path, edit, says in (
+            (metadata, {"id": 123}, "id must be text, got 123"),
+            (metadata, {"title": 5}, "title must be text, got 5"),
+            (metadata, {"licenses": [{"name": 5}]}, "licenses must be a list of {name: text}, got [{'name': 5}]"),
+            (metadata, {"keywords": "abc"}, "keywords must be a list of text, got 'abc'"),
+            (kernel_path, {"dataset_sources": [5]}, "dataset_sources must be a list of text, got [5]"),
+            (kernel_path, {"competition_sources": "titanic"}, "competition_sources must be a list of text"),
+            (kernel_path, {"enable_internet": "no"}, "enable_internet must be true or false, got 'no'"),
+            (kernel_path, {"dataset_sources": ["someone/else-entirely"]},
+             f"dataset_sources does not name the dataset {USERNAME}/kbert-titanic-edited"),
+            (kernel_path, {"code_file": str(outside)}, f"no {outside} in it, the code_file")):
+        original = {metadata: made, kernel_path: kernel}
+        path.write_text(json.dumps({**original[path], **edit}))
+        server.seen.clear()
+        assert says in one_line_error(kbert("push", package))
+        assert server.seen == []
+        path.write_text(json.dumps(original[path]))
+    (package / "dataset" / ".env").write_text("SECRET=1")
+    assert one_line_error(kbert("push", package)) == (
+        f"kbert: error: {package / 'dataset' / '.env'}: a hidden file in the package, which push would upload to "
+        "Kaggle; kbert package writes none: remove it")
 
 
 def test_the_packages_retry_notices_are_said_as_they_happen(login, capsys):
