@@ -953,6 +953,16 @@ def check_scratch_sizes(model: ModelConfig, given: set[str]) -> None:
                              f"encoder '{model.encoder}' has its own: drop it")
 
 
+def unused_sizes_reset(model: ModelConfig) -> ModelConfig:
+    """``model`` with the sizes its encoder does not use at their defaults: a competition's ``training:`` sizes for
+    ``bert`` were recorded in the config.yaml of a bert-tiny run, which trained at its own."""
+    from kbert.models.encoders import trains_from_scratch
+
+    unused = [*(BERT_SIZES if model.encoder != "bert" else ()),
+              *(("vocab_size",) if not trains_from_scratch(model.encoder) else ())]
+    return replace(model, **{key: SETTINGS[key].default for key in unused})
+
+
 def check_inert_settings(competition: CompetitionConfig, model: ModelConfig, train: TrainConfig,
                          head: HeadOptions) -> None:
     """No setting is set where it would not act (``ACTS_ONLY_WITH``, read with the epochs resolved): one line naming
@@ -1027,6 +1037,7 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
                          f"scratch, so every weight trains anyway; drop --adapter or pass a pretrained --encoder")
     check_reinit_layers(model)
     check_scratch_sizes(model, {k for k, v in (overrides or {}).items() if v is not None})
+    model = unused_sizes_reset(model)
     # Fine-tuning every weight of a pretrained encoder: a low rate over few epochs, decayed (on Disaster Tweets,
     # minilm-l6 at 1e-5 for 4 epochs beat 2e-5, 3e-5 and 5e-5: benchmarks/NOTES.md). Adapters train few weights
     # from zero: a LoRA-sized rate.
@@ -1118,6 +1129,9 @@ def run_config_from_file(path: Path, overrides: dict[str, Any] | None = None) ->
                          f"{sorted(flag[k] for k in refused)} (only {', '.join(sorted(flag[k] for k in RUN_FIELDS))} "
                          "may change on the command line)")
     rest.pop("run_id", None)
+    if "baseline" in rest:
+        raise KbertError(f"{path}: a baseline's config (baseline: {rest['baseline']}); kbert baseline trains one, "
+                         "kbert run --config takes a run's")
     check_resolved_keys({"competition": competition, **rest}, f"{path}: ")
     try:
         config = run_config_from_dict({"competition": competition, **rest})
@@ -1141,9 +1155,9 @@ def check_resolved_keys(data: dict[str, Any], where: str) -> None:
     for name, cls in RESOLVED_SECTIONS.items():
         parent, _, leaf = name.rpartition(".")
         holder = sections[parent][0] if parent in sections else None
-        value = holder.get(leaf) if isinstance(holder, dict) else None
-        if value is None:
+        if not isinstance(holder, dict) or leaf not in holder:
             continue  # missing: said by the reading below (a missing head is the defaults)
+        value = holder[leaf]
         if not isinstance(value, dict):
             raise KbertError(f"{where}{name} must be a mapping, got {value!r}")
         sections[name] = (value, {f.name for f in fields(cls)})
@@ -1171,11 +1185,11 @@ def check_resolved_config(config: RunConfig, where: str) -> None:
         raise KbertError(f"{where}{exc}") from None
     from kbert.models.encoders import trains_from_scratch
 
-    for key in (*BERT_SIZES, "vocab_size"):  # a run records these as resolved (defaults, or the YAML's training:)
-        recorded = config.competition.training.get(key, SETTINGS[key].default)
+    for key in (*BERT_SIZES, "vocab_size"):  # a run records these at their defaults (before: the YAML's training:)
+        recorded = (SETTINGS[key].default, config.competition.training.get(key, SETTINGS[key].default))
         sized = config.model.encoder == "bert" or (key == "vocab_size" and trains_from_scratch(config.model.encoder))
-        if not sized and getattr(config.model, key) != recorded:
+        if not sized and getattr(config.model, key) not in recorded:
             raise KbertError(f"{where}model.{key} {getattr(config.model, key)!r}: encoder '{config.model.encoder}' "
-                             f"has its own, and a run of it records {recorded!r}; put that back")
+                             f"has its own, and a run of it records {recorded[0]!r}; put that back")
     check_model_sizes(config.model, f"{where}model: ")
     check_reinit_layers(config.model, f"{where}model: ")
