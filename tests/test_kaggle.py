@@ -943,8 +943,10 @@ def test_a_submit_that_lost_the_connection_says_to_look_before_submitting_again(
     login("token-env")
     submission = tmp_path / "submission.csv"
     shutil.copy(TITANIC / "gender_submission.csv", submission)
-    assert one_line_error(kbert("submit", "titanic", submission, "-m", " ", "--data-dir", TITANIC)) == (
-        "kbert: error: -m/--message is empty: give the submission a description (Kaggle lists it beside the score)")
+    for empty in (" ", "\u200b"):
+        assert one_line_error(kbert("submit", "titanic", submission, "-m", empty, "--data-dir", TITANIC)) == (
+            "kbert: error: -m/--message is empty: give the submission a description (Kaggle lists it beside the "
+            "score)")
     assert server.seen == []
     import requests
     from kaggle.api.kaggle_api_extended import KaggleApi

@@ -106,12 +106,13 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    import unicodedata
     from pathlib import Path
 
     from kbert.errors import KbertError
     from kbert.pipeline.kaggle import submit_file
 
-    if not args.message.strip():
+    if not any(unicodedata.category(c)[0] in "LNPS" for c in args.message):  # (spaces or zero-width characters)
         raise KbertError("-m/--message is empty: give the submission a description (Kaggle lists it beside the score)")
     cmd_validate(args)
     print(submit_file(kaggle_slug(args.competition), Path(args.file), args.message))
