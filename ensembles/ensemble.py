@@ -251,6 +251,15 @@ def ensemble_path(submissions_dir: str, competition: str, name: str) -> Path:
     return Path(submissions_dir) / competition / f"{name}.csv"
 
 
+def check_blended(record_path: Path, member: dict, folder: Path) -> None:
+    """The member ``folder`` is the run the ensemble ``record_path`` blended: its metrics.json (which seals its OOF
+    and test predictions) has the sha256 the record holds for ``member`` (a record of an older kbert holds none)."""
+    sealed, metrics = member.get("metrics_sha256"), folder / "metrics.json"
+    if sealed is not None and (not metrics.is_file() or file_sha256(metrics) != sealed):
+        raise KbertError(f"{record_path}: member {member.get('name')} is not the run the ensemble blended (its "
+                         "metrics.json changed since: trained again, or replaced); run kbert ensemble again")
+
+
 def check_ensemble_name(submissions_dir: str, competition: str, name: str, runs_dir: str) -> None:
     """``--name`` names a submission that can be written and that no run or baseline records as its own (checked
     before the blend is built); an earlier ensemble of that name is replaced, its record with it."""

@@ -21,10 +21,10 @@ from kbert.ensembles.baseline import Baseline, predict_fold
 from kbert.ensembles.baseline_models import MODELS_FILE, load_fold_models
 from kbert.ensembles.blend import Blend, BlendOptions, apply_blend, apply_decision, fit_blend
 from kbert.ensembles.embedding_features import new_rows_with_embeddings, open_embedding_source
-from kbert.ensembles.ensemble import check_record, load_problem
+from kbert.ensembles.ensemble import check_blended, check_record, load_problem
 from kbert.ensembles.members import Member, common_rows
 from kbert.errors import KbertError
-from kbert.io import file_sha256, read_json, read_predictions, write_csv
+from kbert.io import read_json, read_predictions, write_csv
 from kbert.names import check_name
 from kbert.pipeline.artifacts import check_predictions_file, input_paths, predictions_path, read_metrics
 from kbert.pipeline.config import CompetitionConfig, RunConfig, competition_from_dict, read_yaml
@@ -158,10 +158,7 @@ def checked_ensemble(record_path: Path, runs_dir: str | None = None, data_dir: s
     expected = expected_of(comp, data)
     members = [trained_member(Path(runs_dir) / comp.name, name, expected) for name in names]
     for member, recorded in zip(members, record["members"]):
-        sealed = recorded.get("metrics_sha256")  # (a record of an older kbert has none: its refit check below)
-        if sealed is not None and file_sha256(member.path / "metrics.json") != sealed:
-            raise KbertError(f"{record_path}: member {member.name} is not the run the ensemble blended (its "
-                             "metrics.json changed since: trained again, or replaced); run kbert ensemble again")
+        check_blended(record_path, recorded, member.path)
     rows = common_rows(members)
     final = fit_blend(record["method"], np.stack([m.oof[rows] for m in members]), problem.on_rows(rows),
                       np.arange(len(rows)), options)

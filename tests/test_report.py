@@ -207,6 +207,35 @@ def test_ensemble_report(ensemble_sidecar):
     assert f"<td>{sidecar['method']}</td>" in text
 
 
+@pytest.mark.slow
+def test_an_ensemble_report_finds_moved_members_under_out_and_refuses_a_replaced_one(ensemble_sidecar, tmp_path):
+    """Members moved: --out was ignored ('OOF predictions not found'); a member trained again under its name was
+    drawn from its new predictions beside the recorded CV."""
+    import shutil
+
+    from kbert.pipeline.artifacts import sealed
+
+    sidecar = json.loads(ensemble_sidecar.read_text())
+    moved = tmp_path / "moved"
+    for member in sidecar["members"]:
+        shutil.copytree(member["path"], moved / "titanic" / member["name"])
+    record = tmp_path / "e.json"
+    shutil.copy(ensemble_sidecar, record)
+    for member in sidecar["members"]:
+        shutil.move(member["path"], tmp_path / "gone" / member["name"])
+    try:
+        text = assert_report(write_report(str(record), runs_dir=str(moved)), {"correlations.png"})
+        assert "not found" not in text
+        first = moved / "titanic" / sidecar["members"][0]["name"] / "metrics.json"
+        first.write_text(json.dumps(sealed({**json.loads(first.read_text()), "wall_time_s": 1.0})))  # trained again
+        with pytest.raises(KbertError, match=rf"member {sidecar['members'][0]['name']} is not the run the ensemble "
+                                             r"blended"):
+            write_report(str(record), runs_dir=str(moved), output=str(tmp_path / "again"))
+    finally:
+        for member in sidecar["members"]:
+            shutil.move(tmp_path / "gone" / member["name"], member["path"])
+
+
 # ---------------------------------------------------------------- the CLI and errors
 
 

@@ -33,7 +33,7 @@ def write_report(target: str, runs_dir: str = "runs", output: str | None = None)
         check_report_folder(out, f"--output {output}")
     before = kbert_page(out / "index.html")
     with removed_on_refusal():  # each report reads its files before it draws; this takes back any plot drawn anyway
-        page = REPORTS[kind](path, out)
+        page = ensemble_report(path, out, runs_dir) if kind == "ensemble" else REPORTS[kind](path, out)
         page.notes += [f"{name} was not written" for name, _ in page.figures if not (out / name).is_file()]
         page.figures = [(name, caption) for name, caption in page.figures if (out / name).is_file()]
         written = write_text(out / "index.html", render_html(page, source=path))

@@ -15,12 +15,14 @@ from kbert.report.plots import LOG_METRICS, fit_ylim, pyplot, save_figure
 from kbert.report.resolve import ENSEMBLE_KEYS
 
 
-def ensemble_report(path: Path, out: Path) -> Page:
-    """Member weights, the correlations of the members' OOF predictions and the honest CV of each method."""
+def ensemble_report(path: Path, out: Path, runs_dir: str = "runs") -> Page:
+    """Member weights, the correlations of the members' OOF predictions and the honest CV of each method; members
+    are looked for where the sidecar says, then in ``runs_dir`` (--out, where they moved)."""
     from kbert.ensembles.ensemble import check_record
 
     sidecar = check_sidecar(path, check_record(path, read_json(path, required=ENSEMBLE_KEYS)))
-    frames, missing = read_member_predictions(sidecar["members"], path)  # checked before anything is drawn
+    runs = Path(runs_dir) / str(sidecar.get("competition", ""))
+    frames, missing = read_member_predictions(sidecar["members"], path, runs)  # checked before anything is drawn
     page = Page(title=f"Ensemble {path.stem}",
                 subtitle=f"{path} - {sidecar.get('competition', '')}, {sidecar.get('metric', 'score')} "
                          f"({direction(sidecar.get('greater_is_better', True))})")
@@ -125,18 +127,19 @@ def correlation_figure(page: Page, sidecar: dict, frames: dict[str, np.ndarray],
         page.notes.append("fewer than two members' OOF predictions could be read: no correlation heatmap")
 
 
-def member_path(path: str, sidecar: Path) -> Path | None:
+def member_path(path: str, sidecar: Path, name: str, runs: Path) -> Path | None:
     """A member folder as recorded in the sidecar (relative to where kbert ensemble ran); else tried relative to
-    the project folder two levels above the sidecar (submissions/<competition>/)."""
-    for candidate in (Path(path), sidecar.resolve().parent.parent.parent / path):
+    the project folder two levels above the sidecar (submissions/<competition>/); else ``runs``/``name``."""
+    for candidate in (Path(path), sidecar.resolve().parent.parent.parent / path, runs / name):
         if (candidate / "oof.csv").is_file():
             return candidate
     return None
 
 
-def read_member_predictions(members: list[dict], sidecar: Path) -> tuple[dict[str, np.ndarray], list[str]]:
+def read_member_predictions(members: list[dict], sidecar: Path, runs: Path) -> tuple[dict[str, np.ndarray], list[str]]:
     """Each member's OOF predictions as one flat vector, rows aligned on the first member's ids (multi-column
     predictions are flattened row by row); and the names of members whose oof.csv was not found or not aligned."""
+    from kbert.ensembles.ensemble import check_blended
     from kbert.pipeline.artifacts import read_metrics
     from kbert.pipeline.provenance import check_predictions_written
 
@@ -144,10 +147,11 @@ def read_member_predictions(members: list[dict], sidecar: Path) -> tuple[dict[st
     missing = []
     ids = None
     for member in members:
-        folder = member_path(member.get("path", ""), sidecar)
+        folder = member_path(member.get("path", ""), sidecar, member["name"], runs)
         if folder is None:
             missing.append(member["name"])
             continue
+        check_blended(sidecar, member, folder)
         oof = read_predictions(folder / "oof.csv", empty_rows=True)
         check_predictions_written(folder, read_metrics(folder / "metrics.json"), f"{sidecar}: member {member['name']}")
         table = oof.set_index(oof.columns[0])
