@@ -102,7 +102,7 @@ def package_contents(source: Path, competition: str = "") -> Contents:
     run must be of one competition (and of ``competition``, when named)."""
     source = Path(source)
     if source.suffix == ".json":  # the members and blend that kbert predict would read, checked as it checks them
-        ensemble = checked_ensemble(source)
+        ensemble = checked_ensemble(source, moved="if they moved, put them back where kbert ensemble read them")
         record, comp = ensemble.record, ensemble.competition.name
         runs = {member.name: member.path for member in ensemble.members}
     elif (source / "config.yaml").is_file():

@@ -120,6 +120,9 @@ def member_table(folder: Path, data_path: Path, scratch: Path, columns: list[str
     return frame.set_index(frame.columns[0]).loc[ids.to_numpy(), columns].to_numpy(dtype=np.float64)
 
 
+MOVED = "pass --out, the runs folder, if they moved or kbert ran elsewhere"  # (kbert predict's)
+
+
 @dataclass
 class CheckedEnsemble:
     """An ensemble record whose members are the runs it blended and whose blend, refitted, is the one it records."""
@@ -133,7 +136,8 @@ class CheckedEnsemble:
     data_dir: str | None
 
 
-def checked_ensemble(record_path: Path, runs_dir: str | None = None, data_dir: str | None = None) -> CheckedEnsemble:
+def checked_ensemble(record_path: Path, runs_dir: str | None = None, data_dir: str | None = None,
+                     moved: str = MOVED) -> CheckedEnsemble:
     """The ensemble ``record_path`` (the JSON beside its submission), read for predicting: each member is checked
     against the competition and its training file, and is the run the ensemble blended (its metrics.json, which
     seals its OOF and test predictions, has the sha256 the record holds); the chosen blend is refitted on the
@@ -156,7 +160,7 @@ def checked_ensemble(record_path: Path, runs_dir: str | None = None, data_dir: s
     runs_dir = runs_dir if runs_dir is not None else record["runs_dir"]
     data, _, problem = load_problem(comp, data_dir)
     expected = expected_of(comp, data)
-    members = [trained_member(Path(runs_dir) / comp.name, name, expected) for name in names]
+    members = [trained_member(Path(runs_dir) / comp.name, name, expected, moved) for name in names]
     for member, recorded in zip(members, record["members"]):
         check_blended(record_path, recorded, member.path)
     rows = common_rows(members)
@@ -216,14 +220,15 @@ def write_new_submission(expected: Expected, data, ids: pd.Series, table: np.nda
                                         sample if same_rows else None, out)
 
 
-def trained_member(competition_dir: Path, name: str, expected: Expected) -> Member:
+def trained_member(competition_dir: Path, name: str, expected: Expected, moved: str = MOVED) -> Member:
     """A member as the ensemble blended it: checked against the competition and its training file (not its test
-    file: the rows to predict may come with another one, as on Kaggle's rerun), its OOF predictions."""
+    file: the rows to predict may come with another one, as on Kaggle's rerun), its OOF predictions. ``moved``:
+    what to do when the runs folder is not there."""
     for part in name.split("/"):  # a run id or <study>/trial-NNNN, never a path out of the runs folder
         check_name(part, f"member {name!r}:")
     folder = competition_dir / name
     if not (folder / "metrics.json").is_file():
-        hint = "" if competition_dir.is_dir() else "; pass --out, the runs folder, if they moved or kbert ran elsewhere"
+        hint = "" if competition_dir.is_dir() else f"; {moved}"
         raise KbertError(f"member {name}: no finished run in {competition_dir} (no metrics.json){hint}")
     checked = check_member(folder, expected, f"member {name}", with_test=False)
     return Member(name=name, path=folder, cv=float(checked.metrics["cv"]), oof=checked.oof, test=checked.test,
