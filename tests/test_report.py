@@ -188,8 +188,13 @@ def test_a_study_report_links_only_the_plots_optuna_drew(study_dir, tmp_path, mo
         raise ValueError("cannot draw")
 
     monkeypatch.setattr(optuna_plots, "plot_parallel_coordinate", refuse)
+    before = {p.name: p.stat().st_mtime_ns for p in (study_dir / "report").glob("*")}
     page = write_report(str(study_dir), output=str(tmp_path / "elsewhere"))
     assert_report(page, {"history.png", "fold_scores.png"})
+    # only where the report goes: the study's own report/ was rewritten, and best.yaml named that copy
+    assert {p.name: p.stat().st_mtime_ns for p in (study_dir / "report").glob("*")} == before
+    assert f"kbert run --config {(tmp_path / 'elsewhere' / 'best.yaml').resolve()}" in \
+        (tmp_path / "elsewhere" / "best.yaml").read_text()
     assert not (tmp_path / "elsewhere" / "parallel_coordinate.png").exists()
     assert "note: parallel_coordinate.png skipped: cannot draw" in capsys.readouterr().err
 

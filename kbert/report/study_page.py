@@ -4,13 +4,10 @@ fold plots. Optuna is imported only when a study is reported."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
-from kbert.io import atomic_write
 from kbert.report.page import Page, direction, format_score
 from kbert.report.run_page import fold_figures, read_histories
-from kbert.report.resolve import REPORT_FOLDER
 
 STUDY_PLOTS = ("history.png", "importances.png", "parallel_coordinate.png")  # drawn by kbert.tune.write_report
 
@@ -28,8 +25,7 @@ def study_report(directory: Path, out: Path) -> Page:
     study, competition, _, _ = load_study(options, create=False, check=False)
     ranked = ranked_trials(study)
     best_run = read_best_trial(trial_dir(directory, ranked[0].number)) if ranked else None  # before any drawing
-    tune_dir = directory / REPORT_FOLDER
-    write_tune_plots(options, tune_dir, out)  # refuses a study without a completed trial
+    write_tune_plots(options, out)  # refuses a study without a completed trial
     best = ranked[0]
     best_dir = trial_dir(directory, best.number)
 
@@ -44,7 +40,7 @@ def study_report(directory: Path, out: Path) -> Page:
                   ("best trial's CV (all OOF rows)", format_score(best.user_attrs.get("oof_cv")))]
     if default:
         page.facts.append(("default configuration (trial 0)", format_score(default[0].value)))
-    page.facts.append(("reproduce", f"kbert run --config {tune_dir / 'best.yaml'}"))
+    page.facts.append(("reproduce", f"kbert run --config {out / 'best.yaml'}"))
     page.facts.append(("the best trial's confusion/residual plots", f"kbert report {best_dir}"))
     page.figures = [("history.png", "Objective (mean fold score) of every trial and the best so far."),
                     ("importances.png", "How much each parameter explains of the objective (fANOVA)."),
@@ -70,18 +66,14 @@ def read_best_trial(best_dir: Path) -> tuple[dict, dict[str, list[dict]]] | None
     return read_metrics(best_dir / "metrics.json", required=("cv", "metric")), read_histories(best_dir)
 
 
-def write_tune_plots(options, tune_dir: Path, out: Path) -> None:
-    """Optuna's plots and best.yaml, drawn afresh by ``kbert.tune.write_report`` into ``tune_dir`` (the study's
-    report folder) and copied to ``out`` when the report goes elsewhere."""
+def write_tune_plots(options, out: Path) -> None:
+    """Optuna's plots and best.yaml, drawn afresh by ``kbert.tune.write_report`` into ``out`` (nothing is written
+    outside the folder the report goes to)."""
     from kbert.tune import write_report as write_tune_report
 
     for name in STUDY_PLOTS:  # drawn again below; one it skips this time must not linger from an earlier report
-        (tune_dir / name).unlink(missing_ok=True)
-    write_tune_report(options)
-    if out.resolve() != tune_dir.resolve():
-        for name in (*STUDY_PLOTS, "best.yaml"):
-            if (tune_dir / name).is_file():
-                atomic_write(out / name, lambda p, source=tune_dir / name: shutil.copyfile(source, p))
+        (out / name).unlink(missing_ok=True)
+    write_tune_report(options, out)
 
 
 def trial_states(trials: list) -> dict[str, int]:

@@ -64,9 +64,10 @@ def best_config(study: optuna.Study, directory: Path) -> dict:
     return config
 
 
-def write_report(options: TuneOptions) -> Path:
-    """Print the best trials; write best.yaml and the history/importance/parallel-coordinate PNGs. With an
-    artifact store, the best trial's folder (and its weights, when kept) is fetched first."""
+def write_report(options: TuneOptions, report_dir: Path | None = None) -> Path:
+    """Print the best trials; write best.yaml and the history/importance/parallel-coordinate PNGs into
+    ``report_dir`` (default: the study's report/). With an artifact store, the best trial's folder (and its
+    weights, when kept) is fetched first."""
     study, competition, _, directory = load_study(options, create=False, check=False)
     if options.artifacts and study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         fetch_trials(study, open_artifact_store(options.artifacts), directory, {study.best_trial.number}, weights=True)
@@ -74,7 +75,7 @@ def write_report(options: TuneOptions) -> Path:
     completed = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if not completed:
         raise KbertError(f"study '{options.study}' has no completed trial yet")
-    report_dir = directory / "report"  # made by its first write: a refused report leaves no empty folder
+    report_dir = report_dir or directory / "report"  # made by its first write: a refused report leaves none
     best_yaml = write_best_yaml(study, options, competition.name, competition.metric, directory, report_dir)
     plots = write_plots(study, report_dir, len(completed))
     if plots is not None:
