@@ -56,9 +56,9 @@ def add_parser(commands) -> None:
     add_number(tune, "--prune-p", float, {"at_least": 0, "at_most": 1},
                help="Wilcoxon p-value threshold; larger prunes more (default: the study's; a new study 0.2, "
                     "after 3 of 5 folds)")
-    add_number(tune, "--keep-top", int, {"at_least": 0}, default=3,
+    add_number(tune, "--keep-top", int, {"at_least": 0},
                help="keep fold weights of the best N trials (default 3)")
-    add_number(tune, "--heartbeat", float, {"above": 0}, default=30.0,
+    add_number(tune, "--heartbeat", float, {"above": 0},
                help="seconds between heartbeats; a trial silent for 4 is stale and retried (default 30)")
     add_number(tune, "--seed", int, "seed", dest="sampler_seed", help="the TPE sampler's seed (default: random)")
     add_setting(tune, "folds", help="number of CV folds for every trial")
@@ -69,9 +69,9 @@ def add_parser(commands) -> None:
                       help="do not tune: print the best trials, write plots and best.yaml to <study>/report/")
     tune.add_argument("--dashboard", action="store_true",
                       help="do not tune: serve optuna-dashboard on the study's storage (Ctrl-C stops it)")
-    add_number(tune, "--port", int, {"at_least": 1, "at_most": 65535}, default=8080,
+    add_number(tune, "--port", int, {"at_least": 1, "at_most": 65535},
                help="the dashboard's port (default 8080)")
-    tune.add_argument("--host", default="127.0.0.1",
+    tune.add_argument("--host",
                       help="the dashboard's address (default 127.0.0.1; 0.0.0.0 to reach it from other machines)")
     tune.set_defaults(handler=cmd_tune)
 
@@ -91,7 +91,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                  if getattr(args, name) is not None}
     options = TuneOptions(competition=args.competition, study=args.study, storage=args.storage or "", trials=trials,
                           timeout=timeout, workers=args.workers or 1, space=args.space or "", pruner=args.pruner or "",
-                          prune_p=args.prune_p, keep_top=args.keep_top, heartbeat=args.heartbeat,
+                          prune_p=args.prune_p, heartbeat=args.heartbeat or TuneOptions.heartbeat,
+                          keep_top=TuneOptions.keep_top if args.keep_top is None else args.keep_top,
                           sampler_seed=args.sampler_seed, overrides=overrides, out_dir=args.out_dir,
                           artifacts=args.artifacts or "", db_wait=args.db_wait)
     if args.dashboard:
@@ -113,7 +114,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 # what only tuning reads: --report and --dashboard read the study as it is (its own settings)
 TUNING_OPTIONS = {"trials": "--trials", "timeout": "--timeout", "workers": "--workers", "space": "--space",
                   "pruner": "--pruner", "prune_p": "--prune-p", "sampler_seed": "--seed", "folds": "--folds",
-                  "limit_rows": "--limit-rows"}
+                  "limit_rows": "--limit-rows", "keep_top": "--keep-top", "heartbeat": "--heartbeat"}
+DASHBOARD_OPTIONS = {"port": "--port", "host": "--host"}  # what only --dashboard reads
 
 
 def check_mode(args: argparse.Namespace) -> None:
@@ -136,3 +138,6 @@ def check_mode(args: argparse.Namespace) -> None:
              if getattr(args, dest) is not None and not from_environment(dest)]
     if mode and given:
         raise KbertError(f"{mode} reads the study with its own settings, and does not tune: drop {', '.join(given)}")
+    served = [flag for dest, flag in DASHBOARD_OPTIONS.items() if getattr(args, dest) is not None]
+    if served and not args.dashboard:
+        raise KbertError(f"{', '.join(served)} acts only with --dashboard; here it would be ignored: drop it")

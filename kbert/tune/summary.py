@@ -132,7 +132,7 @@ def write_plots(study: optuna.Study, report_dir: Path, completed: int) -> list[P
     return written
 
 
-def serve_dashboard(options: TuneOptions, host: str, port: int) -> int:
+def serve_dashboard(options: TuneOptions, host: str | None = None, port: int | None = None) -> int:
     """``kbert tune --dashboard``: optuna-dashboard on the study's storage (and its artifact folder), until
     Ctrl-C. The storage is read where the workers write it, so the page follows the study live."""
     import shutil
@@ -144,6 +144,7 @@ def serve_dashboard(options: TuneOptions, host: str, port: int) -> int:
     from kbert.tune.storage import journal_path, repair_journal
     from kbert.tune.study import study_dir
 
+    host, port = host or "127.0.0.1", port or 8080  # (--host and --port's defaults)
     program = shutil.which("optuna-dashboard", path=os.pathsep.join([str(Path(sys.executable).parent),
                                                                      os.environ.get("PATH", "")]))
     if program is None:
