@@ -158,6 +158,9 @@ def load_pool(competition: CompetitionConfig, spec: EnsembleSpec, *, runs_dir: s
               log) -> Pool:
     """The members of ``spec.members`` under ``runs_dir``, on the rows they all cover, and the outer splits."""
     data, targets, problem = load_problem(competition, data_dir)
+    if spec.blend_options.decision != "auto" and problem.cut_metric is None:
+        raise KbertError(f"--threshold {spec.blend_options.decision} acts only where the submission or the metric reads "
+                         "class labels (a cut-off, or class weights); here it would be ignored: drop it")
     expected = expected_of(competition, data)
     members = select_members(Path(runs_dir) / competition.name, spec.members, expected,
                              problem.metric.greater_is_better, log=log)
