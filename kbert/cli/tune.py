@@ -138,6 +138,8 @@ def check_mode(args: argparse.Namespace) -> None:
              if getattr(args, dest) is not None and not from_environment(dest)]
     if mode and given:
         raise KbertError(f"{mode} reads the study with its own settings, and does not tune: drop {', '.join(given)}")
+    if args.prune_p is not None and args.pruner not in (None, "wilcoxon"):  # (another study's: its settings differ)
+        raise KbertError("--prune-p acts only with --pruner wilcoxon; here it would be ignored: drop it")
     served = [flag for dest, flag in DASHBOARD_OPTIONS.items() if getattr(args, dest) is not None]
     if served and not args.dashboard:
         raise KbertError(f"{', '.join(served)} acts only with --dashboard; here it would be ignored: drop it")

@@ -162,13 +162,9 @@ def open_study(options: TuneOptions, competition: CompetitionConfig, entries: di
                          f"'{made_for}', not '{competition.name}'")
     claim_folder(study, directory, options, create)
     stored = None if new else study.user_attrs.get("settings")
-    given_p = options.prune_p
     if stored is not None:
         adopt_settings(options, stored)
     options.pruner = options.pruner or DEFAULT_PRUNER
-    if given_p is not None and options.pruner != "wilcoxon":
-        raise KbertError(f"--prune-p acts only with --pruner wilcoxon, and study '{options.study}' prunes with "
-                         f"{options.pruner}; here it would be ignored: drop it")
     options.prune_p = DEFAULT_PRUNE_P if options.prune_p is None else options.prune_p
     study.pruner = make_pruner(options.pruner, options.prune_p)
     if stored is not None:
