@@ -23,6 +23,7 @@ from kbert.io import atomic_write, file_sha256, write_json
 from kbert.models.encoders import load_encoder, max_tokens, trains_from_scratch
 from kbert.models.pooling import Pooler
 from kbert.models.tokenizer import special_token_id
+from kbert.pipeline.artifacts import is_the_run
 from kbert.pipeline.config import RunConfig, read_yaml, run_config_from_file
 from kbert.pipeline.embed import pooled_vectors
 from kbert.pipeline.fold import make_serializer, tokenize
@@ -105,9 +106,7 @@ def check_source_run(run_dir: Path, made_with: dict) -> None:
     """The source run is the one the baseline was made with: its metrics.json (which seals its predictions) has the
     sha256 the baseline recorded. A run trained again under its name fed its new embeddings to PCA and models
     fitted on the old ones (every row predicted 1.0). A baseline of an older kbert recorded none."""
-    sealed = made_with.get("metrics_sha256")
-    if sealed is not None and (not (run_dir / "metrics.json").is_file()
-                               or file_sha256(run_dir / "metrics.json") != sealed):
+    if not is_the_run(run_dir, made_with.get("metrics_sha256")):
         raise KbertError(f"--embeddings {run_dir}: not the run this baseline was made with (its metrics.json changed "
                          "since: trained again, or replaced); train the baseline again")
 

@@ -19,7 +19,7 @@ from kbert.ensembles.blend import (METHODS, Blend, BlendOptions, HonestResult, P
 from kbert.ensembles.members import Member, common_rows, select_members
 from kbert.errors import KbertError
 from kbert.io import file_sha256, write_json, written_together
-from kbert.pipeline.artifacts import check_output_file, recorded_submissions, seal_broken, sealed
+from kbert.pipeline.artifacts import check_output_file, is_the_run, recorded_submissions, seal_broken, sealed
 from kbert.pipeline.config import CompetitionConfig, FoldConfig
 from kbert.pipeline.data import CompetitionData, load_competition_data
 from kbert.pipeline.splits import make_folds, row_groups
@@ -257,8 +257,7 @@ def ensemble_path(submissions_dir: str, competition: str, name: str) -> Path:
 def check_blended(record_path: Path, member: dict, folder: Path) -> None:
     """The member ``folder`` is the run the ensemble ``record_path`` blended: its metrics.json (which seals its OOF
     and test predictions) has the sha256 the record holds for ``member`` (a record of an older kbert holds none)."""
-    sealed, metrics = member.get("metrics_sha256"), folder / "metrics.json"
-    if sealed is not None and (not metrics.is_file() or file_sha256(metrics) != sealed):
+    if not is_the_run(folder, member.get("metrics_sha256")):
         raise KbertError(f"{record_path}: member {member.get('name')} is not the run the ensemble blended (its "
                          "metrics.json changed since: trained again, or replaced); run kbert ensemble again")
 

@@ -209,6 +209,13 @@ def sealed(record: dict, leave_out: tuple[str, ...] = ()) -> dict:
     return {**record, "record_sha256": record_fingerprint(record, leave_out)}
 
 
+def is_the_run(folder: Path, metrics_sha256: str | None) -> bool:
+    """Whether ``folder`` is the run a record was made with: its metrics.json (which seals its predictions) has the
+    sha256 the record holds (a record of an older kbert holds none: True)."""
+    metrics = Path(folder) / "metrics.json"
+    return metrics_sha256 is None or (metrics.is_file() and file_sha256(metrics) == metrics_sha256)
+
+
 def unchanged_record(path: Path, record: dict, timings: tuple[str, ...]) -> dict:
     """The sealed record already at ``path`` when it says what ``record`` says but for its ``timings``: a rerun of
     a finished run (nothing trained) leaves its metrics.json as it was, with the wall time of the run that made it,

@@ -28,12 +28,12 @@ from kbert.models.tokenizer import read_tokenizer
 from kbert.pipeline.artifacts import (check_predictions_file, fold_layout, fold_name, input_paths, missing_fold_part,
                                       predictions_path, read_metrics, verify_fold_files)
 from kbert.pipeline.calibration import apply_temperature
-from kbert.pipeline.config import CompetitionConfig, RunConfig
+from kbert.pipeline.config import CompetitionConfig, RunConfig, run_config_from_file
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
 from kbert.pipeline.fold import make_serializer, make_tabular, to_predictions, tokenize
 from kbert.pipeline.splits import fold_rows
 from kbert.pipeline.predictions import average_folds, predictions_frame
-from kbert.pipeline.provenance import check_inputs, expected_of, member_config
+from kbert.pipeline.provenance import check_config, check_inputs, expected_of
 from kbert.pipeline.targets import TargetTransform, encode_targets
 from kbert.pipeline.precision import resolve_precision, use_device
 from kbert.pipeline.train import predict_outputs
@@ -58,12 +58,14 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     """Predict the rows of ``data_path`` with every fold model of ``run_dir``; write id + prediction columns.
     ``data_dir``: where the competition's files are now (default: where the run read them)."""
     run_dir = Path(run_dir)
-    metrics = read_metrics(run_dir / "metrics.json")
-    config = member_config(run_dir, metrics)  # config.yaml is the one the run was made with, then read
+    if (run_dir / "metrics.json").is_file():  # an edited config.yaml is said as such before its content is read
+        check_config(run_dir, read_metrics(run_dir / "metrics.json"))
+    config = run_config_from_file(run_dir / "config.yaml")
     resolve_precision(config.train.precision, use_device(config.train.device))  # as the run asked, on this machine
     comp = config.competition
     rows = read_csv(Path(data_path))  # the user's file first: its mistakes are the likeliest
     check_feature_rows(rows, comp, Path(data_path))
+    metrics = read_metrics(run_dir / "metrics.json")
     fold_models = check_fold_models(run_dir, config)
     out = predictions_path(run_dir, data_path, out)
     data = load_competition_data(comp, data_dir if data_dir is not None else config.data_dir or None)
