@@ -1002,42 +1002,13 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     model = _apply(model, {k: v for k, v in merged.items() if k in model_names}, "model")
     train = _apply(train, {k: v for k, v in merged.items() if k in train_names}, "train")
     head = _apply(head, {k: v for k, v in merged.items() if k in head_names}, "head")
-    if head.target_transform != "none" and not Task(competition.task).numeric:
-        raise KbertError(f"target_transform applies to regression and timeseries tasks, not '{competition.task}'")
-    if head.calibrate and not Task(competition.task).calibratable:
-        raise KbertError(f"calibrate applies to binary and multiclass tasks, not '{competition.task}'")
-    if train.pseudo_label and competition.task not in (Task.BINARY, Task.MULTICLASS):
-        raise KbertError(f"--pseudo-label applies to binary and multiclass tasks, not '{competition.task}'")
-    if "pseudo_threshold" in merged and not train.pseudo_label:
-        raise KbertError("--pseudo-threshold picks the teacher's confident test rows: it needs --pseudo-label")
-    if train.pseudo_label and competition.task == Task.BINARY and train.pseudo_threshold < 0.5:
-        raise KbertError(f"--pseudo-threshold {train.pseudo_threshold:g}: a binary teacher's predicted class has p >= "
-                         "0.5, so any threshold up to 0.5 takes every test row; give 0.5 (every row) or more")
-    if competition.text.numbers == "omit" and head.fusion == "none":
-        raise KbertError("text.numbers omit leaves the numbers out of the text, and with --fusion none nothing else "
-                         "reads them; choose --fusion concat or gated, or text.numbers both")
     folds = replace(competition.folds,
                     **{f.name: int(merged[name]) for name, f in fold_flags.items() if name in merged})
-    if folds.repeats > 1 and not folds.shuffle:
-        raise KbertError("folds.repeats > 1 needs shuffled folds; contiguous (shuffle: false) folds never change")
-    if folds.purge and folds.shuffle:  # each left the run bit-identical
-        raise KbertError(f"folds.purge {folds.purge} acts only with time-series folds (shuffle: false): shuffled folds "
-                         "have no rows just before a validation block")
-    if folds.group_regex and not folds.group_column:
-        raise KbertError("folds.group_regex acts only with folds.group_column, the column it reads the group from")
-    check_model_sizes(model)
+    check_scratch_sizes(model, {k for k, v in (overrides or {}).items() if v is not None})
+    model = unused_sizes_reset(model)
     from kbert.models.encoders import trains_from_scratch
 
     adapter = adapter_config(model)
-    if adapter is None and model.adapter_options:
-        raise KbertError(f"adapter settings {sorted(model.adapter_options)} given without an adapter; "
-                         f"choose one with --adapter (e.g. balanced)")
-    if adapter is not None and trains_from_scratch(model.encoder):
-        raise KbertError(f"--adapter {model.adapter} needs a pretrained encoder: '{model.encoder}' trains from "
-                         f"scratch, so every weight trains anyway; drop --adapter or pass a pretrained --encoder")
-    check_reinit_layers(model)
-    check_scratch_sizes(model, {k for k, v in (overrides or {}).items() if v is not None})
-    model = unused_sizes_reset(model)
     # Fine-tuning every weight of a pretrained encoder: a low rate over few epochs, decayed (on Disaster Tweets,
     # minilm-l6 at 1e-5 for 4 epochs beat 2e-5, 3e-5 and 5e-5: benchmarks/NOTES.md). Adapters train few weights
     # from zero: a LoRA-sized rate.
@@ -1047,11 +1018,53 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         train = replace(train, learning_rate=1e-3 if small else 1e-5 if fine_tune else 5e-4)
     if train.epochs is None:
         train = replace(train, epochs=4 if fine_tune else 20)
-    check_inert_settings(competition, model, train, head)
     # The fold split keeps the competition's own seed, so runs with different training seeds share
     # folds and can be blended on OOF; --seed changes initialisation, dropout and batch order.
     run = RunConfig(competition=replace(competition, folds=folds), model=model, train=train, head=head)
+    check_run_settings(run)
     return replace(run, **{k: merged[k] for k in RUN_FIELDS if k in merged})
+
+
+def check_run_settings(run: RunConfig) -> None:
+    """The resolved settings hold together: each acts where it is given (``check_inert_settings``), fits the task,
+    the folds and the encoder. Of ``resolve_run_config``'s result, and of a resolved config read back."""
+    from kbert.models.encoders import trains_from_scratch
+
+    competition, folds, model, train, head = run.competition, run.competition.folds, run.model, run.train, run.head
+    if train.epochs is None or train.learning_rate is None:  # (resolve_run_config fills them)
+        raise KbertError(f"train.{'epochs' if train.epochs is None else 'learning_rate'} is null: a resolved config "
+                         "records the number the run used; give it")
+    if head.target_transform != "none" and not Task(competition.task).numeric:
+        raise KbertError(f"target_transform applies to regression and timeseries tasks, not '{competition.task}'")
+    if head.calibrate and not Task(competition.task).calibratable:
+        raise KbertError(f"calibrate applies to binary and multiclass tasks, not '{competition.task}'")
+    if train.pseudo_label and competition.task not in (Task.BINARY, Task.MULTICLASS):
+        raise KbertError(f"--pseudo-label applies to binary and multiclass tasks, not '{competition.task}'")
+    if train.pseudo_threshold != SETTINGS["pseudo_threshold"].default and not train.pseudo_label:
+        raise KbertError("--pseudo-threshold picks the teacher's confident test rows: it needs --pseudo-label")
+    if train.pseudo_label and competition.task == Task.BINARY and train.pseudo_threshold < 0.5:
+        raise KbertError(f"--pseudo-threshold {train.pseudo_threshold:g}: a binary teacher's predicted class has p >= "
+                         "0.5, so any threshold up to 0.5 takes every test row; give 0.5 (every row) or more")
+    if competition.text.numbers == "omit" and head.fusion == "none":
+        raise KbertError("text.numbers omit leaves the numbers out of the text, and with --fusion none nothing else "
+                         "reads them; choose --fusion concat or gated, or text.numbers both")
+    if folds.repeats > 1 and not folds.shuffle:
+        raise KbertError("folds.repeats > 1 needs shuffled folds; contiguous (shuffle: false) folds never change")
+    if folds.purge and folds.shuffle:  # each left the run bit-identical
+        raise KbertError(f"folds.purge {folds.purge} acts only with time-series folds (shuffle: false): shuffled folds "
+                         "have no rows just before a validation block")
+    if folds.group_regex and not folds.group_column:
+        raise KbertError("folds.group_regex acts only with folds.group_column, the column it reads the group from")
+    check_model_sizes(model)
+    adapter = adapter_config(model)
+    if adapter is None and model.adapter_options:
+        raise KbertError(f"adapter settings {sorted(model.adapter_options)} given without an adapter; "
+                         f"choose one with --adapter (e.g. balanced)")
+    if adapter is not None and trains_from_scratch(model.encoder):
+        raise KbertError(f"--adapter {model.adapter} needs a pretrained encoder: '{model.encoder}' trains from "
+                         f"scratch, so every weight trains anyway; drop --adapter or pass a pretrained --encoder")
+    check_reinit_layers(model)
+    check_inert_settings(competition, model, train, head)
 
 
 def check_reinit_layers(model: ModelConfig, where: str = "") -> None:
@@ -1180,7 +1193,7 @@ def check_resolved_config(config: RunConfig, where: str) -> None:
     check_competition_settings(config.competition, f"{where}competition.")
     check_competition(config.competition, f"{where}competition: ")
     try:  # (as resolve_run_config checks the settings it resolves)
-        check_inert_settings(config.competition, config.model, config.train, config.head)
+        check_run_settings(config)
     except KbertError as exc:
         raise KbertError(f"{where}{exc}") from None
     from kbert.models.encoders import trains_from_scratch
@@ -1191,5 +1204,3 @@ def check_resolved_config(config: RunConfig, where: str) -> None:
         if not sized and getattr(config.model, key) not in recorded:
             raise KbertError(f"{where}model.{key} {getattr(config.model, key)!r}: encoder '{config.model.encoder}' "
                              f"has its own, and a run of it records {recorded[0]!r}; put that back")
-    check_model_sizes(config.model, f"{where}model: ")
-    check_reinit_layers(config.model, f"{where}model: ")

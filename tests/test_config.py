@@ -282,6 +282,12 @@ def test_a_resolved_config_names_its_unknown_keys_and_is_checked_as_its_competit
              r"competition: columns\.Age has dtype 'complex'"),
             (lambda c: c["competition"].update(classes=[0, 1, 2]),
              r"competition: a binary task's classes are \[negative, positive\], got \[0, 1, 2\]$"),
+            (lambda c: c["train"].update(epochs=None),  # (a traceback in the first fold, a half-written folder)
+             r"train\.epochs is null: a resolved config records the number the run used; give it$"),
+            (lambda c: c["head"].update(target_transform="log1p"),  # every check resolve_run_config makes
+             r"target_transform applies to regression and timeseries tasks, not 'binary'$"),
+            (lambda c: c["train"].update(pseudo_threshold=0.7), r"--pseudo-threshold picks the teacher's confident"),
+            (lambda c: c["competition"]["folds"].update(purge=3), r"folds\.purge 3 acts only with time-series folds"),
             (lambda c: c["head"].update(huber_delta=3.0),  # (a binary task: the flags' refusal, now here too)
              r"huber_delta 3\.0 acts only with --loss huber; here it would be ignored: drop it$"),
             (lambda c: c["model"].update(num_attention_heads=3),
