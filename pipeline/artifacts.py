@@ -191,6 +191,14 @@ def config_fingerprint(config: RunConfig) -> str:
     return mapping_fingerprint(config.to_dict())
 
 
+def recorded_config_fingerprint(run_dir: Path) -> str:
+    """The sha256 of the run's config.yaml as written when the run began (its run id aside): what metrics.json
+    records and ``check_config`` compares. A resume or a rerun from other folders (``PLACEMENT``) keeps it: the
+    fingerprint of the config in memory then named other folders, and the run was refused as edited."""
+    saved = read_yaml(Path(run_dir) / "config.yaml")
+    return mapping_fingerprint({key: value for key, value in saved.items() if key != "run_id"})
+
+
 def mapping_fingerprint(values: dict) -> str:
     """The sha256 of a config mapping, keys sorted: the same for the mapping a config.yaml was written from and the
     one read back from it, whatever fields this kbert's RunConfig has gained since."""

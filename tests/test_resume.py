@@ -85,6 +85,20 @@ def test_sigkill_after_a_fold_then_rerun_keeps_the_finished_folds_and_matches_an
     again = run_kbert(tmp_path, "uninterrupted", "--fold-processes", processes)
     assert again.returncode == 0, again.stderr
     assert (runs / "uninterrupted" / "metrics.json").read_bytes() == before
+    # ... also from other folders (its data copied elsewhere, its submission written elsewhere): the record kept
+    # the config.yaml's sha256 (it took the one of the config in memory, and the run was refused as edited)
+    import shutil
+
+    from kbert.pipeline.artifacts import read_metrics
+    from kbert.pipeline.config import BUNDLED_DATA_DIR
+    from kbert.pipeline.provenance import check_config
+
+    shutil.copytree(BUNDLED_DATA_DIR / "titanic", tmp_path / "data")
+    moved = run_kbert(tmp_path, "uninterrupted", "--fold-processes", processes, "--data-dir", str(tmp_path / "data"),
+                      "--submissions-dir", str(tmp_path / "subs2"))
+    assert moved.returncode == 0, moved.stderr
+    assert (runs / "uninterrupted" / "metrics.json").read_bytes() == before
+    check_config(runs / "uninterrupted", read_metrics(runs / "uninterrupted" / "metrics.json"))
 
 
 def test_ctrl_c_stops_with_a_resume_message_and_a_rerun_with_other_settings_is_refused(tmp_path):
