@@ -929,8 +929,12 @@ ACTS_ONLY_WITH = (
 
 
 def augments(text: TextConfig) -> bool:
-    """Whether a row's serializations can differ (what --augment and --tta draw)."""
-    return text.shuffle_columns or text.paraphrase or text.jitter > 0
+    """Whether a row's serializations can differ (what --augment and --tta draw): its order or phrasing is drawn,
+    or, with a generic serializer writing numbers, jittered (the titanic serializer ignores text.jitter)."""
+    from kbert.features import GENERIC_SERIALIZERS
+
+    jitters = text.serializer in GENERIC_SERIALIZERS and text.jitter > 0 and text.numeric != "bins"
+    return text.shuffle_columns or text.paraphrase or jitters
 
 
 BERT_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_dropout_prob",

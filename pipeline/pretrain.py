@@ -26,7 +26,7 @@ from kbert.models.encoders import trains_from_scratch
 from kbert.models.masked_lm import build_masked_lm, load_masked_lm, save_masked_lm
 from kbert.models.tokenizer import load_or_train_tokenizer, special_ids, special_token_id, truncate_to
 from kbert.pipeline.artifacts import check_output_folder, new_run_id
-from kbert.pipeline.config import RunConfig, TrainConfig
+from kbert.pipeline.config import RunConfig, TrainConfig, augments
 from kbert.pipeline.data import input_rows, load_competition_data
 from kbert.pipeline.fold import make_serializer, scratch_encoder_config
 from kbert.pipeline.streams import cpu_streams
@@ -47,11 +47,15 @@ class PretrainConfig:
     seed: int = 42
 
 
+NO_VARIANTS = " (the text section draws no augmentation)"
+
+
 @dataclass
 class Corpus:
     train_texts: list[str]  # the training slice: plain and augmented texts of the non-held-out rows
     eval_texts: list[str]  # the held-out rows' plain texts
     rows: int  # rows in all (train + test)
+    variants: int  # augmented variants of each training row: --augment, or 0 where the text section draws nothing
 
 
 def build_corpus(config: RunConfig, settings: PretrainConfig) -> Corpus:
@@ -68,9 +72,10 @@ def build_corpus(config: RunConfig, settings: PretrainConfig) -> Corpus:
     if len(held) == 0 or len(kept) == 0:
         raise KbertError(f"--holdout {settings.holdout} leaves no held-out or no training rows of {len(rows)}")
     texts = serializer.transform(kept)
-    for variant in range(1, settings.augment + 1):
+    variants = settings.augment if augments(comp.text) else 0  # (else copies of the plain texts)
+    for variant in range(1, variants + 1):
         texts += serializer.transform(kept, rng=np.random.default_rng([settings.seed, variant]))
-    return Corpus(train_texts=texts, eval_texts=serializer.transform(held), rows=len(rows))
+    return Corpus(train_texts=texts, eval_texts=serializer.transform(held), rows=len(rows), variants=variants)
 
 
 @dataclass
@@ -240,7 +245,8 @@ def pretrain_corpus(job: Pretraining, *, progress: bool, log) -> Path:
     learning_rate = settings.learning_rate or (5e-4 if trains_from_scratch(settings.encoder) else 5e-5)
     history = [{"step": 0, **evaluate_masked_lm(model, eval_batches)}]
     log(f"{config.competition.name}: pretraining on {len(corpus.train_texts)} texts ({corpus.rows} rows, "
-        f"{settings.augment} augmented variants each; {len(corpus.eval_texts)} rows held out), vocabulary "
+        f"{corpus.variants} augmented variants each{'' if corpus.variants == settings.augment else NO_VARIANTS}; "
+        f"{len(corpus.eval_texts)} rows held out), vocabulary "
         f"{tokenizer.get_vocab_size()}, step 0 masked accuracy {history[0]['masked_accuracy']:.3f}")
     history += train_masked_lm(model, MaskedLMData(train_data, eval_batches, masking), settings,
                                replace(config.train, learning_rate=learning_rate), progress=progress, log=log)

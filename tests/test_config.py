@@ -435,3 +435,16 @@ def test_a_competition_value_of_the_wrong_type_is_named_with_the_type_it_needs()
     assert type_words(list[str] | None) == "a list of text, or null"
     assert type_words(dict[str, dict]) == "a mapping from text to a mapping"
     assert type_words(list[Any]) == "a list"
+
+
+def test_augmentation_is_what_the_serializer_draws():
+    """The titanic serializer ignores text.jitter: --augment/--tta on it with shuffling and phrasing off were
+    accepted and drew identical texts (kbert pretrain's default 4 variants were copies)."""
+    from kbert.pipeline.config import TextConfig, augments
+
+    off = {"shuffle_columns": False, "paraphrase": False}
+    assert not augments(TextConfig(serializer="titanic", **off))  # (its jitter default: ignored)
+    assert augments(TextConfig(serializer="list", **off))  # numbers jittered
+    assert not augments(TextConfig(serializer="list", numeric="bins", **off))
+    assert not augments(TextConfig(serializer="list", jitter=0, **off))
+    assert augments(TextConfig(serializer="titanic"))

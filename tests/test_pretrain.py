@@ -177,3 +177,16 @@ def test_an_encoder_pretrained_on_another_competitions_text_is_a_warning(tmp_pat
             f"encoder {tmp_path} was pretrained on competition 'titanic''s text and its vocabulary learned there, not "
             "'spaceship-titanic''s"])):
         assert pretrained_elsewhere(resolve_run_config(load_competition(name), {"encoder": str(tmp_path)})) == warned
+
+
+def test_a_text_section_that_draws_nothing_gets_no_augmented_copies():
+    """With shuffling and phrasing off, the titanic serializer draws nothing: --augment's default 4 variants were
+    4 copies of every row's plain text."""
+    from dataclasses import replace
+
+    titanic = load_competition("titanic")
+    plain = replace(titanic, text=replace(titanic.text, shuffle_columns=False, paraphrase=False))
+    config = resolve_run_config(plain, {"limit_rows": 100})
+    corpus = build_corpus(config, PretrainConfig(augment=4, holdout=0.1))
+    assert corpus.variants == 0 and len(corpus.train_texts) + len(corpus.eval_texts) == corpus.rows
+    assert build_corpus(resolve_run_config(titanic, {"limit_rows": 100}), PretrainConfig(augment=4)).variants == 4
