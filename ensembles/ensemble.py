@@ -196,6 +196,8 @@ def score_methods(pool: Pool, spec: EnsembleSpec, log=print) -> Scores:
     every applicable method, one that cannot be fitted on an outer fold's rows is left out, with a note."""
     problem, P, options = pool.problem, pool.P, spec.blend_options
     names = applicable_methods(problem) if spec.methods in ("all", "best") else named_methods(spec.methods)
+    if "top-k" in names and options.top_k >= len(pool.members) and spec.methods not in ("all", "best"):  # (named)
+        log(f"note: top-k takes the {options.top_k} best of {len(pool.members)} members: it is the plain mean here")
     if len(names) > 1 and spec.folds < 3:  # an outer fold chooses on its inner folds: the other folds but itself
         raise KbertError(f"--outer-folds {spec.folds}: choosing among {len(names)} methods needs 3 or more (with 2, an "
                          "outer fold's inner folds have no rows to fit on); give more, or one --method")

@@ -626,6 +626,9 @@ def test_a_forward_chaining_first_block_of_a_few_rows_still_stacks_and_a_method_
                            "needs samples of at least 2 classes")
     with pytest.raises(KbertError, match="^--method stack cannot be fitted on every outer fold's rows "):
         score_methods(pool, EnsembleSpec("a,b", methods="stack", folds=3), notes.append)
+    notes.clear()  # top-k of at least as many members as there are is the mean: said (the record kept top_k: 5)
+    score_methods(pool, EnsembleSpec("a,b", methods="top-k", folds=3, options=BlendOptions(top_k=5)), notes.append)
+    assert notes == ["note: top-k takes the 5 best of 2 members: it is the plain mean here"]
 
 
 def test_kbert_ensemble_blends_time_series_members_on_the_rows_both_cover(tmp_path, capsys):
