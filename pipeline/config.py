@@ -957,14 +957,19 @@ def check_scratch_sizes(model: ModelConfig, given: set[str]) -> None:
                              f"encoder '{model.encoder}' has its own: drop it")
 
 
+def unused_sizes(model: ModelConfig) -> list[str]:
+    """The size settings ``model``'s encoder does not read: BERT's but for ``bert``, the vocabulary but for an
+    encoder trained from scratch."""
+    from kbert.models.encoders import trains_from_scratch
+
+    return [*(BERT_SIZES if model.encoder != "bert" else ()),
+            *(("vocab_size",) if not trains_from_scratch(model.encoder) else ())]
+
+
 def unused_sizes_reset(model: ModelConfig) -> ModelConfig:
     """``model`` with the sizes its encoder does not use at their defaults: a competition's ``training:`` sizes for
     ``bert`` were recorded in the config.yaml of a bert-tiny run, which trained at its own."""
-    from kbert.models.encoders import trains_from_scratch
-
-    unused = [*(BERT_SIZES if model.encoder != "bert" else ()),
-              *(("vocab_size",) if not trains_from_scratch(model.encoder) else ())]
-    return replace(model, **{key: SETTINGS[key].default for key in unused})
+    return replace(model, **{key: SETTINGS[key].default for key in unused_sizes(model)})
 
 
 def check_inert_settings(competition: CompetitionConfig, model: ModelConfig, train: TrainConfig,
@@ -1200,11 +1205,8 @@ def check_resolved_config(config: RunConfig, where: str) -> None:
         check_run_settings(config)
     except KbertError as exc:
         raise KbertError(f"{where}{exc}") from None
-    from kbert.models.encoders import trains_from_scratch
-
-    for key in (*BERT_SIZES, "vocab_size"):  # a run records these at their defaults (before: the YAML's training:)
+    for key in unused_sizes(config.model):  # a run records these at their defaults (before: the YAML's training:)
         recorded = (SETTINGS[key].default, config.competition.training.get(key, SETTINGS[key].default))
-        sized = config.model.encoder == "bert" or (key == "vocab_size" and trains_from_scratch(config.model.encoder))
-        if not sized and getattr(config.model, key) not in recorded:
+        if getattr(config.model, key) not in recorded:
             raise KbertError(f"{where}model.{key} {getattr(config.model, key)!r}: encoder '{config.model.encoder}' "
                              f"has its own, and a run of it records {recorded[0]!r}; put that back")
