@@ -624,6 +624,24 @@ def pid_alive(pid: int) -> bool:
     return not (status.exists() and "State:\tZ" in status.read_text())
 
 
+def workers_frozen_mid_fold(options: TuneOptions) -> tuple[set[int], list[optuna.trial.FrozenTrial]] | None:
+    """Once a trial is between its first and last fold, stop (SIGSTOP) the workers that ran trials and read the
+    study again: it is then what they find when they go on, however late the test process is scheduled (a kill
+    sent a fold after the trial was seen mid-fold found every trial done). None, the workers going on, when the
+    trial reached its last fold before they stopped."""
+    if running_trial_mid_fold(options, folds_done=1) is None:
+        return None
+    workers = {t.user_attrs["pid"] for t in study_trials(options) if "pid" in t.user_attrs}
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    trials = study_trials(options)
+    if any(t.state == TrialState.RUNNING and len(t.intermediate_values) == 1 for t in trials):
+        return workers, trials
+    for pid in workers:
+        os.kill(pid, signal.SIGCONT)
+    return None
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 def test_workers_do_not_outlive_a_killed_tune_process(tmp_path):
@@ -631,14 +649,18 @@ def test_workers_do_not_outlive_a_killed_tune_process(tmp_path):
     options = tiny_options(tmp_path, space=write_space(tmp_path / "space.yaml", space))
     main_process = subprocess.Popen(tune_command(options, 50, 2, "--pruner", "none"), cwd=REPO,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_for(lambda: running_trial_mid_fold(options, folds_done=1), 240, "a running trial after its first fold")
-    workers = {t.user_attrs["pid"] for t in study_trials(options) if "pid" in t.user_attrs}
+    workers, at_kill = wait_for(lambda: workers_frozen_mid_fold(options), 240, "a running trial after its first fold")
     main_process.kill()
     main_process.wait()
+    for pid in workers:
+        os.kill(pid, signal.SIGCONT)
     wait_for(lambda: not any(pid_alive(pid) for pid in workers), 120, "the orphaned workers to stop")
     trials = study_trials(options)
     abandoned = [t for t in trials if t.state == TrialState.FAIL]
-    assert abandoned and all("the kbert tune process is gone" in t.user_attrs["error"] for t in abandoned)
+    assert all("the kbert tune process is gone" in t.user_attrs["error"] for t in abandoned)
+    # each trial that had a fold left after the one it was in stopped after that fold (3 folds)
+    mid_run = {t.number for t in at_kill if t.state == TrialState.RUNNING and len(t.intermediate_values) < 2}
+    assert mid_run and mid_run <= {t.number for t in abandoned}
     queued = {t.system_attrs.get("failed_trial") for t in trials if t.state == TrialState.WAITING}
     assert queued == {t.number for t in abandoned}
     assert not any(t.state == TrialState.RUNNING for t in trials)
