@@ -30,9 +30,9 @@ from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler,
 from kbert.ensembles.embedding_features import open_embedding_source, source_name, with_embeddings
 from kbert.errors import KbertError
 from kbert.io import make_folder, removed_on_refusal, write_csv, write_json
-from kbert.pipeline.artifacts import (RunResult, check_run_outputs, config_fingerprint, input_fingerprint, lock_message,
-                                      lock_run_folder, score_summary, sealed, write_folds_table, write_predictions,
-                                      write_run_config)
+from kbert.pipeline.artifacts import (RunResult, check_run_outputs, config_fingerprint, fold_files_sha256,
+                                      input_fingerprint, lock_message, lock_run_folder, score_summary, sealed,
+                                      write_folds_table, write_predictions, write_run_config)
 from kbert.pipeline.config import RunConfig
 from kbert.pipeline.data import data_warnings, input_rows, load_competition_data
 from kbert.pipeline.fold import fold_warnings, split_folds
@@ -427,7 +427,7 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
                 **score_summary(run_id, comp, metric, cv, 0.5, fold_records), "baseline": model,
                 "wall_time_s": round(seconds, 2), "submission": str(submission_path),
                 "inputs": expected.inputs, "config_sha256": config_fingerprint(config),
-                "predictions_sha256": predictions_sha256,
+                "predictions_sha256": predictions_sha256, "fold_files_sha256": fold_files_sha256(run_dir),
                 **({"cv_rows": int(covered.sum())} if not covered.all() else {}), "warnings": warnings}))
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=fold_scores, cv_score=cv, metric=comp.metric,
                           submission_path=submission_path, seconds=seconds)

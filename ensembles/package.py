@@ -134,9 +134,11 @@ def check_predictable(folder: Path, config: RunConfig) -> None:
     package holding a member that cannot predict is refused now, not on Kaggle."""
     from kbert.ensembles.baseline import Baseline
     from kbert.ensembles.baseline_models import load_fold_models
-    from kbert.pipeline.artifacts import verify_fold_files
+    from kbert.pipeline.artifacts import read_metrics, verify_fold_files
     from kbert.pipeline.new_rows import check_fold_models
+    from kbert.pipeline.provenance import check_fold_files_written
 
+    check_fold_files_written(folder, read_metrics(folder / "metrics.json"), str(folder))
     if is_baseline(folder):
         check_all_rows(folder, config)
         saved = read_yaml(folder / "config.yaml")

@@ -403,6 +403,15 @@ def write_finished_fold(fold_dir: Path, fold: FoldPredictions) -> None:
     write_json(fold_dir / "fold.json", sealed({"record": fold.record, "tokens": fold.tokens, "files": files}))
 
 
+def fold_files_sha256(run_dir: Path) -> dict[str, str]:
+    """The sha256 of each file of the run's fold folders, by its path in the run (``folds/<k>/<name>``), but the
+    model files (each fold.json records theirs): metrics.json keeps it, and so ties the folds to the predictions it
+    seals (a fold folder copied in from another training under the same run id is refused:
+    ``check_fold_files_written``)."""
+    return {path.relative_to(run_dir).as_posix(): file_sha256(path) for path in sorted((run_dir / "folds").glob("*/*"))
+            if path.is_file() and path.name not in MODEL_FILES}
+
+
 def recorded_files(fold_dir: Path) -> dict[str, str]:
     """The sha256 of each file fold.json recorded, by name, fold.json checked to be as kbert wrote it (a score
     edited there was carried into the next resume's metrics.json)."""

@@ -33,7 +33,7 @@ from kbert.pipeline.data import check_feature_rows, load_competition_data, read_
 from kbert.pipeline.fold import make_serializer, make_tabular, to_predictions, tokenize
 from kbert.pipeline.splits import fold_rows
 from kbert.pipeline.predictions import average_folds, predictions_frame
-from kbert.pipeline.provenance import check_config, check_inputs, expected_of
+from kbert.pipeline.provenance import check_config, check_fold_files_written, check_inputs, expected_of
 from kbert.pipeline.targets import TargetTransform, encode_targets
 from kbert.pipeline.precision import resolve_precision, use_device
 from kbert.pipeline.train import predict_outputs
@@ -67,6 +67,7 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
     check_feature_rows(rows, comp, Path(data_path))
     metrics = read_metrics(run_dir / "metrics.json")
     fold_models = check_fold_models(run_dir, config)
+    check_fold_files_written(run_dir, metrics, str(run_dir))
     out = predictions_path(run_dir, data_path, out)
     data = load_competition_data(comp, data_dir if data_dir is not None else config.data_dir or None)
     check_predictions_file(out, data_path, run_dir.parent, *input_paths(comp, data.data_dir))

@@ -151,6 +151,7 @@ def check_member(folder: Path, expected: Expected, who: str, with_test: bool = T
         raise KbertError(f"{who}: made with other folds than this competition's ({'; '.join(changed)}); use the "
                          "competition file it was made with")
     check_cv(metrics, oof, expected, who)
+    check_fold_files_written(folder, metrics, who)  # (the folds' outputs are then the ones to compare)
     check_fold_outputs(folder, metrics, oof, folds, expected, who, test)
     check_predictions_written(folder, metrics, who, with_test)  # an edit the checks above let by
     return Checked(metrics, oof, test, folds["fold"].to_numpy())
@@ -159,15 +160,28 @@ def check_member(folder: Path, expected: Expected, who: str, with_test: bool = T
 def check_predictions_written(folder: Path, metrics: dict, who: str, with_test: bool = True) -> None:
     """oof.csv and test.csv are the files the member wrote: the sha256 its metrics.json records (members from
     before it was recorded: not checked)."""
-    for name, sha in (metrics.get("predictions_sha256") or {}).items():
-        if not with_test and name == "test.csv":
-            continue
+    recorded = metrics.get("predictions_sha256") or {}
+    check_files_written(folder, {name: sha for name, sha in recorded.items() if with_test or name != "test.csv"}, who)
+
+
+def check_fold_files_written(folder: Path, metrics: dict, who: str) -> None:
+    """The files of the member's fold folders are the ones its metrics.json sealed with its predictions
+    (``fold_files_sha256``; members from before it was recorded: not checked): a fold that kbert predict, a package
+    or a pseudo-label teacher reads is of the training that made the member's OOF and CV, not one copied in from
+    another training under the same name."""
+    check_files_written(folder, metrics.get("fold_files_sha256") or {}, who)
+
+
+def check_files_written(folder: Path, recorded: dict[str, str], who: str) -> None:
+    """Each file of ``recorded`` (its path in ``folder``: its sha256, as metrics.json records it) is there and
+    unchanged."""
+    for name, sha in recorded.items():
         if not (folder / name).is_file():
             raise KbertError(f"{who}: its {name} is missing (metrics.json records it); put it back, or train the "
                              "member again")
         if file_sha256(folder / name) != sha:
             raise KbertError(f"{who}: its {name} is not the one it was written with (metrics.json records another "
-                             "sha256: edited?); put it back, or train the member again")
+                             "sha256: edited, or of another training); put it back, or train the member again")
 
 
 def aligned(path: Path, expected: Expected, ids: pd.Series, rows: str, who: str,

@@ -24,9 +24,9 @@ from kbert.io import make_folder, removed_on_refusal, write_json, write_npz, wri
 from kbert.models import runtime
 from kbert.models.adapters import weights_fingerprint
 from kbert.models.heads import predict
-from kbert.pipeline.artifacts import (RunResult, check_resumable, check_run_outputs, fold_layout, fold_name,
-                                      input_fingerprint, lock_message, lock_run_folder, missing_fold_part, new_run_id,
-                                      read_finished_fold, recorded_config_fingerprint, score_summary, sealed,
+from kbert.pipeline.artifacts import (RunResult, check_resumable, check_run_outputs, fold_files_sha256, fold_layout,
+                                      fold_name, input_fingerprint, lock_message, lock_run_folder, missing_fold_part,
+                                      new_run_id, read_finished_fold, recorded_config_fingerprint, score_summary, sealed,
                                       unchanged_record, write_folds_table, write_predictions, write_run_config)
 from kbert.pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature
 from kbert.pipeline.config import RunConfig, pretrained_elsewhere
@@ -446,7 +446,7 @@ def write_run_artifacts(inputs: RunInputs, paths: RunPaths, folds: list[FoldPred
             "compute": run_compute_path(config.train.precision),
             "submission": str(submission_path), "inputs": inputs.inputs,
             "config_sha256": recorded_config_fingerprint(run_dir),
-            "predictions_sha256": predictions_sha256,
+            "predictions_sha256": predictions_sha256, "fold_files_sha256": fold_files_sha256(run_dir),
             "warnings": inputs.warnings,
         })
         write_json(run_dir / "metrics.json",  # (a rerun writing its submission elsewhere: the record names the first)

@@ -137,7 +137,7 @@ def test_a_package_of_a_member_that_cannot_predict_or_of_another_competition_is_
     (tmp_path / "moved.json").write_text(json.dumps({**record, "runs_dir": str(runs)}))
     (runs / "titanic" / "tiny" / "folds" / "1" / "model.safetensors").write_bytes(b"damaged")
     for source, extra, says in (
-            (tmp_path / "moved.json", [], "hgb/folds/2: no baseline.json"),
+            (tmp_path / "moved.json", [], "member hgb: its folds/2/baseline.json is missing (metrics.json records it)"),
             (runs / "titanic" / "tiny", [], "model.safetensors: not the file this fold was trained to"),
             (runs / "titanic" / "logreg", ["--competition", "spaceship-titanic"],
              "a run of competition 'titanic'; this package is for 'spaceship-titanic'")):

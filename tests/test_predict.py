@@ -6,7 +6,7 @@ import pytest
 
 from kbert.cli import main
 from kbert.pipeline.config import BUNDLED_DATA_DIR
-from tests.tiny import tiny_args
+from tests.tiny import reseal_fold_files, tiny_args
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,8 @@ def copied_run(titanic_run, tmp_path):
 
 
 def record_checksums(fold_dir):
-    """Re-record a fold's checksums (as if it had been trained to what is now on disk)."""
+    """Re-record a fold's checksums, in its fold.json and its run's metrics.json (as if it had been trained to
+    what is now on disk)."""
     import json
 
     from kbert.io import file_sha256
@@ -85,6 +86,7 @@ def record_checksums(fold_dir):
     finished = json.loads((fold_dir / "fold.json").read_text())
     finished["files"] = {name: file_sha256(fold_dir / name) for name in finished["files"]}
     (fold_dir / "fold.json").write_text(json.dumps(sealed(finished)))
+    reseal_fold_files(fold_dir.parent.parent)
 
 
 @pytest.mark.slow
@@ -270,3 +272,37 @@ def test_embed_reads_one_text_per_line_as_wc_counts_them(tmp_path):
     path = tmp_path / "texts.txt"
     path.write_bytes("one\u2028two\nthree\x0cfour\r\nfive\x85six\n\nlast".encode())
     assert _read_lines(path) == ["one\u2028two", "three\x0cfour", "five\x85six", "", "last"]
+
+
+@pytest.mark.slow
+def test_a_fold_of_another_training_under_the_same_name_is_refused(titanic_run, tmp_path, capsys):
+    """fold.json seals its own folder only: a fold folder copied in from another training of the run (another seed,
+    the same name) passed its checks, and predict and package used a model the run's OOF and CV never scored.
+    metrics.json records each fold file's sha256 (the models' through fold.json), and so does a baseline's."""
+    import shutil
+
+    run_dir = copied_run(titanic_run, tmp_path)
+    other = tmp_path / "other"
+    assert main(["run", "titanic", *tiny_args(150), "--tta", "2", "--augment", "1", "--epochs", "2", "--seed", "7",
+                 "--out", str(other / "runs"), "--submissions-dir", str(other / "subs"), "--run-id", "tiny"]) == 0
+    where = ["--out", str(tmp_path / "runs"), "--submissions-dir", str(tmp_path / "subs")]
+    for seed in ("1", "2"):
+        assert main(["baseline", "titanic", "--model", "logreg", "--folds", "3", "--seed", seed, "--run-id",
+                     f"lr{seed}", *where]) == 0
+    baseline = tmp_path / "runs" / "titanic" / "lr1"
+    for folder, source, name in ((run_dir, other / "runs" / "titanic" / "tiny", "fold.json"),
+                                 (baseline, baseline.parent / "lr2", "baseline.json")):
+        shutil.rmtree(folder / "folds" / "1")
+        shutil.copytree(source / "folds" / "1", folder / "folds" / "1")
+        refusal = (f"kbert: error: {folder}: its folds/1/{name} is not the one it was written with (metrics.json "
+                   "records another sha256: edited, or of another training); put it back, or train the member again")
+        capsys.readouterr()
+        for command in (["predict", str(folder), "--data", str(BUNDLED_DATA_DIR / "titanic" / "test.csv"),
+                         "--output", str(tmp_path / "p.csv")],
+                        ["package", str(folder), "--out", str(tmp_path / "pkg"), "--dataset", "me/kbert-swapped"]):
+            assert main(command) == 2
+            assert capsys.readouterr().err.strip().splitlines() == [refusal]
+    assert main(["ensemble", "titanic", "--members", "lr1,lr2", "--outer-repeats", "1", *where]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        refusal.replace(f"{baseline}:", "member lr1:")
+    assert not (tmp_path / "p.csv").exists() and not (tmp_path / "pkg").exists()

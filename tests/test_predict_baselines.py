@@ -13,6 +13,7 @@ from kbert.cli import main
 from kbert.errors import KbertError
 from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition
 from kbert.pipeline.data import load_competition_data
+from tests.tiny import reseal_fold_files
 from kbert.pipeline.new_rows import new_row_features
 
 TEST = BUNDLED_DATA_DIR / "titanic" / "test.csv"
@@ -70,6 +71,10 @@ def test_a_baseline_with_a_missing_or_changed_model_file_is_refused_in_one_line(
         damage(run_dir / "folds" / "1")
         out = tmp_path / f"{broken}.csv"
         assert main(["predict", str(run_dir), "--data", str(TEST), "--output", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()  # metrics.json seals the fold files ...
+        assert len(err) == 1 and f"{run_dir}: its folds/1/" in err[0] and "(metrics.json records" in err[0], err
+        reseal_fold_files(run_dir)  # ... and behind the seal, each file is checked as it is read
+        assert main(["predict", str(run_dir), "--data", str(TEST), "--output", str(out)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and says in err[0], err
         assert not out.exists()
@@ -88,6 +93,7 @@ def test_a_booster_file_that_is_not_a_model_is_refused_in_one_line(baselines, tm
         record = json.loads((fold / "baseline.json").read_text())
         record["outputs"][0]["booster"]["sha256"] = hashlib.sha256(b"garbage").hexdigest()
         (fold / "baseline.json").write_text(json.dumps(record))
+        reseal_fold_files(run_dir)
         assert main(["predict", str(run_dir), "--data", str(TEST), "--output", str(tmp_path / "p.csv")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"{name}: not a readable {model} model" in err[0], err

@@ -71,7 +71,8 @@ def test_an_ensemble_whose_member_changed_or_lost_its_models_is_refused(members,
     out = tmp_path / "p.csv"
     assert main(["predict", str(record), "--data", str(TEST), "--output", str(out), "--out", str(moved)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "logreg/folds/1: no baseline.json" in err[0], err
+    assert err == ["kbert: error: member logreg: its folds/1/baseline.json is missing (metrics.json records it); put it "
+                   "back, or train the member again"], err
     assert not out.exists()
     saved = json.loads(record.read_text())
     edits = {"weights": {name: 0.1 for name in saved["weights"]},  # a record that no longer tells its blend,

@@ -15,7 +15,7 @@ from kbert.pipeline.data import load_competition_data
 from kbert.pipeline.provenance import expected_of
 from kbert.pipeline.pseudo import choose, pseudo_labels
 from kbert.pipeline.run import run_competition
-from tests.tiny import tiny_config
+from tests.tiny import reseal_fold_files, tiny_config
 
 
 def run(out, run_id: str, data_dir=BUNDLED_DATA_DIR / "titanic", **overrides):
@@ -71,6 +71,9 @@ def test_each_fold_reads_its_own_teacher_only(tmp_path):
     frame = pd.read_csv(fold_test)
     frame["Survived"] = 0.99
     frame.to_csv(fold_test, index=False)
+    with pytest.raises(KbertError, match="--pseudo-label teacher: its folds/1/test.csv is not the one it was written"):
+        pseudo_labels(probe, tmp_path / "titanic", expected, [folds["fold"].to_numpy()])  # metrics.json seals it
+    reseal_fold_files(teacher.run_dir)  # as if the teacher had been trained to it
     after = pseudo_labels(probe, tmp_path / "titanic", expected, [folds["fold"].to_numpy()])
     assert np.array_equal(after[(0, 0)].test_index, before[(0, 0)].test_index)
     assert np.array_equal(after[(0, 0)].targets, before[(0, 0)].targets)
