@@ -112,11 +112,21 @@ def roc_auc(targets, predictions) -> float:
             return (ranks[targets == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives)
     if predictions.ndim == 1:
         return roc_auc_score(targets, predictions)
-    if targets.ndim == 2:
-        return roc_auc_score(targets, predictions, average="macro")
-    if predictions.shape[1] == 2:
+    if targets.ndim == 1 and predictions.shape[1] == 2:
         return roc_auc_score(targets, predictions[:, 1])
-    return roc_auc_score(targets, predictions, multi_class="ovr", labels=np.arange(predictions.shape[1]))
+    if targets.ndim == 1:  # one-vs-rest: each class against the others
+        targets = (targets[:, None] == np.arange(predictions.shape[1])).astype(int)
+    return mean_defined_auc(targets, predictions)
+
+
+def mean_defined_auc(targets: np.ndarray, predictions: np.ndarray) -> float:
+    """The mean of the columns' AUCs (macro, as scikit-learn's), over the columns whose targets hold both classes: a
+    fold's validation rows may lack a rare label or class, whose AUC is undefined (scikit-learn's mean is then NaN,
+    with a warning, and a NaN fold score froze early stopping at the first epoch). NaN when no column is defined."""
+    defined = [j for j in range(targets.shape[1]) if 0 < np.count_nonzero(targets[:, j] == 1) < len(targets)]
+    if not defined:
+        return float("nan")
+    return float(np.mean([roc_auc(targets[:, j], predictions[:, j]) for j in defined]))
 
 
 def log_loss_metric(targets, predictions) -> float:

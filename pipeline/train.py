@@ -523,6 +523,13 @@ def accumulated_step(accumulation: Accumulation, data: FoldData, tokens: list[np
     return loss
 
 
+def epoch_key(sign: float, score: float, valid_loss: float) -> tuple[float, float]:
+    """An epoch's rank (greater is better): its validation score in the metric's direction, then its validation
+    loss. An undefined score (NaN: an AUC over validation rows of one class) ranks below every score, and the loss
+    picks among such epochs (compared as NaN, no later epoch was ever better: the first one was kept)."""
+    return (sign * score if np.isfinite(score) else -np.inf, -valid_loss)
+
+
 def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, validation: Validation, *, seed: int,
                progress: Progress = Progress()) -> FoldResult:
     """Train ``model`` in place; on return it holds the weights of the best validation epoch.
@@ -616,7 +623,7 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, validation
                                 "valid_loss": valid_loss, "valid_score": score,
                                 **({"skipped_steps": scaler.skipped, "loss_scale": scaler.scale} if scaler else {})})
                 bar.set_postfix({"loss": f"{train_loss:.3f}", "valid": f"{score:.4f}"})
-                key = (sign * score, -valid_loss)
+                key = epoch_key(sign, score, valid_loss)
                 if config.average_best > 1:
                     kept = sorted(kept + [(key, epoch, model.trainable_parameters())], key=lambda entry: entry[0],
                                   reverse=True)[: config.average_best]

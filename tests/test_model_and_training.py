@@ -200,3 +200,16 @@ def test_a_damaged_checkpoint_config_is_one_error_naming_it(tmp_path):
     config_path.write_text('{"encoder_config": [], "head": {}, "pooling": "cls"}')
     with pytest.raises(KbertError, match=f"^{config_path}: 'encoder_config' and 'head' must be mappings$"):
         load_checkpoint(tmp_path / "fold0")
+
+
+def test_an_undefined_validation_score_ranks_last_and_the_loss_picks_among_such_epochs():
+    """A fold whose validation rows lack a rare label scored NaN every epoch, and NaN compares false: the first epoch
+    was kept whatever the later ones learnt."""
+    from kbert.pipeline.train import epoch_key
+
+    nan = float("nan")
+    for sign in (1.0, -1.0):  # a score to raise, a score to lower
+        epochs = [(nan, 0.9), (nan, 0.4), (nan, 0.6)]
+        assert max(range(3), key=lambda e: epoch_key(sign, *epochs[e])) == 1
+        assert epoch_key(sign, 0.3, 5.0) > epoch_key(sign, nan, 0.1)
+    assert epoch_key(1.0, 0.8, 0.5) > epoch_key(1.0, 0.7, 0.1) and epoch_key(-1.0, 0.7, 0.5) > epoch_key(-1.0, 0.8, 0.1)
