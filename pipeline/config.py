@@ -62,13 +62,13 @@ class Bound:
 
     def describe(self) -> str:
         """'an integer >= 1', 'a finite number in [0, 1)', 'a list of finite numbers > 0', ..."""
-        limits = [(sign, value) for sign, value in ((">=", self.at_least), (">", self.above), ("<=", self.at_most),
-                                                    ("<", self.below)) if value is not None]
+        limits = [(sign, f"{value:g}" if not self.integer else str(value)) for sign, value in (
+            (">=", self.at_least), (">", self.above), ("<=", self.at_most), ("<", self.below)) if value is not None]
         if len(limits) == 2:  # an interval: [0, 1), (0, 1], ...
             (low_sign, low), (high_sign, high) = limits
-            text = f" in {'[' if low_sign == '>=' else '('}{low:g}, {high:g}{']' if high_sign == '<=' else ')'}"
+            text = f" in {'[' if low_sign == '>=' else '('}{low}, {high}{']' if high_sign == '<=' else ')'}"
         else:
-            text = "".join(f" {sign} {value:g}" for sign, value in limits)
+            text = "".join(f" {sign} {value}" for sign, value in limits)
         number = "integer" if self.integer else "finite number"
         article = "an" if self.integer else "a"
         kind = {"number": f"{article} {number}{text}", "list": f"a list of {number}s{text}",
@@ -107,7 +107,9 @@ def _text_number_hint(value: Any, bound: Bound) -> str:
 COUNT, SIZE = Bound(integer=True, at_least=0), Bound(integer=True, at_least=1)
 POSITIVE, NON_NEGATIVE = Bound(above=0), Bound(at_least=0)
 SHARE = Bound(at_least=0, below=1)  # dropout probabilities, warmup and smoothing shares: [0, 1)
-SEED = Bound(integer=True, at_least=0)
+# Seeds derived from a seed stay within what numpy (2**32) and LightGBM (2**31) take: a fold's (seed + s) * 1000 +
+# repeat * 100 + k, a tree model's seed + k; --seed 5000000 failed inside a fold process.
+SEED, SEEDS = Bound(integer=True, at_least=0, at_most=2_000_000), Bound(integer=True, at_least=1, at_most=1000)
 
 
 @functools.cache
@@ -401,9 +403,11 @@ class HeadOptions:
     class_weights: list[float] | None = setting(None, bound=Bound(at_least=0, optional=True, form="list"),
                                                 help="multiclass: a loss weight per class")
     huber_delta: float = setting(1.0, bound=POSITIVE, help="the huber loss's delta")
-    target_transform: str = setting("none", choices=("none", "log1p", "standardize", "log1p_standardize"),
+    target_transform: str = setting("auto", choices=("auto", "none", "log1p", "standardize", "log1p_standardize"),
                                     flag="--target-transform",
-                                    help="regression/timeseries target transform, fitted per fold")
+                                    help="regression/timeseries target transform, fitted per fold (auto: standardize "
+                                         "for regression and timeseries, where a head learning raw prices predicted "
+                                         "about 16 for 156,000; none otherwise)")
     threshold: float | str = setting(0.5, bound=Bound(above=0, below=1, words=("tune",)), flag="--threshold",
                                      help="binary/multilabel cut-off for label submissions: a probability or 'tune'")
     calibrate: bool = setting(False, flag="--calibrate",
@@ -423,7 +427,7 @@ class RunConfig:
     head: HeadOptions = field(default_factory=HeadOptions)
     seed: int = setting(42, bound=SEED, flag="--seed",
                         help="training seed: initialisation, dropout, batch order (default 42)")
-    seeds: int = setting(1, bound=SIZE, flag="--seeds",
+    seeds: int = setting(1, bound=SEEDS, flag="--seeds",
                          help="train every fold with seeds S, S+1, ... on the same folds and average their "
                               "predictions into one member (default 1)")
     data_dir: str = setting("", flag="--data-dir", placement=True,
@@ -1027,6 +1031,8 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
         train = replace(train, learning_rate=1e-3 if small else 1e-5 if fine_tune else 5e-4)
     if train.epochs is None:
         train = replace(train, epochs=4 if fine_tune else 20)
+    if head.target_transform == "auto":
+        head = replace(head, target_transform="standardize" if Task(competition.task).numeric else "none")
     # The fold split keeps the competition's own seed, so runs with different training seeds share
     # folds and can be blended on OOF; --seed changes initialisation, dropout and batch order.
     run = RunConfig(competition=replace(competition, folds=folds), model=model, train=train, head=head)
@@ -1043,6 +1049,8 @@ def check_run_settings(run: RunConfig) -> None:
     if train.epochs is None or train.learning_rate is None:  # (resolve_run_config fills them)
         raise KbertError(f"train.{'epochs' if train.epochs is None else 'learning_rate'} is null: a resolved config "
                          "records the number the run used; give it")
+    if head.target_transform == "auto":  # (resolve_run_config resolves it)
+        raise KbertError("head.target_transform is auto: a resolved config records the transform the run used; give it")
     if head.target_transform != "none" and not Task(competition.task).numeric:
         raise KbertError(f"target_transform applies to regression and timeseries tasks, not '{competition.task}'")
     if head.calibrate and not Task(competition.task).calibratable:

@@ -90,6 +90,19 @@ def test_epochs_and_rate_default_by_what_trains():
     assert resolve_run_config(load_competition("titanic"), {"encoder": "minilm-l6"}).train.epochs == 20
 
 
+def test_a_regression_target_is_standardized_unless_another_transform_is_given(titanic):
+    """A head learning raw prices (about 156,000) predicted about 16 after a few epochs: by default a numeric task's
+    target is standardized on each fold's training rows; a classification task's has no transform."""
+    prices = load_competition("house-prices-advanced-regression-techniques")
+    plain = replace(prices, training={}, head={})
+    assert resolve_run_config(plain).head.target_transform == "standardize"
+    assert resolve_run_config(plain, {"target_transform": "none"}).head.target_transform == "none"
+    assert resolve_run_config(prices).head.target_transform == "log1p_standardize"  # the YAML's own
+    assert resolve_run_config(titanic).head.target_transform == "none"
+    with pytest.raises(KbertError, match="target_transform applies to regression and timeseries tasks, not 'binary'"):
+        resolve_run_config(titanic, {"target_transform": "standardize"})
+
+
 def test_shipped_pretrained_names_are_not_size_presets():
     from kbert.models.encoders import SHIPPED, is_preset
 
@@ -184,7 +197,7 @@ def test_nan_and_infinity_are_refused_for_every_numeric_setting_from_yaml(tmp_pa
     ({"layerwise_lr_decay": 0.0}, r"layerwise_lr_decay must be a finite number in \(0, 1\], got 0.0"),
     ({"pos_weight": [1.0, float("inf")]}, r"pos_weight must be .*, got \[1.0, inf\]"),
     ({"threshold": 1.0}, r"threshold must be a finite number in \(0, 1\) or 'tune', got 1.0"),
-    ({"seed": -1}, "seed must be an integer >= 0, got -1"),
+    ({"seed": -1}, r"seed must be an integer in \[0, 2000000\], got -1"),
     ({"limit_rows": 0}, "limit_rows must be an integer >= 1, or null, got 0"),
     ({"repeats": 0}, "repeats must be an integer >= 1, got 0"),
     ({"adapter_options": {"alpha": float("nan")}}, "adapter_options.alpha must be a finite number > 0, got nan"),
@@ -286,6 +299,8 @@ def test_a_resolved_config_names_its_unknown_keys_and_is_checked_as_its_competit
              r"train\.epochs is null: a resolved config records the number the run used; give it$"),
             (lambda c: c["head"].update(target_transform="log1p"),  # every check resolve_run_config makes
              r"target_transform applies to regression and timeseries tasks, not 'binary'$"),
+            (lambda c: c["head"].update(target_transform="auto"),
+             r"head\.target_transform is auto: a resolved config records the transform the run used; give it$"),
             (lambda c: c["train"].update(pseudo_threshold=0.7), r"--pseudo-threshold picks the teacher's confident"),
             (lambda c: c["competition"]["folds"].update(purge=3), r"folds\.purge 3 acts only with time-series folds"),
             (lambda c: c["head"].update(huber_delta=3.0),  # (a binary task: the flags' refusal, now here too)
