@@ -29,7 +29,7 @@ from sklearn.preprocessing import OneHotEncoder, OrdinalEncoder, StandardScaler,
 
 from kbert.ensembles.embedding_features import open_embedding_source, source_name, with_embeddings
 from kbert.errors import KbertError
-from kbert.io import make_folder, removed_on_refusal, write_csv, write_json
+from kbert.io import make_folder, removed_on_refusal, write_csv, write_json, written_together
 from kbert.pipeline.artifacts import (RunResult, check_run_outputs, config_fingerprint, fold_files_sha256,
                                       input_fingerprint, lock_message, lock_run_folder, score_summary, sealed,
                                       write_folds_table, write_predictions, write_run_config)
@@ -352,6 +352,9 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
     run_id = run_id or f"baseline-{model}{tag}-seed{config.seed}"
     comp_dir = Path(config.out_dir) / comp.name
     run_dir = comp_dir / run_id
+    if run_dir.exists() and not (run_dir / "metrics.json").is_file():  # stopped (Ctrl-C, killed) before its end
+        raise KbertError(f"{run_dir}: an unfinished baseline (no metrics.json); a baseline is not resumed: delete the "
+                         "folder to train it again, or pick another --run-id")
     if run_dir.exists():
         raise KbertError(f"run folder already exists: {run_dir}; pick another --run-id")
     submission_path = Path(config.submissions_dir) / comp.name / f"{run_id}.csv"
@@ -419,15 +422,16 @@ def run_baseline(config: RunConfig, model: str = "hgb", run_id: str | None = Non
             oof_predictions, test_predictions = native(task, oof), native(task, average_folds(test_tables))
             covered = fold_of_row >= 0
             cv = score(metric, task, truth[covered], oof_predictions[covered], 0.5, targets.classes)
-            predictions_sha256 = write_predictions(run_dir, expected, oof_predictions, test_predictions)
-            submission_path = write_predictions_submission(expected, test_predictions, 0.5, data.sample_submission,
-                                                           submission_path)
             seconds = time.perf_counter() - started
-            write_json(run_dir / "metrics.json", sealed({
-                **score_summary(run_id, comp, metric, cv, 0.5, fold_records), "baseline": model,
-                "wall_time_s": round(seconds, 2), "submission": str(submission_path),
-                "inputs": expected.inputs, "config_sha256": config_fingerprint(config),
-                "predictions_sha256": predictions_sha256, "fold_files_sha256": fold_files_sha256(run_dir),
-                **({"cv_rows": int(covered.sum())} if not covered.all() else {}), "warnings": warnings}))
+            with written_together():  # the predictions, the submission and metrics.json appear together, or none
+                predictions_sha256 = write_predictions(run_dir, expected, oof_predictions, test_predictions)
+                submission_path = write_predictions_submission(expected, test_predictions, 0.5,
+                                                               data.sample_submission, submission_path)
+                write_json(run_dir / "metrics.json", sealed({
+                    **score_summary(run_id, comp, metric, cv, 0.5, fold_records), "baseline": model,
+                    "wall_time_s": round(seconds, 2), "submission": str(submission_path),
+                    "inputs": expected.inputs, "config_sha256": config_fingerprint(config),
+                    "predictions_sha256": predictions_sha256, "fold_files_sha256": fold_files_sha256(run_dir),
+                    **({"cv_rows": int(covered.sum())} if not covered.all() else {}), "warnings": warnings}))
     return RunResult(run_id=run_id, run_dir=run_dir, fold_scores=fold_scores, cv_score=cv, metric=comp.metric,
                           submission_path=submission_path, seconds=seconds)

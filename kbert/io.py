@@ -151,7 +151,9 @@ def written_together() -> Iterator[None]:
     """The files that the block's writes produce appear together: each write fills its temp file as usual, and
     only when the whole block has succeeded are they moved into place, in the order written. A full disk (or any
     error) in the block leaves every target as it was: a record (metrics.json, a submission's .json) and the file
-    it describes are published together or not at all. Renames need no space, so the moves do not fail for it."""
+    it describes are published together or not at all. Renames need no space, so the moves do not fail for it; the
+    targets' old files are removed before the first move, so that a process killed between two moves leaves a new
+    record beside no old file it does not describe (an ensemble's new .json beside the previous blend's .csv)."""
     pending: list[Pending] = []
     token = _TOGETHER.set(pending)
     try:
@@ -162,6 +164,12 @@ def written_together() -> Iterator[None]:
         raise
     finally:
         _TOGETHER.reset(token)
+    for item in pending:  # the old files go first: a kill between two moves leaves no old file beside a new record
+        try:
+            if item.path.is_file():
+                item.path.unlink()
+        except OSError:  # (the move below says why it cannot replace it)
+            pass
     for index, item in enumerate(pending):
         try:
             _publish(item)

@@ -39,7 +39,6 @@ if TYPE_CHECKING:  # provenance reads run folders with this module: no import at
 
 # A finished fold's model files, whose sha256 its fold.json records.
 MODEL_FILES = (WEIGHTS_FILE, ADAPTER_WEIGHTS_FILE, ADAPTER_CONFIG_FILE, CHECKPOINT_CONFIG_FILE, TOKENIZER_FILE)
-RECORDED_FILES = (*MODEL_FILES, "history.json", "test.csv")  # a finished fold's files, whose sha256 fold.json keeps
 SCHEMA = 2  # metrics.json's "schema": what a member folder holds (folders from before it was recorded: schema 1)
 
 
@@ -287,14 +286,17 @@ def lock_run_folder(run_dir: Path) -> Iterator[None]:
 
 def check_resumable(run_dir: Path, config: RunConfig, inputs: dict[str, str] | None = None) -> None:
     """An existing run folder may be resumed only with the config and (``inputs``) the data files it was started
-    with, wherever its files are (``PLACEMENT``: the data by its hashes); a folder from before inputs were recorded
-    is checked on its config alone, and settings its config.yaml predates are read at their defaults
-    (``with_defaults``)."""
+    with, wherever its files are (``PLACEMENT``: the data by its hashes; a folder without inputs.json is refused), and
+    settings its config.yaml predates are read at their defaults (``with_defaults``)."""
     config_path = run_dir / CONFIG_FILE
     if not config_path.is_file():
-        raise KbertError(f"run folder already exists and has no config.yaml: {run_dir}; pick another --run-id")
+        raise KbertError(f"run folder already exists and has no config.yaml: {run_dir} (a run stopped before its "
+                         "first file holds nothing trained: delete it); pick another --run-id")
+    if not (run_dir / INPUTS_FILE).is_file():  # written before config.yaml: deleted, and with it the data's check
+        raise KbertError(f"{run_dir / INPUTS_FILE}: missing (the data files and config its folds were trained with); "
+                         "a resume cannot check them: put it back, or pick another --run-id")
     written = read_run_config(config_path, "; pick another --run-id")
-    recorded = read_json(run_dir / INPUTS_FILE) if (run_dir / INPUTS_FILE).is_file() else {}
+    recorded = read_json(run_dir / INPUTS_FILE)
     if CONFIG_FILE in recorded and recorded[CONFIG_FILE] != mapping_fingerprint(written):  # (older runs: none)
         raise KbertError(f"{config_path}: edited since run '{run_dir.name}' started (inputs.json records another "
                          "sha256): its finished folds were trained with what it said then; put it back, or pick "
@@ -306,7 +308,7 @@ def check_resumable(run_dir: Path, config: RunConfig, inputs: dict[str, str] | N
         shown = "; ".join(changed[:5]) + (f"; and {len(changed) - 5} more" if len(changed) > 5 else "")
         raise KbertError(f"{config_path}: run '{run_dir.name}' was started with other settings ({shown}); "
                          "resume it with the same settings, or pick another --run-id")
-    if inputs is not None and (run_dir / INPUTS_FILE).is_file():
+    if inputs is not None:
         check_same_inputs(run_dir, inputs)
 
 
@@ -395,20 +397,22 @@ def score_summary(run_id: str, comp: CompetitionConfig, metric: Metric, cv: floa
 
 def write_finished_fold(fold_dir: Path, fold: FoldPredictions) -> None:
     """The fold's predictions, then fold.json, sealed: the marker that the fold is complete, with the sha256 of each
-    of its model files, its history and its test predictions (``RECORDED_FILES``), which resuming, predicting and
-    reports verify (``verify_fold_files``)."""
+    of the fold's files (its model, history, fitted statistics and predictions), which resuming, predicting and
+    reports verify (``verify_fold_files``): an outputs.npz or serializer.json swapped in was kept by a resume."""
     write_npz(fold_dir / "outputs.npz", {"valid_outputs": fold.valid_outputs, "valid_predictions": fold.valid_predictions,
                                          "test_outputs": fold.test_outputs, "test_predictions": fold.test_predictions})
-    files = {name: file_sha256(fold_dir / name) for name in RECORDED_FILES if (fold_dir / name).is_file()}
+    files = {path.name: file_sha256(path) for path in sorted(fold_dir.iterdir())
+             if path.is_file() and path.name != "fold.json" and not path.name.startswith(".")}
     write_json(fold_dir / "fold.json", sealed({"record": fold.record, "tokens": fold.tokens, "files": files}))
 
 
 def fold_files_sha256(run_dir: Path) -> dict[str, str]:
-    """The sha256 of each file of the run's fold folders, by its path in the run (``folds/<k>/<name>``), but the
-    model files (each fold.json records theirs): metrics.json keeps it, and so ties the folds to the predictions it
-    seals (a fold folder copied in from another training under the same run id is refused:
-    ``check_fold_files_written``)."""
-    return {path.relative_to(run_dir).as_posix(): file_sha256(path) for path in sorted((run_dir / "folds").glob("*/*"))
+    """The sha256 of folds.csv and of each file of the run's fold folders, by its path in the run
+    (``folds/<k>/<name>``), but the model files (each fold.json records theirs): metrics.json keeps it, and so ties
+    the split and the folds to the predictions it seals (a fold folder copied in from another training under the same
+    run id, or another split's folds.csv, is refused: ``check_fold_files_written``)."""
+    paths = [run_dir / "folds.csv", *sorted((run_dir / "folds").glob("*/*"))]
+    return {path.relative_to(run_dir).as_posix(): file_sha256(path) for path in paths
             if path.is_file() and path.name not in MODEL_FILES}
 
 

@@ -306,3 +306,13 @@ def test_a_fold_of_another_training_under_the_same_name_is_refused(titanic_run, 
     assert capsys.readouterr().err.strip().splitlines()[-1] == \
         refusal.replace(f"{baseline}:", "member lr1:")
     assert not (tmp_path / "p.csv").exists() and not (tmp_path / "pkg").exists()
+
+    # another split's folds.csv (which a pseudo-label teacher's fold check reads) is refused as well
+    run_dir = copied_run(titanic_run, tmp_path / "again")
+    folds = pd.read_csv(run_dir / "folds.csv")
+    folds.assign(fold=1 - folds["fold"]).to_csv(run_dir / "folds.csv", index=False)
+    assert main(["predict", str(run_dir), "--data", str(BUNDLED_DATA_DIR / "titanic" / "test.csv"), "--output",
+                 str(tmp_path / "p.csv")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"kbert: error: {run_dir}: its folds.csv is not the one it was written with (metrics.json records another "
+        "sha256: edited, or of another training); put it back, or train the member again"]

@@ -127,7 +127,8 @@ def test_a_folder_without_config_is_refused_and_a_half_written_fold_is_redone(tm
         run_dir.mkdir(parents=True)
         result = run_kbert(tmp_path, "r")
         assert result.returncode == 2
-        assert result.stderr.strip() == (f"kbert: error: run folder already exists and has no config.yaml: {run_dir}; "
+        assert result.stderr.strip() == (f"kbert: error: run folder already exists and has no config.yaml: {run_dir} "
+                                         "(a run stopped before its first file holds nothing trained: delete it); "
                                          "pick another --run-id")
         return
     first = run_kbert(tmp_path, "r")
@@ -172,6 +173,24 @@ def test_a_folder_without_config_is_refused_and_a_half_written_fold_is_redone(tm
                                      "(edited: its record_sha256 does not match what it says); delete the fold's "
                                      "folder to train it again")
     write_json(run_dir / "folds" / "0" / "fold.json", kept)
+    inputs = (run_dir / "inputs.json").read_bytes()
+    (run_dir / "inputs.json").unlink()  # with it went the check that the resume reads the same data
+    unchecked = run_kbert(tmp_path, "r")
+    assert unchecked.returncode == 2
+    assert unchecked.stderr.strip() == (f"kbert: error: {run_dir / 'inputs.json'}: missing (the data files and "
+                                        "config its folds were trained with); a resume cannot check them: put it "
+                                        "back, or pick another --run-id")
+    (run_dir / "inputs.json").write_bytes(inputs)
+    for name, other in (("outputs.npz", (run_dir / "folds" / "1" / "outputs.npz").read_bytes()),
+                        ("serializer.json", b"{}")):  # another fold's predictions, which a resume blended; an edit
+        path = run_dir / "folds" / "0" / name
+        saved = path.read_bytes()
+        path.write_bytes(other)
+        swapped = run_kbert(tmp_path, "r")
+        assert swapped.returncode == 2
+        assert swapped.stderr.strip() == (f"kbert: error: {path}: not the file this fold was trained to (its sha256 "
+                                          "differs from the one fold.json recorded): damaged or swapped")
+        path.write_bytes(saved)
     (run_dir / "folds" / "1" / "history.json").unlink()
     (run_dir / "folds" / "2" / "test.csv").unlink()
     again = run_kbert(tmp_path, "r")
