@@ -353,7 +353,7 @@ subprocess.run(pip + {requirements}, check=True)
 subprocess.run(pip + ["--no-deps"] + {no_deps}, check=True)
 subprocess.run([sys.executable, "-m", "kbert.cli", "predict", str(PACKAGE / "{target}"),
                 "--data", str(COMPETITION / "test.csv"), "--output", str(WORKING / "submission.csv"),
-                "--out", str(PACKAGE / "runs"), "--data-dir", str(COMPETITION){submission}], check=True)
+                "--data-dir", str(COMPETITION){options}], check=True)
 print(open(WORKING / "submission.csv").read()[:500])
 '''
 
@@ -365,7 +365,8 @@ def inference_notebook(dataset: str, competition: str, target: str, requirements
     wheels = [f'str(WHEELS / "{name}")' if name.endswith(".whl") else json.dumps(name) for name in no_deps]
     code = NOTEBOOK_CODE.format(input=KAGGLE_INPUT, working=KAGGLE_WORKING, dataset=dataset, competition=competition,
                                 requirements=json.dumps(requirements), no_deps=f"[{', '.join(wheels)}]",
-                                target=target, submission="" if ensemble else ', "--submission"')
+                                target=target,  # an ensemble's members under runs/, a member's own labels
+                                options=', "--out", str(PACKAGE / "runs")' if ensemble else ', "--submission"')
     text = (f"# kbert: {competition} offline\n\nInstalls kbert from the dataset `{dataset}` with no network, then "
             f"predicts the competition's test rows with `{target}` and writes `submission.csv`.")
     return {"nbformat": 4, "nbformat_minor": 5,

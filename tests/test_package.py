@@ -47,7 +47,8 @@ def offline(command: list[str], env: dict, cwd: Path) -> subprocess.CompletedPro
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root's unshare -n")
-def test_the_package_installs_offline_and_its_notebook_writes_kbert_predicts_submission(ensemble_json, tmp_path):
+def test_the_package_installs_offline_and_its_notebook_writes_kbert_predicts_submission(ensemble_json, tmp_path,
+                                                                                     monkeypatch):
     package = tmp_path / "package"
     assert main(["package", str(ensemble_json), "--out", str(package), "--dataset", DATASET]) == 0
     dataset, notebook = package / "dataset", package / "notebook"
@@ -91,6 +92,23 @@ def test_the_package_installs_offline_and_its_notebook_writes_kbert_predicts_sub
     submission = pd.read_csv(working / "submission.csv")
     assert submission["PassengerId"].tolist() == hidden["PassengerId"].tolist()
     assert (working / "submission.csv").read_bytes() == (tmp_path / "hidden.csv").read_bytes()
+
+    # A package of one member (the embedding baseline, with the run it reads): its notebook predicts with the
+    # member's folder and writes its labels (it passed --out beside the folder too, which kbert predict refuses:
+    # every such notebook failed). Its wheels are the ones above.
+    from kbert.ensembles import package as packaging
+
+    monkeypatch.setattr(packaging, "download_wheels", lambda wanted, folder, *args: shutil.copytree(
+        dataset / "wheels", folder, dirs_exist_ok=True))
+    member = ensemble_json.parent.parent.parent / "runs" / "titanic" / "emb"
+    assert main(["package", str(member), "--out", str(tmp_path / "single"), "--dataset", "kbert-tester/kbert-emb"]) == 0
+    shutil.copytree(tmp_path / "single" / "dataset", inputs / "kbert-emb")
+    (tmp_path / "single.py").write_text(notebook_script(tmp_path / "single" / "notebook" / "predict.ipynb"))
+    ran = offline([python, str(tmp_path / "single.py")], env, tmp_path)
+    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
+    assert main(["predict", str(member), "--data", str(inputs / "titanic" / "test.csv"), "--data-dir",
+                 str(inputs / "titanic"), "--submission", "--output", str(tmp_path / "member.csv")]) == 0
+    assert (working / "submission.csv").read_bytes() == (tmp_path / "member.csv").read_bytes()
 
 
 @pytest.mark.slow
