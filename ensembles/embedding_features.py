@@ -107,8 +107,8 @@ def check_source_run(run_dir: Path, made_with: dict) -> None:
     sha256 the baseline recorded. A run trained again under its name fed its new embeddings to PCA and models
     fitted on the old ones (every row predicted 1.0). A baseline of an older kbert recorded none."""
     if not is_the_run(run_dir, made_with.get("metrics_sha256")):
-        raise KbertError(f"--embeddings {run_dir}: not the run this baseline was made with (its metrics.json changed "
-                         "since: trained again, or replaced); train the baseline again")
+        raise KbertError(f"{run_dir}: not the run this embedding baseline was made with (its metrics.json changed "
+                         "since: trained again, or replaced); put that run back, or train the baseline again")
 
 
 def open_run_source(spec: str, run_dir: Path, config: RunConfig, expected: Expected,

@@ -26,7 +26,7 @@ from kbert.ensembles.members import Member, common_rows
 from kbert.errors import KbertError
 from kbert.io import read_json, read_predictions, write_csv
 from kbert.names import check_name
-from kbert.pipeline.artifacts import check_predictions_file, input_paths, predictions_path, read_metrics
+from kbert.pipeline.artifacts import check_predictions_file, input_paths, is_the_run, predictions_path, read_metrics
 from kbert.pipeline.config import CompetitionConfig, RunConfig, competition_from_dict, read_yaml
 from kbert.pipeline.data import CompetitionData, check_feature_rows, load_competition_data, read_csv
 from kbert.pipeline.new_rows import new_row_features, predict_run, read_fold_table
@@ -99,12 +99,15 @@ def predict_baseline(run_dir: Path, data_path: Path, out: Path | None = None, da
 
 
 def embedding_spec(run_dir: Path, embeddings: dict) -> str:
-    """An embedding baseline's source as it reads it now: a run beside the baseline (where a package puts it), else
-    where it was when the baseline was made; a pretrained encoder by its name."""
+    """An embedding baseline's source as it reads it now: the run it was made with (its metrics.json's sha256),
+    beside the baseline (where a package puts it) or where it was when the baseline was made, in that order (an
+    unrelated run of the same name beside it was taken first); a pretrained encoder by its name."""
     if not embeddings.get("run_dir"):
         return str(embeddings["source"])
-    beside = run_dir.parent / Path(embeddings["run_dir"]).name
-    return str(beside if (beside / "config.yaml").is_file() else embeddings["run_dir"])
+    found = [folder for folder in (run_dir.parent / Path(embeddings["run_dir"]).name, Path(embeddings["run_dir"]))
+             if (folder / "config.yaml").is_file()]
+    return str(next((folder for folder in found if is_the_run(folder, embeddings.get("metrics_sha256"))),
+                    found[0] if found else embeddings["run_dir"]))
 
 
 def member_table(folder: Path, data_path: Path, scratch: Path, columns: list[str], ids: pd.Series,

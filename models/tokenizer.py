@@ -13,7 +13,7 @@ from tokenizers.models import WordPiece
 from tokenizers.trainers import WordPieceTrainer
 
 from kbert.errors import KbertError
-from kbert.io import read_text, write_text
+from kbert.io import file_sha256, read_text, write_text
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 # How pretrained tokenizers spell them: BERT, ELECTRA and DeBERTa in brackets, RoBERTa and XLM-R in angles.
@@ -91,12 +91,18 @@ def read_tokenizer(path: Path) -> Tokenizer:
 
 
 def load_or_train_tokenizer(texts: list[str], vocab_size: int, cache_dir: Path) -> tuple[Tokenizer, Path]:
-    """Train once per distinct corpus and vocabulary size; later runs load the cached ``tokenizer.json``."""
-    path = Path(cache_dir) / f"tokenizer-{corpus_key(texts, vocab_size)}.json"
-    if path.exists():
-        return read_tokenizer(path), path
+    """Train once per distinct corpus and vocabulary size; later runs load the cached ``tokenizer.json``. An entry is
+    named by its corpus's key and its own sha256, and read only when it has that sha256: the shared cache was
+    trusted by name, and an entry swapped in (a vocabulary learnt on other rows, a fold's validation rows among
+    them) was used as this corpus's."""
+    key = corpus_key(texts, vocab_size)
+    for path in sorted(Path(cache_dir).glob(f"tokenizer-{key}-*.json")):
+        if path.stem.rsplit("-", 1)[1] == file_sha256(path)[:16]:
+            return read_tokenizer(path), path
     tokenizer = train_wordpiece(texts, vocab_size)
-    write_text(path, tokenizer.to_str())
+    text = tokenizer.to_str()
+    path = Path(cache_dir) / f"tokenizer-{key}-{hashlib.sha256(text.encode('utf-8')).hexdigest()[:16]}.json"
+    write_text(path, text)
     return tokenizer, path
 
 

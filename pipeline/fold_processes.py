@@ -177,7 +177,9 @@ def check_alive(running: dict[int, multiprocessing.Process], jobs: list[FoldJob]
     for index, process in running.items():
         if not process.is_alive() and process.exitcode != 0:
             raise KbertError(f"{jobs[index].split.description}: its fold process ended with exit code "
-                             f"{process.exitcode} (out of memory?); rerun with --fold-processes 1, or fewer")
+                             f"{process.exitcode} (out of memory?); free memory and rerun the same command to "
+                             "resume it, or start again with --fold-processes 1, or fewer, under another --run-id "
+                             "(a resume keeps the layout its finished folds were trained in)")
 
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")

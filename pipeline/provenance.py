@@ -198,6 +198,9 @@ def aligned(path: Path, expected: Expected, ids: pd.Series, rows: str, who: str,
             raise Partial(f"{who}: a --limit-rows {limit} run: its {len(frame)} {rows} rows are not the "
                           f"{len(ids)} read now")
         unknown, missing = len(set(found) - set(ids)), len(set(ids) - set(found))
+        if not missing and not found.duplicated().any():  # made on every row, used by a --limit-rows command
+            raise KbertError(f"{who}: {path.name} holds {len(frame)} {rows} rows, more than the first {len(ids)} "
+                             "read now (--limit-rows): use it without --limit-rows, or make it with the same one")
         raise KbertError(f"{who}: {path.name} does not hold this competition's {rows} ids ({missing} missing, "
                          f"{unknown} unknown, {int(found.duplicated().sum())} repeated)")
     columns = [c for c in frame.columns if c != comp.id_column]

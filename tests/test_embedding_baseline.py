@@ -118,8 +118,9 @@ def test_a_fine_tuned_source_gives_a_member_in_the_run_format(fine_tuned, capsys
     # reducers and models fitted on the old ones, and every row was predicted 1.0)
     assert config["embeddings"]["metrics_sha256"] == file_sha256(source_dir / "metrics.json")
     check_source_run(source_dir, config["embeddings"])
-    with pytest.raises(KbertError, match=r"not the run this baseline was made with \(its metrics\.json changed since: "
-                                         r"trained again, or replaced\); train the baseline again$"):
+    with pytest.raises(KbertError, match=r"not the run this embedding baseline was made with \(its metrics\.json "
+                                         r"changed since: trained again, or replaced\); put that run back, or train "
+                                         r"the baseline again$"):
         check_source_run(source_dir, {**config["embeddings"], "metrics_sha256": "0" * 64})
     pd.testing.assert_frame_equal(pd.read_csv(member_dir / "folds.csv"), pd.read_csv(source_dir / "folds.csv"))
     for k in range(2):  # the tiny run's encoder is 32 wide: 32 components of its pooled vectors, per fold
@@ -154,3 +155,20 @@ def test_source_names_are_plain():
     assert source_name("runs/titanic/fusion-none/") == "fusion-none"
     assert source_name("sentence-transformers/all-MiniLM-L6-v2@abc") == "all-MiniLM-L6-v2-abc"
     assert source_name("minilm-l6") == "minilm-l6"
+
+
+def test_an_embedding_baseline_reads_the_run_it_was_made_with_not_another_of_its_name(tmp_path):
+    """A run beside the baseline (where a package puts its source) was taken before the one recorded, even when it
+    was an unrelated run of the same name and the recorded one was intact."""
+    from kbert.ensembles.predict import embedding_spec
+
+    beside, recorded = tmp_path / "runs" / "titanic" / "r1", tmp_path / "elsewhere" / "r1"
+    for folder, text in ((beside, "beside"), (recorded, "recorded")):
+        folder.mkdir(parents=True)
+        (folder / "config.yaml").write_text("{}")
+        (folder / "metrics.json").write_text(text)
+    baseline = tmp_path / "runs" / "titanic" / "emb"
+    for made_with, found in ((recorded, recorded), (beside, beside)):
+        embeddings = {"run_dir": str(recorded), "metrics_sha256": file_sha256(made_with / "metrics.json")}
+        assert embedding_spec(baseline, embeddings) == str(found)
+    assert embedding_spec(baseline, {"run_dir": str(recorded), "metrics_sha256": "0" * 64}) == str(beside)  # refused

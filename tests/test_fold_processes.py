@@ -233,3 +233,20 @@ def test_a_fold_process_starts_with_ctrl_c_held_back():
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
     assert signal.SIGINT in messages.get(timeout=60)
     child.join(timeout=60)
+
+
+def test_a_fold_process_killed_for_memory_says_how_to_resume_and_how_to_start_again():
+    """The advice was `rerun with --fold-processes 1`, which a resume refuses (its folds' layout is in its config)."""
+    from types import SimpleNamespace
+
+    from kbert.errors import KbertError
+    from kbert.pipeline.fold_processes import check_alive
+
+    killed = SimpleNamespace(is_alive=lambda: False, exitcode=-9)
+    jobs = [SimpleNamespace(split=SimpleNamespace(description="fold 3/3"))]
+    with pytest.raises(KbertError) as error:
+        check_alive({0: killed}, jobs)
+    assert str(error.value) == ("fold 3/3: its fold process ended with exit code -9 (out of memory?); free memory and "
+                                "rerun the same command to resume it, or start again with --fold-processes 1, or "
+                                "fewer, under another --run-id (a resume keeps the layout its finished folds were "
+                                "trained in)")

@@ -29,6 +29,13 @@ def test_tokenizer_is_cached_per_corpus(tmp_path):
     assert path_again == path and again.get_vocab() == first.get_vocab()
     _, other = load_or_train_tokenizer(TEXTS[:3], 200, tmp_path)
     assert other != path
+    # Two entries swapped (each under the other's corpus key): each is read only with its own sha256, so the
+    # corpus's own vocabulary is trained again rather than another corpus's used.
+    first_bytes, other_bytes = path.read_bytes(), other.read_bytes()
+    path.write_bytes(other_bytes)
+    other.write_bytes(first_bytes)
+    retrained, path_retrained = load_or_train_tokenizer(TEXTS, 200, tmp_path)
+    assert retrained.get_vocab() == first.get_vocab() and path_retrained.read_bytes() == first_bytes
 
 
 def test_a_max_length_without_room_for_text_is_refused():

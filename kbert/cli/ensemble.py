@@ -65,6 +65,9 @@ def cmd_ensemble(args: argparse.Namespace) -> int:
     methods = METHODS if args.method in ("best", "all") else named_methods(args.method)
     if args.top_k is not None and "top-k" not in methods:
         raise KbertError(f"--top-k {args.top_k} acts only with --method top-k (or best); here it would be ignored")
+    if args.threshold != "auto" and set(methods) == {"rank"}:
+        raise KbertError(f"--threshold {args.threshold} acts only with methods other than rank (a rank average's "
+                         "cut-off is always fitted: a rank is no probability); here it would be ignored")
     if args.name is not None:
         from kbert.names import check_name
 
