@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,8 @@ from optuna.trial import FrozenTrial, TrialState
 from kbert.errors import KbertError
 from kbert.io import removed_on_refusal
 from kbert.names import check_run_name
-from kbert.pipeline.config import CompetitionConfig, RunConfig, load_competition, resolve_run_config
+from kbert.pipeline.config import (SETTINGS, CompetitionConfig, RunConfig, competition_path, load_competition,
+                                   resolve_run_config)
 from kbert.pipeline.fold_processes import usable_cores
 from kbert.tune.database import missing_sqlite_file
 from kbert.tune.trial_store import open_artifact_store
@@ -57,23 +60,27 @@ def resolve_trial_config(competition: CompetitionConfig, options: TuneOptions, o
     return resolve_run_config(competition, merged)
 
 
-def check_text_values(competition: CompetitionConfig, options: TuneOptions, params: list[Param], source: str) -> None:
+def check_text_values(competition: CompetitionConfig, options: TuneOptions, params: list[Param]) -> None:
     """The study's fixed settings resolve, and each value a ``text.<field>`` entry takes makes a serializer that reads
     this competition's rows (a template naming no column, a mapping of another): refused now, in one line, rather
     than trial by trial through a night. A value is tried in one trial's choices: the entries that decide whether
     it is sampled at their first value that samples it, every other entry sampled with it at its first; a
-    combination that only a whole trial can judge (another setting refuses it) is left to the trial."""
+    combination that only a whole trial can judge (another setting refuses it) is left to the trial. The line
+    names the entry whose value the serializer refuses (``blamed``)."""
     base = resolve_trial_config(competition, options, {})
     texts = [p for p in params if p.target.startswith("text.") and taken(p)]
     if not texts:
         return
-    from kbert.pipeline.fold import make_serializer
     from kbert.pipeline.run import prepare_inputs
 
     rows = prepare_inputs(base).features
     by_name, conditions = {p.name: p for p in params}, {}
     for param in params:  # (in sampling order: an entry after those its `when` names)
         conditions[param.name] = sampled_under(param, by_name, conditions)
+
+    def refusal(chosen: dict[str, Any]) -> KbertError | None:
+        return serializer_refusal(competition, options, to_overrides(params, chosen), rows)
+
     for param in texts:
         for value in taken(param):
             chosen: dict[str, Any] = {}
@@ -83,14 +90,38 @@ def check_text_values(competition: CompetitionConfig, options: TuneOptions, para
                     chosen[other.name] = values[0]
             if chosen.get(param.name) != value:  # (its conditions are not all met by their first values)
                 continue
-            try:
-                config = resolve_trial_config(competition, options, to_overrides(params, chosen))
-            except KbertError:  # refused for another entry's value: the trial says why with its own values
-                continue
-            try:
-                make_serializer(config).fit(rows).transform(rows.iloc[:2])
-            except KbertError as exc:
-                raise KbertError(f"{source}: '{param.name}' value {value!r}: {exc}") from None
+            refused = refusal(chosen)
+            if refused is not None:
+                culprit = blamed(param, [p for p in texts if p.name not in conditions[param.name]], chosen, refusal)
+                raise KbertError(f"{culprit.where} value {chosen[culprit.name]!r}: {refused}")
+
+
+def serializer_refusal(competition: CompetitionConfig, options: TuneOptions, overrides: dict[str, Any],
+                       rows: Any) -> KbertError | None:
+    """What a trial's serializer says of the competition's ``rows``: None when it reads them, or when another
+    setting refuses the trial (the trial says why, with its own values)."""
+    from kbert.pipeline.fold import make_serializer
+
+    try:
+        config = resolve_trial_config(competition, options, overrides)
+    except KbertError:
+        return None
+    try:
+        make_serializer(config).fit(rows).transform(rows.iloc[:2])
+    except KbertError as exc:
+        return exc
+    return None
+
+
+def blamed(param: Param, others: list[Param], chosen: dict[str, Any],
+           refusal: Callable[[dict[str, Any]], KbertError | None]) -> Param:
+    """The text entry a refused combination is refused for: another one of ``others`` (not those ``param`` is
+    sampled under) without whose value it is not refused, else ``param`` itself."""
+    for other in others:
+        if other is not param and other.name in chosen and \
+                refusal({k: v for k, v in chosen.items() if k != other.name}) is None:
+            return other
+    return param
 
 
 def make_sampler(seed: int | None) -> optuna.samplers.BaseSampler:
@@ -120,9 +151,11 @@ def load_study(options: TuneOptions, create: bool, check: bool = True
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # not Optuna's line for every study it opens
     competition = load_competition(options.competition)
     entries = space_entries(competition, Path(options.space) if options.space else None)
-    params = parse_space(entries, options.space or f"{competition.name} search space")  # before any file is made
-    if create:  # the study's fixed settings (--folds, --limit-rows) are refused before its folder is made
-        check_text_values(competition, options, params, options.space or f"{competition.name} search space")
+    params = parse_space(entries, options.space or f"{competition.name} search space", task=competition.task,
+                         origins=space_origins(options, competition))  # before any file is made
+    first = None
+    if create:  # the space and the fixed settings (--folds, --limit-rows) are checked before any file is made
+        first = first_trial(competition, options, params)
     directory = study_dir(options, competition)
     if (directory / "config.yaml").is_file():  # (pipeline.artifacts.CONFIG_FILE: that module loads MLX)
         raise KbertError(f"--study {options.study}: {directory} is a run's folder (it holds config.yaml); choose "
@@ -133,15 +166,16 @@ def load_study(options: TuneOptions, create: bool, check: bool = True
     if missing:  # opening it would make the file
         raise KbertError(f"no study '{options.study}' for {competition.name}: no database file {missing}")
     with removed_on_refusal() as created:  # a refusal in it takes back the journal and folders opening it made
-        study, params = open_study(options, competition, entries, params, create=create, check=check)
+        study, params = open_study(options, competition, entries, params, create=create, check=check, first=first)
         created.forget()  # opened: whatever is refused later (in a trial, at the deadline), the study stays
     return study, competition, params, directory
 
 
 def open_study(options: TuneOptions, competition: CompetitionConfig, entries: dict[str, Any], params: list[Param],
-               *, create: bool, check: bool) -> tuple[optuna.Study, list[Param]]:
+               *, create: bool, check: bool, first: FirstTrial | None = None) -> tuple[optuna.Study, list[Param]]:
     """``load_study`` from the storage on: the study created or loaded (an existing one is only read: loading
-    it appends nothing to its journal), its settings adopted or refused, and the parsed space it uses."""
+    it appends nothing to its journal), its settings adopted or refused, and the parsed space it uses. ``first``:
+    what a new study starts with (``first_trial``, given with ``create``), made before the storage was."""
     directory = study_dir(options, competition)
     storage = open_storage(options, directory)
     if create and options.artifacts:  # a bad --artifacts is refused before the study is written, not by a worker
@@ -172,9 +206,10 @@ def open_study(options: TuneOptions, competition: CompetitionConfig, entries: di
             refuse_differences(stored, study_settings(competition, options, entries), options)
         if not options.space:  # the study's space, whatever this machine's default would be (GPU or CPU)
             entries = stored["space"]
-            params = parse_space(entries, f"study '{options.study}' search space")
+            params = parse_space(entries, f"study '{options.study}' search space", task=competition.task)
     if new:
-        start_study(study, competition, options, params)
+        options.overrides = {**first.encoder, **options.overrides}  # (stored with the study's settings below)
+        start_study(study, competition, options, first)
     if stored is None and (new or check):
         study.set_user_attr("settings", study_settings(competition, options, entries))
     return study, params
@@ -261,18 +296,61 @@ def refuse_differences(stored: dict[str, Any], mine: dict[str, Any], options: Tu
                          f"another --study")
 
 
-def start_study(study: optuna.Study, competition: CompetitionConfig, options: TuneOptions, params: list[Param]) -> None:
+@dataclass
+class FirstTrial:
+    """What a new study starts with, checked before any of its files is made: trial 0's entry values (the
+    competition's default run: ``default_params``), the entries whose default lies outside the space, and the
+    encoder that `kbert run` chooses for the data where nothing names one ({} or {"encoder": name}), with its line."""
+
+    params: dict[str, Any]
+    outside: list[str]
+    encoder: dict[str, str]
+    reason: str = ""
+
+
+def first_trial(competition: CompetitionConfig, options: TuneOptions, params: list[Param]) -> FirstTrial:
+    """A new study's ``FirstTrial``: the space's text values checked on the data (``check_text_values``) and trial 0
+    resolved, as its trials will resolve (the data's encoder an override of every trial: `kbert run` chooses it)."""
+    encoder, reason = data_encoder(competition, options)
+    planned = replace(options, overrides={**encoder, **options.overrides})
+    check_text_values(competition, planned, params)
+    fixed, outside = default_params(params, resolve_trial_config(competition, planned, {}))
+    resolve_trial_config(competition, planned, to_overrides(params, fixed))  # fail now, not in a worker
+    return FirstTrial(fixed, outside, encoder, reason)
+
+
+def data_encoder(competition: CompetitionConfig, options: TuneOptions) -> tuple[dict[str, str], str]:
+    """The encoder `kbert run` chooses where neither the competition nor the options name one (as kbert/cli/run.py
+    ``chosen_encoder``: pipeline/data.py ``default_encoder`` on the training rows), and the line that says why."""
+    if "encoder" in competition.training or options.overrides.get("encoder") is not None:
+        return {}, ""
+    from kbert.models.encoders import shipped_available
+    from kbert.pipeline.data import default_encoder, load_competition_data
+
+    train = load_competition_data(competition, options.overrides.get("data_dir")).train
+    encoder, reason = default_encoder(train, competition, shipped_available("minilm-l6"))
+    return ({"encoder": encoder} if encoder != SETTINGS["encoder"].default else {}), reason
+
+
+def start_study(study: optuna.Study, competition: CompetitionConfig, options: TuneOptions, first: FirstTrial) -> None:
     """A new study: its competition and metric, and trial 0 queued as the default configuration."""
-    default = resolve_trial_config(competition, options, {})
-    fixed, outside = default_params(params, default)
-    resolve_trial_config(competition, options, to_overrides(params, fixed))  # fail now, not in a worker
     study.set_user_attr("competition", competition.name)
     study.set_user_attr("metric", competition.metric)
+    if first.reason:
+        print(first.reason, file=sys.stderr)
     if options.enqueue_default:
-        study.enqueue_trial(fixed, user_attrs={"default": True})
-        if outside:
-            print(f"note: the default configuration's {', '.join(outside)} lie(s) outside the search space; "
+        study.enqueue_trial(first.params, user_attrs={"default": True})
+        if first.outside:
+            print(f"note: the default configuration's {', '.join(first.outside)} lie(s) outside the search space; "
                   f"trial 0 samples them")
+
+
+def space_origins(options: TuneOptions, competition: CompetitionConfig) -> dict[str, str]:
+    """What gave each entry that ``--space FILE`` did not: the competition's ``search_space:``, laid over FILE
+    (without --space, the default space and the competition's are one: the competition's search space)."""
+    if not options.space:
+        return {}
+    return {name: f"{competition_path(options.competition)}: search_space" for name in competition.search_space}
 
 
 def greater_is_better(competition: CompetitionConfig) -> bool:
