@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_origin, get_type_hints
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -60,10 +60,36 @@ class AdapterConfig:
         unknown = set(values) - {f.name for f in fields(cls)}
         if unknown:
             raise KbertError(f"unknown adapter setting(s) {sorted(unknown)}; known: {[f.name for f in fields(cls)]}")
+        if isinstance(values.get("targets"), list) and all(isinstance(t, str) for t in values["targets"]):
+            values = {**values, "targets": ",".join(values["targets"])}  # a YAML list of layer patterns
+        hints = get_type_hints(cls)
+        for name, value in values.items():
+            check_adapter_value(name, hints[name], value)
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+ADAPTER_VALUES = {bool: (lambda v: isinstance(v, bool), "true or false"),
+                  int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+                  float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+                          "a finite number"),
+                  str: (lambda v: isinstance(v, str), "text")}
+
+
+def check_adapter_value(name: str, kind: Any, value: Any) -> None:
+    """An adapter setting's value has its AdapterConfig field's type (a mapping: text keys, values of its type):
+    'rslora: "no"' switched rsLoRA on (a truthy string), and a number where text belongs ended in a traceback."""
+    if get_origin(kind) is dict:
+        fits, shape = ADAPTER_VALUES[get_args(kind)[1]]
+        if not isinstance(value, dict) or not all(isinstance(k, str) and fits(v) for k, v in value.items()):
+            raise KbertError(f"adapter setting {name} must be a mapping of layer patterns to "
+                             f"{shape.split(' ', 1)[1]}s, got {value!r}")
+        return
+    fits, shape = ADAPTER_VALUES[kind]
+    if not fits(value):
+        raise KbertError(f"adapter setting {name} must be {shape}, got {value!r}")
 
 
 # Names usable in YAML (``training: {adapter: balanced}``) and on the command line (``--adapter balanced``).
@@ -125,6 +151,8 @@ def check_adapter_config(config: AdapterConfig) -> None:
         raise KbertError(f"adapter dropout must be in [0, 1), got {config.dropout}")
     if config.bits not in (0, 4, 8):
         raise KbertError(f"adapter bits must be 0 (no quantization), 4 or 8, got {config.bits}")
+    if config.group_size not in (32, 64, 128):  # what MLX's quantize takes
+        raise KbertError(f"adapter group_size must be 32, 64 or 128, got {config.group_size}")
     if config.init not in ("kaiming", "gaussian"):
         raise KbertError(f"adapter init must be kaiming or gaussian, got '{config.init}'")
 

@@ -282,8 +282,9 @@ class ModelConfig:
                            help="train adapters on a pretrained encoder instead of all its weights: a preset "
                                 "(efficient r=4, balanced r=8, expressive r=16, qlora_memory: 4-bit base r=8) or a "
                                 "kind (lora, rslora, dora, qlora)")
-    adapter_options: dict = setting({}, bound={"rank": SIZE, "alpha": POSITIVE, "dropout": SHARE, "bits": COUNT,
-                                               "group_size": SIZE},
+    adapter_options: dict = setting({}, bound={"rank": SIZE, "alpha": POSITIVE, "dropout": SHARE,
+                                               "bits": Bound(integer=True, at_least=0, at_most=8),  # 0, 4 or 8
+                                               "group_size": Bound(integer=True, at_least=32, at_most=128)},
                                     help="models/adapters.py AdapterConfig fields over the adapter preset's (--lora-*)")
     adapter_checkpoint: str = setting("adapter", choices=("adapter", "merged"), flag="--adapter-checkpoint",
                                       help="fold checkpoints hold the adapter weights only (default) or the merged "
@@ -548,6 +549,11 @@ def check_competition_settings(competition: CompetitionConfig, where: str = "") 
     """The keys of a competition's `training:` and `head:` sections, and the numbers of those and of its `folds:`
     and `text:` sections; ``where`` is put before the key in messages (``competition.yaml: ``)."""
     check_setting_names(competition.training, f"{where}training: ")
+    for key in competition.training:  # the run's own and the split's: a YAML's training: section sent runs elsewhere
+        if key in RUN_FIELDS or key in flags(FoldConfig):
+            home = (f"the folds: section's {SETTINGS[key].name}" if key in flags(FoldConfig) else
+                    f"{SETTINGS[key].metadata['flag']} or at the top level of a --config file")
+            raise KbertError(f"{where}training.{key}: not a competition's training setting; give it as {home}")
     unknown_head_keys = set(competition.head) - {f.name for f in fields(HeadOptions)}
     if unknown_head_keys:
         raise KbertError(f"{where}head: unknown key(s) {sorted(unknown_head_keys)}; known: "

@@ -237,6 +237,26 @@ def test_qlora_8bit_and_group_size_checks():
         apply_adapters(tiny_model("bert"), resolve_adapter("qlora", {"group_size": 128}))
     with pytest.raises(KbertError, match="bits must be 0"):
         resolve_adapter("qlora", {"bits": 3})
+    with pytest.raises(KbertError, match="^adapter group_size must be 32, 64 or 128, got 2$"):  # (MLX's quantize's)
+        resolve_adapter("qlora", {"group_size": 2})
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"targets": 5}, "adapter setting targets must be text, got 5"),
+    ({"rank_pattern": 5}, "adapter setting rank_pattern must be a mapping of layer patterns to integers, got 5"),
+    ({"alpha_pattern": {"query": "x"}},
+     "adapter setting alpha_pattern must be a mapping of layer patterns to finite numbers, got {'query': 'x'}"),
+    ({"rslora": "no"}, "adapter setting rslora must be true or false, got 'no'"),  # (a truthy string: rsLoRA on)
+    ({"rank": 4.5}, "adapter setting rank must be an integer, got 4.5"),
+])
+def test_adapter_settings_of_the_wrong_type_are_refused_in_one_line(options, message):
+    with pytest.raises(KbertError) as error:
+        resolve_adapter("lora", options)
+    assert str(error.value) == message
+
+
+def test_adapter_targets_may_be_a_yaml_list():
+    assert resolve_adapter("lora", {"targets": ["query", "value"]}).targets == "query,value"
 
 
 @pytest.mark.parametrize("kind", ["dora", "qlora"])

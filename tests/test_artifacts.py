@@ -56,7 +56,7 @@ def test_a_fold_is_complete_with_its_record_and_every_checkpoint_file(tmp_path):
     assert missing_fold_part(fold) == "adapter.safetensors"
 
 
-def test_a_resume_checks_the_data_files_and_accepts_a_folder_from_before_they_were_recorded(mini, tmp_path):
+def test_a_resume_checks_the_data_files_and_refuses_a_folder_without_their_record(mini, tmp_path):
     config = mini()
     inputs = input_fingerprint(config.competition, Path("data"))
     assert sorted(inputs) == ["sample_submission.csv", "test.csv", "train.csv"]
@@ -89,8 +89,10 @@ def test_a_resume_checks_the_data_files_and_accepts_a_folder_from_before_they_we
     write_run_config(run_dir, {"run_id": "run", **config.to_dict()}, {**inputs, "encoder weights": "e" * 64})
     with pytest.raises(KbertError, match="was started on other data: encoder weights changed; pick another --run-id$"):
         check_resumable(run_dir, config, {**inputs, "encoder weights": "f" * 64})
-    (run_dir / "inputs.json").unlink()  # a run folder written before inputs were recorded
-    check_resumable(run_dir, config, changed)
+    (run_dir / "inputs.json").unlink()  # deleted: the data and config went unchecked, and other data was mixed in
+    with pytest.raises(KbertError, match=f"^{run_dir / 'inputs.json'}: missing \\(the data files and config its "
+                                         "folds were trained with\\); a resume cannot check them"):
+        check_resumable(run_dir, config, changed)
 
 
 def targets(values, classes=None) -> Targets:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from kbert.errors import KbertError
 from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition
 from kbert.pipeline.submission import validate_submission
 
@@ -53,8 +54,21 @@ def test_run_options_are_the_declared_settings(tmp_path, monkeypatch):
     assert declared["limit_rows"].metadata["env"] == "KBERT_LIMIT_ROWS" and overrides["limit_rows"] is None
     monkeypatch.setenv("KBERT_LIMIT_ROWS", "50")
     run = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["run"]
-    assert _overrides(run.parse_args(["titanic"]))["limit_rows"] == 50
-    assert _overrides(run.parse_args(["titanic", "--limit-rows", "7"]))["limit_rows"] == 7  # the flag wins
+    from kbert.cli.common import check_numbers
+
+    def checked(argv):  # as main reads the variable: after parsing, where no flag was given
+        args = run.parse_args(argv)
+        check_numbers(args)
+        return args
+
+    assert _overrides(checked(["titanic"]))["limit_rows"] == 50
+    assert _overrides(checked(["titanic", "--limit-rows", "7"]))["limit_rows"] == 7  # the flag wins
+    for text in ("0", "abc"):  # named as the variable, not as the flag nobody gave (argparse's refusal for abc)
+        monkeypatch.setenv("KBERT_LIMIT_ROWS", text)
+        with pytest.raises(KbertError) as error:
+            checked(["titanic"])
+        assert str(error.value) == ("the environment's KBERT_LIMIT_ROWS must be an integer >= 1, got "
+                                    f"{int(text) if text.isdigit() else text!r}")
     code = "import sys; from kbert.cli import build_parser; build_parser(); print('mlx.core' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.stdout.strip() == "False", out.stderr

@@ -54,8 +54,8 @@ def add_setting(parser: argparse.ArgumentParser, key: str, help: str | None = No
     declared = SETTINGS[key]
     meta, bound = declared.metadata, declared.metadata["bound"]
     env = meta["env"]
-    if default is None and env and os.environ.get(env):  # argparse converts a str default with the option's type
-        default = os.environ[env]
+    if env:  # (check_numbers reads it, naming the variable: argparse's own refusal named the flag)
+        parser.set_defaults(environment={**(parser.get_default("environment") or {}), key: env})
     options = {"dest": key, "default": default, "help": (help or meta["help"]) +
                (f" (default: ${env} when set)" if env else "")}
     if meta["metavar"]:
@@ -85,6 +85,15 @@ def check_numbers(args: argparse.Namespace) -> None:
 
     from kbert.pipeline.config import Bound, bound_of, check_number
 
+    for dest, env in (getattr(args, "environment", None) or {}).items():  # a setting's variable, where no flag
+        text = os.environ.get(env)
+        if getattr(args, dest) is None and text:
+            limits = replace(bound_of(dest), optional=False)
+            try:
+                value = int(text) if limits.integer else float(text)
+            except ValueError:
+                value = text
+            setattr(args, dest, check_number(value, f"the environment's {env}", limits))
     for dest, (flag, integer, bound) in (getattr(args, "numbers", None) or {}).items():
         value = getattr(args, dest)
         if value is not None:  # not given, and no default
