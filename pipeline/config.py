@@ -1076,6 +1076,9 @@ def check_run_settings(run: RunConfig) -> None:
     if folds.purge and folds.shuffle:  # each left the run bit-identical
         raise KbertError(f"folds.purge {folds.purge} acts only with time-series folds (shuffle: false): shuffled folds "
                          "have no rows just before a validation block")
+    if folds.seed != SETTINGS["folds.seed"].default and not folds.shuffle:  # (forward folds draw nothing)
+        raise KbertError(f"folds.seed {folds.seed} acts only with shuffled folds (shuffle: true): time-series folds "
+                         "are contiguous blocks, the same for every seed")
     if folds.group_regex and not folds.group_column:
         raise KbertError("folds.group_regex acts only with folds.group_column, the column it reads the group from")
     check_model_sizes(model)
