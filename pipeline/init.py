@@ -27,10 +27,23 @@ from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.tasks import Task, submission_kind
 
 RARE_POSITIVE = 0.2  # a label submission whose positive class is rarer than this is scored by F1, not accuracy
+MAX_INTEGER_CLASSES = 10  # a target of at most this many distinct integers is classes; of more, a regression
+FEW_TEXT_CELLS = 0.1  # a numeric target's cells of text (a '?') are at most this share of its cells
+THOUSANDS = r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?"  # a number written with thousands separators: 104,811 or -1,234.5
+
+
+@dataclass(frozen=True)
+class DataFiles:
+    """A new competition's CSV files, all in one folder: train, test and (optionally) the sample submission."""
+
+    train: Path
+    test: Path
+    sample: Path | None = None
 
 
 def column_dtype(values: pd.Series) -> str:
-    if pd.api.types.is_bool_dtype(values) or set(values.dropna().astype(str)) <= {"True", "False"} and values.notna().any():
+    words = set(values.dropna().astype(str)) <= {"True", "False"} and values.notna().any()
+    if pd.api.types.is_bool_dtype(values) or words:
         return "bool"
     if pd.api.types.is_integer_dtype(values):
         return "int"
@@ -39,16 +52,19 @@ def column_dtype(values: pd.Series) -> str:
     return "str"
 
 
-def sample_id(sample: pd.DataFrame, test: pd.DataFrame) -> str:
-    """The sample submission's id column: the one of its columns the test file holds too (where one does), else its
-    first; it may come after the values (``y,id``)."""
-    shared = [str(c) for c in sample.columns if c in test.columns]
+def sample_id(sample: pd.DataFrame, test: pd.DataFrame, given: str | None = None) -> str:
+    """The sample submission's id column: ``given`` (--id), else the one of its columns the test file holds with
+    values (where one does; a test file may carry the target as an empty column), else its first; it may come
+    after the values (``y,id``)."""
+    if given is not None:
+        return given
+    shared = [str(c) for c in sample.columns if c in test.columns and test[c].notna().any()]
     return shared[0] if len(shared) == 1 else str(sample.columns[0])
 
 
-def sample_values(sample: pd.DataFrame, test: pd.DataFrame) -> list:
-    """The sample submission's value columns, in its order: every column but the id."""
-    identifier = sample_id(sample, test)
+def sample_values(sample: pd.DataFrame, test: pd.DataFrame, given: str | None = None) -> list:
+    """The sample submission's value columns, in its order: every column but the id (``given``: --id)."""
+    identifier = sample_id(sample, test, given)
     return [c for c in sample.columns if str(c) != identifier]
 
 
@@ -65,30 +81,106 @@ def infer_id_column(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFram
     raise KbertError("could not tell the id column (no unique column named like '...id' in both files); pass --id")
 
 
-def per_class_target(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame) -> str | None:
-    """The target of a sample submission with one probability column per class: the one training column missing
-    from the test file whose values, written out, are the sample's column names."""
-    names = {str(c) for c in sample_values(sample, test)}
-    only_train = [c for c in train.columns if c not in test.columns]
-    if len(only_train) == 1 and names == set(train[only_train[0]].dropna().astype(str)):
-        return only_train[0]
-    return None
+def target_candidates(train: pd.DataFrame, test: pd.DataFrame) -> list[str]:
+    """The training columns the test file lacks, else those it carries empty (as some test files carry the
+    target): where the target is."""
+    only_train = [str(c) for c in train.columns if c not in test.columns]
+    return only_train or [str(c) for c in train.columns if test[c].isna().all() and train[c].notna().any()]
 
 
-def infer_targets(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame | None) -> list[str]:
+def classes_of(target: pd.Series) -> set[str]:
+    """A target's classes as a sample submission names its per-class columns."""
+    return {str(plain(v)) for v in target.dropna().unique()}
+
+
+def is_per_class(names: list, target: pd.Series) -> bool:
+    """Whether the sample's value columns ``names`` are one probability column per class of ``target``: a column
+    for each of its (two or more) classes; a column for a class no training row has is one the model never
+    predicts (``unseen_class_notes``)."""
+    classes = classes_of(target)
+    return len(classes) >= 2 and classes <= {str(c) for c in names}
+
+
+def class_columns_problem(names: list, column: str, target: pd.Series) -> str:
+    """Why the sample's value columns ``names``, two or more of them classes of ``column``, are not one column per
+    class of it: classes that training rows hold and the sample has no column for; "" where there are none."""
+    classes, named = classes_of(target), [str(c) for c in names]
+    absent = sorted(classes - set(named))
+    if len(classes & set(named)) < 2 or not absent or column in named:
+        return ""
+    shown = ", ".join(map(repr, absent))
+    return (f"columns {named} are classes of '{column}', but not {shown}, which training rows hold: kbert writes one "
+            f"probability column per class of the target; remove the training rows of {shown} if the competition "
+            "never scores them")
+
+
+def class_of(name: str, target: pd.Series) -> object:
+    """The class a per-class column ``name`` stands for: the target's own value written so, else (a class no
+    training row has) ``name`` as a number where the target holds numbers, else as the text it is."""
+    by_name = {str(plain(v)): plain(v) for v in target.dropna().unique()}
+    number = pd.to_numeric(pd.Series([name]), errors="coerce").iloc[0]
+    if name in by_name or not pd.api.types.is_numeric_dtype(target) or pd.isna(number):
+        return by_name.get(name, name)
+    return int(number) if float(number).is_integer() else float(number)
+
+
+def per_class_classes(train: pd.DataFrame, names: list[str], targets: list[str], path: Path | None) -> list | None:
+    """The classes of a sample whose value columns ``names`` are one per class of the one target, in its column
+    order (the submission's); None for any other sample. Refused where they are some of its classes, not all."""
+    if len(targets) != 1:
+        return None
+    problem = class_columns_problem(names, targets[0], train[targets[0]])
+    if problem:
+        raise KbertError(f"{path}: {problem}")
+    if targets[0] in names or not is_per_class(names, train[targets[0]]):
+        return None
+    return [class_of(c, train[targets[0]]) for c in names]
+
+
+def per_class_target(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame,
+                     id_column: str | None = None) -> str | None:
+    """The target of a sample submission with one probability column per class (``is_per_class``): the one
+    training column missing from the test file (or empty there) whose classes the sample's columns name."""
+    names = sample_values(sample, test, id_column)
+    found = [c for c in target_candidates(train, test) if is_per_class(names, train[c])]
+    return found[0] if len(found) == 1 else None
+
+
+def header_hints(names: list[str], columns, file: str) -> str:
+    """``file``'s columns that ``names`` nearly are (other spaces or case: ``near_header``), as one clause."""
+    hints = [near_header(name, columns).removeprefix("the file has ") for name in names]
+    return f"{file} has {', '.join(h for h in hints if h)}" if any(hints) else ""
+
+
+def unknown_sample_columns(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame, files: DataFiles,
+                           id_column: str | None) -> KbertError:
+    """The error for a sample whose value columns are neither training columns nor one per class of one: the
+    columns they nearly are (another spelling, some of the classes of a column), else --target."""
+    values = [str(c) for c in sample_values(sample, test, id_column)]
+    others = [c for c in values if c not in train.columns]
+    train_name = Path(files.train).name
+    near = header_hints(others, train.columns, train_name)
+    if near:
+        return KbertError(f"{files.sample}: column(s) {others} are not in {train_name}, but {near}: correct the "
+                          f"header of {Path(files.sample).name}")
+    problems = [class_columns_problem(values, c, train[c]) for c in target_candidates(train, test)]
+    if any(problems):
+        return KbertError(f"{files.sample}: {next(p for p in problems if p)}")
+    return KbertError(f"{files.sample}: column(s) {others} are neither training columns nor the classes of one; "
+                      "pass --target")
+
+
+def infer_targets(train: pd.DataFrame, test: pd.DataFrame, sample: pd.DataFrame | None, files: DataFiles,
+                  id_column: str | None = None) -> list[str]:
     if sample is not None:
-        values = sample_values(sample, test)
+        values = sample_values(sample, test, id_column)
         if all(c in train.columns for c in values):
             return [str(c) for c in values]
-        target = per_class_target(train, test, sample)
+        target = per_class_target(train, test, sample, id_column)
         if target is None:
-            others = [str(c) for c in values if c not in train.columns]
-            raise KbertError(f"the sample submission's column(s) {others} are neither training columns nor the "
-                             "classes of one; pass --target")
+            raise unknown_sample_columns(train, test, sample, files, id_column)
         return [target]
-    only_train = [c for c in train.columns if c not in test.columns]
-    if not only_train:  # some test files carry the target as an empty column
-        only_train = [c for c in train.columns if test[c].isna().all() and train[c].notna().any()]
+    only_train = target_candidates(train, test)
     if not only_train:
         raise KbertError("every training column is also in the test file, so the target is unclear; pass --target")
     if len(only_train) > 1 and not all(pd.api.types.is_numeric_dtype(train[c]) for c in only_train):
@@ -108,9 +200,82 @@ def infer_task(values: pd.DataFrame, per_class: bool = False) -> Task:
     if distinct == 2 and not per_class:
         return Task.BINARY
     if per_class or not pd.api.types.is_numeric_dtype(column) or (pd.api.types.is_integer_dtype(column)
-                                                                  and distinct <= 10):
+                                                                  and distinct <= MAX_INTEGER_CLASSES):
         return Task.MULTICLASS
     return Task.REGRESSION
+
+
+def whole_numbers(values: pd.Series) -> pd.Series:
+    """Numbers as integers where each is one (what reading them from a file gives)."""
+    return values.astype("int64") if len(values) and (values == values.round()).all() else values
+
+
+def numbers_as_text(values: pd.Series) -> str:
+    """Why a text target is a numeric one written as text: numbers with thousands separators, or numbers but for a
+    few cells of text with no digit in them (a '?'); "" where it is neither (text classes, numbers)."""
+    given = values.dropna()
+    if pd.api.types.is_numeric_dtype(given) or given.empty:
+        return ""
+    text = given.astype(str).str.strip()
+    grouped = text.str.fullmatch(THOUSANDS)
+    numbers = pd.to_numeric(text.where(~grouped, text.str.replace(",", "", regex=False)), errors="coerce")
+    words = given[numbers.isna()]
+    found = whole_numbers(numbers.dropna())
+    if len(words) > FEW_TEXT_CELLS * len(given) or words.astype(str).str.contains(r"\d").any() \
+            or found.nunique() < 2 or not infer_task(found.to_frame()).numeric:
+        return ""
+    if grouped.any():
+        shown = ", ".join(repr(v) for v in text[grouped].head(3))
+        plain_number = text[grouped].iloc[0].replace(",", "")
+        return (f"holds numbers written with thousands separators ({shown}, ...), which kbert reads as text, each "
+                f"value a class: re-save them without the separators ({plain_number})")
+    rows = ", ".join(str(i + 2) for i in words.index[:5]) + (", ..." if len(words) > 5 else "")
+    return (f"holds numbers but for {len(words)} cell(s) of text ({', '.join(map(repr, sorted(set(words))[:3]))} at "
+            f"row(s) {rows}), which make kbert read every value as text, each a class: remove those rows or give them "
+            "numbers")
+
+
+def spaced_labels(values: pd.Series) -> str:
+    """Labels of a text target that differ only in spaces around them ('yes' and 'yes '); "" where none do."""
+    given = values.dropna()
+    if pd.api.types.is_numeric_dtype(given):
+        return ""
+    distinct = pd.Series(sorted(given.astype(str).unique()))
+    clashes = distinct.groupby(distinct.str.strip()).agg(list)
+    clashes = clashes[clashes.str.len() > 1]
+    if clashes.empty:
+        return ""
+    shown = "; ".join(" and ".join(map(repr, group)) for group in clashes.head(3))
+    return (f"has labels that differ only in spaces around them ({shown}), which kbert reads as {len(distinct)} "
+            "classes: strip the spaces in the file")
+
+
+def missing_as_text(path: Path, column: str, values: pd.Series) -> str:
+    """Why a text target's cells read as missing where the file writes a word there (NA, N/A, NULL, None, which
+    pandas reads as missing, as kbert does): a class of that name, or targets written missing; "" where those
+    cells are empty, or the target holds numbers (whose NA is a missing value)."""
+    if not values.isna().any() or pd.api.types.is_numeric_dtype(values):
+        return ""
+    raw = pd.read_csv(path, usecols=[column], dtype=str, keep_default_na=False, encoding="utf-8-sig")[column]
+    if len(raw) != len(values):
+        return ""
+    written = raw[values.isna().to_numpy() & (raw.str.strip() != "").to_numpy()]
+    if written.empty:
+        return ""
+    word = written.iloc[0]
+    return (f"holds the text {', '.join(map(repr, sorted(set(written))[:3]))} on {len(written)} row(s) (row "
+            f"{written.index[0] + 2}), which kbert reads as a missing value, as pandas does: if {word!r} is a class, "
+            f"rename it in {path.name} (e.g. to '{word}_') and map it back in the submission; else remove those rows")
+
+
+def check_target_cells(train: pd.DataFrame, targets: list[str], path: Path) -> None:
+    """Each target's cells, as written, hold what kbert can learn: numbers written as numbers, labels spelt one way,
+    a class named NA renamed (``numbers_as_text``, ``spaced_labels``, ``missing_as_text``)."""
+    for column in targets:
+        problem = numbers_as_text(train[column]) or spaced_labels(train[column]) \
+            or missing_as_text(path, column, train[column])
+        if problem:
+            raise KbertError(f"{path}: target '{column}' {problem}")
 
 
 def binary_classes(target: pd.Series) -> list | None:
@@ -131,13 +296,14 @@ def label_dtype(target: pd.Series) -> str:
     return "int" if integral else "str" if dtype == "float" else dtype
 
 
-def sample_dtype(column: pd.Series, target: pd.Series) -> str:
-    """A sample submission column's type: float cells are probabilities (or values); other cells are labels,
-    written as the sample writes them (0/1, True/False), or as the target's strings."""
+def sample_dtype(column: pd.Series, target: pd.Series, *, probabilities: bool) -> str:
+    """A sample submission column's type: float cells are probabilities (where the task predicts one per column:
+    ``probabilities``) or values; other cells are labels, written as the sample writes them (0/1, True/False), or as
+    the target's strings."""
     if column.isna().all():
         return label_dtype(target)
     dtype = column_dtype(column)
-    if dtype == "float" and not column.dropna().between(0, 1).all():  # not probabilities: the target's values
+    if dtype == "float" and not (probabilities and column.dropna().between(0, 1).all()):  # the target's values
         return label_dtype(target)
     if dtype == "float" or label_dtype(target) != "str":
         return dtype
@@ -177,8 +343,8 @@ def submission_types(task: Task, train: pd.DataFrame, targets: list[str], sample
         return {t: "float" for t in targets}
     if task == Task.MULTICLASS and classes is not None:
         return {str(c): "float" for c in classes}
-    return {t: label_dtype(train[t]) if sample is None or t not in sample.columns else sample_dtype(sample[t], train[t])
-            for t in targets}
+    return {t: label_dtype(train[t]) if sample is None or t not in sample.columns
+            else sample_dtype(sample[t], train[t], probabilities=task.probabilities) for t in targets}
 
 
 def choose_metric(task: Task, train: pd.DataFrame, targets: list[str], kind: str, classes: list | None
@@ -215,7 +381,7 @@ def data_dir_for(data: Path, yaml_path: Path) -> str:
 def check_sample_shape(sample: pd.DataFrame, test: pd.DataFrame, path: Path, id_column: str | None) -> None:
     """A sample submission holds an id and the columns to predict, never the test's input columns (a training or
     test file given as --sample-submission by mistake)."""
-    identifier = id_column or sample_id(sample, test)
+    identifier = sample_id(sample, test, id_column)
     inputs = [str(c) for c in sample.columns if c in test.columns and c != identifier and test[c].notna().any()]
     if inputs:
         raise KbertError(f"{path}: holds the test file's input columns {inputs[:4]}: not a sample submission (the id "
@@ -241,6 +407,12 @@ def check_writable_submission(competition: CompetitionConfig, train: pd.DataFram
                          "YAML by hand (kbert init --target and --id name the columns it cannot tell)") from None
 
 
+def label_text(value: object) -> str:
+    """A label as text, a whole float as the integer it is (a sample's 5.0 is the target's 5)."""
+    value = plain(value)
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
 def sample_label_notes(competition: CompetitionConfig, train: pd.DataFrame, sample: pd.DataFrame | None,
                        path: Path | None) -> list[str]:
     """A line for each label column of the sample whose values are not the target's (0 for yes/no, No for no): a
@@ -251,8 +423,8 @@ def sample_label_notes(competition: CompetitionConfig, train: pd.DataFrame, samp
     for column, dtype in competition.value_columns.items():
         if column not in train.columns or dtype == "bool":  # (True/False: written as the sample writes them)
             continue
-        targets = {str(plain(v)) for v in train[column].dropna().unique()}
-        found = sorted({str(plain(v)) for v in sample[column].dropna().unique()} - targets)
+        targets = {label_text(v) for v in train[column].dropna().unique()}
+        found = sorted({str(plain(v)) for v in sample[column].dropna().unique() if label_text(v) not in targets})
         if found:
             lines.append(f"note: {path.name} column '{column}' holds {', '.join(found[:3])}, not the target's values "
                          f"({', '.join(sorted(targets)[:5])}); the submission writes the target's values: if the "
@@ -260,13 +432,31 @@ def sample_label_notes(competition: CompetitionConfig, train: pd.DataFrame, samp
     return lines
 
 
-@dataclass(frozen=True)
-class DataFiles:
-    """A new competition's CSV files, all in one folder: train, test and (optionally) the sample submission."""
+def unseen_class_notes(competition: CompetitionConfig, train: pd.DataFrame, path: Path | None) -> list[str]:
+    """A line for the sample's per-class columns that no training row has (``is_per_class``): never predicted."""
+    if competition.task != Task.MULTICLASS or competition.classes is None:
+        return []
+    target = competition.target_columns[0]
+    unseen = [c for c in competition.classes if str(c) not in classes_of(train[target])]
+    return [f"note: {path.name} has a column for class(es) {', '.join(map(repr, unseen))} of '{target}', which no "
+            "training row has: the model never learns it, so the submission gives it a probability near 0"] if unseen \
+        else []
 
-    train: Path
-    test: Path
-    sample: Path | None = None
+
+def integer_regression_notes(competition: CompetitionConfig, train: pd.DataFrame, sample: pd.DataFrame | None,
+                             path: Path | None) -> list[str]:
+    """A line for an integer target that init reads as a regression (more than ``MAX_INTEGER_CLASSES`` values, each
+    on two rows or more) where the sample writes integers: its submission writes decimals; the line says how to get
+    integers."""
+    if competition.task != Task.REGRESSION or sample is None:
+        return []
+    return [f"note: target '{t}' holds {train[t].nunique()} distinct integers and {path.name} writes integers: init "
+            f"chose task regression (metric {competition.metric}), whose submission writes decimals; if '{t}' is "
+            "levels or classes, set task: ordinal (metric: qwk) or task: multiclass (metric: accuracy), and "
+            f"'{t}: int' under submission.columns"
+            for t in competition.target_columns
+            if t in sample.columns and column_dtype(train[t]) == "int" and column_dtype(sample[t]) == "int"
+            and 2 * train[t].nunique() <= len(train)]  # (levels repeat; a price or a count of its own does not)
 
 
 def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id_column: str | None = None,
@@ -286,7 +476,8 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
         if given is not None and Path(given).is_dir():
             raise KbertError(f"{flag} {given}: a folder; give the CSV file in it")
     train_path, test_path, sample_path = Path(files.train).resolve(), Path(files.test).resolve(), files.sample
-    if train_path.parent != test_path.parent or (sample_path and Path(sample_path).resolve().parent != train_path.parent):
+    folders = {train_path.parent, test_path.parent, *([Path(sample_path).resolve().parent] if sample_path else [])}
+    if len(folders) > 1:
         raise KbertError(f"{train_path.name}, {test_path.name} (and the sample submission) must be in one folder")
     train, test = read_csv(train_path), read_csv(test_path)
     sample = read_csv(Path(sample_path)) if sample_path else None
@@ -294,25 +485,23 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
         check_sample_shape(sample, test, Path(sample_path), id_column)
     inferred_id = id_column is None
     id_column = id_column or infer_id_column(train, test, sample)
-    targets = [target] if target else infer_targets(train, test, sample)
+    targets = [target] if target else infer_targets(train, test, sample, files, id_column)
     for column in [id_column, *targets]:
         if column not in train.columns:
             hint = f"; {near_header(column, train.columns)}" if near_header(column, train.columns) else ""
             if inferred_id and sample is not None and column == id_column:  # the sample's, not the user's
                 raise KbertError(f"{sample_path}: its id column '{column}' is not in {train_path.name}{hint}")
             raise KbertError(f"{train_path}: no column '{column}'{hint}")
+    check_target_cells(train, targets, train_path)
     for column in targets:
         if train[column].nunique() < 2:
             raise KbertError(f"{train_path}: target '{column}' holds the single value {plain(train[column].iloc[0])!r}"
                              " (or none): nothing to learn")
-    per_class = sample is not None and len(targets) == 1 and per_class_target(train, test, sample) == targets[0]
-    task = infer_task(train[targets], per_class)
-    classes = None
+    names = [str(c) for c in sample_values(sample, test, id_column)] if sample is not None else []
+    classes = per_class_classes(train, names, targets, sample_path)
+    task = infer_task(train[targets], classes is not None)
     if task == Task.BINARY:
         classes = binary_classes(train[targets[0]])
-    elif per_class:  # in the sample's column order, which is the submission's
-        by_name = {str(plain(v)): plain(v) for v in train[targets[0]].dropna().unique()}
-        classes = [by_name[str(c)] for c in sample_values(sample, test)]
     value_columns = submission_types(task, train, targets, sample, classes)
     metric, why = choose_metric(task, train, targets, submission_kind(task, value_columns), classes)
     check_metric_fits(get_metric(metric), task, value_columns)
@@ -351,7 +540,10 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
                              (train_path, test_path, Path(sample_path) if sample_path else None))
     check_writable_submission(competition, train, test, sample)
     write_text(out, header + text)
-    for line in sample_label_notes(competition, train, sample, Path(sample_path) if sample_path else None):
+    sample_file = Path(sample_path) if sample_path else None
+    for line in [*sample_label_notes(competition, train, sample, sample_file),
+                 *unseen_class_notes(competition, train, sample_file),
+                 *integer_regression_notes(competition, train, sample, sample_file)]:
         log(line)
     if dated:
         log(f"folds in the files' order (folds.shuffle: false): the training rows follow '{dated}', and the test "

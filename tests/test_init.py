@@ -224,7 +224,8 @@ def test_init_reads_one_probability_column_per_class_and_a_rare_positive_class(t
     folder.mkdir()
     rng = np.random.default_rng(1)
     train = pd.DataFrame({"id": np.arange(300), "x": rng.normal(size=300),
-                          "animal": rng.choice(["cat", "dog", "owl"], 300), "fraud": (rng.random(300) < 0.08).astype(int)})
+                          "animal": rng.choice(["cat", "dog", "owl"], 300),
+                          "fraud": (rng.random(300) < 0.08).astype(int)})
     test = train.drop(columns=["animal", "fraud"]).iloc[:40].assign(id=np.arange(300, 340))
     train.drop(columns="fraud").to_csv(folder / "train.csv", index=False)
     test.to_csv(folder / "test.csv", index=False)
@@ -367,7 +368,7 @@ def test_init_writes_no_yaml_whose_submission_every_run_refuses(tmp_path):
     _, test = small_pair(data, [0, 1])
     files = DataFiles(data / "train.csv", data / "test.csv", data / "sample_submission.csv")
     pd.DataFrame({"id": test["id"], "y": 0, "Usage": "Public"}).to_csv(files.sample, index=False)
-    with pytest.raises(KbertError, match=r"^the sample submission's column\(s\) \['Usage'\] are neither training "):
+    with pytest.raises(KbertError, match=r"sample_submission\.csv: column\(s\) \['Usage'\] are neither training "):
         init_competition("extra", files, out=tmp_path / "extra.yaml")  # (it named y, a training column, too)
     with pytest.raises(KbertError, match=r"^sample submission sample_submission\.csv: columns \['id', 'y', 'Usage'\] "
                                          r"differ from the expected \['id', 'y'\]: no YAML kbert init can infer"):
@@ -428,3 +429,80 @@ def test_init_names_what_is_wrong_with_the_files_it_is_given(tmp_path):
     text = init_competition("f", files, out=tmp_path / "f.yaml").read_text()
     assert "the positive class True is 34% of the training rows" in text  # (np.resize: 34 of 100)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d", "f.yaml"]
+
+
+def test_a_float_sample_over_integer_classes_holds_labels(tmp_path):
+    """A sample of 0.0 over integer grades (3 to 7) holds labels, not probabilities (one probability column is a
+    binary task's): init refused it as a submission of probabilities; a sample of 5.0 holds the target's 5."""
+    data = tmp_path / "d"
+    _, test = small_pair(data, [3, 4, 5, 6, 7, 5])
+    files = DataFiles(data / "train.csv", data / "test.csv", data / "sample_submission.csv")
+    for fill, notes in ((0.0, ["note: sample_submission.csv column 'y' holds 0.0, not the target's values (3, 4, 5, 6, "
+                               "7); the submission writes the target's values: if the competition wants the sample's, "
+                               "map them in the training file"]), (5.0, [])):
+        pd.DataFrame({"id": test["id"], "y": fill}).to_csv(files.sample, index=False)
+        lines = []
+        spec = yaml.safe_load(init_competition(f"g{fill:g}", files, out=tmp_path / f"g{fill:g}.yaml",
+                                               log=lines.append).read_text())
+        assert (spec["task"], spec["metric"], spec["submission"]["columns"]) == ("multiclass", "accuracy",
+                                                                                 {"id": "int", "y": "int"})
+        assert lines == notes
+
+
+def test_the_sample_id_is_the_column_the_test_file_fills(tmp_path):
+    """A sample 'y,key' over a test file that carries y as an empty column: init took y for the id and refused the
+    sample as holding the test's input column 'key'; with --id key it took key for the target."""
+    data = tmp_path / "d"
+    train, test = small_pair(data, [0, 1, 1])
+    train.rename(columns={"id": "key"}).to_csv(data / "train.csv", index=False)
+    test.rename(columns={"id": "key"}).assign(y=np.nan).to_csv(data / "test.csv", index=False)
+    pd.DataFrame({"y": 0, "key": test["id"]}).to_csv(data / "sample_submission.csv", index=False)
+    files = DataFiles(data / "train.csv", data / "test.csv", data / "sample_submission.csv")
+    for given in (None, "key"):
+        spec = yaml.safe_load(init_competition("k", files, out=tmp_path / f"{given}.yaml", id_column=given).read_text())
+        assert (spec["id_column"], spec["target"], spec["submission"]["columns"]) == ("key", "y",
+                                                                                      {"y": "int", "key": "int"})
+        assert list(spec["columns"]) == ["key", "x"]
+
+
+def test_an_integer_target_read_as_a_regression_says_how_to_submit_integers(tmp_path):
+    """Fifteen integer levels under a sample of integers: a regression (more than ten values), whose submission
+    writes decimals where the sample writes integers; init says so, and how to get integers."""
+    data = tmp_path / "d"
+    _, test = small_pair(data, list(range(15)))
+    files = DataFiles(data / "train.csv", data / "test.csv", data / "sample_submission.csv")
+    pd.DataFrame({"id": test["id"], "y": 0}).to_csv(files.sample, index=False)
+    lines = []
+    spec = yaml.safe_load(init_competition("levels", files, out=tmp_path / "levels.yaml", log=lines.append).read_text())
+    assert (spec["task"], spec["submission"]["columns"]["y"]) == ("regression", "float")
+    assert lines == ["note: target 'y' holds 15 distinct integers and sample_submission.csv writes integers: init "
+                     "chose task regression (metric rmse), whose submission writes decimals; if 'y' is levels or "
+                     "classes, set task: ordinal (metric: qwk) or task: multiclass (metric: accuracy), and 'y: int' "
+                     "under submission.columns"]
+
+
+def test_a_per_class_sample_may_name_a_class_no_training_row_has(tmp_path):
+    """Columns A, B, C, D over training labels A, B, C: one column per class, D never predicted (init refused them as
+    no class columns, and with --target as missing the target's column); a sample without a column for a class the
+    training rows hold is refused, naming it."""
+    data = tmp_path / "d"
+    _, test = small_pair(data, ["A", "B", "C"])
+    files = DataFiles(data / "train.csv", data / "test.csv", data / "sample_submission.csv")
+    pd.DataFrame({"id": test["id"], "A": 0.25, "B": 0.25, "C": 0.25, "D": 0.25}).to_csv(files.sample, index=False)
+    for target in (None, "y"):
+        lines = []
+        spec = yaml.safe_load(init_competition("abcd", files, out=tmp_path / f"{target}.yaml", target=target,
+                                               log=lines.append).read_text())
+        assert (spec["task"], spec["metric"], spec["target"]) == ("multiclass", "log_loss", "y")
+        assert spec["classes"] == ["A", "B", "C", "D"]
+        assert list(spec["submission"]["columns"]) == ["id", "A", "B", "C", "D"]
+        assert lines == ["note: sample_submission.csv has a column for class(es) 'D' of 'y', which no training row "
+                         "has: the model never learns it, so the submission gives it a probability near 0"]
+    pd.DataFrame({"id": test["id"], "A": 0.5, "B": 0.5}).to_csv(files.sample, index=False)
+    for target in (None, "y"):
+        with pytest.raises(KbertError, match=re.escape(
+                f"{files.sample}: columns ['A', 'B'] are classes of 'y', but not 'C', which training rows hold: kbert "
+                "writes one probability column per class of the target; remove the training rows of 'C' if the "
+                "competition never scores them") + "$"):
+            init_competition("ab", files, out=tmp_path / "ab.yaml", target=target)
+    assert not (tmp_path / "ab.yaml").exists()
