@@ -374,11 +374,13 @@ def count_duplicates(groups: np.ndarray, targets: pd.DataFrame) -> Duplicates:
 
 def duplicate_report(train: pd.DataFrame, columns: list[str], target_columns: list[str]) -> str:
     """One line on the repeated free text of a table whose ``columns`` are mostly free text (``mostly_free_text``),
-    compared as ``normalised_text`` does; "" for other tables."""
+    compared as ``normalised_text`` does; "" for other tables and where no text repeats."""
     free = list(free_text_columns(train, columns, mostly=True))
     if not free:
         return ""
     found = count_duplicates(duplicate_groups(normalised_text(train, free)), train[target_columns])
+    if not found.rows:  # (nothing to say: "0 rows in 0 groups")
+        return ""
     return (f"duplicated text ({', '.join(free)}, normalised): {found.rows} rows in {found.groups} groups of 2+, "
             f"{found.conflicting} of them with conflicting targets (folds.duplicates: auto or group keeps each group "
             "in one fold, ignore does not)")

@@ -144,8 +144,8 @@ def submission_frame(id_column: str, ids: pd.Series, values: dict[str, np.ndarra
     whole = columns.get(id_column) == "int" and pd.api.types.is_float_dtype(ids)  # test.csv's 60.0 for id 60
     frame = pd.DataFrame({id_column: ids.to_numpy().astype(np.int64) if whole else ids.to_numpy()})
     for name, column in values.items():
-        if columns[name] == "int":
-            column = np.asarray(column).astype(np.int64)
+        if columns[name] == "int":  # rounded: a regression's 3.68 was submitted as 3 (labels are whole already)
+            column = np.rint(np.asarray(column, dtype=np.float64)).astype(np.int64)
         elif columns[name] == "bool":
             column = np.asarray(column).astype(bool)
         frame[name] = column

@@ -74,6 +74,9 @@ def test_counts_of_duplicates_and_conflicting_labels():
                            "conflicting targets")
     titanic = load_competition("titanic")
     assert duplicate_report(load_competition_data(titanic).train, ["Name", "Sex"], ["Survived"]) == ""
+    unique = table.drop_duplicates("text").assign(text=lambda t: t["text"] + [f" #{i}" for i in range(len(t))])
+    assert count_duplicates(duplicate_groups(normalised_text(unique, ["text"])), unique[["target"]]).rows == 0
+    assert duplicate_report(unique, ["keyword", "location", "text"], ["target"]) == ""  # not "0 rows in 0 groups"
 
 
 @pytest.mark.parametrize("mode", ["auto", "group"])

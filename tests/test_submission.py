@@ -23,6 +23,13 @@ def good(titanic, sample):
     return submission_frame("PassengerId", sample["PassengerId"], values, titanic.submission_columns)
 
 
+def test_an_integer_submission_column_of_a_regression_is_rounded_not_truncated():
+    """A regression whose sample writes integers: 3.68 was submitted as 3."""
+    frame = submission_frame("id", pd.Series([1, 2, 3, 4]), {"y": np.array([3.68, 3.2, -1.7, 2.5])},
+                             {"id": "int", "y": "int"})
+    assert frame["y"].tolist() == [4, 3, -2, 2]  # (halves to even, as numpy rounds)
+
+
 def test_a_good_submission_is_written_in_the_sample_format(titanic, sample, tmp_path):
     frame = good(titanic, sample).sample(frac=1.0, random_state=0)  # any row order in
     path = write_submission(frame, sample, titanic, tmp_path / "sub.csv")
