@@ -402,7 +402,7 @@ def write_finished_fold(fold_dir: Path, fold: FoldPredictions) -> None:
     write_npz(fold_dir / "outputs.npz", {"valid_outputs": fold.valid_outputs, "valid_predictions": fold.valid_predictions,
                                          "test_outputs": fold.test_outputs, "test_predictions": fold.test_predictions})
     files = {path.name: file_sha256(path) for path in sorted(fold_dir.iterdir())
-             if path.is_file() and path.name != "fold.json" and not path.name.startswith(".")}
+             if is_fold_file(path) and path.name != "fold.json"}
     write_json(fold_dir / "fold.json", sealed({"record": fold.record, "tokens": fold.tokens, "files": files}))
 
 
@@ -413,7 +413,13 @@ def fold_files_sha256(run_dir: Path) -> dict[str, str]:
     run id, or another split's folds.csv, is refused: ``check_fold_files_written``)."""
     paths = [run_dir / "folds.csv", *sorted((run_dir / "folds").glob("*/*"))]
     return {path.relative_to(run_dir).as_posix(): file_sha256(path) for path in paths
-            if path.is_file() and path.name not in MODEL_FILES}
+            if is_fold_file(path) and path.name not in MODEL_FILES}
+
+
+def is_fold_file(path: Path) -> bool:
+    """A file kbert wrote and seals (fold.json, metrics.json): no hidden file (a .DS_Store a file browser wrote, a
+    temp file a killed write left, which a package does not copy)."""
+    return path.is_file() and not path.name.startswith(".")
 
 
 def recorded_files(fold_dir: Path) -> dict[str, str]:

@@ -40,7 +40,7 @@ from kbert.models.recompute import set_recompute
 from kbert.models.task_model import build_task_model
 from kbert.models.tokenizer import encode, fits_in, load_or_train_tokenizer, token_lengths
 from kbert.models.weights import load_state_strict
-from kbert.pipeline.artifacts import FoldPredictions, write_finished_fold
+from kbert.pipeline.artifacts import FoldPredictions, recorded_config_fingerprint, write_finished_fold
 from kbert.pipeline.config import CompetitionConfig, RunConfig, TextConfig, adapter_config
 from kbert.pipeline.splits import make_fold_sets
 from kbert.pipeline.metrics import Metric, get_metric
@@ -421,6 +421,7 @@ def train_one_fold(job: FoldJob, source: EncoderSource, *, progress, log) -> Fol
                 "n_train": len(split.train_index), "n_valid": len(split.valid_index),
                 "seconds": round(result.seconds, 2), "blas": runtime.status().blas.identity(),
                 "compute": run_compute_path(config.train.precision),
+                "config_sha256": recorded_config_fingerprint(fold_dir.parent.parent),  # (a resume checks it)
                 **({"averaged_epochs": result.averaged_epochs} if result.averaged_epochs else {})},
         tokens=budget,
     )

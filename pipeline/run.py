@@ -327,6 +327,10 @@ def read_back_fold(fold_dir: Path, split: FoldSplit, inputs: RunInputs) -> FoldP
     must have the fold's validation rows and the test rows. Every finished fold is read before anything is
     written, so that a damaged one refuses the resume with the folder as it was."""
     finished = read_finished_fold(fold_dir)
+    made_with = finished["record"].get("config_sha256") if finished is not None else None
+    if made_with is not None and made_with != recorded_config_fingerprint(fold_dir.parent.parent):
+        raise KbertError(f"{fold_dir / 'fold.json'}: trained with another config than this run's (its config_sha256 "
+                         "differs): a fold of another training; delete the fold's folder to train it again")
     gone = finished is not None and any(not (fold_dir / name).is_file() for name in finished["files"])
     if finished is None or gone or missing_fold_part(fold_dir) is not None:  # a file gone: the fold trains again
         return None

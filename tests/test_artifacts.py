@@ -183,3 +183,15 @@ def test_an_edited_metrics_json_is_refused_and_one_from_before_seals_is_read(tmp
         read_metrics(path)
     write_json(path, record)  # a run from before metrics.json was sealed
     assert read_metrics(path)["cv_threshold"] == 0.5
+
+
+def test_hidden_files_in_a_fold_folder_are_not_sealed(tmp_path):
+    """A .DS_Store a file browser wrote, or a killed write's temp file, was sealed in metrics.json (and a package,
+    which does not copy temp files, could not predict): one rule, kbert's own files only."""
+    from kbert.pipeline.artifacts import fold_files_sha256
+
+    (tmp_path / "folds" / "0").mkdir(parents=True)
+    (tmp_path / "folds.csv").write_text("id,fold\n")
+    for name in ("history.json", ".DS_Store", ".history.json.x1.tmp"):
+        (tmp_path / "folds" / "0" / name).write_text("{}")
+    assert sorted(fold_files_sha256(tmp_path)) == ["folds.csv", "folds/0/history.json"]

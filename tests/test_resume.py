@@ -173,6 +173,16 @@ def test_a_folder_without_config_is_refused_and_a_half_written_fold_is_redone(tm
                                      "(edited: its record_sha256 does not match what it says); delete the fold's "
                                      "folder to train it again")
     write_json(run_dir / "folds" / "0" / "fold.json", kept)
+    # a fold of another training of the run id, with other settings (its fold.json sealed as kbert wrote it): a
+    # resume blended it and sealed it in the new metrics.json
+    write_json(run_dir / "folds" / "0" / "fold.json", sealed({**kept, "record": {**kept["record"],
+                                                                                  "config_sha256": "0" * 64}}))
+    foreign = run_kbert(tmp_path, "r")
+    assert foreign.returncode == 2
+    assert foreign.stderr.strip() == (f"kbert: error: {run_dir / 'folds' / '0' / 'fold.json'}: trained with another "
+                                      "config than this run's (its config_sha256 differs): a fold of another "
+                                      "training; delete the fold's folder to train it again")
+    write_json(run_dir / "folds" / "0" / "fold.json", kept)
     inputs = (run_dir / "inputs.json").read_bytes()
     (run_dir / "inputs.json").unlink()  # with it went the check that the resume reads the same data
     unchecked = run_kbert(tmp_path, "r")
