@@ -147,6 +147,14 @@ def check_layer_patterns(config: AdapterConfig, adapted: Iterable[str]) -> None:
 def check_adapter_config(config: AdapterConfig) -> None:
     if config.rank < 1 or any(r < 1 for r in config.rank_pattern.values()):
         raise KbertError(f"adapter rank must be at least 1, got {config.rank} / {config.rank_pattern}")
+    if any(a <= 0 for a in config.alpha_pattern.values()):  # (as alpha itself)
+        raise KbertError(f"adapter alpha_pattern values must be above 0, got {config.alpha_pattern}")
+    for key in ("rank_pattern", "alpha_pattern"):
+        for pattern in getattr(config, key):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise KbertError(f"adapter {key} '{pattern}' is not a regular expression: {exc}") from None
     if not 0.0 <= config.dropout < 1.0:
         raise KbertError(f"adapter dropout must be in [0, 1), got {config.dropout}")
     if config.bits not in (0, 4, 8):

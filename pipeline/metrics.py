@@ -107,9 +107,10 @@ def roc_auc(targets, predictions) -> float:
     if predictions.ndim == 1 and _plain(targets, predictions) and np.isin(targets, (0, 1)).all():
         positives = int(np.count_nonzero(targets == 1))
         negatives = len(targets) - positives
-        if positives and negatives:  # Mann-Whitney: the share of (positive, negative) pairs ranked right, ties half
-            ranks = rankdata(predictions)
-            return (ranks[targets == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives)
+        if not (positives and negatives):  # undefined: NaN, as scikit-learn's (without its warning printed)
+            return float("nan")
+        ranks = rankdata(predictions)  # Mann-Whitney: the share of (positive, negative) pairs ranked right, ties half
+        return (ranks[targets == 1].sum() - positives * (positives + 1) / 2) / (positives * negatives)
     if predictions.ndim == 1:
         return roc_auc_score(targets, predictions)
     if targets.ndim == 1 and predictions.shape[1] == 2:

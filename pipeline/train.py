@@ -645,7 +645,7 @@ def train_fold(model: TaskModel, data: FoldData, config: TrainConfig, validation
     if averaged:
         model.update(mean_tree([params for _, _, params in kept]))
     mx.eval(model.parameters())
-    best_score = sign * best_key[0]
+    best_score = history[best_epoch]["valid_score"]  # (NaN where undefined: the key's -inf only ranks it)
     if averaged:
         best_valid = predict_outputs(model, data.valid_tokens, config, forward, data.valid_columns)
         best_score = float(evaluate(best_valid))

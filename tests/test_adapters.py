@@ -248,6 +248,9 @@ def test_qlora_8bit_and_group_size_checks():
      "adapter setting alpha_pattern must be a mapping of layer patterns to finite numbers, got {'query': 'x'}"),
     ({"rslora": "no"}, "adapter setting rslora must be true or false, got 'no'"),  # (a truthy string: rsLoRA on)
     ({"rank": 4.5}, "adapter setting rank must be an integer, got 4.5"),
+    ({"rank_pattern": {"(": 4}},  # (re.error in the first fold, and a run folder left)
+     "adapter rank_pattern '(' is not a regular expression: missing ), unterminated subpattern at position 0"),
+    ({"alpha_pattern": {"query": -16.0}}, "adapter alpha_pattern values must be above 0, got {'query': -16.0}"),
 ])
 def test_adapter_settings_of_the_wrong_type_are_refused_in_one_line(options, message):
     with pytest.raises(KbertError) as error:

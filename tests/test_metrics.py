@@ -150,8 +150,8 @@ def test_binary_roc_auc_and_the_rmses_equal_sklearns_with_ties_and_refuse_what_i
     for p in (rng.random(300), np.round(rng.random(300), 1), np.where(y == 1, 0.7, 0.3), np.full(300, 0.5)):
         close(get_metric("roc_auc")(y, p), skm.roc_auc_score(y, p))
         close(get_metric("roc_auc")(y.astype(bool), p), skm.roc_auc_score(y.astype(bool), p))
-    with warnings.catch_warnings():  # one class: undefined, as sklearn says (NaN and a warning)
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings():  # one class: undefined, as sklearn says (NaN), without its warning printed
+        warnings.simplefilter("error")
         assert np.isnan(get_metric("roc_auc")(np.ones(5, int), rng.random(5)))
     with pytest.raises(ValueError):
         get_metric("roc_auc")(y, np.where(y == 1, np.nan, 0.5))

@@ -89,10 +89,13 @@ def check_numbers(args: argparse.Namespace) -> None:
         text = os.environ.get(env)
         if getattr(args, dest) is None and text:
             limits = replace(bound_of(dest), optional=False)
-            try:
-                value = int(text) if limits.integer else float(text)
-            except ValueError:
-                value = text
+            value = text
+            for read in ((int, float) if limits.integer else (float,)):  # (120.0 is then said not to be an integer)
+                try:
+                    value = read(text)
+                    break
+                except ValueError:
+                    pass
             setattr(args, dest, check_number(value, f"the environment's {env}", limits))
     for dest, (flag, integer, bound) in (getattr(args, "numbers", None) or {}).items():
         value = getattr(args, dest)
