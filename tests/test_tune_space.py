@@ -112,3 +112,29 @@ def test_trial_0_trains_the_encoder_kbert_run_chooses(study_options, tmp_path):
     study = load_study(options, create=True)[0]
     assert study.get_trials()[0].system_attrs["fixed_params"]["encoder"] == expected
     assert study.user_attrs["settings"]["options"].get("encoder", "bert") == expected
+
+
+def test_a_when_that_lists_no_value_is_refused():
+    """`when: {pooling: []}` matched nothing: the entry was never sampled, silently."""
+    with pytest.raises(KbertError, match=r"^space: 'hidden_size': its 'when' lists no value for 'pooling'$"):
+        parse_space({"pooling": ["cls", "mean"], "hidden_size": {"choices": [64, 128], "when": {"pooling": []}}},
+                     "space")
+
+
+def test_a_value_every_trial_would_refuse_is_refused_before_the_study_and_names_its_entry(study_options, tmp_path):
+    """huber_delta on a binary task (it acts only with --loss huber) failed every trial, and the study was left
+    behind; pos_weight beside a loss it does not act with fails the trials that sample both, until its `when` says
+    under which loss it is sampled."""
+    spaces = [({"epochs": 1, "huber_delta": {"choices": [1.5, 2.0]}},
+               "space.yaml: 'huber_delta' value 1.5: huber_delta 1.5 acts only with --loss huber"),
+              ({"epochs": 1, "loss": ["bce", "focal"], "pos_weight": {"low": 1.0, "high": 3.0}},
+               "space.yaml: 'pos_weight' value 1.0: pos_weight 1.0 acts only with a binary or multilabel task's bce")]
+    for entries, message in spaces:
+        (tmp_path / "space.yaml").write_text(yaml.safe_dump({"params": entries}))
+        with pytest.raises(KbertError) as error:
+            load_study(study_options(), create=True)
+        assert str(error.value).startswith(message)
+        assert not (tmp_path / "runs").exists()
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump({"params": {
+        "epochs": 1, "loss": ["bce", "focal"], "pos_weight": {"low": 1.0, "high": 3.0, "when": {"loss": "bce"}}}}))
+    assert load_study(study_options(), create=True)[0].user_attrs["competition"] == "titanic"

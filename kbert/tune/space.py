@@ -179,6 +179,9 @@ def parse_when(when: Any, name: str, entries: dict[str, Any], where: str) -> dic
     missing = [key for key in when if key not in entries or key == name]
     if missing:
         raise KbertError(f"{where}: 'when' names {missing}, which are not other entries of the space")
+    empty = [key for key, value in when.items() if value == []]
+    if empty:  # (no value ever matches: the entry would never be sampled)
+        raise KbertError(f"{where}: its 'when' lists no value for {empty[0]!r}")
     return {key: value if isinstance(value, list) else [value] for key, value in when.items()}
 
 

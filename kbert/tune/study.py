@@ -60,54 +60,59 @@ def resolve_trial_config(competition: CompetitionConfig, options: TuneOptions, o
     return resolve_run_config(competition, merged)
 
 
-def check_text_values(competition: CompetitionConfig, options: TuneOptions, params: list[Param]) -> None:
-    """The study's fixed settings resolve, and each value a ``text.<field>`` entry takes makes a serializer that reads
-    this competition's rows (a template naming no column, a mapping of another): refused now, in one line, rather
-    than trial by trial through a night. A value is tried in one trial's choices: the entries that decide whether
-    it is sampled at their first value that samples it, every other entry sampled with it at its first; a
-    combination that only a whole trial can judge (another setting refuses it) is left to the trial. The line
-    names the entry whose value the serializer refuses (``blamed``)."""
+def check_values_in_trials(competition: CompetitionConfig, options: TuneOptions, params: list[Param]) -> None:
+    """The study's fixed settings resolve, and each value an entry takes (a range: its ends) is one a trial runs
+    with: the run's own checks pass (a setting that acts only with another's value, such as huber_delta without
+    --loss huber, failed every trial through a night) and, for a ``text.<field>`` entry, the serializer reads this
+    competition's rows (a template naming no column, a mapping of another). A value is tried in one trial's
+    choices: the entries that decide whether it is sampled at their first value that samples it, every other entry
+    sampled with it at its first. The line names the entry whose value is refused (``blamed``)."""
     base = resolve_trial_config(competition, options, {})
-    texts = [p for p in params if p.target.startswith("text.") and taken(p)]
-    if not texts:
-        return
-    from kbert.pipeline.run import prepare_inputs
+    rows = None
+    if any(p.target.startswith("text.") and taken(p) for p in params):
+        from kbert.pipeline.run import prepare_inputs
 
-    rows = prepare_inputs(base).features
+        rows = prepare_inputs(base).features
     by_name, conditions = {p.name: p for p in params}, {}
     for param in params:  # (in sampling order: an entry after those its `when` names)
         conditions[param.name] = sampled_under(param, by_name, conditions)
 
     def refusal(chosen: dict[str, Any]) -> KbertError | None:
-        return serializer_refusal(competition, options, to_overrides(params, chosen), rows)
+        return trial_refusal(competition, options, to_overrides(params, chosen), rows)
 
-    for param in texts:
-        for value in taken(param):
+    for param in params:
+        for value in tried(param):
             chosen: dict[str, Any] = {}
             for other in params:
-                values = [value] if other is param else conditions[param.name].get(other.name) or taken(other)
+                values = [value] if other is param else conditions[param.name].get(other.name) or tried(other)
                 if values and is_active(other, chosen):
                     chosen[other.name] = values[0]
             if chosen.get(param.name) != value:  # (its conditions are not all met by their first values)
                 continue
             refused = refusal(chosen)
             if refused is not None:
-                culprit = blamed(param, [p for p in texts if p.name not in conditions[param.name]], chosen, refusal)
+                culprit = blamed(param, [p for p in params if p.name not in conditions[param.name]], chosen, refusal)
                 raise KbertError(f"{culprit.where} value {chosen[culprit.name]!r}: {refused}")
 
 
-def serializer_refusal(competition: CompetitionConfig, options: TuneOptions, overrides: dict[str, Any],
-                       rows: Any) -> KbertError | None:
-    """What a trial's serializer says of the competition's ``rows``: None when it reads them, or when another
-    setting refuses the trial (the trial says why, with its own values)."""
+def tried(param: Param) -> list:
+    """The values of an entry a new study tries: its choices or value, a range's two ends."""
+    d = param.distribution
+    if isinstance(d, (optuna.distributions.IntDistribution, optuna.distributions.FloatDistribution)):
+        return [d.low, d.high]
+    return taken(param) or []
+
+
+def trial_refusal(competition: CompetitionConfig, options: TuneOptions, overrides: dict[str, Any],
+                  rows: Any) -> KbertError | None:
+    """What a trial with these ``overrides`` is refused for: the run's checks, then (``rows`` given: a space with
+    text entries) its serializer on the competition's rows; None when it runs."""
     from kbert.pipeline.fold import make_serializer
 
     try:
         config = resolve_trial_config(competition, options, overrides)
-    except KbertError:
-        return None
-    try:
-        make_serializer(config).fit(rows).transform(rows.iloc[:2])
+        if rows is not None:
+            make_serializer(config).fit(rows).transform(rows.iloc[:2])
     except KbertError as exc:
         return exc
     return None
@@ -309,11 +314,12 @@ class FirstTrial:
 
 
 def first_trial(competition: CompetitionConfig, options: TuneOptions, params: list[Param]) -> FirstTrial:
-    """A new study's ``FirstTrial``: the space's text values checked on the data (``check_text_values``) and trial 0
+    """A new study's ``FirstTrial``: the space's values checked in trials (``check_values_in_trials``) and trial 0
     resolved, as its trials will resolve (the data's encoder an override of every trial: `kbert run` chooses it)."""
-    encoder, reason = data_encoder(competition, options)
+    fixed_encoder = any(p.target == "encoder" and p.distribution is None for p in params)
+    encoder, reason = ({}, "") if fixed_encoder else data_encoder(competition, options)  # (the CPU space's bert)
     planned = replace(options, overrides={**encoder, **options.overrides})
-    check_text_values(competition, planned, params)
+    check_values_in_trials(competition, planned, params)
     fixed, outside = default_params(params, resolve_trial_config(competition, planned, {}))
     resolve_trial_config(competition, planned, to_overrides(params, fixed))  # fail now, not in a worker
     return FirstTrial(fixed, outside, encoder, reason)
