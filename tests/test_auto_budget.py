@@ -615,6 +615,15 @@ def test_no_probe_starts_when_the_longest_probe_so_far_does_not_fit_and_an_inter
     form, tried = driver.fitting_form(auto, None, {}, 1)
     assert form is None and not probed
     assert tried == ["not probed: a probe took up to 100s, more than the time free"]
+    del auto.state.jobs["auto-bert"]  # no probe timed yet: a pretrained encoder's first is priced at FIRST_PROBE_S
+    pretrained = resolve_run_config(load_competition("titanic"), {"encoder": "minilm-l6"})
+    monkeypatch.setattr(driver.Auto, "run_config", lambda auto, settings: pretrained)
+    # about 33 s free, as above (one started with 24 s free took 199 s: 80 s over the limit)
+    form, tried = driver.fitting_form(auto, None, {}, 1)
+    assert form is None and not probed
+    assert tried == [f"not probed: a first probe of a pretrained encoder is priced at {driver.FIRST_PROBE_S:.0f}s, "
+                     "more than the time free"]
+    monkeypatch.setattr(driver.Auto, "run_config", lambda auto, settings: base)
 
     def interrupted(auto):
         time.sleep(0.3)

@@ -35,6 +35,10 @@ LEAST_EPOCHS = 2  # an encoder run shrunk below this is skipped (its warm-up and
 SHORTER = (90, 75)  # the percentiles of the training token lengths a run's max length is shrunk to, in turn
 SHORTEN_WHEN = 0.8  # ... when that keeps at most this share of the tokens (else it saves too little to probe)
 FLOOR_SHARE = 0.5  # a run is not probed when the time free is under this share of its encoder's least form so far
+# What a pretrained encoder's first probe is priced at, before any was timed: five folds side by side took 20 s to
+# 200 s on 2 cores (the slow end under load); one started with 24 s free overran a 3-minute limit by 80 s. (A small
+# encoder trained from scratch probes in seconds.)
+FIRST_PROBE_S = 60.0
 STUDY_MEMBERS = 3  # the most trials of the closing study that join the members
 MORE_SEEDS = 3  # the most extra-seed members added with the time left after the study (each, for baselines)
 SEEDED = ("hgb", "lgbm", "catboost")  # the baselines another seed changes (logreg's fit draws nothing at random)
@@ -444,9 +448,14 @@ def fitting_form(auto: Auto, job: Job, settings: dict, members: int) -> tuple[Fo
     if auto.free(members) <= floor:  # not even worth its probe
         return None, ["not probed: no time is free" if not floor else
                       f"not probed: the least form of {encoder} probed so far needs ~{floor / FLOOR_SHARE:.0f}s"]
-    probed = max((job.probe_s or 0.0 for job in auto.state.jobs.values()), default=0.0)
+    from kbert.models.encoders import trains_from_scratch
+
+    timed = [job.probe_s for job in auto.state.jobs.values() if job.probe_s]
+    probed = max(timed, default=0.0 if trains_from_scratch(encoder) else FIRST_PROBE_S)
     if auto.free(members) <= probed:  # a probe would eat into the final ensemble's reserve
-        return None, [f"not probed: a probe took up to {probed:.0f}s, more than the time free"]
+        return None, [f"not probed: a probe took up to {probed:.0f}s, more than the time free" if timed else
+                      f"not probed: a first probe of a pretrained encoder is priced at {probed:.0f}s, more than the "
+                      "time free"]
     tried, lengths, seen = [], [None], set()  # None: the run's own max length; then shorter ones from its probe
     while lengths:
         max_length = lengths.pop(0)

@@ -29,8 +29,9 @@ def add_parser(commands) -> None:
     add_competition(auto)
     auto.add_argument("--time-limit", required=True, help="total time, e.g. 30m, 2h, 1h30m (over every rerun)")
     auto.add_argument("--preset", choices=words_of("kbert.auto.plan", "PRESETS"), default="fast",
-                      help="fast: baselines, one encoder, its embeddings, pseudo-labels and seeds; balanced, best: "
-                           "more epochs, the concat fusion and a tuning study (default fast)")
+                      help="fast: baselines, one encoder, its embeddings, pseudo-labels, seeds and up to 8 tuning "
+                           "trials; balanced, best: more epochs, the concat fusion and a longer study (40, 200 trials) "
+                           "(default fast)")
     add_setting(auto, "seed", default=42, help="seed of every member (default 42)")
     add_setting(auto, "precision", default="auto")
     add_data_dir(auto)

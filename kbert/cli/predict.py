@@ -98,10 +98,12 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from kbert.pipeline.artifacts import check_output_file
     from kbert.pipeline.embed import Embedding, embed_texts
 
+    if not args.out.strip():
+        raise KbertError("--out is empty: give the .npy file to write")
     out = Path(args.out)
-    with_suffix = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")
     if out.is_dir():
         raise KbertError(f"--out {out}: a folder; give the .npy file to write")
+    with_suffix = out if out.suffix == ".npy" else out.with_name(out.name + ".npy")
     check_output_file(with_suffix, f"--out {args.out}", keep=[args.texts])
     texts = _read_lines(Path(args.texts))
     folder = resolve_encoder_path(args.model)

@@ -28,7 +28,11 @@ def write_report(target: str, runs_dir: str = "runs", output: str | None = None)
     """Write the plots and index.html for a run, a study or an ensemble; returns the page's path."""
     kind, path = resolve_target(target, runs_dir)
     pyplot()  # fail before anything is written when matplotlib is missing
+    if output is not None and not output.strip():
+        raise KbertError("--output is empty: give the folder for the report, or leave the option out")
     out = Path(output) if output else output_folder(kind, path)
+    if out.exists() and not out.is_dir():
+        raise KbertError(f"--output {output}: a file, not a folder; give the folder for the report's PNGs and page")
     if out != output_folder(kind, path):
         check_report_folder(out, f"--output {output}")
     before = kbert_page(out / "index.html")
