@@ -31,7 +31,7 @@ from kbert.models.adapters import (AdapterConfig, apply_adapters, check_layer_pa
 from kbert.models.architecture import architecture, reinitialise_top_blocks
 from kbert.models.bert import BertConfig
 from kbert.models.checkpoints import AdapterOnly, save_checkpoint
-from kbert.models.encoders import (SHIPPED, is_preset, load_encoder, preset_config, read_config,
+from kbert.models.encoders import (SHIPPED, is_preset, load_encoder, max_tokens, preset_config, read_config,
                                    resolve_encoder_path, trains_from_scratch)
 from kbert.models.fusion import FusionConfig
 from kbert.models.heads import HeadConfig, check_head_config, predict
@@ -329,16 +329,27 @@ def token_budget(lengths: np.ndarray, max_length: int) -> dict:
             "max_length": max_length, "truncated_rows": truncated, "truncated_share": truncated / len(lengths)}
 
 
-def report_token_budget(inputs: RunInputs, fit: FoldFit, tokenizer: Tokenizer, log) -> dict:
-    """The first fold logs an example text and how every training row's text fits ``max_length``."""
+def truncation_remedy(truncate: str, max_length: int, longest: int | None) -> str:
+    """What happens to rows over ``max_length`` and what to do: raising --max-length only up to the encoder's
+    position table (``longest``; a `kbert pretrain` encoder's may be short: raising past it was refused)."""
+    if truncate == "priority":
+        return "their lowest-priority columns are dropped (text.truncate: priority)"
+    raise_it = ("raise --max-length, " if longest is None else
+                f"raise --max-length (the encoder takes up to {longest}), " if max_length < longest else
+                f"(--max-length is at the encoder's {longest} positions) ")
+    return f"lose their end; {raise_it}choose fewer text.columns or set text.truncate: priority"
+
+
+def report_token_budget(inputs: RunInputs, fit: FoldFit, tokenizer: Tokenizer, log,
+                        longest: int | None = None) -> dict:
+    """The first fold logs an example text and how every training row's text fits ``max_length``; ``longest``: the
+    encoder's position table, past which --max-length cannot be raised (a pretrained or `kbert pretrain` encoder)."""
     config = inputs.config
     log(f"example text: {fit.train_texts[0]}")
     all_texts = fit.serializer.transform(inputs.features)  # for the report only: every training row's length
     budget = token_budget(token_lengths(tokenizer, all_texts), config.train.max_length)
     if budget["truncated_rows"]:
-        remedy = ("their lowest-priority columns are dropped (text.truncate: priority)"
-                  if config.competition.text.truncate == "priority" else
-                  "lose their end; raise --max-length, choose fewer text.columns or set text.truncate: priority")
+        remedy = truncation_remedy(config.competition.text.truncate, config.train.max_length, longest)
         log(f"warning: {budget['truncated_rows']} of {len(all_texts)} rows ({budget['truncated_share']:.1%}) exceed "
             f"--max-length {config.train.max_length} tokens (longest {budget['max_tokens']}): {remedy}")
     return budget
@@ -370,7 +381,8 @@ def prepare_fold(job: FoldJob, source: EncoderSource, log) -> PreparedFold:
                                  else (source.tokenizer, job.tokenizer_path))
     encoder_config = fit.encoder_config if source.from_scratch else source.config
     with stage("tokenization"):
-        budget = report_token_budget(inputs, fit, tokenizer, log) if split.first else None
+        longest = None if source.from_scratch else max_tokens(encoder_config)
+        budget = report_token_budget(inputs, fit, tokenizer, log, longest) if split.first else None
         data = fold_data(inputs, split, fit, tokenizer)
 
     fold_seed = (config.seed + split.seed_index) * 1000 + split.repeat * 100 + split.k

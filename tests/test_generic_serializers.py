@@ -186,3 +186,15 @@ def test_omit_numbers_leaves_the_numeric_columns_out_of_the_text():
         serializer("list", columns=["Age"], numbers="omit").fit(ROWS)
     with pytest.raises(KbertError, match="text.numbers omit works with the list and sentence serializers"):
         serializer("template", template="{Sex}", numbers="omit").fit(ROWS)
+
+
+def test_the_truncation_remedy_raises_the_max_length_only_as_far_as_the_encoder_takes():
+    """A `kbert pretrain` encoder of 96 positions: "raise --max-length" was advised, and 200 was then refused."""
+    from kbert.pipeline.fold import truncation_remedy
+
+    assert truncation_remedy("warn", 32, None).startswith("lose their end; raise --max-length, choose fewer")
+    assert truncation_remedy("warn", 32, 96).startswith("lose their end; raise --max-length (the encoder takes up "
+                                                        "to 96), choose fewer")
+    assert truncation_remedy("warn", 96, 96).startswith("lose their end; (--max-length is at the encoder's 96 "
+                                                        "positions) choose fewer")
+    assert truncation_remedy("priority", 96, 96) == "their lowest-priority columns are dropped (text.truncate: priority)"
