@@ -32,6 +32,12 @@ def run_kbert(tmp_path: Path, run_id: str, *extra: str) -> subprocess.CompletedP
                           timeout=300)
 
 
+def refused_resume(tmp_path: Path, message: str) -> None:
+    """A resume of run "r" is refused with ``message``, in one line."""
+    result = run_kbert(tmp_path, "r")
+    assert result.returncode == 2 and result.stderr.strip() == f"kbert: error: {message}", result.stderr
+
+
 def start_and_signal_after(tmp_path: Path, run_id: str, line_start: str, sig: int,
                            *extra: str) -> subprocess.CompletedProcess:
     """Start `kbert run`, send ``sig`` as soon as a stdout line starts with ``line_start``; wait for the end."""
@@ -167,39 +173,29 @@ def test_a_folder_without_config_is_refused_and_a_half_written_fold_is_redone(tm
     # fold.json edited (a score: it was carried into the resume's sealed metrics.json), and a fold that lost its
     # history or test predictions (kept as finished before, and still missing them)
     write_json(run_dir / "folds" / "0" / "fold.json", {**kept, "record": {**kept["record"], "score": 0.99}})
-    edited = run_kbert(tmp_path, "r")
-    assert edited.returncode == 2
-    assert edited.stderr.strip() == (f"kbert: error: {run_dir / 'folds' / '0' / 'fold.json'}: not as kbert wrote it "
-                                     "(edited: its record_sha256 does not match what it says); delete the fold's "
-                                     "folder to train it again")
+    refused_resume(tmp_path, f"{run_dir / 'folds' / '0' / 'fold.json'}: not as kbert wrote it (edited: its "
+                   "record_sha256 does not match what it says); delete the fold's folder to train it again")
     write_json(run_dir / "folds" / "0" / "fold.json", kept)
     # a fold of another training of the run id, with other settings (its fold.json sealed as kbert wrote it): a
     # resume blended it and sealed it in the new metrics.json
     write_json(run_dir / "folds" / "0" / "fold.json", sealed({**kept, "record": {**kept["record"],
                                                                                   "config_sha256": "0" * 64}}))
-    foreign = run_kbert(tmp_path, "r")
-    assert foreign.returncode == 2
-    assert foreign.stderr.strip() == (f"kbert: error: {run_dir / 'folds' / '0' / 'fold.json'}: trained with another "
-                                      "config than this run's (its config_sha256 differs): a fold of another "
-                                      "training; delete the fold's folder to train it again")
+    refused_resume(tmp_path, f"{run_dir / 'folds' / '0' / 'fold.json'}: trained with another config than this "
+                   "run's (its config_sha256 differs): a fold of another training; delete the fold's folder to train "
+                   "it again")
     write_json(run_dir / "folds" / "0" / "fold.json", kept)
     inputs = (run_dir / "inputs.json").read_bytes()
     (run_dir / "inputs.json").unlink()  # with it went the check that the resume reads the same data
-    unchecked = run_kbert(tmp_path, "r")
-    assert unchecked.returncode == 2
-    assert unchecked.stderr.strip() == (f"kbert: error: {run_dir / 'inputs.json'}: missing (the data files and "
-                                        "config its folds were trained with); a resume cannot check them: put it "
-                                        "back, or pick another --run-id")
+    refused_resume(tmp_path, f"{run_dir / 'inputs.json'}: missing (the data files and config its folds were "
+                   "trained with); a resume cannot check them: put it back, or pick another --run-id")
     (run_dir / "inputs.json").write_bytes(inputs)
     for name, other in (("outputs.npz", (run_dir / "folds" / "1" / "outputs.npz").read_bytes()),
                         ("serializer.json", b"{}")):  # another fold's predictions, which a resume blended; an edit
         path = run_dir / "folds" / "0" / name
         saved = path.read_bytes()
         path.write_bytes(other)
-        swapped = run_kbert(tmp_path, "r")
-        assert swapped.returncode == 2
-        assert swapped.stderr.strip() == (f"kbert: error: {path}: not the file this fold was trained to (its sha256 "
-                                          "differs from the one fold.json recorded): damaged or swapped")
+        refused_resume(tmp_path, f"{path}: not the file this fold was trained to (its sha256 differs from the one "
+                       "fold.json recorded): damaged or swapped")
         path.write_bytes(saved)
     (run_dir / "folds" / "1" / "history.json").unlink()
     (run_dir / "folds" / "2" / "test.csv").unlink()
