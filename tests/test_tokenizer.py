@@ -36,6 +36,9 @@ def test_tokenizer_is_cached_per_corpus(tmp_path):
     other.write_bytes(first_bytes)
     retrained, path_retrained = load_or_train_tokenizer(TEXTS, 200, tmp_path)
     assert retrained.get_vocab() == first.get_vocab() and path_retrained.read_bytes() == first_bytes
+    path.write_text('{"model": ')  # damaged (a killed copy, a full disk): not read, trained again
+    again, _ = load_or_train_tokenizer(TEXTS, 200, tmp_path)
+    assert again.get_vocab() == first.get_vocab() and path.read_bytes() == first_bytes
 
 
 def test_a_max_length_without_room_for_text_is_refused():
