@@ -525,11 +525,11 @@ def test_a_study_counts_the_encoder_folds_at_one_core_each(tmp_path, monkeypatch
 @pytest.mark.slow
 def test_a_deadline_on_the_real_clock_stops_a_run_between_folds_and_a_resume_ends_it_as_if_never_stopped(
         tmp_path, monkeypatch):
-    """Real training, real clock. The run's probe is made 20x too optimistic, so it starts with 1 s free; its
-    first fold (30 epochs: over a second) shows the other four will not fit (they would if it took under 0.44 s),
-    and it stops
-    between folds: kbert auto then ends inside its limit with the baseline as its member. A rerun with a larger
-    limit finishes the run from its kept fold, and its OOF file is byte for byte an uninterrupted run's."""
+    """Real training, real clock. The run's probe is made too optimistic (0.5 s for the whole run, whatever this
+    machine's speed), so it starts with its 30 epochs and 1 s free; its first fold (30 epochs: over a second)
+    shows the other four will not fit (they would if it took under 0.44 s), and it stops between folds: kbert auto
+    then ends inside its limit with the baseline as its member. A rerun with a larger limit finishes the run from
+    its kept fold, and its OOF file is byte for byte an uninterrupted run's."""
     import time
 
     import kbert.pipeline.probe as probe
@@ -585,10 +585,14 @@ def test_a_deadline_on_the_real_clock_stops_a_run_between_folds_and_a_resume_end
     assert (run_dir / "oof.csv").read_bytes() == (whole.run_dir / "oof.csv").read_bytes()
 
 
-def optimistic(probe: RunProbe) -> RunProbe:
-    return dataclasses.replace(probe, startup_s=probe.startup_s / 20, prep_s=probe.prep_s / 20,
-                               train_step_s=probe.train_step_s / 20, eval_batch_s=probe.eval_batch_s / 20,
-                               trace_s=probe.trace_s / 20)
+def optimistic(probe: RunProbe, epochs: int = 30, seconds: float = 0.5) -> RunProbe:
+    """``probe`` with every measured time scaled so that the run of ``epochs`` epochs is priced at ``seconds``: a
+    fixed price, not a fixed share of this machine's speed (a 20x cut still priced 30 epochs over the 1 s free on a
+    slower CPU, and the run was shrunk)."""
+    share = seconds / probe.run_seconds(epochs)
+    return dataclasses.replace(probe, startup_s=probe.startup_s * share, prep_s=probe.prep_s * share,
+                               train_step_s=probe.train_step_s * share, eval_batch_s=probe.eval_batch_s * share,
+                               trace_s=probe.trace_s * share)
 
 
 def test_no_probe_starts_when_the_longest_probe_so_far_does_not_fit_and_an_interrupt_is_charged(
