@@ -334,10 +334,16 @@ def truncation_remedy(truncate: str, max_length: int, longest: int | None) -> st
     position table (``longest``; a `kbert pretrain` encoder's may be short: raising past it was refused)."""
     if truncate == "priority":
         return "their lowest-priority columns are dropped (text.truncate: priority)"
-    raise_it = ("raise --max-length, " if longest is None else
-                f"raise --max-length (the encoder takes up to {longest}), " if max_length < longest else
-                f"(--max-length is at the encoder's {longest} positions) ")
-    return f"lose their end; {raise_it}choose fewer text.columns or set text.truncate: priority"
+    return (f"lose their end; {max_length_advice(max_length, longest)}choose fewer text.columns or set "
+            "text.truncate: priority")
+
+
+def max_length_advice(max_length: int, longest: int | None) -> str:
+    """Whether --max-length can be raised, and how far: up to the encoder's position table ``longest`` (None: no
+    bound), as the start of a remedy."""
+    return ("raise --max-length, " if longest is None else
+            f"raise --max-length (the encoder takes up to {longest}), " if max_length < longest else
+            f"(--max-length is at the encoder's {longest} positions) ")
 
 
 def report_token_budget(inputs: RunInputs, fit: FoldFit, tokenizer: Tokenizer, log,

@@ -22,13 +22,14 @@ from tqdm import tqdm
 
 from kbert.errors import KbertError
 from kbert.io import removed_on_refusal, write_json
-from kbert.models.encoders import trains_from_scratch
+from kbert.models.encoders import max_tokens, trains_from_scratch
 from kbert.models.masked_lm import build_masked_lm, load_masked_lm, save_masked_lm
-from kbert.models.tokenizer import load_or_train_tokenizer, special_ids, special_token_id, truncate_to
+from kbert.models.tokenizer import (load_or_train_tokenizer, special_ids, special_token_id, token_lengths,
+                                    truncate_to)
 from kbert.pipeline.artifacts import check_output_folder, new_run_id
 from kbert.pipeline.config import RunConfig, TrainConfig, augments
 from kbert.pipeline.data import input_rows, load_competition_data
-from kbert.pipeline.fold import make_serializer, scratch_encoder_config
+from kbert.pipeline.fold import make_serializer, max_length_advice, scratch_encoder_config, token_budget
 from kbert.pipeline.streams import cpu_streams
 from kbert.pipeline.train import Execution, make_optimizer, make_train_step, seed_everything
 
@@ -239,6 +240,9 @@ def pretrain_corpus(job: Pretraining, *, progress: bool, log) -> Path:
     seed_everything(settings.seed)
     model, model_config, tokenizer = masked_lm_to_train(config, settings, corpus)
     masking = Masking.of(tokenizer, settings)
+    positions = None if trains_from_scratch(settings.encoder) else max_tokens(model_config.to_dict())
+    budget = report_truncation(tokenizer, corpus.train_texts + corpus.eval_texts, config.train.max_length, positions,
+                               log)
     train_data = encode_with_words(tokenizer, corpus.train_texts, config.train.max_length)
     eval_batches = held_out_batches(encode_with_words(tokenizer, corpus.eval_texts, config.train.max_length),
                                     masking, settings, config.train.length_bucket)
@@ -250,11 +254,23 @@ def pretrain_corpus(job: Pretraining, *, progress: bool, log) -> Path:
         f"{tokenizer.get_vocab_size()}, step 0 masked accuracy {history[0]['masked_accuracy']:.3f}")
     history += train_masked_lm(model, MaskedLMData(train_data, eval_batches, masking), settings,
                                replace(config.train, learning_rate=learning_rate), progress=progress, log=log)
-    write_pretrained(job, model, model_config, tokenizer, history, learning_rate)
+    write_pretrained(job, model, model_config, tokenizer, history, learning_rate, budget)
     final = history[-1]
     log(f"held-out masked accuracy {final['masked_accuracy']:.3f} (start {history[0]['masked_accuracy']:.3f}), "
         f"perplexity {final['perplexity']:.2f}; {time.perf_counter() - started:.0f}s")
     return job.folder
+
+
+def report_truncation(tokenizer: Tokenizer, texts: list[str], max_length: int, longest: int | None, log) -> dict:
+    """How the corpus's texts fit ``max_length`` (``token_budget``), with a warning when some are cut: masked-LM
+    pretraining sees only a text's first ``max_length`` tokens. ``longest``: a pretrained encoder's position table,
+    past which --max-length cannot be raised."""
+    budget = token_budget(token_lengths(tokenizer, texts), max_length)
+    if budget["truncated_rows"]:
+        log(f"warning: {budget['truncated_rows']} of {len(texts)} texts ({budget['truncated_share']:.1%}) exceed "
+            f"--max-length {max_length} tokens (longest {budget['max_tokens']}): pretraining sees only their first "
+            f"{max_length}; {max_length_advice(max_length, longest)}choose fewer text.columns")
+    return budget
 
 
 def masked_lm_to_train(config: RunConfig, settings: PretrainConfig, corpus: Corpus):
@@ -321,7 +337,7 @@ def train_masked_lm(model: nn.Module, corpus: MaskedLMData, settings: PretrainCo
 
 
 def write_pretrained(job: Pretraining, model: nn.Module, model_config: dict, tokenizer: Tokenizer,
-                     history: list[dict], learning_rate: float) -> Path:
+                     history: list[dict], learning_rate: float, tokens: dict) -> Path:
     """The encoder + MLM head folder, written to a temp folder and renamed when complete."""
     config, settings, corpus, folder = job.config, job.settings, job.corpus, job.folder
     comp = config.competition
@@ -335,7 +351,8 @@ def write_pretrained(job: Pretraining, model: nn.Module, model_config: dict, tok
     write_json(tmp / "pretrain.json", {
         "competition": comp.name, "settings": asdict(settings), "from_scratch": trains_from_scratch(settings.encoder),
         "learning_rate": learning_rate,
-        "max_length": config.train.max_length, "vocab_size": tokenizer.get_vocab_size(), "rows": corpus.rows,
+        "max_length": config.train.max_length, "tokens": tokens, "vocab_size": tokenizer.get_vocab_size(),
+        "rows": corpus.rows,
         "train_texts": len(corpus.train_texts), "held_out_rows": len(corpus.eval_texts),
         "masked_accuracy": final["masked_accuracy"], "perplexity": final["perplexity"],
         "masked_accuracy_at_start": history[0]["masked_accuracy"], "history": history,

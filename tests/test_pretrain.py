@@ -190,3 +190,34 @@ def test_a_text_section_that_draws_nothing_gets_no_augmented_copies():
     corpus = build_corpus(config, PretrainConfig(augment=4, holdout=0.1))
     assert corpus.variants == 0 and len(corpus.train_texts) + len(corpus.eval_texts) == corpus.rows
     assert build_corpus(resolve_run_config(titanic, {"limit_rows": 100}), PretrainConfig(augment=4)).variants == 4
+
+
+@pytest.mark.slow
+def test_texts_over_the_max_length_are_counted_and_warned_of_and_the_record_keeps_the_count(tmp_path, capsys):
+    """Pretraining cut every text at --max-length without a word (kbert run warns of the same cut)."""
+    runs = tmp_path / "runs"
+    assert main(["pretrain", "titanic", "--steps", "2", "--batch-size", "8", "--eval-every", "2",
+                 "--max-length", "16", "--augment", "0", "--out", str(runs), "--run-id", "short",
+                 "--no-progress"]) == 0
+    warned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    tokens = json.loads((runs / "titanic" / "pretrain" / "short" / "pretrain.json").read_text())["tokens"]
+    assert tokens["max_length"] == 16 and tokens["max_tokens"] > 16 and tokens["truncated_rows"] > 0
+    texts = 891 + 418  # every training and test row, once each (no augmented copies)
+    assert warned == [f"warning: {tokens['truncated_rows']} of {texts} texts ({tokens['truncated_share']:.1%}) exceed "
+                      f"--max-length 16 tokens (longest {tokens['max_tokens']}): pretraining sees only their first 16; "
+                      "raise --max-length, choose fewer text.columns"]
+
+
+def test_the_truncation_warning_raises_a_pretrained_encoders_max_length_only_as_far_as_its_positions():
+    from kbert.models.encoders import load_tokenizer, resolve_encoder_path
+    from kbert.pipeline.pretrain import report_truncation
+
+    tokenizer = load_tokenizer(resolve_encoder_path("minilm-l6"))
+    said = []
+    texts = ["a short one", "a text of a good many more words than eight tokens hold"]
+    assert report_truncation(tokenizer, texts, 8, 512, said.append)["truncated_rows"] == 1
+    assert report_truncation(tokenizer, texts, 8, 8, said.append)["truncated_rows"] == 1
+    assert report_truncation(tokenizer, texts, 64, 512, said.append)["truncated_rows"] == 0
+    assert [line.split("; ", 1)[1] for line in said] == [
+        "raise --max-length (the encoder takes up to 512), choose fewer text.columns",
+        "(--max-length is at the encoder's 8 positions) choose fewer text.columns"]

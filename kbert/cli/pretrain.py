@@ -13,7 +13,7 @@ EPILOG = """examples:
   kbert pretrain titanic --encoder minilm-l6 --steps 1000   continue pretraining a pretrained encoder
 
 output: runs/<competition>/pretrain/<id>/{config.json, model.safetensors (encoder + MLM head), tokenizer.json,
-pretrain.json (held-out masked accuracy, perplexity, history, time)}"""
+pretrain.json (held-out masked accuracy, perplexity, history, token counts, time)}"""
 
 
 def add_parser(commands) -> None:
