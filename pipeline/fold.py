@@ -50,6 +50,7 @@ from kbert.pipeline.profile import stage
 from kbert.pipeline.pseudo import PseudoLabels
 from kbert.pipeline.targets import Targets, TargetTransform, fit_target_transform
 from kbert.pipeline.fold_processes import FoldJob
+from kbert.pipeline.streams import stream_count
 from kbert.pipeline.train import FoldData, Progress, Validation, seed_everything, train_fold
 from kbert.tasks import Task
 
@@ -439,6 +440,7 @@ def train_one_fold(job: FoldJob, source: EncoderSource, *, progress, log) -> Fol
                 "n_train": len(split.train_index), "n_valid": len(split.valid_index),
                 "seconds": round(result.seconds, 2), "blas": runtime.status().blas.identity(),
                 "compute": run_compute_path(config.train.precision),
+                "streams": stream_count(config.train.cpu_streams),  # (a resume trains on the same count)
                 "config_sha256": recorded_config_fingerprint(fold_dir.parent.parent),  # (a resume checks it)
                 **({"averaged_epochs": result.averaged_epochs} if result.averaged_epochs else {})},
         tokens=budget,

@@ -37,6 +37,7 @@ from kbert.pipeline.fold import (EncoderSource, FoldPredictions, FoldSplit, RunI
 from kbert.pipeline.fold_processes import (FoldJob, FoldPlan, Machine, available_memory, plan_folds, train_folds,
                                            usable_cores, with_streams)
 from kbert.pipeline.splits import fold_rows
+from kbert.pipeline.streams import stream_count
 from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.pipeline.precision import (backend, compute_precision, current_device, resolve_precision, run_compute_path,
                                       use_device)
@@ -170,7 +171,7 @@ def train_or_keep(inputs: RunInputs, source: EncoderSource, paths: RunPaths,
         log(f"warning: {warning}")
     to_train = [(step, split) for step, (split, fold) in enumerate(folds) if fold is None]
     plan = fold_plan(config, source, len(folds), len(to_train))
-    fold_inputs = with_streams(inputs, plan.streams)
+    fold_inputs = with_streams(inputs, kept_streams([fold for _, fold in folds], plan, config, log))
     tokenizer_path = None if source.from_scratch else paths.tokenizer
     jobs = [FoldJob(fold_inputs, split, paths.folder / "folds" / split.name, paths.cache, tokenizer_path)
             for _, split in to_train]
@@ -187,6 +188,20 @@ def train_or_keep(inputs: RunInputs, source: EncoderSource, paths: RunPaths,
             if seconds:  # timed in its own process
                 add_part(split.description, seconds)
             yield step, fold
+
+
+def kept_streams(kept: list[FoldPredictions | None], plan: FoldPlan, config: RunConfig, log) -> int:
+    """The CPU streams each fold left trains on: the plan's (0: as --cpu-streams says), unless a resume's kept folds
+    all trained on another count (another machine's cores, or another fold layout): theirs then, since a fold's
+    numbers depend on its streams; said in a line."""
+    recorded = {fold.record.get("streams") for fold in kept if fold is not None} - {None}  # (absent: older runs)
+    planned = plan.streams or config.train.cpu_streams
+    if len(recorded) != 1 or current_device() != "cpu" or next(iter(recorded)) == stream_count(planned):
+        return plan.streams
+    streams = recorded.pop()
+    log(f"the folds left train on {streams} CPU stream(s) each, as the kept folds did (this machine's plan: "
+        f"{stream_count(planned)}): a fold's numbers depend on its streams")
+    return streams
 
 
 def fold_plan(config: RunConfig, source: EncoderSource, total: int, to_train: int) -> FoldPlan:

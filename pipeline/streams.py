@@ -2,7 +2,8 @@
 
 The shards' gradients are summed weighted by their share of the rows, the gradient of the batch's mean loss.
 Training steps run eagerly and each shard's evaluation forward is compiled on its stream (benchmarks/NOTES.md).
-Results depend on the number of shards, so a seed reproduces a run on machines with the same core count.
+Results depend on the number of shards: each fold records its count (``stream_count``) and a resume trains the
+folds left on the kept folds' count, whatever this machine's cores.
 """
 
 from __future__ import annotations
@@ -21,12 +22,18 @@ def _streams(count: int) -> tuple[mx.Stream, ...]:
     return (mx.default_stream(mx.cpu),) + tuple(mx.new_stream(mx.cpu) for _ in range(count - 1))
 
 
+def stream_count(requested: int = 0) -> int:
+    """How many streams ``cpu_streams(requested)`` shards a batch over: ``requested`` (0: one per usable core) on
+    the CPU, 1 (no sharding) on a GPU."""
+    return (requested or usable_cores()) if mx.default_device() == mx.cpu else 1
+
+
 def cpu_streams(requested: int = 0) -> tuple[mx.Stream, ...]:
     """The streams a batch is sharded over: ``requested`` of them (0: one per usable core) when MLX's default
     device is the CPU, else none. With more than one, the CPU kernels get the cores' share per stream."""
     if mx.default_device() != mx.cpu:
         return ()
-    count = requested or usable_cores()
+    count = stream_count(requested)
     cpu_kernels.set_threads(max(1, usable_cores() // count))
     return _streams(count) if count > 1 else ()
 

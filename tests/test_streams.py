@@ -62,3 +62,37 @@ def test_class_weighted_cross_entropy_is_not_sharded_because_it_is_no_mean_over_
     whole = head.loss(logits, targets).item()
     halves = sum(head.loss(logits[rows], targets[rows]).item() * 0.5 for rows in shard_rows(4, 2))
     assert abs(whole - halves) > 0.05
+
+
+@pytest.mark.slow
+def test_a_resume_on_another_core_count_trains_the_folds_left_on_the_kept_folds_streams(tmp_path, monkeypatch):
+    """A fold's numbers depend on its streams, one per core by default: a run stopped on a 1-core machine and
+    resumed on a 2-core one blended folds of two layouts, an answer neither machine gives alone."""
+    import json
+    from dataclasses import replace
+
+    from kbert.errors import KbertError
+    from kbert.pipeline.run import run_competition
+    from tests.tiny import tiny_config
+
+    config = tiny_config("titanic", tmp_path, limit_rows=90, folds=3, epochs=2)
+
+    def run(cores: int, out: str, **kwargs):
+        monkeypatch.setenv("OMP_NUM_THREADS", str(cores))
+        return run_competition(replace(config, out_dir=str(tmp_path / out)), run_id="r", progress=False, **kwargs)
+
+    one_core = run(1, "one", log=lambda _: None).run_dir / "oof.csv"
+    assert one_core.read_bytes() != (run(2, "two", log=lambda _: None).run_dir / "oof.csv").read_bytes()
+
+    def stop(step: int, score: float) -> None:
+        raise KbertError("stopped after a fold")
+
+    with pytest.raises(KbertError, match="stopped after a fold"):
+        run(1, "resumed", log=lambda _: None, on_fold=stop)
+    said = []
+    resumed = run(2, "resumed", log=said.append).run_dir
+    assert ("the folds left train on 1 CPU stream(s) each, as the kept folds did (this machine's plan: 2): a fold's "
+            "numbers depend on its streams") in said, said
+    assert (resumed / "oof.csv").read_bytes() == one_core.read_bytes()
+    assert [json.loads(path.read_text())["record"]["streams"] for path in sorted(resumed.glob("folds/*/fold.json"))
+            ] == [1, 1, 1]
