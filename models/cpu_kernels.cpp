@@ -22,10 +22,13 @@
 #include <vector>
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
@@ -512,15 +515,17 @@ inline void pair_run(const float* x, int n, int32_t* out) {
   }
 }
 
-// A (rows x kc) block of X, read as X[r * ld_r + k * ld_k], into panels of R rows: per k pair, R int32 pairs.
-// Zero padded in rows and k.
+// A (rows x kc) block of X, read as X[r * ld_r + k * ld_k], into panels of R rows: per k pair, R int32 pairs, kpad
+// (>= the block's pairs) pairs a panel. Zero padded in rows and k.
 template <int R>
-void pack_panels(const float* X, int64_t ld_r, int64_t ld_k, int rows, int kc, int32_t* out) {
+void pack_panels(const float* X, int64_t ld_r, int64_t ld_k, int rows, int kc, int kpad, int32_t* out) {
   int kp = (kc + 1) / 2;
+  for (int r0 = 0; r0 < rows; r0 += R)
+    std::fill_n(out + (int64_t)(r0 / R) * kpad * R + (int64_t)kp * R, (int64_t)(kpad - kp) * R, 0);
   if (ld_k == 1) {  // rows contiguous along k: pair each row's run, then lay its pairs R apart
     std::vector<int32_t> run(kp);
     for (int r0 = 0; r0 < rows; r0 += R) {
-      int32_t* panel = out + (int64_t)(r0 / R) * kp * R;
+      int32_t* panel = out + (int64_t)(r0 / R) * kpad * R;
       for (int r = 0; r < R; ++r) {
         if (r0 + r < rows) pair_run(X + (r0 + r) * ld_r, kc, run.data());
         else std::fill(run.begin(), run.end(), 0);
@@ -530,7 +535,7 @@ void pack_panels(const float* X, int64_t ld_r, int64_t ld_k, int rows, int kc, i
     return;
   }
   for (int r0 = 0; r0 < rows; r0 += R) {  // rows side by side
-    int32_t* panel = out + (int64_t)(r0 / R) * kp * R;
+    int32_t* panel = out + (int64_t)(r0 / R) * kpad * R;
     int nr = std::min(R, rows - r0);
     for (int p = 0; p < kp; ++p) {
       const float* lo = X + r0 * ld_r + (2 * p) * ld_k;
@@ -603,15 +608,10 @@ inline void tile(const int32_t* a, int64_t sa, const int32_t* b, int kp, float* 
 }
 
 // C (M x N, row-major, ldc) = A B (+ bias, N values) over K, A read as A[i * lda_i + k * lda_k], B as
-// B[k * ldb_k + j * ldb_j]. Per KC slice of K: B's slice packed once (its panels split over the threads), then C's
-// rows split over the threads, each packing its A blocks once for all of N.
-void bf16_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda_i, int64_t lda_k, const float* B,
-               int64_t ldb_k, int64_t ldb_j, float* C, int64_t ldc, const float* bias) {
-  if (K == 0) {
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = bias ? bias[j] : 0.0f;
-    return;
-  }
+// B[k * ldb_k + j * ldb_j], in vdpbf16ps tiles. Per KC slice of K: B's slice packed once (its panels split over the
+// threads), then C's rows split over the threads, each packing its A blocks once for all of N.
+void dpbf16_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda_i, int64_t lda_k, const float* B,
+                 int64_t ldb_k, int64_t ldb_j, float* C, int64_t ldc, const float* bias) {
   int64_t pairs = (std::min<int64_t>(K, kKC) + 1) / 2, panels = (N + kNR - 1) / kNR;
   std::unique_ptr<int32_t[]> bpack(new int32_t[pairs * panels * kNR]);
   bool rows = lda_k == 1;  // A's rows contiguous along k: kept as rows of pairs, no panel transpose
@@ -619,7 +619,7 @@ void bf16_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda_i, i
     int kc = (int)std::min<int64_t>(kKC, K - pc), kp = (kc + 1) / 2;
     parallel_for(panels, 4, [&](int64_t p0, int64_t p1) {
       int nc = (int)(std::min(N, p1 * kNR) - p0 * kNR);
-      pack_panels<kNR>(B + pc * ldb_k + p0 * kNR * ldb_j, ldb_j, ldb_k, nc, kc, bpack.get() + p0 * kp * kNR);
+      pack_panels<kNR>(B + pc * ldb_k + p0 * kNR * ldb_j, ldb_j, ldb_k, nc, kc, kp, bpack.get() + p0 * kp * kNR);
     });
     parallel_for(M, kMC, [&](int64_t m0, int64_t m1) {
       std::unique_ptr<int32_t[]> apack(new int32_t[pairs * ((kMC + kMR - 1) / kMR) * kMR]);
@@ -632,7 +632,7 @@ void bf16_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda_i, i
             else std::fill_n(apack.get() + (int64_t)r * kp, kp, 0);
           }
         } else {
-          pack_panels<kMR>(block, lda_i, lda_k, mc, kc, apack.get());
+          pack_panels<kMR>(block, lda_i, lda_k, mc, kc, kp, apack.get());
         }
         for (int64_t jr = 0; jr < N; jr += kNR) {
           const int32_t* panel = bpack.get() + (jr / kNR) * kp * kNR;
@@ -651,8 +651,213 @@ void bf16_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda_i, i
     });
   }
 }
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// On CPUs with AMX (Intel Sapphire Rapids and later) the same products in tile instructions: tdpbf16ps sums a
+// 16 x 16 float32 block over 16 bf16 pairs at once, about 8 times vdpbf16ps's work an instruction. Each output
+// element is still summed in one fixed order (KC slices, then 16-pair steps, pairs in the instruction's order),
+// whatever the threads; the order differs from vdpbf16ps's, so the bits differ from the other path's
+// (pipeline/precision.py records which ran: "amx_bf16").
+// Tiles 0-3 hold C's 32 x 32 block as 2 x 2 blocks of 16 x 16, 4-5 A's two 16-row blocks (16 pairs a row), 6-7 a
+// B panel's two 16-column halves (16 pair rows). A is packed as rows of pairs, kpad (the slice's pairs rounded up
+// to 16, zero padded) apart, rows padded to 32; B as the vdpbf16ps path's panels, kpad pairs each.
+constexpr int kAmxMR = 32, kAmxMC = 32;  // A's block (32 rows of a KC slice, 24 KB) stays in L1 over N
+
+// Linux lets a process use the tiles' state only once it asks (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); until then a tile instruction faults. Asked once: where the kernel refuses, the vdpbf16ps
+// tiles serve.
+bool amx_ready() {
+  static const bool ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return ready;
+}
+
+// A thread's tile shapes: every tile 16 rows of 64 bytes. Loaded by each thread before its tiles (the configuration
+// is a thread's state, and other code on the thread, PyTorch's oneDNN in the tests, may load its own).
+inline void amx_configure() {
+  alignas(64) uint8_t config[64] = {};
+  config[0] = 1;  // palette 1
+  for (int t = 0; t < 8; ++t) {
+    config[16 + 2 * t] = 64;  // bytes a row
+    config[48 + t] = 16;      // rows
+  }
+  _tile_loadconfig(config);
+}
+
+// 16 x 16 int32 transposed in place: r[i][j] <- r[j][i].
+inline void transpose16(__m512i r[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane L: t[2i] = r[2i][4L], r[2i+1][4L], r[2i][4L+1], r[2i+1][4L+1]
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; ++g) {  // u[4g + c]: lane L holds column 4L + c of rows 4g..4g+3
+    u[4 * g + 0] = _mm512_unpacklo_epi64(t[4 * g + 0], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g + 0], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // column 4L + c: lane L of u[c], u[4 + c], u[8 + c], u[12 + c]
+    __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88), v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xdd);
+    __m512i w0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88), w1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xdd);
+    r[c] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+    r[8 + c] = _mm512_shuffle_i32x4(v0, w0, 0xdd);
+    r[4 + c] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(v1, w1, 0xdd);
+  }
+}
+
+// A (rows x kc) block of X, read as X[r * ld_r + k * ld_k], as rows of pairs: out[r * kpad + p], rows up to
+// rows_pad and pairs up to kpad (a multiple of 16) zero.
+void pack_rows(const float* X, int64_t ld_r, int64_t ld_k, int rows, int kc, int kpad, int rows_pad, int32_t* out) {
+  int kp = (kc + 1) / 2;
+  if (ld_k == 1) {
+    for (int r = 0; r < rows_pad; ++r) {
+      int32_t* row = out + (int64_t)r * kpad;
+      if (r < rows) pair_run(X + r * ld_r, kc, row);
+      std::fill(row + (r < rows ? kp : 0), row + kpad, 0);
+    }
+    return;
+  }
+  if (ld_r == 1) {  // k pairs across 16 rows at a time (as the panels), transposed into the rows
+    for (int r0 = 0; r0 < rows_pad; r0 += 16) {
+      int n = std::clamp(rows - r0, 0, 16);
+      __mmask16 load = (__mmask16)(n == 16 ? 0xffff : (1u << n) - 1);
+      for (int p0 = 0; p0 < kpad; p0 += 16) {
+        __m512i v[16];
+        for (int q = 0; q < 16; ++q) {
+          int k = 2 * (p0 + q);
+          const float* lo = X + r0 + k * ld_k;
+          __m512 l = k < kc ? _mm512_maskz_loadu_ps(load, lo) : _mm512_setzero_ps();
+          __m512 h = k + 1 < kc ? _mm512_maskz_loadu_ps(load, lo + ld_k) : _mm512_setzero_ps();
+          v[q] = pairs16(l, h);
+        }
+        transpose16(v);
+        for (int r = 0; r < 16; ++r) _mm512_storeu_si512(out + (int64_t)(r0 + r) * kpad + p0, v[r]);
+      }
+    }
+    return;
+  }
+  for (int r = 0; r < rows_pad; ++r)
+    for (int p = 0; p < kpad; ++p) {
+      int k = 2 * p;
+      float l = r < rows && k < kc ? X[r * ld_r + k * ld_k] : 0.0f;
+      float h = r < rows && k + 1 < kc ? X[r * ld_r + (k + 1) * ld_k] : 0.0f;
+      out[(int64_t)r * kpad + p] = (int32_t)((uint32_t)to_bf16(l) | ((uint32_t)to_bf16(h) << 16));
+    }
+}
+
+// The (mr x nr <= 32 x 32) block of C at `c`, = (or += when `add`) A's 32 rows of pairs at `a` times a B panel,
+// over kpad pairs; `bias` (the block's columns) added where the block is stored first, `bias_rows` it repeated over
+// 16 rows. The tiles start from what the block adds to (C, the bias, or zero) and sum the products onto it, so each
+// element's order is the same in a whole block as in one at C's edge (which goes through a buffer), whatever the
+// threads' split of the rows.
+inline void amx_tile(const int32_t* a, const int32_t* b, int kpad, float* c, int64_t ldc, int mr, int nr, bool add,
+                     const float* bias, const float* bias_rows) {
+  const int64_t a_stride = (int64_t)kpad * 4, b_stride = kNR * 4;
+  const bool whole = mr == kAmxMR && nr == kNR;
+  alignas(64) float edge[kAmxMR][kNR];
+  float* base = c;
+  int64_t stride = ldc * 4;
+  if (!whole) {
+    for (int i = 0; i < kAmxMR; ++i)
+      for (int j = 0; j < kNR; ++j)
+        edge[i][j] = i < mr && j < nr ? (add ? c[i * ldc + j] : bias ? bias[j] : 0.0f) : 0.0f;
+    base = &edge[0][0];
+    stride = b_stride;
+  }
+  const int64_t ld = stride / 4;
+  if (whole && !add && bias) {
+    _tile_loadd(0, bias_rows, b_stride);
+    _tile_loadd(1, bias_rows + 16, b_stride);
+    _tile_loadd(2, bias_rows, b_stride);
+    _tile_loadd(3, bias_rows + 16, b_stride);
+  } else if (add || bias) {
+    _tile_loadd(0, base, stride);
+    _tile_loadd(1, base + 16, stride);
+    _tile_loadd(2, base + 16 * ld, stride);
+    _tile_loadd(3, base + 16 * ld + 16, stride);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int p = 0; p < kpad; p += 16) {  // each load as late as its first product: the others' products overlap it
+    _tile_loadd(4, a + p, a_stride);
+    _tile_loadd(6, b + (int64_t)p * kNR, b_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_loadd(7, b + (int64_t)p * kNR + 16, b_stride);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_loadd(5, a + 16 * (int64_t)kpad + p, a_stride);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, base, stride);
+  _tile_stored(1, base + 16, stride);
+  _tile_stored(2, base + 16 * ld, stride);
+  _tile_stored(3, base + 16 * ld + 16, stride);
+  if (!whole)
+    for (int i = 0; i < mr; ++i) std::copy_n(edge[i], nr, c + i * ldc);
+}
+
+// dpbf16_gemm's products in AMX tiles, blocked the same way.
+void amx_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda_i, int64_t lda_k, const float* B,
+              int64_t ldb_k, int64_t ldb_j, float* C, int64_t ldc, const float* bias) {
+  int64_t kpad_max = ((std::min<int64_t>(K, kKC) + 1) / 2 + 15) / 16 * 16, panels = (N + kNR - 1) / kNR;
+  std::unique_ptr<int32_t[]> bpack(new int32_t[kpad_max * panels * kNR]);
+  for (int64_t pc = 0; pc < K; pc += kKC) {
+    int kc = (int)std::min<int64_t>(kKC, K - pc), kpad = ((kc + 1) / 2 + 15) / 16 * 16;
+    parallel_for(panels, 4, [&](int64_t p0, int64_t p1) {
+      int nc = (int)(std::min(N, p1 * kNR) - p0 * kNR);
+      pack_panels<kNR>(B + pc * ldb_k + p0 * kNR * ldb_j, ldb_j, ldb_k, nc, kc, kpad,
+                       bpack.get() + p0 * kpad * kNR);
+    });
+    parallel_for(M, kAmxMC, [&](int64_t m0, int64_t m1) {
+      amx_configure();
+      std::unique_ptr<int32_t[]> apack(new int32_t[kpad * kAmxMC]);
+      for (int64_t ic = m0; ic < m1; ic += kAmxMC) {
+        int mc = (int)std::min<int64_t>(kAmxMC, m1 - ic);
+        pack_rows(A + ic * lda_i + pc * lda_k, lda_i, lda_k, mc, kc, kpad, (mc + kAmxMR - 1) / kAmxMR * kAmxMR,
+                  apack.get());
+        for (int64_t jr = 0; jr < N; jr += kNR) {
+          const int32_t* panel = bpack.get() + (jr / kNR) * kpad * kNR;
+          int nr = (int)std::min<int64_t>(kNR, N - jr);
+          alignas(64) float bias_rows[16][kNR];
+          if (bias && pc == 0 && nr == kNR)
+            for (int r = 0; r < 16; ++r) std::copy_n(bias + jr, kNR, bias_rows[r]);
+          for (int ir = 0; ir < mc; ir += kAmxMR)
+            amx_tile(apack.get() + (int64_t)ir * kpad, panel, kpad, C + (ic + ir) * ldc + jr, ldc,
+                     std::min(kAmxMR, mc - ir), nr, pc > 0, bias ? bias + jr : nullptr, &bias_rows[0][0]);
+        }
+      }
+      _tile_release();
+    });
+  }
+}
+#else
+bool amx_ready() { return false; }
+void amx_gemm(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*,
+              int64_t, const float*) {}
+#endif
+
+// The instruction set the bf16 products run on here: "amx_bf16", or "avx512_bf16".
+const char* bf16_gemm_isa() { return amx_ready() ? "amx_bf16" : "avx512_bf16"; }
+
+// C (M x N, row-major, ldc) = A B (+ bias, N values) over K, A read as A[i * lda_i + k * lda_k], B as
+// B[k * ldb_k + j * ldb_j]: operands rounded to bf16, products summed in float32.
+void bf16_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda_i, int64_t lda_k, const float* B,
+               int64_t ldb_k, int64_t ldb_j, float* C, int64_t ldc, const float* bias) {
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = bias ? bias[j] : 0.0f;
+    return;
+  }
+  if (amx_ready()) amx_gemm(M, N, K, A, lda_i, lda_k, B, ldb_k, ldb_j, C, ldc, bias);
+  else dpbf16_gemm(M, N, K, A, lda_i, lda_k, B, ldb_k, ldb_j, C, ldc, bias);
+}
 #else
 constexpr bool kHasBf16Gemm = false;
+const char* bf16_gemm_isa() { return ""; }
 void bf16_gemm(int64_t, int64_t, int64_t, const float*, int64_t, int64_t, const float*, int64_t, int64_t, float*,
                int64_t, const float*) {
   throw std::runtime_error("kbert's bf16 GEMM needs AVX512-BF16");
@@ -993,6 +1198,9 @@ NB_MODULE(_kbert_cpu_kernels, m) {
      "p (B, H, M, N), v (B, N, H, D) -> (B, M, H, D): each head's p v, written in place.");
   m.def("has_bf16_gemm", []() { return kHasBf16Gemm; },
         "Whether the bf16 GEMM was built (the compiler's target has AVX512-BF16).");
+  m.def("bf16_gemm_isa", []() { return std::string(bf16_gemm_isa()); },
+        "The instruction set the bf16 GEMM runs on here: \"amx_bf16\", \"avx512_bf16\", or \"\" where it was not "
+        "built.");
   m.def("bf16_linear", [](const array& x, const array& w, std::optional<array> bias, StreamOrDevice s) {
     return bf16_gemm(Gemm::NT, x, w, s, bias);
   }, "x"_a, "w"_a, "bias"_a = nb::none(), nb::kw_only(), "stream"_a = nb::none(),

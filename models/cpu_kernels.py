@@ -1,6 +1,7 @@
 """Vectorized, multithreaded CPU kernels for MLX on Linux: softmax over the last axis, exact GELU, dropout and
 layer normalization, attention's per-head products read in place on the (batch, seq, heads, head_dim) layout, and
-on CPUs with AVX512-BF16 the linear layers' products in bf16 with float32 sums (``--precision bf16`` there).
+on CPUs with AVX512-BF16 the linear layers' products in bf16 with float32 sums (``--precision bf16`` there; in
+AMX tiles where the CPU has them).
 
 ``cpu_kernels.cpp`` holds MLX primitives (with their gradients), built on first use with the system C++ compiler
 and cached under ``~/.cache/kbert/cpu-kernels/<key>/`` (``KBERT_CPU_ARCH`` picks another target). They serve
@@ -242,9 +243,10 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.arra
 
 
 def bf16_gemm_isa() -> str | None:
-    """The instruction set of kbert's bf16 GEMM on this machine ("avx512_bf16"), or None where it was not built
-    (the compiler's target lacks AVX512-BF16, the kernels are unavailable)."""
-    return "avx512_bf16" if kernels() is not None and _MODULE.has_bf16_gemm() else None
+    """The instruction set of kbert's bf16 GEMM on this machine: "amx_bf16" (AMX tiles, where the compiler's target
+    has them and Linux grants their state), "avx512_bf16", or None where it was not built (the target lacks
+    AVX512-BF16, the kernels are unavailable). The two paths sum in different orders, so their bits differ."""
+    return (_MODULE.bf16_gemm_isa() or None) if kernels() is not None else None
 
 
 def bf16_linear(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.array:

@@ -74,12 +74,14 @@ def compute_precision(requested: str) -> str:
 
 def compute_path(precision: str, device: str) -> str:
     """What a fold's numbers in ``precision`` (resolved) depend on here, for its record: "fp32", "bf16 gpu",
-    "bf16 avx512_bf16" (kbert's bf16 GEMM on a CPU) or "bf16 cpu" / "fp16 cpu" (MLX's own half precision)."""
+    "bf16 amx_bf16" / "bf16 avx512_bf16" (kbert's bf16 GEMM on a CPU, by its instruction set) or "bf16 cpu" /
+    "fp16 cpu" (MLX's own half precision)."""
     if precision == "fp32":
         return precision
     if device == "gpu":
         return f"{precision} gpu"
-    return "bf16 avx512_bf16" if precision == "bf16" and cpu_kernels.bf16_gemm_isa() else f"{precision} cpu"
+    isa = cpu_kernels.bf16_gemm_isa() if precision == "bf16" else None
+    return f"bf16 {isa}" if isa else f"{precision} cpu"
 
 
 def run_compute_path(requested: str) -> str:

@@ -163,7 +163,8 @@ def test_bf16_linear_is_the_float32_sum_of_bf16_products_and_so_are_its_gradient
     w = mx.array(rng.normal(size=(out, inner)).astype(np.float32))
     b = mx.array(rng.normal(size=(out,)).astype(np.float32)) if with_bias else None
     dy = mx.array(rng.normal(size=(2, rows, out)).astype(np.float32))
-    assert cpu_kernels.bf16_gemm_isa() == "avx512_bf16"
+    amx = cpu_kernels.target_arch() == "native" and " amx_bf16" in cpu_kernels._cpu_features()
+    assert cpu_kernels.bf16_gemm_isa() == ("amx_bf16" if amx else "avx512_bf16")
 
     def loss(x, w, b=None):
         return (cpu_kernels.bf16_linear(x, w, b) * dy).sum()
@@ -442,7 +443,48 @@ def test_kernels_built_for_avx2_alone_give_the_native_builds_values(tmp_path):
     avx2, native = runs["x86-64-v3"], runs["native"]
     assert str(avx2["path"]).startswith(str(tmp_path)) and str(avx2["path"]) != str(native["path"])
     assert str(avx2["bf16"]) == "none"  # no bf16 GEMM without AVX512-BF16: --precision bf16 is MLX's, with its warning
-    assert str(native["bf16"]) == ("avx512_bf16" if " avx512_bf16" in cpu_kernels._cpu_features() else "none")
+    assert str(native["bf16"]) == next((isa for isa in ("amx_bf16", "avx512_bf16")
+                                        if f" {isa}" in cpu_kernels._cpu_features()), "none")
     assert np.array_equal(avx2["dropout"], native["dropout"])
     for name in ("softmax", "softmax_grad", "gelu", "gelu_grad", "layer_norm", "layer_norm_grad"):
         np.testing.assert_allclose(avx2[name], native[name], rtol=2e-5, atol=2e-6, err_msg=name)
+
+
+BF16_PRODUCTS = """
+import sys
+import numpy as np
+from kbert.models import runtime
+runtime.setup()
+import mlx.core as mx
+from kbert.models import cpu_kernels
+cpu_kernels.kernels()
+rng = np.random.default_rng(4)
+x, w, dy = (mx.array(rng.normal(size=s).astype(np.float32)) for s in ((300, 1601), (70, 1601), (300, 70)))
+dx, dw = mx.grad(lambda x, w: (cpu_kernels.bf16_linear(x, w) * dy).sum(), argnums=(0, 1))(x, w)
+np.savez(sys.argv[1], isa=cpu_kernels.bf16_gemm_isa() or "none", x=x, w=w, dy=dy, y=cpu_kernels.bf16_linear(x, w),
+         dx=dx, dw=dw)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (BUILDABLE and " amx_bf16" in cpu_kernels._cpu_features()), reason="needs a CPU with AMX")
+def test_on_a_cpu_with_amx_both_bf16_paths_are_the_float32_sums_of_bf16_products(tmp_path):
+    """This CPU's own build runs the bf16 products in AMX tiles; built for Cooper Lake (AVX512-BF16, no AMX:
+    KBERT_CPU_ARCH, its own cache) they run in vdpbf16ps tiles. Each path names itself (a run records it) and each
+    gives the exact product of the bf16 operands up to float32 summation, forward and both gradients."""
+    script = tmp_path / "products.py"
+    script.write_text(BF16_PRODUCTS)
+    native_env = {k: v for k, v in os.environ.items() if k != "KBERT_CPU_ARCH"}
+    runs = {}
+    for arch, env in (("cooperlake", {**native_env, "KBERT_CPU_ARCH": "cooperlake", "KBERT_CACHE": str(tmp_path)}),
+                      ("native", native_env)):
+        out = subprocess.run([sys.executable, str(script), str(tmp_path / f"{arch}.npz")], capture_output=True,
+                             text=True, timeout=600, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs[arch] = np.load(tmp_path / f"{arch}.npz")
+    assert (str(runs["cooperlake"]["isa"]), str(runs["native"]["isa"])) == ("avx512_bf16", "amx_bf16")
+    for run in runs.values():
+        xs, ws, dys = (bf16_rounded(mx.array(run[name])) for name in ("x", "w", "dy"))
+        assert_bf16_product(mx.array(run["y"]), xs @ ws.T, np.abs(xs) @ np.abs(ws).T)
+        assert_bf16_product(mx.array(run["dx"]), dys @ ws, np.abs(dys) @ np.abs(ws))
+        assert_bf16_product(mx.array(run["dw"]), dys.T @ xs, np.abs(dys).T @ np.abs(xs))

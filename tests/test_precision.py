@@ -165,7 +165,8 @@ def test_defaults_and_the_cpu_warning(capsys, half_path):
     assert resolve_precision("auto", "gpu") == "bf16" and resolve_precision("auto", "cpu") == "fp32"
     assert resolve_precision("bf16", "cpu") == "bf16"
     assert ("about 15x slower" in capsys.readouterr().err) == (half_path == "mlx ops")
-    assert compute_path("bf16", "cpu") == ("bf16 avx512_bf16" if half_path == "bf16 gemm" else "bf16 cpu")
+    assert compute_path("bf16", "cpu") == (f"bf16 {cpu_kernels.bf16_gemm_isa()}" if half_path == "bf16 gemm"
+                                           else "bf16 cpu")
     assert resolve_precision("fp16", "cpu") == "fp16" and "about 15x slower" in capsys.readouterr().err
     assert compute_path("fp32", "cpu") == "fp32" and compute_path("bf16", "gpu") == "bf16 gpu"
     quantized = {"w": mx.zeros((2, 2), dtype=mx.uint32), "scales": mx.ones((2,))}
