@@ -346,8 +346,9 @@ class TrainConfig:
                                       help="...the test rows whose predicted class has at least this probability")
     precision: str = setting("auto", choices=words_of("kbert.pipeline.precision", "PRECISIONS"), flag="--precision",
                              help="compute precision with float32 master weights (default auto: bf16 on a GPU, fp32 "
-                                  "on a CPU; bf16 on a CPU with AVX512-BF16 is kbert's bf16 GEMM, faster than fp32 in "
-                                  "training; on other CPUs MLX's half precision, many times slower)")
+                                  "on a CPU; bf16 on a CPU with AVX512-BF16 is kbert's bf16 GEMM, in AMX tiles where the "
+                                  "CPU has them, faster than fp32 in training; on other CPUs MLX's half precision, "
+                                  "many times slower)")
     device: str = setting("auto", choices=words_of("kbert.pipeline.precision", "DEVICES"), flag="--device",
                           help="where MLX trains (default auto: the GPU when this MLX build has one)")
     grad_accum: int = setting(1, bound=SIZE, flag="--grad-accum",

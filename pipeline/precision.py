@@ -4,7 +4,8 @@ fp16's dynamic loss scaling.
 Float32 master weights and optimizer state; each forward pass runs on a bfloat16 or float16 copy, cast inside the
 differentiated function, and the loss is taken in float32. fp16's loss is scaled as PyTorch's GradScaler does.
 On a CPU with AVX512-BF16, bf16 is kbert's own GEMM instead (models/cpu_kernels.py): the operands of the linear
-layers and of attention's head products rounded to bf16, the products summed in float32, everything else float32.
+layers and of attention's head products rounded to bf16, the products summed in float32 (in AMX tiles where the
+CPU has them), everything else float32.
 Defaults: bfloat16 on a GPU, float32 on a CPU, where MLX's half-precision matmul bypasses the BLAS.
 """
 
