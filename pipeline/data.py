@@ -65,6 +65,22 @@ def read_csv(path: Path) -> pd.DataFrame:
     return frame
 
 
+def written_labels(path: Path, frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """``frame`` (read from ``path``) with the words pandas reads as missing (NA, N/A, NULL, None, ...) given back as
+    the text the file writes, in each of ``columns`` that holds labels: there such a word names a class (NA for North
+    America), not a missing value. An empty cell stays missing; a column of numbers keeps its NA missing."""
+    labels = [c for c in columns if c in frame.columns and frame[c].isna().any()
+              and not pd.api.types.is_numeric_dtype(frame[c])]
+    if not labels:
+        return frame
+    raw = pd.read_csv(path, usecols=labels, dtype=str, keep_default_na=False, encoding="utf-8-sig")
+    frame = frame.copy()
+    for column in labels:
+        words = frame[column].isna().to_numpy() & (raw[column].str.strip() != "").to_numpy()
+        frame.loc[words, column] = raw[column][words].to_numpy()
+    return frame
+
+
 def _check_header(path: Path, frame: pd.DataFrame) -> None:
     """Duplicate column names (pandas would silently rename one 'x.1') and a file split on another separator."""
     header = pd.read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False,  # as the frame was read:
@@ -135,12 +151,12 @@ def _check_dtype(frame: pd.DataFrame, column: str, dtype: str, path: Path, allow
                          f"(row {row + 2})")
 
 
-def missing_values(path: Path, what: str, values: pd.Series) -> KbertError:
-    """``what`` (a column) has a missing value: the first one's row, and what reads as missing (a class named NA
-    does too)."""
+def missing_values(path: Path, what: str, values: pd.Series, labels: bool = False) -> KbertError:
+    """``what`` (a column) has a missing value: the first one's row, and what reads as missing there (in a column of
+    ``labels`` only an empty cell: a written word is a class, ``written_labels``)."""
     row = int(values.isna().to_numpy().argmax()) + 2
-    return KbertError(f"{path}: {what} has missing values (row {row}: empty, or NA, N/A, NULL or None, which read "
-                      "as missing)")
+    cause = "empty" if labels else "empty, or NA, N/A, NULL or None, which read as missing"
+    return KbertError(f"{path}: {what} has missing values (row {row}: {cause})")
 
 
 def _check_ids(frame: pd.DataFrame, id_column: str, path: Path) -> None:
@@ -193,7 +209,8 @@ def check_targets(train: pd.DataFrame, competition: CompetitionConfig, path: Pat
     for column in competition.target_columns:
         if task == Task.MULTICLASS or named:
             if train[column].isna().any():
-                raise missing_values(path, f"target column '{column}'", train[column])
+                raise missing_values(path, f"target column '{column}'", train[column],
+                                     labels=not pd.api.types.is_numeric_dtype(train[column]))
         else:
             if train[column].isna().any():
                 raise missing_values(path, f"target column '{column}'", train[column])
@@ -238,9 +255,10 @@ def load_competition_data(competition: CompetitionConfig, data_dir: str | Path |
     folder = resolve_data_dir(competition, data_dir)
     train_path = folder / competition.train_file
     test_path = folder / competition.test_file
-    train, test = read_csv(train_path), read_csv(test_path)
+    targets = competition.target_columns
+    train, test = written_labels(train_path, read_csv(train_path), targets), read_csv(test_path)
     sample_path = folder / competition.sample_submission_file if competition.sample_submission_file else None
-    sample = read_csv(sample_path) if sample_path else None
+    sample = written_labels(sample_path, read_csv(sample_path), targets) if sample_path else None
     check_competition_frames(competition, train, test, sample, (train_path, test_path, sample_path))
     numbers_as_declared(train, competition)
     numbers_as_declared(test, competition)

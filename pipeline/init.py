@@ -22,7 +22,8 @@ from kbert.io import write_text
 from kbert.names import check_name
 from kbert.pipeline.artifacts import check_output_file
 from kbert.pipeline.config import USER_DIR, CompetitionConfig, parse_competition
-from kbert.pipeline.data import check_competition_frames, duplicate_report, near_header, plain, read_csv
+from kbert.pipeline.data import (check_competition_frames, duplicate_report, near_header, plain, read_csv,
+                                 written_labels)
 from kbert.pipeline.metrics import check_metric_fits, get_metric
 from kbert.tasks import Task, submission_kind
 
@@ -250,30 +251,11 @@ def spaced_labels(values: pd.Series) -> str:
             "classes: strip the spaces in the file")
 
 
-def missing_as_text(path: Path, column: str, values: pd.Series) -> str:
-    """Why a text target's cells read as missing where the file writes a word there (NA, N/A, NULL, None, which
-    pandas reads as missing, as kbert does): a class of that name, or targets written missing; "" where those
-    cells are empty, or the target holds numbers (whose NA is a missing value)."""
-    if not values.isna().any() or pd.api.types.is_numeric_dtype(values):
-        return ""
-    raw = pd.read_csv(path, usecols=[column], dtype=str, keep_default_na=False, encoding="utf-8-sig")[column]
-    if len(raw) != len(values):
-        return ""
-    written = raw[values.isna().to_numpy() & (raw.str.strip() != "").to_numpy()]
-    if written.empty:
-        return ""
-    word = written.iloc[0]
-    return (f"holds the text {', '.join(map(repr, sorted(set(written))[:3]))} on {len(written)} row(s) (row "
-            f"{written.index[0] + 2}), which kbert reads as a missing value, as pandas does: if {word!r} is a class, "
-            f"rename it in {path.name} (e.g. to '{word}_') and map it back in the submission; else remove those rows")
-
-
 def check_target_cells(train: pd.DataFrame, targets: list[str], path: Path) -> None:
-    """Each target's cells, as written, hold what kbert can learn: numbers written as numbers, labels spelt one way,
-    a class named NA renamed (``numbers_as_text``, ``spaced_labels``, ``missing_as_text``)."""
+    """Each target's cells, as written, hold what kbert can learn: numbers written as numbers, labels spelt one way
+    (``numbers_as_text``, ``spaced_labels``)."""
     for column in targets:
-        problem = numbers_as_text(train[column]) or spaced_labels(train[column]) \
-            or missing_as_text(path, column, train[column])
+        problem = numbers_as_text(train[column]) or spaced_labels(train[column])
         if problem:
             raise KbertError(f"{path}: target '{column}' {problem}")
 
@@ -492,6 +474,8 @@ def init_competition(name: str, files: DataFiles, *, out: Path | None = None, id
             if inferred_id and sample is not None and column == id_column:  # the sample's, not the user's
                 raise KbertError(f"{sample_path}: its id column '{column}' is not in {train_path.name}{hint}")
             raise KbertError(f"{train_path}: no column '{column}'{hint}")
+    train = written_labels(train_path, train, targets)  # a class named NA is a class, as kbert run reads it
+    sample = written_labels(Path(sample_path), sample, targets) if sample is not None else None
     check_target_cells(train, targets, train_path)
     for column in targets:
         if train[column].nunique() < 2:

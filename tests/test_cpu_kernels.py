@@ -424,23 +424,30 @@ np.savez(sys.argv[1], state=cpu_kernels.STATUS.state, path=cpu_kernels.STATUS.pa
 """
 
 
+def values_of_two_builds(tmp_path: Path, script: str, arch: str) -> dict:
+    """What ``script`` saves (np.savez to its argument) with the kernels built for ``arch`` (KBERT_CPU_ARCH, built
+    afresh in a cache under ``tmp_path``) and with this CPU's own build: {arch: ..., "native": ...}."""
+    path = tmp_path / "values.py"
+    path.write_text(script)
+    native_env = {k: v for k, v in os.environ.items() if k != "KBERT_CPU_ARCH"}
+    runs = {}
+    for name, env in ((arch, {**native_env, "KBERT_CPU_ARCH": arch, "KBERT_CACHE": str(tmp_path)}),
+                      ("native", native_env)):
+        out = subprocess.run([sys.executable, str(path), str(tmp_path / f"{name}.npz")], capture_output=True,
+                             text=True, timeout=600, env=env)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs[name] = np.load(tmp_path / f"{name}.npz")
+    return runs
+
+
 @pytest.mark.slow
 @needs_avx2
 def test_kernels_built_for_avx2_alone_give_the_native_builds_values(tmp_path):
     """What a CPU without AVX-512 runs (KBERT_CPU_ARCH=x86-64-v3, built afresh in its own cache) computes what
     this CPU's own build does: the same dropout mask, the other values within float32 rounding."""
-    script = tmp_path / "values.py"
-    script.write_text(AVX2_VALUES)
-    native_env = {k: v for k, v in os.environ.items() if k != "KBERT_CPU_ARCH"}
-    runs = {}
-    for arch, env in (("x86-64-v3", {**native_env, "KBERT_CPU_ARCH": "x86-64-v3", "KBERT_CACHE": str(tmp_path)}),
-                      ("native", native_env)):
-        out = subprocess.run([sys.executable, str(script), str(tmp_path / f"{arch}.npz")], capture_output=True,
-                             text=True, timeout=600, env=env)
-        assert out.returncode == 0, out.stderr[-2000:]
-        runs[arch] = np.load(tmp_path / f"{arch}.npz")
-        assert str(runs[arch]["state"]) == "loaded"
+    runs = values_of_two_builds(tmp_path, AVX2_VALUES, "x86-64-v3")
     avx2, native = runs["x86-64-v3"], runs["native"]
+    assert str(avx2["state"]) == "loaded" and str(native["state"]) == "loaded"
     assert str(avx2["path"]).startswith(str(tmp_path)) and str(avx2["path"]) != str(native["path"])
     assert str(avx2["bf16"]) == "none"  # no bf16 GEMM without AVX512-BF16: --precision bf16 is MLX's, with its warning
     assert str(native["bf16"]) == next((isa for isa in ("amx_bf16", "avx512_bf16")
@@ -472,16 +479,7 @@ def test_on_a_cpu_with_amx_both_bf16_paths_are_the_float32_sums_of_bf16_products
     """This CPU's own build runs the bf16 products in AMX tiles; built for Cooper Lake (AVX512-BF16, no AMX:
     KBERT_CPU_ARCH, its own cache) they run in vdpbf16ps tiles. Each path names itself (a run records it) and each
     gives the exact product of the bf16 operands up to float32 summation, forward and both gradients."""
-    script = tmp_path / "products.py"
-    script.write_text(BF16_PRODUCTS)
-    native_env = {k: v for k, v in os.environ.items() if k != "KBERT_CPU_ARCH"}
-    runs = {}
-    for arch, env in (("cooperlake", {**native_env, "KBERT_CPU_ARCH": "cooperlake", "KBERT_CACHE": str(tmp_path)}),
-                      ("native", native_env)):
-        out = subprocess.run([sys.executable, str(script), str(tmp_path / f"{arch}.npz")], capture_output=True,
-                             text=True, timeout=600, env=env)
-        assert out.returncode == 0, out.stderr[-2000:]
-        runs[arch] = np.load(tmp_path / f"{arch}.npz")
+    runs = values_of_two_builds(tmp_path, BF16_PRODUCTS, "cooperlake")
     assert (str(runs["cooperlake"]["isa"]), str(runs["native"]["isa"])) == ("avx512_bf16", "amx_bf16")
     for run in runs.values():
         xs, ws, dys = (bf16_rounded(mx.array(run[name])) for name in ("x", "w", "dy"))

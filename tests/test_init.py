@@ -14,6 +14,7 @@ from sklearn.datasets import load_wine
 
 from kbert.errors import KbertError
 from kbert.pipeline.config import BUNDLED_DIR, find_competition, load_competition
+from kbert.pipeline.data import load_competition_data, read_csv, written_labels
 from kbert.pipeline.init import DataFiles, infer_task, init_competition
 from tests.tiny import tiny_args
 
@@ -380,6 +381,41 @@ def test_init_writes_no_yaml_whose_submission_every_run_refuses(tmp_path):
     out = ["--out", str(tmp_path / "runs"), "--submissions-dir", str(tmp_path / "subs")]
     assert main(["baseline", str(path), "--model", "logreg", "--folds", "2", "--run-id", "b", *out]) == 0
     assert main(["validate", str(path), str(tmp_path / "subs" / "floats" / "b.csv")]) == 0
+
+
+def test_a_class_named_na_is_kept_from_the_training_file_to_the_submission(tmp_path):
+    """A text target's NA (North America; pandas reads NA, N/A, NULL and None as missing) is a class: init infers it,
+    a run learns and predicts it, and its submission writes it and validates. An empty cell stays a missing target,
+    and a numeric target's NA a missing value."""
+    from kbert.cli import main
+
+    data = tmp_path / "d"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    regions = np.resize(["NA", "EU", "AS"], 120)
+    code = {"NA": 0.0, "EU": 1.0, "AS": 2.0}
+    pd.DataFrame({"id": range(120), "x": [code[r] + rng.normal(scale=0.1) for r in regions], "region": regions}) \
+        .to_csv(data / "train.csv", index=False)
+    pd.DataFrame({"id": range(200, 230), "x": np.resize([0.0, 1.0, 2.0], 30)}).to_csv(data / "test.csv", index=False)
+    pd.DataFrame({"id": range(200, 230), "region": "NA"}).to_csv(data / "sample_submission.csv", index=False)
+    files = DataFiles(data / "train.csv", data / "test.csv", data / "sample_submission.csv")
+    path = init_competition("regions", files, out=tmp_path / "regions.yaml")
+    assert yaml.safe_load(path.read_text())["task"] == "multiclass"
+    out = ["--out", str(tmp_path / "runs"), "--submissions-dir", str(tmp_path / "subs")]
+    assert main(["baseline", str(path), "--model", "logreg", "--folds", "2", "--run-id", "b", *out]) == 0
+    written = pd.read_csv(tmp_path / "subs" / "regions" / "b.csv", dtype=str, keep_default_na=False)
+    assert written["region"].tolist() == np.resize(["NA", "EU", "AS"], 30).tolist()
+    assert main(["validate", str(path), str(tmp_path / "subs" / "regions" / "b.csv")]) == 0
+
+    train = pd.read_csv(data / "train.csv", dtype=str, keep_default_na=False)
+    train.loc[4, "region"] = ""
+    train.to_csv(data / "train.csv", index=False)
+    with pytest.raises(KbertError, match=r"train\.csv: target column 'region' has missing values \(row 6: empty\)$"):
+        load_competition_data(load_competition(str(path)))
+    numbers = pd.DataFrame({"id": range(6), "y": ["1", "NA", "3", "4", "5", "6"]})
+    numbers.to_csv(data / "numbers.csv", index=False)
+    assert written_labels(data / "numbers.csv", read_csv(data / "numbers.csv"), ["y"])["y"].isna().tolist() == \
+        [False, True, False, False, False, False]
 
 
 def test_init_says_when_the_sample_holds_labels_the_target_does_not(tmp_path):

@@ -39,7 +39,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from kbert.pipeline.config import load_competition
-    from kbert.pipeline.data import load_competition_data, read_csv
+    from kbert.pipeline.data import load_competition_data, read_csv, written_labels
     from kbert.pipeline.submission import validate_submission
     from kbert.pipeline.targets import encode_targets
     from kbert.tasks import Task
@@ -48,8 +48,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     data = load_competition_data(competition, args.data_dir)
     test_ids = data.test[competition.id_column]
     classes = encode_targets(data.train, competition).classes if Task(competition.task).classes else None
-    validate_submission(read_csv(Path(args.file)), data.sample_submission, competition, source=args.file,
-                        test_ids=test_ids, classes=classes)
+    submission = read_csv(Path(args.file))
+    labels = [c for c in submission.columns if c != competition.id_column]  # a class named NA is a class there too
+    validate_submission(written_labels(Path(args.file), submission, labels), data.sample_submission, competition,
+                        source=args.file, test_ids=test_ids, classes=classes)
     print(f"{args.file}: valid {competition.name} submission ({len(test_ids)} rows)")
     return 0
 
