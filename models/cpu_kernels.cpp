@@ -705,14 +705,14 @@ void dpbf16_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda_i,
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 // On CPUs with AMX (Intel Sapphire Rapids and later) the same products in tile instructions: tdpbf16ps sums a
-// 16 x 16 float32 block over 16 bf16 pairs at once, about 8 times vdpbf16ps's work an instruction. Each output
+// 16 x 16 float32 block over 16 bf16 pairs at once (8,192 products an instruction; vdpbf16ps does 32). Each output
 // element is still summed in one fixed order (KC slices, then 16-pair steps, pairs in the instruction's order),
 // whatever the threads; the order differs from vdpbf16ps's, so the bits differ from the other path's
 // (pipeline/precision.py records which ran: "amx_bf16").
 // Tiles 0-3 hold C's 32 x 32 block as 2 x 2 blocks of 16 x 16, 4-5 A's two 16-row blocks (16 pairs a row), 6-7 a
 // B panel's two 16-column halves (16 pair rows). A is packed as rows of pairs, kpad (the slice's pairs rounded up
 // to 16, zero padded) apart, rows padded to 32; B as the vdpbf16ps path's panels, kpad pairs each.
-constexpr int kAmxMR = 32, kAmxMC = 32;  // A's block (32 rows of a KC slice, 24 KB) stays in L1 over N
+constexpr int kAmxMR = 32, kAmxMC = 32;  // one A block (32 rows of a KC slice) a step, packed once for all of N
 
 // Linux lets a process use the tiles' state only once it asks (arch_prctl ARCH_REQ_XCOMP_PERM for
 // XFEATURE_XTILEDATA); until then a tile instruction faults. Asked once: where the kernel refuses, the vdpbf16ps
