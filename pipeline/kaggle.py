@@ -23,6 +23,7 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 from kbert.errors import KbertError
 from kbert.io import make_folders, removed_on_refusal
@@ -161,8 +162,8 @@ def credential_source() -> str | None:
 
 
 def _secrets() -> list[str]:
-    """Every credential value present now (also without surrounding spaces and line breaks), and the basic-auth form
-    of the legacy pair, for ``_redact``."""
+    """Every credential value present now (also without surrounding spaces and line breaks, and in each of its
+    ``encoded_forms``), and the basic-auth form of the legacy pair, for ``_redact``."""
     values = [os.environ.get("KAGGLE_API_TOKEN", ""), os.environ.get("KAGGLE_KEY", "")]
     token = os.environ.get("KAGGLE_API_TOKEN")
     files = _token_files() + ([Path(token)] if token else [])
@@ -176,9 +177,17 @@ def _secrets() -> list[str]:
     values += [key, str(_read_json(config_dir() / "kaggle.json").get("key") or "")]
     if key:
         values.append(base64.b64encode(f"{username}:{key}".encode()).decode())
-    forms = {form for value in values for v in (value, value.strip())  # as given, and as messages print it
-             for form in (v, v.encode("unicode_escape").decode("ascii"), repr(v)[1:-1])}
+    forms = {form for value in values for v in (value, value.strip()) for form in encoded_forms(v)}
     return sorted((v for v in forms if len(v) >= 6), key=len, reverse=True)
+
+
+def encoded_forms(value: str) -> tuple[str, ...]:
+    """``value`` as messages can print it: as given, escaped (a str's repr, unicode_escape), percent-encoded (a URL's
+    query or form body) and base64-encoded."""
+    raw = value.encode()
+    return (value, value.encode("unicode_escape").decode("ascii"), repr(value)[1:-1], quote(value, safe=""),
+            quote_plus(value), base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode(),
+            base64.b64encode(raw).decode().rstrip("="))
 
 
 def _redact(text: str) -> str:

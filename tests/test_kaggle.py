@@ -986,6 +986,21 @@ def test_a_token_with_a_line_break_inside_says_so_and_never_shows(server, login,
     assert "secret" not in _redact(repr(inside)) and "token_9f8e7d" not in _redact(repr(inside))
 
 
+def test_a_credential_percent_or_base64_encoded_never_shows(login):
+    """A token in a URL's query or a form body is percent-encoded, in a header or a dump base64-encoded: redaction
+    matched it as given and escaped only, so a message quoting a request echoed it."""
+    import base64
+    from urllib.parse import quote, quote_plus
+
+    from kbert.pipeline.kaggle import _redact
+
+    token = "KGAT_a+b/c=d e&f"
+    login("token-env", token=token)
+    for form in (quote(token, safe=""), quote_plus(token), base64.b64encode(token.encode()).decode(),
+                 base64.urlsafe_b64encode(token.encode()).decode()):
+        assert form != token and _redact(f"GET /api/v1/x?token={form} failed") == "GET /api/v1/x?token=*** failed"
+
+
 def test_retries_the_connection_layer_makes_are_said_and_a_warning_once(login, capsys):
     """A file upload retried inside urllib3 for 6 minutes with nothing on the screen; the package's warning of a
     readable key file was said twice."""
