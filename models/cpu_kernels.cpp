@@ -658,84 +658,8 @@ inline void tile(const int32_t* a, int64_t sa, const int32_t* b, int kp, float* 
   }
 }
 
-// C (M x N, row-major, ldc) = A B (+ bias, N values) over K, A read as A[i * lda_i + k * lda_k], B as
-// B[k * ldb_k + j * ldb_j], in vdpbf16ps tiles. Per KC slice of K: B's slice packed once (its panels split over the
-// threads), then C's rows split over the threads, each packing its A blocks once for all of N.
-void dpbf16_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda_i, int64_t lda_k, const float* B,
-                 int64_t ldb_k, int64_t ldb_j, float* C, int64_t ldc, const float* bias) {
-  int64_t pairs = (std::min<int64_t>(K, kKC) + 1) / 2, panels = (N + kNR - 1) / kNR;
-  auto bpack = line_buffer(pairs * panels * kNR);
-  bool rows = lda_k == 1;  // A's rows contiguous along k: kept as rows of pairs, no panel transpose
-  for (int64_t pc = 0; pc < K; pc += kKC) {
-    int kc = (int)std::min<int64_t>(kKC, K - pc), kp = (kc + 1) / 2;
-    parallel_for(panels, 4, [&](int64_t p0, int64_t p1) {
-      int nc = (int)(std::min(N, p1 * kNR) - p0 * kNR);
-      pack_panels<kNR>(B + pc * ldb_k + p0 * kNR * ldb_j, ldb_j, ldb_k, nc, kc, kp, bpack.get() + p0 * kp * kNR);
-    });
-    parallel_for(M, kMC, [&](int64_t m0, int64_t m1) {
-      auto apack = line_buffer(pairs * ((kMC + kMR - 1) / kMR) * kMR);
-      for (int64_t ic = m0; ic < m1; ic += kMC) {
-        int mc = (int)std::min<int64_t>(kMC, m1 - ic);
-        const float* block = A + ic * lda_i + pc * lda_k;
-        if (rows) {
-          for (int r = 0; r < (mc + kMR - 1) / kMR * kMR; ++r) {
-            if (r < mc) pair_run(block + r * lda_i, kc, apack.get() + (int64_t)r * kp);
-            else std::fill_n(apack.get() + (int64_t)r * kp, kp, 0);
-          }
-        } else {
-          pack_panels<kMR>(block, lda_i, lda_k, mc, kc, kp, apack.get());
-        }
-        for (int64_t jr = 0; jr < N; jr += kNR) {
-          const int32_t* panel = bpack.get() + (jr / kNR) * kp * kNR;
-          int nr = (int)std::min<int64_t>(kNR, N - jr);
-          const float* tile_bias = bias ? bias + jr : nullptr;
-          for (int ir = 0; ir < mc; ir += kMR) {
-            float* c = C + (ic + ir) * ldc + jr;
-            int mr = std::min(kMR, mc - ir);
-            if (rows) tile<1>(apack.get() + (int64_t)ir * kp, kp, panel, kp, c, ldc, mr, nr, pc > 0, tile_bias);
-            else
-              tile<kMR>(apack.get() + (int64_t)(ir / kMR) * kp * kMR, 1, panel, kp, c, ldc, mr, nr, pc > 0,
-                        tile_bias);
-          }
-        }
-      }
-    });
-  }
-}
-
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-// On CPUs with AMX (Intel Sapphire Rapids and later) the same products in tile instructions: tdpbf16ps sums a
-// 16 x 16 float32 block over 16 bf16 pairs at once (8,192 products an instruction; vdpbf16ps does 32). Each output
-// element is still summed in one fixed order (KC slices, then 16-pair steps, pairs in the instruction's order),
-// whatever the threads; the order differs from vdpbf16ps's, so the bits differ from the other path's
-// (pipeline/precision.py records which ran: "amx_bf16").
-// Tiles 0-3 hold C's 32 x 32 block as 2 x 2 blocks of 16 x 16, 4-5 A's two 16-row blocks (16 pairs a row), 6-7 a
-// B panel's two 16-column halves (16 pair rows). A is packed as rows of pairs, kpad (the slice's pairs rounded up
-// to 16, zero padded) apart, rows padded to 32; B as the vdpbf16ps path's panels, kpad pairs each.
-constexpr int kAmxMR = 32, kAmxMC = 32;  // one A block (32 rows of a KC slice) a step, packed once for all of N
-
-// Linux lets a process use the tiles' state only once it asks (arch_prctl ARCH_REQ_XCOMP_PERM for
-// XFEATURE_XTILEDATA); until then a tile instruction faults. Asked once: where the kernel refuses, the vdpbf16ps
-// tiles serve.
-bool amx_ready() {
-  static const bool ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-  return ready;
-}
-
-// A thread's tile shapes: every tile 16 rows of 64 bytes. Loaded by each thread before its tiles (the configuration
-// is a thread's state, and other code on the thread, PyTorch's oneDNN in the tests, may load its own).
-inline void amx_configure() {
-  alignas(64) uint8_t config[64] = {};
-  config[0] = 1;  // palette 1
-  for (int t = 0; t < 8; ++t) {
-    config[16 + 2 * t] = 64;  // bytes a row
-    config[48 + t] = 16;      // rows
-  }
-  _tile_loadconfig(config);
-}
-
 // A (rows x kc) block of X, read as X[r * ld_r + k * ld_k], as rows of pairs: out[r * kpad + p], rows up to
-// rows_pad and pairs up to kpad (a multiple of 16) zero.
+// rows_pad and pairs up to kpad (>= the block's pairs; a multiple of 16 where X is read transposed) zero.
 void pack_rows(const float* X, int64_t ld_r, int64_t ld_k, int rows, int kc, int kpad, int rows_pad, int32_t* out) {
   int kp = (kc + 1) / 2;
   if (ld_k == 1) {
@@ -772,6 +696,79 @@ void pack_rows(const float* X, int64_t ld_r, int64_t ld_k, int rows, int kc, int
       float h = r < rows && k + 1 < kc ? X[r * ld_r + (k + 1) * ld_k] : 0.0f;
       out[(int64_t)r * kpad + p] = (int32_t)((uint32_t)to_bf16(l) | ((uint32_t)to_bf16(h) << 16));
     }
+}
+
+// C (M x N, row-major, ldc) = A B (+ bias, N values) over K, A read as A[i * lda_i + k * lda_k], B as
+// B[k * ldb_k + j * ldb_j], in vdpbf16ps tiles. Per KC slice of K: B's slice packed once (its panels split over the
+// threads), then C's rows split over the threads, each packing its A blocks once for all of N.
+void dpbf16_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda_i, int64_t lda_k, const float* B,
+                 int64_t ldb_k, int64_t ldb_j, float* C, int64_t ldc, const float* bias) {
+  int64_t pairs = (std::min<int64_t>(K, kKC) + 1) / 2, panels = (N + kNR - 1) / kNR;
+  auto bpack = line_buffer(pairs * panels * kNR);
+  bool rows = lda_k == 1;  // A's rows contiguous along k: kept as rows of pairs, no panel transpose
+  for (int64_t pc = 0; pc < K; pc += kKC) {
+    int kc = (int)std::min<int64_t>(kKC, K - pc), kp = (kc + 1) / 2;
+    parallel_for(panels, 4, [&](int64_t p0, int64_t p1) {
+      int nc = (int)(std::min(N, p1 * kNR) - p0 * kNR);
+      pack_panels<kNR>(B + pc * ldb_k + p0 * kNR * ldb_j, ldb_j, ldb_k, nc, kc, kp, bpack.get() + p0 * kp * kNR);
+    });
+    parallel_for(M, kMC, [&](int64_t m0, int64_t m1) {
+      auto apack = line_buffer(pairs * ((kMC + kMR - 1) / kMR) * kMR);
+      for (int64_t ic = m0; ic < m1; ic += kMC) {
+        int mc = (int)std::min<int64_t>(kMC, m1 - ic);
+        const float* block = A + ic * lda_i + pc * lda_k;
+        if (rows) {
+          pack_rows(block, lda_i, 1, mc, kc, kp, (mc + kMR - 1) / kMR * kMR, apack.get());
+        } else {
+          pack_panels<kMR>(block, lda_i, lda_k, mc, kc, kp, apack.get());
+        }
+        for (int64_t jr = 0; jr < N; jr += kNR) {
+          const int32_t* panel = bpack.get() + (jr / kNR) * kp * kNR;
+          int nr = (int)std::min<int64_t>(kNR, N - jr);
+          const float* tile_bias = bias ? bias + jr : nullptr;
+          for (int ir = 0; ir < mc; ir += kMR) {
+            float* c = C + (ic + ir) * ldc + jr;
+            int mr = std::min(kMR, mc - ir);
+            if (rows) tile<1>(apack.get() + (int64_t)ir * kp, kp, panel, kp, c, ldc, mr, nr, pc > 0, tile_bias);
+            else
+              tile<kMR>(apack.get() + (int64_t)(ir / kMR) * kp * kMR, 1, panel, kp, c, ldc, mr, nr, pc > 0,
+                        tile_bias);
+          }
+        }
+      }
+    });
+  }
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+// On CPUs with AMX (Intel Sapphire Rapids and later) the same products in tile instructions: tdpbf16ps sums a
+// 16 x 16 float32 block over 16 bf16 pairs at once (8,192 products an instruction; vdpbf16ps does 32). Each output
+// element is still summed in one fixed order (KC slices, then 16-pair steps, pairs in the instruction's order),
+// whatever the threads; the order differs from vdpbf16ps's, so the bits differ from the other path's
+// (pipeline/precision.py records which ran: "amx_bf16").
+// Tiles 0-3 hold C's 32 x 32 block as 2 x 2 blocks of 16 x 16, 4-5 A's two 16-row blocks (16 pairs a row), 6-7 a
+// B panel's two 16-column halves (16 pair rows). A is packed as rows of pairs, kpad (the slice's pairs rounded up
+// to 16, zero padded) apart, rows padded to 32; B as the vdpbf16ps path's panels, kpad pairs each.
+constexpr int kAmxMR = 32;  // rows of an A block (of a KC slice), packed once for all of N
+
+// Linux lets a process use the tiles' state only once it asks (arch_prctl ARCH_REQ_XCOMP_PERM for
+// XFEATURE_XTILEDATA); until then a tile instruction faults. Asked once: where the kernel refuses, the vdpbf16ps
+// tiles serve.
+bool amx_ready() {
+  static const bool ready = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return ready;
+}
+
+// A thread's tile shapes: every tile 16 rows of 64 bytes. Loaded by each thread before its tiles (the configuration
+// is a thread's state, and other code on the thread, PyTorch's oneDNN in the tests, may load its own).
+inline void amx_configure() {
+  alignas(64) uint8_t config[64] = {};
+  config[0] = 1;  // palette 1
+  for (int t = 0; t < 8; ++t) {
+    config[16 + 2 * t] = 64;  // bytes a row
+    config[48 + t] = 16;      // rows
+  }
+  _tile_loadconfig(config);
 }
 
 // The (mr x nr <= 32 x 32) block of C at `c`, = (or += when `add`) A's 32 rows of pairs at `a` times a B panel,
@@ -847,20 +844,15 @@ void amx_gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t lda_i, in
       pack_panels<kNR>(B + pc * ldb_k + p0 * kNR * ldb_j, ldb_j, ldb_k, nc, kc, kpad,
                        bpack.get() + p0 * kpad * kNR);
     });
-    parallel_for(M, kAmxMC, [&](int64_t m0, int64_t m1) {
+    parallel_for(M, kAmxMR, [&](int64_t m0, int64_t m1) {
       amx_configure();
-      auto apack = line_buffer(kpad * kAmxMC);
-      for (int64_t ic = m0; ic < m1; ic += kAmxMC) {
-        int mc = (int)std::min<int64_t>(kAmxMC, m1 - ic);
-        pack_rows(A + ic * lda_i + pc * lda_k, lda_i, lda_k, mc, kc, kpad, (mc + kAmxMR - 1) / kAmxMR * kAmxMR,
-                  apack.get());
-        for (int64_t jr = 0; jr < N; jr += kNR) {
-          const int32_t* panel = bpack.get() + (jr / kNR) * kpad * kNR;
-          int nr = (int)std::min<int64_t>(kNR, N - jr);
-          for (int ir = 0; ir < mc; ir += kAmxMR)
-            amx_tile(apack.get() + (int64_t)ir * kpad, panel, kpad, C + (ic + ir) * ldc + jr, ldc,
-                     std::min(kAmxMR, mc - ir), nr, pc > 0, bias ? bias + jr : nullptr);
-        }
+      auto apack = line_buffer(kpad * kAmxMR);
+      for (int64_t ic = m0; ic < m1; ic += kAmxMR) {
+        int mr = (int)std::min<int64_t>(kAmxMR, m1 - ic);
+        pack_rows(A + ic * lda_i + pc * lda_k, lda_i, lda_k, mr, kc, kpad, kAmxMR, apack.get());
+        for (int64_t jr = 0; jr < N; jr += kNR)
+          amx_tile(apack.get(), bpack.get() + (jr / kNR) * kpad * kNR, kpad, C + ic * ldc + jr, ldc, mr,
+                   (int)std::min<int64_t>(kNR, N - jr), pc > 0, bias ? bias + jr : nullptr);
       }
       _tile_release();
     });
@@ -1228,8 +1220,6 @@ NB_MODULE(_kbert_cpu_kernels, m) {
     return head_product(Head::Context, p, v, bf16, s);
   }, "p"_a, "v"_a, nb::kw_only(), "bf16"_a = false, "stream"_a = nb::none(),
      "p (B, H, M, N), v (B, N, H, D) -> (B, M, H, D): each head's p v, written in place.");
-  m.def("has_bf16_gemm", []() { return kHasBf16Gemm; },
-        "Whether the bf16 GEMM was built (the compiler's target has AVX512-BF16).");
   m.def("bf16_gemm_isa", []() { return std::string(bf16_gemm_isa()); },
         "The instruction set the bf16 GEMM runs on here: \"amx_bf16\", \"avx512_bf16\", or \"\" where it was not "
         "built.");
