@@ -3,6 +3,7 @@ SIGKILL in the middle followed by the same command ends as an uninterrupted run 
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -58,7 +59,8 @@ def test_auto_runs_every_member_and_resumes_after_sigkill(tmp_path, monkeypatch)
     # Not the seeded baselines that fill a 30-minute limit's time left (tests/test_auto_budget.py has them).
     monkeypatch.setattr(kbert.auto.driver, "SEEDED", ())
     data = small_titanic(tmp_path / "data")
-    whole = run_auto(options(data, tmp_path / "whole"), log=lambda _: None)
+    said = []
+    whole = run_auto(options(data, tmp_path / "whole"), log=said.append)
     board = pd.read_csv(whole.leaderboard)
     assert {"auto-baseline-hgb", "auto-baseline-logreg", "auto-bert-gated", "auto-hgb-emb-best",
             "auto-best-pseudo", "auto-best-seeds", "auto-study/trial-0000", "auto-study/trial-0001"} <= set(
@@ -77,6 +79,12 @@ def test_auto_runs_every_member_and_resumes_after_sigkill(tmp_path, monkeypatch)
     state = json.loads((tmp_path / "whole" / "runs" / "titanic" / "auto" / "state.json").read_text())
     assert state["jobs"]["auto-best-pseudo"]["settings"]["pseudo_label"].startswith("auto-baseline-")
     assert state["jobs"]["auto-best-seeds"]["settings"]["seeds"] == 2
+    # A baseline priced again from its first fold keeps the estimate it started on, and says both when done.
+    started = next(line for line in said if line.startswith("start auto-baseline-hgb:"))
+    estimate = re.match(r"start auto-baseline-hgb: ~(\d+)s estimated", started).group(1)
+    assert f"{state['jobs']['auto-baseline-hgb']['estimate_s']:.0f}" == estimate
+    assert any(re.match(rf"done auto-baseline-hgb: CV [0-9.]+ in \d+s \(~{estimate}s estimated, ~\d+s from its "
+                        r"first fold's [0-9.]+s\)$", line) for line in said), said
 
     # The same, killed with SIGKILL once the first encoder run has finished a fold, then run again.
     out = tmp_path / "killed"

@@ -406,8 +406,9 @@ def run_job(auto: Auto, job: Job, settings: dict, members: int) -> bool:
     auto.save()
     epoch = (f"; a fold-epoch {record.epoch_seconds:.1f}s (~{record.epoch_estimate_s:.1f}s estimated)"
              if record.epoch_seconds and record.epoch_estimate_s else "")
+    priced = f", {record.form}" if job.action != Action.RUN and record.form else ""
     auto.log(f"done {job.name}: CV {record.cv:.4f} in {record.seconds:.0f}s (~{record.estimate_s:.0f}s "
-             f"estimated){epoch}")
+             f"estimated{priced}){epoch}")
     return True
 
 
@@ -557,13 +558,14 @@ def execute(auto: Auto, job: Job, record: JobState, members: int) -> None:
     which = ("first", "second")[pricing]
 
     def on_fold(fold: int, seconds: float) -> None:
-        if fold == pricing:  # priced again from a fit: the rest of its folds as long as this one
-            record.estimate_s = round(time.perf_counter() - began + (k - 1 - fold) * seconds, 1)
-            record.form = f"~{record.estimate_s:.0f}s from its {which} fold's {seconds:.1f}s"
+        if fold == pricing:  # priced again from a fit: the rest of its folds as long as this one (the estimate
+            # it started on stays the record's, as an encoder run's does: what the estimator is judged by)
+            priced = time.perf_counter() - began + (k - 1 - fold) * seconds
+            record.form = f"~{priced:.0f}s from its {which} fold's {seconds:.1f}s"
             auto.save()
             if (k - 1 - fold) * seconds > auto.free(members):
                 raise OutOfTime(f"its {which} fold took {seconds:.1f}s, so its {k} folds need "
-                                f"~{record.estimate_s:.0f}s; {kept_back(auto, members + 1)}")
+                                f"~{priced:.0f}s; {kept_back(auto, members + 1)}")
 
     if source and source.startswith("auto-"):
         source = str(auto.comp_dir / source)
