@@ -1,6 +1,12 @@
-from kbert.models import runtime
+from tests.cores import share_the_cores
+
+share_the_cores()  # before the BLAS is bound and MLX starts its threads (tests/cores.py)
+
+from kbert.models import runtime  # noqa: E402
 
 runtime.setup()  # binds the fast BLAS before any test module imports mlx.core
+
+from pathlib import Path  # noqa: E402
 
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
@@ -8,8 +14,26 @@ import pytest  # noqa: E402
 from kbert.pipeline.config import BUNDLED_DATA_DIR, load_competition  # noqa: E402
 
 
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", metavar="PATH", help="write each test file's seconds to PATH "
+                     "(tests/durations.json orders the files: tests/schedule.py)")
+
+
+def pytest_configure(config):
+    from tests import schedule
+
+    if config.getoption("record_durations"):
+        config.pluginmanager.register(schedule.Recorder(Path(config.getoption("record_durations"))))
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: hand the files out in the collection's order
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items):
-    """Tests that start PostgreSQL (tests/postgres.py, through a fixture named ``postgres``) carry its marker."""
+    """The longest test files first (tests/schedule.py); tests that start PostgreSQL (tests/postgres.py, through
+    a fixture named ``postgres``) carry its marker."""
+    from tests import schedule
+
+    items[:] = schedule.longest_first(items, schedule.file_seconds())
     for item in items:
         if "postgres" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.postgres)

@@ -30,6 +30,7 @@ from kbert.pipeline.train import layer_depth, make_optimizer
 from kbert.tune import (Heartbeats, TrialContext, TuneOptions, fail_stale_trials, keep_top_checkpoints, load_study,
                         make_objective, open_storage, parse_duration, resolve_trial_config, tune, write_report)
 from kbert.tune.space import default_params, parse_space, sample, space_entries, to_overrides, write_space_file
+from tests.cores import machine_environment
 
 REPO = Path(__file__).resolve().parent.parent
 COMPETITIONS = ("titanic", "house-prices-advanced-regression-techniques", "nlp-getting-started", "spaceship-titanic")
@@ -467,7 +468,7 @@ def running_trial_mid_fold(options: TuneOptions, folds_done: int | None = None):
 def test_sigkill_one_of_two_workers_then_resume(tmp_path):
     space = {"params": {**TINY_SPACE["params"], "epochs": 5}}
     options = tiny_options(tmp_path, space=write_space(tmp_path / "space.yaml", space))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = machine_environment(PYTHONUNBUFFERED="1")  # two workers: the machine's cores, not this worker's share
     first = subprocess.Popen(tune_command(options, 6, workers=2), cwd=REPO, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     pid = wait_for(lambda: running_trial_mid_fold(options), 240, "a running trial mid-fold").user_attrs["pid"]
@@ -652,6 +653,7 @@ def test_workers_do_not_outlive_a_killed_tune_process(tmp_path):
     space = {"params": {**TINY_SPACE["params"], **SLOW_FOLDS}}
     options = tiny_options(tmp_path, space=write_space(tmp_path / "space.yaml", space))
     main_process = subprocess.Popen(tune_command(options, 50, 2, "--pruner", "none"), cwd=REPO,
+                                    env=machine_environment(),  # two workers: the machine's cores
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers, at_kill = wait_for(lambda: workers_frozen_mid_fold(options), 240, "a running trial after its first fold")
     main_process.kill()

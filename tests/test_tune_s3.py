@@ -27,10 +27,11 @@ import pytest
 from optuna.trial import TrialState
 
 from kbert.errors import KbertError
-from kbert.pipeline.fold_processes import THREAD_VARIABLES, usable_cores
+from kbert.pipeline.fold_processes import THREAD_VARIABLES
 from kbert.tune import TuneOptions, load_study
 from kbert.tune.trial_store import open_artifact_store
 from kbert.tune.space import write_space_file
+from tests.cores import machine_cores, machine_environment
 from tests.postgres import free_port
 from tests.test_tune import TINY_SPACE
 
@@ -57,8 +58,9 @@ class MotoServer:
         with self.log.open("w") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
                                              str(self.port)], stdout=log, stderr=subprocess.STDOUT)
-        self.env = {**{k: v for k, v in os.environ.items() if k not in UNSET}, **KEYS, "PYTHONUNBUFFERED": "1",
-                    "AWS_ENDPOINT_URL": self.endpoint, "AWS_CONFIG_FILE": str(folder / "no-config"),
+        self.env = {**{k: v for k, v in machine_environment().items() if k not in UNSET}, **KEYS,  # (the cores)
+                    "PYTHONUNBUFFERED": "1", "AWS_ENDPOINT_URL": self.endpoint,
+                    "AWS_CONFIG_FILE": str(folder / "no-config"),
                     "AWS_SHARED_CREDENTIALS_FILE": str(folder / "no-credentials")}
 
     def wait(self, seconds: float = 60.0) -> None:
@@ -122,7 +124,7 @@ def one_line_error(result: subprocess.CompletedProcess) -> str:
 def trial_threads(workers: int) -> dict[str, str]:
     """The thread count a trial had (its worker's share of the cores), for a rerun that must match it byte for
     byte."""
-    return {name: str(max(1, usable_cores() // workers)) for name in THREAD_VARIABLES}
+    return {name: str(max(1, machine_cores() // workers)) for name in THREAD_VARIABLES}
 
 
 def trial_files(folder: Path) -> dict[str, bytes]:
@@ -138,7 +140,7 @@ def test_trials_go_to_the_bucket_and_a_second_machine_blends_and_reruns_them_byt
         shutil.copytree(MINI, machine)
     write_space_file(space, TINY_SPACE)
     artifacts = f"s3://{BUCKET}"
-    workers = min(2, usable_cores())  # spawned workers where the machine has the cores
+    workers = min(2, machine_cores())  # spawned workers where the machine has the cores
     tuned = kbert("tune", "competition.yaml", "--study", "night", "--artifacts", artifacts, "--trials", "3",
                   "--workers", str(workers), "--space", str(space), *FLAGS, cwd=first, env=s3.env)
     assert tuned.returncode == 0, tuned.stderr
@@ -211,7 +213,7 @@ def trials_run(runs: Path, study: str) -> list[TrialState]:
 @pytest.mark.parametrize("workers", [
     "1",
     # spawned workers, each of which opens the store too: the refusal must come before them, not as their tracebacks
-    pytest.param("2", marks=pytest.mark.skipif(usable_cores() < 2, reason="two workers need two cores")),
+    pytest.param("2", marks=pytest.mark.skipif(machine_cores() < 2, reason="two workers need two cores")),
 ])
 def test_a_missing_bucket_is_one_line_before_any_trial_trains(s3, tmp_path, workers):
     result = kbert("tune", "titanic", "--study", "nobucket", "--artifacts", "s3://no-such-bucket", "--trials", "2",
