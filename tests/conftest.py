@@ -22,7 +22,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     from tests import schedule
 
-    if config.getoption("record_durations"):
+    if config.getoption("record_durations") and not hasattr(config, "workerinput"):  # (xdist: its controller)
         config.pluginmanager.register(schedule.Recorder(Path(config.getoption("record_durations"))))
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: hand the files out in the collection's order
         config.option.loadscopereorder = False

@@ -8,14 +8,17 @@ order changes only how long the suite takes, never what it runs. Written from a 
 from __future__ import annotations
 
 import json
-import os
-import platform
-import subprocess
-import time
+import sys
 from collections import defaultdict
 from pathlib import Path
 
+from kbert.io import write_json
+
 DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def file_of(nodeid: str) -> str:
+    return nodeid.split("::")[0]
 
 
 def file_seconds(path: Path = DURATIONS) -> dict[str, float]:
@@ -27,40 +30,25 @@ def file_seconds(path: Path = DURATIONS) -> dict[str, float]:
 
 def longest_first(items: list, seconds: dict[str, float]) -> list:
     """``items`` grouped by file, the longest file first (a file's tests in their own order)."""
-    position = {}
+    position: dict[str, int] = {}
     for item in items:
-        position.setdefault(item.nodeid.split("::")[0], len(position))
-    return sorted(items, key=lambda item: (-seconds.get(item.nodeid.split("::")[0], 0.0),
-                                           position[item.nodeid.split("::")[0]]))
+        position.setdefault(file_of(item.nodeid), len(position))
+    return sorted(items, key=lambda item: (-seconds.get(file_of(item.nodeid), 0.0), position[file_of(item.nodeid)]))
 
 
 class Recorder:
     """Sums each file's setup, call and teardown seconds as the reports arrive (in the controller, under xdist)
-    and writes them, with the machine, commit and date, at the session's end."""
+    and writes them at the session's end, under benchmarks/figures.py's header: the machine, commit and date."""
 
     def __init__(self, path: Path):
         self.path, self.seconds = path, defaultdict(float)
 
     def pytest_runtest_logreport(self, report) -> None:
-        self.seconds[report.nodeid.split("::")[0]] += report.duration
+        self.seconds[file_of(report.nodeid)] += report.duration
 
-    def pytest_sessionfinish(self, session) -> None:
-        if hasattr(session.config, "workerinput"):  # a worker: its controller writes the file
-            return
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-        record = {"measured": f"{machine()}, kbert {commit or '?'}, {time.strftime('%Y-%m-%d %H:%M')}",
-                  "seconds": {name: round(value, 1) for name, value in sorted(self.seconds.items())}}
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        temporary.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        temporary.replace(self.path)
+    def pytest_sessionfinish(self) -> None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+        import figures
 
-
-def machine() -> str:
-    """The CPU's model and core count, in words."""
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("model name"))
-    except (OSError, StopIteration):
-        model = platform.processor() or platform.machine()
-    return f"{model}, {os.cpu_count()} cores ({platform.system()} {platform.machine()})"
+        write_json(self.path, {"measured": figures.header(),
+                               "seconds": {name: round(value, 1) for name, value in sorted(self.seconds.items())}})
