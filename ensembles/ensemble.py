@@ -18,7 +18,7 @@ from kbert.ensembles.blend import (METHODS, Blend, BlendOptions, HonestResult, P
                                    paired_bootstrap, score_table)
 from kbert.ensembles.members import Member, common_rows, select_members
 from kbert.errors import KbertError
-from kbert.io import file_sha256, write_json, written_together
+from kbert.io import file_sha256, read_json, write_json, written_together
 from kbert.pipeline.artifacts import check_output_file, is_the_run, recorded_submissions, seal_broken, sealed
 from kbert.pipeline.config import CompetitionConfig, FoldConfig
 from kbert.pipeline.data import CompetitionData, load_competition_data
@@ -149,7 +149,10 @@ def build_ensemble(competition: CompetitionConfig, spec: EnsembleSpec = Ensemble
                    data_dir: str | None = None, log=print) -> EnsembleResult:
     """Score the members and ``spec.methods`` by nested CV, choose the method with the best honest CV (or the single
     one named) and fit it on every row; ``write_ensemble`` writes its submission."""
-    pool = load_pool(competition, spec, runs_dir=runs_dir, data_dir=data_dir, log=log)
+    return blend_pool(load_pool(competition, spec, runs_dir=runs_dir, data_dir=data_dir, log=log), spec, log)
+
+
+def blend_pool(pool: Pool, spec: EnsembleSpec, log=print) -> EnsembleResult:
     scores = score_methods(pool, spec, log)
     return fit_chosen(pool, spec, scores, choose_method(pool, spec, scores))
 
@@ -252,6 +255,17 @@ def fit_chosen(pool: Pool, spec: EnsembleSpec, scores: Scores, choice: Choice) -
                           final=final, pool=pool, spec=spec, choice_nested=scores.choice_nested)
 
 
+def member_weights(result: EnsembleResult) -> dict[str, float]:
+    """Each member's weight in the chosen blend: its weight (mean, top-k, weighted, hill), an equal share (rank), or
+    for a stack its meta-model's coefficient when it has one per member."""
+    names = [m.name for m in result.members]
+    if result.weights:
+        return result.weights
+    if result.chosen == "rank":
+        return {name: 1.0 / len(names) for name in names}
+    return dict(zip(names, result.coefficients)) if result.coefficients else {}
+
+
 def ensemble_path(submissions_dir: str, competition: str, name: str) -> Path:
     return Path(submissions_dir) / competition / f"{name}.csv"
 
@@ -302,6 +316,25 @@ def check_record(path: Path, record: dict) -> dict:
     return record
 
 
+def record_of_pool(path: Path, pool: Pool, spec: EnsembleSpec) -> dict | None:
+    """The record at ``path`` when it is of this blend: the same members, each still the run it blended (its
+    metrics.json, which seals its predictions, unchanged), the same competition, outer splits and options, and
+    its submission still there; None otherwise (none there, or one not as kbert ensemble wrote it)."""
+    try:
+        record = check_record(path, read_json(path)) if path.is_file() else None
+    except KbertError:
+        return None
+    if record is None or not Path(record["submission"]).is_file():
+        return None
+    same = (record.get("methods_requested") == spec.methods and record["outer_repeats"] == spec.repeats
+            and record["outer_folds"] == spec.folds and record["seed"] == spec.seed
+            and record["options"] == asdict(spec.blend_options)
+            and record["competition_config"] == asdict(pool.competition) and record["runs_dir"] == pool.runs_dir
+            and [(m["name"], m["path"], m["metrics_sha256"]) for m in record["members"]] ==
+            [(m.name, str(m.path), file_sha256(Path(m.path) / "metrics.json")) for m in pool.members])
+    return record if same else None
+
+
 def ensemble_record(result: EnsembleResult, path: Path) -> dict:
     """The sidecar JSON of the submission at ``path``, sealed with its fingerprint."""
     return sealed(record_fields(result, path), PLACES)
@@ -318,10 +351,11 @@ def record_fields(result: EnsembleResult, path: Path) -> dict:
         "honest_cv": honest.score, "honest_cv_per_split": honest.repeat_scores,
         "method_choice_nested": result.choice_nested, "chosen_per_outer_fold": choices(honest),
         "in_sample_cv": result.results[result.chosen].in_sample,
-        "outer_folds": spec.folds, "outer_repeats": len(pool.fold_of_row), "seed": spec.seed,
+        "methods_requested": spec.methods, "outer_folds": spec.folds, "outer_repeats": len(pool.fold_of_row),
+        "seed": spec.seed,
         "rows_blended": len(pool.rows),
         "decision": final.decision.to_dict(),
-        "weights": result.weights,
+        "weights": result.weights, "member_weights": member_weights(result),
         "stack_coefficients": ([np.asarray(m.coef_).round(4).tolist() for m in final.meta]
                                if final.meta else None),
         "members": [{"name": m.name, "path": str(m.path), "cv": s, "cv_tuned_nested": h,
@@ -329,7 +363,7 @@ def record_fields(result: EnsembleResult, path: Path) -> dict:
                     for m, s, h in zip(result.members, result.member_scores, result.member_honest)],
         "methods": {name: {"honest_cv": r.score, "honest_cv_per_split": r.repeat_scores, "in_sample_cv": r.in_sample}
                     for name, r in result.results.items()},
-        "best_member_selected_in_nested_cv": result.selected_single.score,
+        "best_member": result.best_member, "best_member_selected_in_nested_cv": result.selected_single.score,
         "honest_cv_minus_best_member": (None if result.against_best is None else
                                         dict(zip(("difference", "low_95", "high_95"), result.against_best))),
         "submission": str(path),

@@ -129,9 +129,10 @@ class TableSerializer:
         leaked = [c for c in columns if c in self.exclude]
         if leaked:
             raise KbertError(f"{self.style} serializer: text.columns includes the target or id column(s) {leaked}")
-        unknown = [c for c in (self.text.priority or []) if c not in columns]
-        if unknown:
-            raise KbertError(f"{self.style} serializer: text.priority names column(s) {unknown} not in text.columns")
+        for key, names in (("priority", self.text.priority or []), ("mappings", self.text.mappings)):
+            unknown = [c for c in names if c not in columns]
+            if unknown:
+                raise KbertError(f"{self.style} serializer: text.{key} names column(s) {unknown} not in text.columns")
         if self.style == "template":
             for template in (self.text.template, *self.text.paraphrases):
                 names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]

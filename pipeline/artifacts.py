@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+import math
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -74,6 +76,45 @@ CONFIG_FILE = "config.yaml"
 INPUTS_FILE = "inputs.json"
 PREDICTIONS_DIR = "predictions"  # a member folder's one part that kbert predict writes into, and that nothing reads
 LOCK_FILE = ".lock"
+CLOCK_FILE = "clock.json"  # the seconds spent so far over every invocation: a run's, kbert auto's
+
+
+def read_clock(folder: Path) -> float:
+    """The seconds ``folder``'s clock file last recorded: 0 without one, or for one not as ``write_clock`` writes
+    it (the time spent is then what the caller can still count)."""
+    try:
+        spent = json.loads((folder / CLOCK_FILE).read_text(encoding="utf-8")).get("spent_s")
+    except (OSError, ValueError, AttributeError):
+        return 0.0
+    return float(spent) if is_number(spent) and math.isfinite(spent) and spent >= 0 else 0.0
+
+
+CLOCK_EVERY_S = 5.0  # how often ``ticking`` writes the clock file
+
+
+@contextmanager
+def ticking(folder: Path, spent: Callable[[], float]) -> Iterator[None]:
+    """``folder``'s clock file, written with ``spent()`` every ``CLOCK_EVERY_S`` by a thread while the block runs
+    and once as it ends: the time over every invocation survives a kill -9 (then to within the interval). The
+    thread writes that one file only, and a failed write (a full disk) leaves the last one."""
+    stop = threading.Event()
+
+    def tick() -> None:
+        while True:
+            try:
+                write_json(folder / CLOCK_FILE, {"spent_s": round(spent(), 2)})
+            except (OSError, KbertError):
+                pass
+            if stop.wait(CLOCK_EVERY_S):
+                return
+
+    thread = threading.Thread(target=tick, name="kbert-clock", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 FOLD_ARRAYS = ("valid_outputs", "valid_predictions", "test_outputs", "test_predictions")
 
 

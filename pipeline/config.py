@@ -939,6 +939,25 @@ ACTS_ONLY_WITH = (
 )
 
 
+def augmented(t: TrainConfig) -> bool:
+    return t.augment > 0 or t.tta > 1
+
+
+# The text settings of the generic serializers (features/generic.py) that act only with others; a competition's
+# own serializer reads its template and augmentation settings alone (pipeline/fold.py ``make_serializer``).
+TEXT_ACTS_ONLY_WITH = (
+    ("template", lambda x, t: x.serializer == "template", "text.serializer template"),
+    ("paraphrases", lambda x, t: x.serializer == "template",
+     "text.serializer template (the list and sentence serializers draw from their own phrasings)"),
+    ("bins", lambda x, t: x.numeric == "bins", "text.numeric bins (percentile has its own)"),
+    ("priority", lambda x, t: x.truncate == "priority", "text.truncate priority"),
+    ("jitter", lambda x, t: augmented(t) and x.numeric != "bins",
+     "--augment or --tta, and numbers not written as bins"),
+    ("shuffle_columns", lambda x, t: augmented(t), "--augment or --tta"),
+    ("paraphrase", lambda x, t: augmented(t), "--augment or --tta"),
+)
+
+
 def augments(text: TextConfig) -> bool:
     """Whether a row's serializations can differ (what --augment and --tta draw): its order or phrasing is drawn,
     or, with a generic serializer writing numbers, jittered (the titanic serializer ignores text.jitter)."""
@@ -992,6 +1011,13 @@ def check_inert_settings(competition: CompetitionConfig, model: ModelConfig, tra
         value = getattr(section, name)
         if value != SETTINGS[name].default and not acts(competition, model, train, head):
             raise KbertError(f"{name} {value!r} acts only with {needs}; here it would be ignored: drop it")
+    from kbert.features import GENERIC_SERIALIZERS
+
+    text, plain = competition.text, TextConfig(serializer=competition.text.serializer)
+    for name, acts, needs in TEXT_ACTS_ONLY_WITH if text.serializer in GENERIC_SERIALIZERS else ():
+        value = getattr(text, name)
+        if value != getattr(plain, name) and not acts(text, train):
+            raise KbertError(f"text.{name} {value!r} acts only with {needs}; here it would be ignored: drop it")
 
 
 def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any] | None = None) -> RunConfig:
@@ -1013,6 +1039,8 @@ def resolve_run_config(competition: CompetitionConfig, overrides: dict[str, Any]
     if text_overrides:
         if text_overrides.get("serializer") == "competition":  # the search space's name for the YAML's own
             text_overrides = {k: v for k, v in text_overrides.items() if k != "serializer"}
+        if text_overrides.get("serializer") in ("list", "sentence"):  # (a tuning space's): the YAML's template
+            text_overrides = {"template": "", "paraphrases": [], **text_overrides}  # was its own serializer's
         competition = replace(competition, text=_apply(competition.text, text_overrides, "text"))
         from kbert.features import SERIALIZERS
 

@@ -27,7 +27,8 @@ from kbert.models.heads import predict
 from kbert.pipeline.artifacts import (RunResult, check_resumable, check_run_outputs, fold_files_sha256, fold_layout,
                                       fold_name, input_fingerprint, lock_message, lock_run_folder, missing_fold_part,
                                       new_run_id, read_finished_fold, recorded_config_fingerprint, score_summary, sealed,
-                                      unchanged_record, write_folds_table, write_predictions, write_run_config)
+                                      read_clock, ticking, unchanged_record, write_folds_table, write_predictions,
+                                      write_run_config)
 from kbert.pipeline.calibration import apply_temperature, cross_fitted_temperature, fit_temperature
 from kbert.pipeline.config import RunConfig, pretrained_elsewhere
 from kbert.pipeline.data import data_warnings, input_rows, load_competition_data
@@ -134,8 +135,13 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                     " test rows")
 
             folds: list[FoldPredictions | None] = [None] * len(splits)
-            with closing(train_or_keep(inputs, source, paths, list(zip(splits, finished)), progress=progress,
-                                       log=log)) as done:
+            spent_before = read_clock(paths.folder)  # a resume: the time of the invocations before
+
+            def spent() -> float:
+                return spent_before + time.perf_counter() - started
+
+            with ticking(paths.folder, spent), closing(train_or_keep(
+                    inputs, source, paths, list(zip(splits, finished)), progress=progress, log=log)) as done:
                 for step, fold in done:  # step: the fold's place in the training order
                     folds[step] = fold
                     created.forget()  # a finished fold is kept: the run can be resumed
@@ -150,7 +156,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                     "source": config.train.pseudo_label, "threshold": config.train.pseudo_threshold,
                     "folds": {split.name: split.pseudo.to_dict() for split in splits if split.seed_index == 0}}
             with stage("artifact writing"):
-                return write_run_artifacts(inputs, paths, folds, predictions, final, time.perf_counter() - started)
+                return write_run_artifacts(inputs, paths, folds, predictions, final, spent())
 
 
 def train_or_keep(inputs: RunInputs, source: EncoderSource, paths: RunPaths,

@@ -103,3 +103,18 @@ def test_auto_runs_every_member_and_resumes_after_sigkill(tmp_path, monkeypatch)
     again = pd.read_csv(resumed.leaderboard)
     pd.testing.assert_frame_equal(again.drop(columns="seconds"), board.drop(columns="seconds"))
     assert resumed.submission.read_bytes() == whole.submission.read_bytes()
+
+    # Run again once every job is done: the final blend of the same members is kept, not built again; without its
+    # record it is built again, to the same bytes.
+    record = resumed.submission.with_suffix(".json")
+    written = record.stat().st_mtime_ns
+    said = []
+    kept = run_auto(options(data, out), log=said.append)
+    assert any(line.startswith(f"the final blend of these {len(board)} members is kept") for line in said), said
+    assert record.stat().st_mtime_ns == written and (kept.chosen, kept.honest) == (resumed.chosen, resumed.honest)
+    pd.testing.assert_frame_equal(pd.read_csv(kept.leaderboard).drop(columns="seconds"), board.drop(columns="seconds"))
+    record.unlink()
+    said = []
+    built = run_auto(options(data, out), log=said.append)
+    assert not any("is kept" in line for line in said) and built.submission.read_bytes() == whole.submission.read_bytes()
+    assert (built.chosen, built.honest) == (whole.chosen, whole.honest)

@@ -5,6 +5,7 @@ finish inside the limit; the final ensemble's reserve, timed; the state, checked
 import dataclasses
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from kbert.auto import driver as driver
 from kbert.auto.budget import FIXED_SECONDS, PRIOR_RATE, Estimator
 from kbert.auto.driver import AutoOptions, run_auto
 from kbert.auto.state import JobState, Status
+from kbert.pipeline import artifacts
+from kbert.pipeline.artifacts import CLOCK_FILE
 from kbert.pipeline.probe import RunProbe
 
 
@@ -383,16 +386,16 @@ def test_the_clock_keeps_the_time_of_a_job_killed_mid_way(tmp_path, monkeypatch)
     auto.folder.mkdir(parents=True)
     auto.load_state()
     auto.save()  # a job starts: state.json records the time until then
-    monkeypatch.setattr(driver, "CLOCK_EVERY_S", 0.05)
-    with driver.ticking(auto):
+    monkeypatch.setattr(artifacts, "CLOCK_EVERY_S", 0.05)
+    with artifacts.ticking(auto.folder, auto.spent):
         time.sleep(0.5)  # the job runs, then the process is killed: state.json is not written again
-    clock = driver.read_clock(auto.folder / driver.CLOCK_FILE)
+    clock = driver.read_clock(auto.folder)
     recorded = json.loads(auto.state_path.read_text())["spent_s"]
     assert clock >= recorded + 0.3
     again = driver.Auto(options, log=lambda _: None)
     again.load_state()
     assert again.spent_before == clock and again.left() <= 600 - clock
-    (auto.folder / driver.CLOCK_FILE).write_text("{damaged")  # then the state's own figure stands
+    (auto.folder / CLOCK_FILE).write_text("{damaged")  # then the state's own figure stands
     again.load_state()
     assert again.spent_before == recorded
 
@@ -402,10 +405,6 @@ def test_the_submission_is_the_best_member_when_picking_it_scored_better_than_th
                                                                                        blend, single, submitted):
     """The nested CV scores the blend and, on the same outer splits, picking the best member: a blend significantly
     below it was still submitted."""
-    from types import SimpleNamespace
-
-    from kbert.ensembles import ensemble
-
     options = AutoOptions("titanic", 600, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"))
     auto = driver.Auto(options, log=lambda _: None)
     auto.folder.mkdir(parents=True)
@@ -413,10 +412,9 @@ def test_the_submission_is_the_best_member_when_picking_it_scored_better_than_th
     for name in ("m1", "m2"):
         (auto.comp_dir / name).mkdir()
         (auto.comp_dir / name / "metrics.json").write_text(json.dumps({"submission": f"s/titanic/{name}.csv"}))
-    result = SimpleNamespace(chosen="mean", honest=SimpleNamespace(score=blend), best_member="m2",
-                             selected_single=SimpleNamespace(score=single), submission_path="s/auto-ensemble.csv")
-    monkeypatch.setattr(ensemble, "build_ensemble", lambda *args, **kwargs: result)
-    monkeypatch.setattr(ensemble, "write_ensemble", lambda result, *args, **kwargs: result)
+    standing = driver.Standing("mean", blend, {"mean": blend, "rank": blend - 0.01}, single, "m2",
+                               submission=Path("s/auto-ensemble.csv"))
+    monkeypatch.setattr(driver, "final_standing", lambda auto, members: standing)
     monkeypatch.setattr(driver, "print_leaderboard", lambda *args, **kwargs: (None, "", None))
     monkeypatch.setattr(driver, "write_leaderboard_report", lambda *args: tmp_path / "report.html")
     final = driver.final_ensemble(auto, ["m1", "m2"])

@@ -1,4 +1,5 @@
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -96,7 +97,8 @@ def test_every_named_serializer_satisfies_the_protocol(titanic, train_rows):
     from kbert.pipeline.fold import make_serializer
 
     for name in SERIALIZERS:
-        text = replace(titanic.text, serializer=name, template=titanic.text.template if name == "titanic" else "{Name}")
+        template = {"titanic": titanic.text.template, "template": "{Name}"}.get(name, "")  # (list, sentence: none)
+        text = replace(titanic.text, serializer=name, template=template)
         built = make_serializer(resolve_run_config(replace(titanic, text=text)))
         assert isinstance(built, Serializer), name
         fitted = built.fit(train_rows)
@@ -119,3 +121,43 @@ def test_a_generic_text_setting_with_a_competitions_own_serializer_is_refused(ke
     with pytest.raises(KbertError, match=f"^text.{key} acts only with the list, sentence or template serializers; "
                                          "'titanic' writes its own sentences"):
         make_serializer(config)
+
+
+@pytest.mark.parametrize("text,train,needs", [
+    ({"bins": 10}, {}, "text.numeric bins"),
+    ({"template": "{Age}"}, {}, "text.serializer template"),
+    ({"paraphrases": ["aged {Age}"]}, {}, "text.serializer template"),
+    ({"priority": ["Age"]}, {}, "text.truncate priority"),
+    ({"jitter": 0.2}, {}, "--augment or --tta"),
+    ({"jitter": 0.2, "numeric": "bins"}, {"augment": 2, "epochs": 3}, "numbers not written as bins"),
+    ({"shuffle_columns": False}, {}, "--augment or --tta"),
+    ({"paraphrase": False}, {}, "--augment or --tta"),
+])
+def test_a_generic_serializers_text_setting_where_it_would_not_act_is_refused(text, train, needs):
+    """spaceship-titanic's list serializer: each setting changed nothing there (bins without bins, a template
+    without the template serializer, jitter without augmentation, ...); with what it needs, it is taken."""
+    from kbert.errors import KbertError
+    from kbert.pipeline.config import load_competition, resolve_run_config
+
+    competition = load_competition("spaceship-titanic")
+    key = next(iter(text))
+    with pytest.raises(KbertError, match=rf"^text\.{key} .* acts only with .*{re.escape(needs)}.*: drop it$"):
+        resolve_run_config(competition, {"text": text, **train})
+    enabled = {("bins",): {"numeric": "bins"}, ("template",): {"serializer": "template"},
+               ("paraphrases",): {"serializer": "template", "template": "{Age}"},
+               ("priority",): {"truncate": "priority"}}.get((key,), {})
+    if key == "jitter" and "numeric" in text:
+        return  # bins are never jittered
+    extra = {} if enabled else {"augment": 2, "epochs": 3}
+    config = resolve_run_config(competition, {"text": {**text, **enabled}, **train, **extra})
+    assert getattr(config.competition.text, key) == text[key]
+
+
+def test_a_mapping_of_a_column_the_serializer_does_not_write_is_refused(train_rows):
+    from kbert.errors import KbertError
+    from kbert.features.generic import TableSerializer
+    from kbert.pipeline.config import TextConfig
+
+    serializer = TableSerializer(TextConfig(serializer="list", columns=["Sex", "Age"], mappings={"Sexx": {"male": "man"}}))
+    with pytest.raises(KbertError, match=r"text\.mappings names column\(s\) \['Sexx'\] not in text\.columns"):
+        serializer.fit(train_rows)

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from kbert.io import read_json, write_json
-from kbert.pipeline.artifacts import lock_run_folder, sealed
+from kbert.pipeline.artifacts import lock_run_folder, read_clock, sealed
 
 pytestmark = pytest.mark.slow  # every test trains in kbert processes
 REPO = Path(__file__).resolve().parent.parent
@@ -70,9 +70,16 @@ def test_sigkill_after_a_fold_then_rerun_keeps_the_finished_folds_and_matches_an
     assert not (folds.parent / "oof.csv").exists() and not (folds.parent / "metrics.json").exists()
     checkpoints = {k: (folds / k / "model.safetensors").stat().st_mtime_ns for k in finished}
 
+    before_kill = read_clock(folds.parent)  # the seconds the killed invocation took to its last finished fold
+    assert before_kill > 0
+
     time.sleep(0.05)  # a retrained checkpoint would get a later mtime
+    began = time.perf_counter()
     resumed = run_kbert(tmp_path, "resumed", "--fold-processes", processes)
+    took = time.perf_counter() - began
     assert resumed.returncode == 0, resumed.stderr
+    # Its wall time counts both invocations (it was the last one's alone).
+    assert before_kill < read_json(folds.parent / "metrics.json")["wall_time_s"] < before_kill + took
     assert "resuming run resumed" in resumed.stdout
     assert resumed.stdout.count("(finished before; kept)") == len(finished)
     assert {k: (folds / k / "model.safetensors").stat().st_mtime_ns for k in finished} == checkpoints

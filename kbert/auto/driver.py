@@ -10,12 +10,9 @@ each job is a member folder ``runs/<competition>/auto-<job>``, done when it hold
 from __future__ import annotations
 
 import importlib.util
-import json
 import math
 import shutil
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -26,8 +23,8 @@ from kbert.auto.plan import BEST_BASELINE, BEST_RUN, STRONGEST_FITTING, Facts, J
 from kbert.auto.state import Action, AutoState, Drift, JobState, Status, read_state
 from kbert.auto.state import seconds as valid_seconds
 from kbert.errors import KbertError
-from kbert.io import exclusive_lock, read_json, write_json
-from kbert.pipeline.artifacts import check_output_folder
+from kbert.io import exclusive_lock, read_json
+from kbert.pipeline.artifacts import check_output_folder, read_clock, ticking
 from kbert.pipeline.config import RunConfig, load_competition, resolve_run_config
 
 KINDS = {Action.BASELINE: "baseline", Action.RUN: "encoder", Action.EMBEDDING: "embedding", Action.TUNE: "trial"}
@@ -41,7 +38,8 @@ FLOOR_SHARE = 0.5  # a run is not probed when the time free is under this share 
 FIRST_PROBE_S = 60.0
 STUDY_MEMBERS = 3  # the most trials of the closing study that join the members
 MORE_SEEDS = 3  # the most extra-seed members added with the time left after the study (each, for baselines)
-SEEDED = ("hgb", "lgbm", "catboost")  # the baselines another seed changes (logreg's fit draws nothing at random)
+SEEDED = ("hgb", "lgbm", "catboost")
+FINAL_BLEND = "auto-ensemble"  # the final blend's submission and record: <submissions>/<competition>/auto-ensemble.*  # the baselines another seed changes (logreg's fit draws nothing at random)
 
 
 class OutOfTime(Exception):
@@ -113,7 +111,7 @@ class Auto:
                              f"{started[0]} --seed {started[1]} --precision {started[2]}; rerun with those, or pass "
                              "another --out")
         self.estimator = Estimator(self.state.measured, self.state.corrections, self.state.ensemble_s_per_member)
-        clock = read_clock(self.folder / CLOCK_FILE) if self.state_path.is_file() else 0.0
+        clock = read_clock(self.folder) if self.state_path.is_file() else 0.0
         self.spent_before = max(float(self.state.spent_s), clock)  # the clock: a kill -9 mid-job (state: its start)
 
     # --- the clock --------------------------------------------------------------------------------------------
@@ -179,50 +177,11 @@ def run_auto(options: AutoOptions, log=print) -> AutoResult:
         auto.load_state()
         check_kept_members(auto)
         try:
-            with ticking(auto):
+            with ticking(auto.folder, auto.spent):  # a kill -9 mid-job: state.json has its start only
                 return auto_jobs(auto)
         except KeyboardInterrupt:  # Ctrl-C mid-job: the job's time counts against the limit too
             auto.save()
             raise
-
-
-CLOCK_FILE = "clock.json"  # in the auto folder: the seconds spent, written every CLOCK_EVERY_S while jobs run
-CLOCK_EVERY_S = 5.0
-
-
-def read_clock(path: Path) -> float:
-    """The seconds the clock file last recorded (0 without one, or for one not as ``ticking`` writes it: the
-    state's own figure stands then)."""
-    try:
-        spent = json.loads(path.read_text(encoding="utf-8")).get("spent_s")
-    except (OSError, ValueError, AttributeError):
-        return 0.0
-    return float(spent) if valid_seconds(spent) else 0.0
-
-
-@contextmanager
-def ticking(auto: Auto):
-    """The clock file, written every ``CLOCK_EVERY_S`` by a thread while jobs run: state.json records the time
-    spent when a job starts or ends, so a kill -9 mid-job would lose that job's time (the limit counts over every
-    invocation). The thread writes that one file only, and a failed write leaves the last one."""
-    stop = threading.Event()
-
-    def tick() -> None:
-        while True:
-            try:
-                write_json(auto.folder / CLOCK_FILE, {"spent_s": auto.spent()})
-            except (OSError, KbertError):  # a full disk: state.json's own figure stands
-                pass
-            if stop.wait(CLOCK_EVERY_S):
-                return
-
-    thread = threading.Thread(target=tick, name="kbert-auto-clock", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
 
 
 def check_kept_members(auto: Auto) -> None:
@@ -653,7 +612,7 @@ def remaining_seconds(elapsed: float, trained: int, remaining: int, at_once: int
 def interim_blend(auto: Auto, members: list[str]) -> None:
     """After each finished member: a quick blend (one outer split) for the live leaderboard."""
     if len(members) < 2:
-        print_leaderboard(auto, members, None)
+        print_leaderboard(auto, members, Standing())
         return
     from kbert.ensembles.ensemble import EnsembleSpec, build_ensemble
 
@@ -662,30 +621,57 @@ def interim_blend(auto: Auto, members: list[str]) -> None:
                             runs_dir=auto.options.out_dir, data_dir=auto.options.data_dir, log=lambda _: None)
     auto.estimator.ensemble_seconds = (time.perf_counter() - began) / len(members)
     auto.save()
-    print_leaderboard(auto, members, result)
+    print_leaderboard(auto, members, standing_of(result))
 
 
-def print_leaderboard(auto: Auto, members: list[str], result, final: bool = False) -> tuple:
+@dataclass(frozen=True)
+class Standing:
+    """What the leaderboard and the closing lines say of a blend: read from the blend just built
+    (``standing_of``), or from the record of the final blend an earlier invocation wrote (``standing_of_record``)."""
+
+    chosen: str = ""  # the method
+    honest: float | None = None  # the whole procedure's nested CV, the method chosen inside it
+    blends: dict[str, float] = field(default_factory=dict)  # each method's own nested CV
+    best_single: float | None = None  # the best member, picked inside the nested CV
+    best_member: str = ""
+    member_honest: dict[str, float] = field(default_factory=dict)  # each member alone, its cut-off nested
+    weights: dict[str, float] = field(default_factory=dict)  # each member's in the chosen blend
+    submission: Path | None = None
+
+
+def standing_of(result) -> Standing:
+    from kbert.ensembles.ensemble import member_weights
+
+    return Standing(result.chosen, result.honest.score, {name: r.score for name, r in result.results.items()},
+                    result.selected_single.score if result.selected_single else None, result.best_member,
+                    dict(zip([m.name for m in result.members], result.member_honest)), member_weights(result),
+                    result.submission_path)
+
+
+def standing_of_record(record: dict) -> Standing:
+    return Standing(record["method"], record["honest_cv"],
+                    {name: method["honest_cv"] for name, method in record["methods"].items()},
+                    record["best_member_selected_in_nested_cv"], record["best_member"],
+                    {m["name"]: m["cv_tuned_nested"] for m in record["members"]}, record["member_weights"],
+                    Path(record["submission"]))
+
+
+def print_leaderboard(auto: Auto, members: list[str], standing: Standing, final: bool = False) -> tuple:
     from kbert.pipeline.metrics import get_metric
 
     metric = get_metric(auto.competition.metric)
-    rows = leaderboard_rows(auto, members, result)
-    frame = leaderboard_frame(rows, metric.greater_is_better)
-    blends = {name: r.score for name, r in result.results.items()} if result is not None else {}
-    best_single = result.selected_single.score if result is not None and result.selected_single else None
-    honest = result.honest.score if result is not None and len(result.results) > 1 else None
-    text = leaderboard_text(frame, blends, result.chosen if result is not None else "", metric.name, best_single,
-                            honest)
+    frame = leaderboard_frame(leaderboard_rows(auto, members, standing), metric.greater_is_better)
+    text = leaderboard_text(frame, standing.blends, standing.chosen, metric.name, standing.best_single,
+                            standing.honest if len(standing.blends) > 1 else None)
     auto.log(("final leaderboard" if final else "leaderboard") + f" ({len(members)} members):\n{text}")
     write_leaderboard(auto.folder, frame)
-    return frame, text, best_single
+    return frame, text, standing.best_single
 
 
-def leaderboard_rows(auto: Auto, members: list[str], result) -> list[Row]:
+def leaderboard_rows(auto: Auto, members: list[str], standing: Standing) -> list[Row]:
     from kbert.pipeline.artifacts import read_metrics
 
-    honest = dict(zip([m.name for m in result.members], result.member_honest)) if result is not None else {}
-    weights = member_weights(result) if result is not None else {}
+    honest, weights = standing.member_honest, standing.weights
     rows = []
     for name in members:
         job = auto.state.jobs.get(name)
@@ -695,17 +681,6 @@ def leaderboard_rows(auto: Auto, members: list[str], result) -> list[Row]:
         rows.append(Row(name, kind, auto.cv(name), honest.get(name), float(seconds if valid_seconds(seconds) else 0.0),
                         weights.get(name)))
     return rows
-
-
-def member_weights(result) -> dict[str, float]:
-    """Each member's weight in the chosen blend: its weight (mean, top-k, weighted, hill), an equal share (rank), or
-    for a stack its meta-model's coefficient when it has one per member."""
-    names = [m.name for m in result.members]
-    if result.weights:
-        return result.weights
-    if result.chosen == "rank":
-        return {name: 1.0 / len(names) for name in names}
-    return dict(zip(names, result.coefficients)) if result.coefficients else {}
 
 
 def tune_study(auto: Auto, job: Job, members: int) -> list[str]:
@@ -793,37 +768,48 @@ def member_added(auto: Auto, job: Job, members: list[str], added: list[str]) -> 
     return True
 
 
+def final_standing(auto: Auto, members: list[str]) -> Standing:
+    """The final blend of ``members``, written as the auto-ensemble submission; kept as it is when an earlier
+    invocation wrote it of the same runs (a rerun once the limit is spent builds nothing again). A single member
+    is its own submission."""
+    from kbert.ensembles.ensemble import (EnsembleSpec, blend_pool, ensemble_path, load_pool, record_of_pool,
+                                          write_ensemble)
+
+    if len(members) == 1:
+        return Standing(submission=Path(read_json(auto.comp_dir / members[0] / "metrics.json",
+                                                  required=("submission",))["submission"]))
+    spec = EnsembleSpec(",".join(members), seed=auto.options.seed)
+    pool = load_pool(auto.competition, spec, runs_dir=auto.options.out_dir, data_dir=auto.options.data_dir,
+                     log=lambda _: None)
+    path = ensemble_path(auto.options.submissions_dir, auto.competition.name, FINAL_BLEND).with_suffix(".json")
+    record = record_of_pool(path, pool, spec)
+    if record is not None:
+        auto.log(f"the final blend of these {len(members)} members is kept: {record['submission']}")
+        return standing_of_record(record)
+    result = blend_pool(pool, spec, log=lambda _: None)
+    return standing_of(write_ensemble(result, auto.options.submissions_dir, name=FINAL_BLEND))
+
+
 def final_ensemble(auto: Auto, members: list[str]) -> AutoResult:
     """``kbert ensemble`` over every member (3 outer splits); its best honest blend is the submission, unless picking
     the best member scored better in the same nested CV: then that member's submission is."""
-    from kbert.ensembles.ensemble import EnsembleSpec, build_ensemble, write_ensemble
-
     if not members:
         failed = [f"{name}: {job.error}" for name, job in auto.state.jobs.items() if job.status is Status.FAILED]
         raise KbertError(f"kbert auto {auto.competition.name}: no member finished; " +
                          (f"{len(failed)} job(s) failed, the first: {failed[0]}" if failed else
                           "give it more time (--time-limit)"))
-    result, submission = None, None
-    if len(members) > 1:
-        result = build_ensemble(auto.competition, EnsembleSpec(",".join(members), seed=auto.options.seed),
-                                runs_dir=auto.options.out_dir, data_dir=auto.options.data_dir, log=lambda _: None)
-        result = write_ensemble(result, auto.options.submissions_dir, name="auto-ensemble")
-        submission = result.submission_path
-    else:
-        submission = Path(read_json(auto.comp_dir / members[0] / "metrics.json", required=("submission",))
-                          ["submission"])
-    frame, text, best_single = print_leaderboard(auto, members, result, final=True)
+    standing = final_standing(auto, members)
+    frame, text, best_single = print_leaderboard(auto, members, standing, final=True)
     auto.save()
-    honest = result.honest.score if result is not None else None
-    chosen = result.chosen if result is not None else members[0]
-    single = result.selected_single.score if result is not None and result.selected_single is not None else None
+    chosen, honest, submission = standing.chosen or members[0], standing.honest, standing.submission
+    single = standing.best_single
     if single is not None and (single > honest if greater_is_better(auto) else single < honest):
         # Picking the best member is a procedure the nested CV scored too, and it scored better than the blend.
         auto.log(f"the blend's honest CV {honest:.4f} is below the best member's, picked inside the nested CV "
-                 f"({single:.4f}): its submission is the best member's, {result.best_member}")
-        chosen, honest = f"best member ({result.best_member})", single
-        submission = Path(read_json(auto.comp_dir / result.best_member / "metrics.json", required=("submission",))
-                          ["submission"])
+                 f"({single:.4f}): its submission is the best member's, {standing.best_member}")
+        chosen, honest = f"best member ({standing.best_member})", single
+        submission = Path(read_json(auto.comp_dir / standing.best_member / "metrics.json",
+                                    required=("submission",))["submission"])
     facts = [("competition", auto.competition.name), ("preset", auto.options.preset),
              ("time limit", f"{auto.options.time_limit / 60:.1f} min"),
              ("time spent", f"{auto.state.spent_s / 60:.1f} min"),
