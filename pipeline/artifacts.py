@@ -76,12 +76,13 @@ CONFIG_FILE = "config.yaml"
 INPUTS_FILE = "inputs.json"
 PREDICTIONS_DIR = "predictions"  # a member folder's one part that kbert predict writes into, and that nothing reads
 LOCK_FILE = ".lock"
+FOLD_ARRAYS = ("valid_outputs", "valid_predictions", "test_outputs", "test_predictions")
 CLOCK_FILE = "clock.json"  # the seconds spent so far over every invocation: a run's, kbert auto's
 
 
 def read_clock(folder: Path) -> float:
-    """The seconds ``folder``'s clock file last recorded: 0 without one, or for one not as ``write_clock`` writes
-    it (the time spent is then what the caller can still count)."""
+    """The seconds ``folder``'s clock file last recorded: 0 without one, or for one not as ``ticking`` writes it
+    (the time spent is then what the caller can still count)."""
     try:
         spent = json.loads((folder / CLOCK_FILE).read_text(encoding="utf-8")).get("spent_s")
     except (OSError, ValueError, AttributeError):
@@ -101,12 +102,14 @@ def ticking(folder: Path, spent: Callable[[], float]) -> Iterator[None]:
 
     def tick() -> None:
         while True:
+            ending = stop.is_set()
             try:
                 write_json(folder / CLOCK_FILE, {"spent_s": round(spent(), 2)})
             except (OSError, KbertError):
                 pass
-            if stop.wait(CLOCK_EVERY_S):
+            if ending:
                 return
+            stop.wait(CLOCK_EVERY_S)
 
     thread = threading.Thread(target=tick, name="kbert-clock", daemon=True)
     thread.start()
@@ -115,7 +118,6 @@ def ticking(folder: Path, spent: Callable[[], float]) -> Iterator[None]:
     finally:
         stop.set()
         thread.join()
-FOLD_ARRAYS = ("valid_outputs", "valid_predictions", "test_outputs", "test_predictions")
 
 
 def recorded_submissions(folder: Path, besides: str = "") -> list[str]:

@@ -25,11 +25,11 @@ from kbert.pipeline.artifacts import read_metrics
 from kbert.pipeline.config import RunConfig, read_run_file, run_config_from_file
 from kbert.pipeline.fold import RunInputs, make_serializer, make_tabular, to_predictions, tokenize
 from kbert.pipeline.splits import fold_rows
-from kbert.pipeline.new_rows import check_fold_models, load_fold_model, read_fold_table, refitted, saved_target_transform
+from kbert.pipeline.new_rows import (as_the_fold_ran, check_fold_models, load_fold_model, read_fold_table, refitted,
+                                     saved_target_transform)
 from kbert.pipeline.predictions import score
 from kbert.pipeline.run import prepare_inputs
-from kbert.pipeline.streams import cpu_streams
-from kbert.pipeline.train import Execution, make_forward, predict_outputs
+from kbert.pipeline.train import execution_of, make_forward, predict_outputs
 
 IMPORTANCE_FILE = "importance.json"
 ALL_WORDS = ""  # the key of the predictions with every column's words
@@ -108,7 +108,7 @@ def fold_predictor(inputs: RunInputs, fold_dir: Path, repeat: int, k: int, train
     model, checkpoint, tokenizer = load_fold_model(fold_dir)
     head = HeadConfig.from_dict(checkpoint["head"])
     transform = saved_target_transform(fold_dir / "config.json", checkpoint)
-    forward = make_forward(model, Execution(config.train.compile, streams=cpu_streams(config.train.cpu_streams)))
+    forward = make_forward(model, execution_of(as_the_fold_ran(config.train, fold_dir)))
 
     def predict(view: Serializer, rows: pd.DataFrame) -> np.ndarray:
         outputs = np.mean([predict_outputs(model, tokenize(config, tokenizer, view, rows, fold=(repeat, k), variant=v),

@@ -11,6 +11,7 @@ anything is written.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -28,7 +29,7 @@ from kbert.models.tokenizer import read_tokenizer
 from kbert.pipeline.artifacts import (check_predictions_file, fold_layout, fold_name, input_paths, missing_fold_part,
                                       predictions_path, read_metrics, verify_fold_files)
 from kbert.pipeline.calibration import apply_temperature
-from kbert.pipeline.config import CompetitionConfig, RunConfig, run_config_from_file
+from kbert.pipeline.config import CompetitionConfig, RunConfig, TrainConfig, run_config_from_file
 from kbert.pipeline.data import check_feature_rows, load_competition_data, read_csv
 from kbert.pipeline.fold import make_serializer, make_tabular, to_predictions, tokenize
 from kbert.pipeline.splits import fold_rows
@@ -88,7 +89,8 @@ def predict_run(run_dir: Path, data_path: Path, tta: int = 1, out: Path | None =
             columns = refitted(tabular, features.iloc[train_index], fold_dir / "tabular.json").transform(new_features)
         model, checkpoint, tokenizer = load_fold_model(fold_dir)
         variants = [predict_outputs(model, tokenize(config, tokenizer, serializer, new_features, fold=(repeat, k),
-                                                    variant=variant), config.train, columns=columns)
+                                                    variant=variant), as_the_fold_ran(config.train, fold_dir),
+                                    columns=columns)
                     for variant in range(max(1, tta))]
         fold_outputs = np.mean(variants, axis=0)
         head = HeadConfig.from_dict(checkpoint["head"])
@@ -161,6 +163,14 @@ def check_fold_models(run_dir: Path, config: RunConfig) -> list[tuple[Path, int,
             raise KbertError(f"{fold_dir}: {state}; the run's config lists {len(listed)} folds and kbert predict "
                              "uses every one")
     return listed
+
+
+def as_the_fold_ran(train: TrainConfig, fold_dir: Path) -> TrainConfig:
+    """``train`` on the CPU streams the fold recorded in its fold.json (read after ``load_fold_model`` checked it):
+    a batch sharded over another count rounds otherwise, and the predictions would differ from the run's in their
+    last bits. A fold of an older kbert, which recorded none: the config's."""
+    streams = read_json(fold_dir / "fold.json")["record"].get("streams")
+    return train if streams is None else replace(train, cpu_streams=int(streams))
 
 
 def load_fold_model(fold_dir: Path) -> tuple[TaskModel, dict, Tokenizer]:

@@ -444,14 +444,18 @@ def make_forward(model: TaskModel, execution: Execution = Execution()) -> Callab
     return sharded
 
 
+def execution_of(config: TrainConfig) -> Execution:
+    """The forward pass ``config`` asks for: compiled or eagerly, in its compute precision, on its CPU streams."""
+    return Execution(config.compile, DTYPES[compute_precision(config.precision)], cpu_streams(config.cpu_streams))
+
+
 def predict_outputs(model: TaskModel, tokens: list[np.ndarray], config: TrainConfig,
                     forward: Callable[..., mx.array] | None = None,
                     columns: tuple[np.ndarray, ...] = ()) -> np.ndarray:
     """Eval-mode head outputs in input order, (n,) or (n, k); batches are sorted by length, then unsorted.
     ``columns``: the rows' fusion inputs, in the same order as ``tokens``."""
     was_training = model.training
-    forward = forward or make_forward(model, Execution(config.compile, DTYPES[compute_precision(config.precision)],
-                                                       cpu_streams(config.cpu_streams)))
+    forward = forward or make_forward(model, execution_of(config))
     order = np.argsort([len(t) for t in tokens], kind="stable")
     out = None
     for start in range(0, len(tokens), config.eval_batch_size):

@@ -195,3 +195,23 @@ def test_hidden_files_in_a_fold_folder_are_not_sealed(tmp_path):
     for name in ("history.json", ".DS_Store", ".history.json.x1.tmp"):
         (tmp_path / "folds" / "0" / name).write_text("{}")
     assert sorted(fold_files_sha256(tmp_path)) == ["folds.csv", "folds/0/history.json"]
+
+
+def test_the_clock_file_is_written_as_the_block_starts_and_as_it_ends(tmp_path):
+    """Between its writes (every CLOCK_EVERY_S) the file lags; as the block ends it holds the time at its end."""
+    import time
+
+    from kbert.pipeline.artifacts import read_clock, ticking
+
+    began = time.perf_counter()
+    with ticking(tmp_path, lambda: 7.0 + time.perf_counter() - began):  # 7 s spent before this invocation
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "clock.json").is_file():  # the first write, as it started
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert 7.0 <= read_clock(tmp_path) <= 7.0 + time.perf_counter() - began
+        time.sleep(0.3)
+        ending = 7.0 + time.perf_counter() - began
+    assert read_clock(tmp_path) >= round(ending, 2) - 0.01  # (CLOCK_EVERY_S, 5 s, has not passed: the last write)
+    (tmp_path / "clock.json").write_text('{"spent_s": -1}')
+    assert read_clock(tmp_path) == 0.0 and read_clock(tmp_path / "none") == 0.0

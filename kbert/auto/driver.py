@@ -38,8 +38,8 @@ FLOOR_SHARE = 0.5  # a run is not probed when the time free is under this share 
 FIRST_PROBE_S = 60.0
 STUDY_MEMBERS = 3  # the most trials of the closing study that join the members
 MORE_SEEDS = 3  # the most extra-seed members added with the time left after the study (each, for baselines)
-SEEDED = ("hgb", "lgbm", "catboost")
-FINAL_BLEND = "auto-ensemble"  # the final blend's submission and record: <submissions>/<competition>/auto-ensemble.*  # the baselines another seed changes (logreg's fit draws nothing at random)
+SEEDED = ("hgb", "lgbm", "catboost")  # the baselines another seed changes (logreg's fit draws nothing at random)
+FINAL_BLEND = "auto-ensemble"  # the final blend's submission and record: <submissions>/<competition>/auto-ensemble.*
 
 
 class OutOfTime(Exception):
