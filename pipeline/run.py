@@ -201,12 +201,12 @@ def kept_streams(kept: list[FoldPredictions | None], plan: FoldPlan, config: Run
     all trained on another count (another machine's cores, or another fold layout): theirs then, since a fold's
     numbers depend on its streams; said in a line."""
     recorded = {fold.record.get("streams") for fold in kept if fold is not None} - {None}  # (absent: older runs)
-    planned = plan.streams or config.train.cpu_streams
-    if len(recorded) != 1 or current_device() != "cpu" or next(iter(recorded)) == stream_count(planned):
+    planned = stream_count(plan.streams or config.train.cpu_streams)
+    if len(recorded) != 1 or current_device() != "cpu" or next(iter(recorded)) == planned:
         return plan.streams
     streams = recorded.pop()
     log(f"the folds left train on {streams} CPU stream(s) each, as the kept folds did (this machine's plan: "
-        f"{stream_count(planned)}): a fold's numbers depend on its streams")
+        f"{planned}): a fold's numbers depend on its streams")
     return streams
 
 

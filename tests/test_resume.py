@@ -70,7 +70,7 @@ def test_sigkill_after_a_fold_then_rerun_keeps_the_finished_folds_and_matches_an
     assert not (folds.parent / "oof.csv").exists() and not (folds.parent / "metrics.json").exists()
     checkpoints = {k: (folds / k / "model.safetensors").stat().st_mtime_ns for k in finished}
 
-    before_kill = read_clock(folds.parent)  # the seconds the killed invocation took to its last finished fold
+    before_kill = read_clock(folds.parent)  # the seconds the killed invocation took, to its last clock write
     assert before_kill > 0
 
     time.sleep(0.05)  # a retrained checkpoint would get a later mtime
