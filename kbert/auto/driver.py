@@ -768,6 +768,11 @@ def member_added(auto: Auto, job: Job, members: list[str], added: list[str]) -> 
     return True
 
 
+def member_submission(auto: Auto, name: str) -> Path:
+    """The submission the member ``name`` wrote, as its metrics.json records it."""
+    return Path(read_json(auto.comp_dir / name / "metrics.json", required=("submission",))["submission"])
+
+
 def final_standing(auto: Auto, members: list[str]) -> Standing:
     """The final blend of ``members``, written as the auto-ensemble submission; kept as it is when an earlier
     invocation wrote it of the same runs (a rerun once the limit is spent builds nothing again). A single member
@@ -776,8 +781,7 @@ def final_standing(auto: Auto, members: list[str]) -> Standing:
                                           write_ensemble)
 
     if len(members) == 1:
-        return Standing(submission=Path(read_json(auto.comp_dir / members[0] / "metrics.json",
-                                                  required=("submission",))["submission"]))
+        return Standing(submission=member_submission(auto, members[0]))
     spec = EnsembleSpec(",".join(members), seed=auto.options.seed)
     pool = load_pool(auto.competition, spec, runs_dir=auto.options.out_dir, data_dir=auto.options.data_dir,
                      log=lambda _: None)
@@ -808,8 +812,7 @@ def final_ensemble(auto: Auto, members: list[str]) -> AutoResult:
         auto.log(f"the blend's honest CV {honest:.4f} is below the best member's, picked inside the nested CV "
                  f"({single:.4f}): its submission is the best member's, {standing.best_member}")
         chosen, honest = f"best member ({standing.best_member})", single
-        submission = Path(read_json(auto.comp_dir / standing.best_member / "metrics.json",
-                                    required=("submission",))["submission"])
+        submission = member_submission(auto, standing.best_member)
     facts = [("competition", auto.competition.name), ("preset", auto.options.preset),
              ("time limit", f"{auto.options.time_limit / 60:.1f} min"),
              ("time spent", f"{auto.state.spent_s / 60:.1f} min"),
