@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--oof", type=Path, help="write each epoch's OOF probabilities here (.npy, epochs x rows)")
     args = parser.parse_args()
     import torch
     from sklearn.metrics import f1_score
@@ -126,6 +127,8 @@ def main() -> None:
                     oof[epoch, rows] = torch.sigmoid(top(head, *padded(rows), False).float()).numpy()
             print(f"fold {k} epoch {epoch}: F1 at 0.5 {f1_score(y[valid], oof[epoch, valid] > 0.5):.4f}, "
                   f"{time.perf_counter() - began:.0f}s", flush=True)
+    if args.oof:
+        np.save(args.oof, oof)
     grid = np.linspace(0.2, 0.8, 61)
     for epoch in range(args.epochs):
         p, honest = oof[epoch], np.zeros(len(y), bool)
