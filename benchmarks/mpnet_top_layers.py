@@ -51,6 +51,7 @@ def main() -> None:
     from sklearn.metrics import f1_score
     from transformers import AutoModel, AutoTokenizer
 
+    from kbert.io import write_npy
     from kbert.models.encoders import shipped_path
 
     print(figures.header())
@@ -128,7 +129,7 @@ def main() -> None:
             print(f"fold {k} epoch {epoch}: F1 at 0.5 {f1_score(y[valid], oof[epoch, valid] > 0.5):.4f}, "
                   f"{time.perf_counter() - began:.0f}s", flush=True)
     if args.oof:
-        np.save(args.oof, oof)
+        write_npy(args.oof, oof)
     grid = np.linspace(0.2, 0.8, 61)
     for epoch in range(args.epochs):
         p, honest = oof[epoch], np.zeros(len(y), bool)
