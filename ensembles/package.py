@@ -12,13 +12,16 @@ The folder it writes holds the two things to upload:
   ``/kaggle/input/<competition>/test.csv`` and writes ``/kaggle/working/submission.csv``.
 
 Wheels come from the package index through pip (``pip download --only-binary=:all:`` for the chosen Python on
-Linux x86-64); a dependency with no such wheel is refused in one line, before anything is written.
+Linux x86-64), each at the version installed here where it is (``installed_pins``): the notebook predicts with the
+libraries the runs were made and checked with, not whatever the index offers that day (another MLX, numpy's
+OpenBLAS or tokenizers changes predictions). A dependency with no such wheel is refused in one line, before
+anything is written. kbert's own wheel is built from a copy of its sources, never in the checkout (whose build/
+could pack stale files).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -213,18 +216,32 @@ def pip(arguments: list[str], what: str, python: str) -> str:
         missing = next((line for line in lines if "No matching distribution found for" in line), None)
         if missing:
             raise KbertError(f"{what}: no wheel of {missing.split('found for', 1)[1].strip()} for Python {python} "
-                             "on Linux x86-64")
+                             "on Linux x86-64 (at the version installed here, where it is)")
         raise KbertError(f"{what}: pip failed: {lines[-1] if lines else 'no output'}")
     return done.stdout
 
 
+def installed_pins(names: tuple[str, ...] | None = None) -> list[str]:
+    """name==version of each distribution installed here (of ``names`` only, the others as given, when given),
+    kbert itself aside."""
+    versions = {dist.metadata["Name"].lower().replace("_", "-"): dist.version for dist in metadata.distributions()
+                if dist.metadata["Name"]}
+    versions.pop("kbert", None)
+    if names is None:
+        return sorted(f"{name}=={version}" for name, version in versions.items())
+    return [f"{name}=={versions[key]}" if (key := name.lower().replace("_", "-")) in versions else name
+            for name in names]
+
+
 def resolve_wheels(wanted: list[str], python: str) -> list[str]:
     """The wheels ``wanted`` resolves to for ``python`` on Linux x86-64, as name==version, without downloading
-    them (pip reads the index's metadata)."""
+    them (pip reads the index's metadata); each at the version installed here where it is (``installed_pins``)."""
     with tempfile.TemporaryDirectory() as scratch:
-        report = Path(scratch) / "report.json"
+        report, pins = Path(scratch) / "report.json", Path(scratch) / "installed.txt"
+        pins.write_text("\n".join(installed_pins()) + "\n")
         pip(["install", "--dry-run", "--quiet", "--ignore-installed", "--report", str(report), "--target",
-             str(Path(scratch) / "target"), *pip_platform_options(python), *wanted], "kbert package", python)
+             str(Path(scratch) / "target"), "--constraint", str(pins), *pip_platform_options(python), *wanted],
+            "kbert package", python)
         installs = json.loads(report.read_text())["install"]
     return sorted(f"{item['metadata']['name']}=={item['metadata']['version']}" for item in installs)
 
@@ -238,24 +255,35 @@ def check_backend(resolved: list[str], device: str, python: str) -> list[str]:
     return resolved
 
 
-def download_wheels(wanted: list[str], folder: Path, python: str, no_deps: tuple[str, ...] = ()) -> None:
-    pip(["download", "--quiet", "--dest", str(folder), *pip_platform_options(python), *wanted], "kbert package",
-        python)
-    if no_deps:  # packages that declare what kbert does not need (the shipped encoders' torch)
-        pip(["download", "--quiet", "--no-deps", "--dest", str(folder), *pip_platform_options(python), *no_deps],
-            "kbert package", python)
+def download_wheels(resolved: list[str], folder: Path, python: str, no_deps: tuple[str, ...] = ()) -> None:
+    """The ``resolved`` wheels (name==version, their dependencies among them), then ``no_deps``, into ``folder``."""
+    pip(["download", "--quiet", "--no-deps", "--dest", str(folder), *pip_platform_options(python), *resolved,
+         *installed_pins(no_deps)], "kbert package", python)
 
 
 def build_kbert_wheel(folder: Path) -> Path:
-    """kbert's own wheel, built from the source tree this kbert runs from."""
+    """kbert's own wheel, built from a copy of the sources this kbert runs from (pyproject.toml's mapped folders):
+    an in-tree build writes build/ into the checkout, and files left there from an earlier build are packed too."""
+    import tomllib
+
     import kbert
 
     root = Path(kbert.__file__).resolve().parent.parent
     if not (root / "pyproject.toml").is_file():
         raise KbertError("kbert package builds kbert's wheel from its source tree, and this kbert is installed "
                          f"without one ({root} has no pyproject.toml): install kbert with pip install -e")
-    pip(["wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", str(folder), str(root)],
-        "kbert package: building kbert's wheel", f"{sys.version_info.major}.{sys.version_info.minor}")
+    with open(root / "pyproject.toml", "rb") as handle:
+        folders = sorted(set(tomllib.load(handle)["tool"]["setuptools"]["package-dir"].values()))
+    with tempfile.TemporaryDirectory() as scratch:
+        source = Path(scratch) / "kbert"
+        source.mkdir()
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(root / name, source / name)
+        for name in folders:
+            shutil.copytree(root / name, source / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".*"))
+        pip(["wheel", "--quiet", "--no-deps", "--no-build-isolation", "--wheel-dir", str(folder), str(source)],
+            "kbert package: building kbert's wheel", f"{sys.version_info.major}.{sys.version_info.minor}")
     built = sorted(folder.glob("kbert-*.whl"))
     if not built:
         raise KbertError("kbert package: pip built no kbert wheel")
@@ -283,7 +311,7 @@ def build_package(spec: PackageSpec, log=print) -> Path:
         make_folder(spec.out)
         wheels = dataset / "wheels"
         wheels.mkdir(parents=True)
-        download_wheels(wanted, wheels, spec.python, encoder_packages)
+        download_wheels(resolved, wheels, spec.python, encoder_packages)
         kbert_wheel = build_kbert_wheel(wheels)
         for name, folder in contents.runs.items():
             copy_run(folder, dataset / "runs" / comp / name)
@@ -299,8 +327,8 @@ def build_package(spec: PackageSpec, log=print) -> Path:
         write_json(dataset / "dataset-metadata.json",
                    dataset_metadata(spec.dataset, f"kbert {comp} {Path(spec.source).stem}"))
         write_json(notebook / "kernel-metadata.json", kernel_metadata(spec.dataset, slug, spec.device == "cuda"))
-        names = [re.split(r"[<>=!~;]", text, maxsplit=1)[0] for text in wanted]  # mlx[cpu] keeps its extra
-        write_json(notebook / NOTEBOOK, inference_notebook(spec.dataset.partition("/")[2], slug, target, names,
+        # name==version, every one: pip replaces the versions Kaggle's image holds with the shipped ones
+        write_json(notebook / NOTEBOOK, inference_notebook(spec.dataset.partition("/")[2], slug, target, resolved,
                                                            [kbert_wheel.name, *encoder_packages],
                                                            ensemble=contents.record is not None))
     log(f"package: {spec.out} (upload {dataset} as the dataset {spec.dataset}, then push {notebook})")

@@ -538,15 +538,25 @@ def test_a_deadline_on_the_real_clock_stops_a_run_between_folds_and_a_resume_end
 
     data = small_titanic(tmp_path / "data")
     overrides = {**TINY, "folds": 5, "epochs": 30, "patience": 30}
-    real_probe = probe.probe_run
-    monkeypatch.setattr(probe, "probe_run", lambda config, log=None: optimistic(real_probe(config)))
+    real_probe, planning = probe.probe_run, {}
+
+    def leave_free(auto, members: int, seconds: float) -> None:  # a final ensemble's reserve that leaves them
+        auto.estimator.ensemble_seconds = (auto.left() - seconds - 10 - SAFETY * limit) / (3.5 * (members + 1))
+
+    def probe_run(config, log=None):  # the real probe takes real time: the 1 s free is counted after it
+        probed = optimistic(real_probe(config))
+        leave_free(*planning["auto"], 1.0)
+        return probed
+
+    monkeypatch.setattr(probe, "probe_run", probe_run)
     monkeypatch.setattr(driver, "plan", lambda auto: [driver.Job("auto-baseline-hgb", "baseline", {"model": "hgb"}),
                                                       driver.Job("auto-bert", "run", {"epochs": 30})])
     monkeypatch.setattr(driver, "MORE_SEEDS", 0)
     limit = 40.0
 
-    def interim_blend(auto, members):  # a reserve that leaves 1 s free when the run is planned
-        auto.estimator.ensemble_seconds = (auto.left() - 1 - 10 - SAFETY * limit) / (3.5 * (len(members) + 1))
+    def interim_blend(auto, members):  # a reserve that leaves 1 s free once the run is probed (3 s to probe it)
+        planning["auto"] = (auto, len(members))
+        leave_free(auto, len(members), 4.0)
 
     monkeypatch.setattr(driver, "interim_blend", interim_blend)
     folder = tmp_path / "runs" / "titanic" / "auto"

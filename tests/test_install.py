@@ -61,17 +61,11 @@ def pip(*args: str, cwd: Path) -> None:
 def installed(tmp_path_factory) -> tuple[Path, Path]:
     """(the wheel, the folder it is installed in)."""
     pytest.importorskip("setuptools", reason="building the wheel offline needs setuptools in this environment")
+    from kbert.ensembles.package import build_kbert_wheel
+
     base = tmp_path_factory.mktemp("install")
-    # Build from a copy: an in-tree build would write build/ into the checkout and could pack stale files from it.
-    source = base / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, source / name)
-    for folder in sorted(set(package_dirs().values())):
-        shutil.copytree(ROOT / folder, source / folder,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", ".*"))
-    pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(base / "wheel"), str(source), cwd=base)
-    (wheel,) = (base / "wheel").glob("kbert-*.whl")
+    (base / "wheel").mkdir()
+    wheel = build_kbert_wheel(base / "wheel")  # as kbert package builds it: from a copy of the sources
     # --no-compile, and PYTHONDONTWRITEBYTECODE in the runs below: Python's own bytecode caches stay out of the
     # package, so any file that appears or changes there was written by kbert.
     pip("install", "--no-deps", "--no-compile", "--target", str(base / "site"), str(wheel), cwd=base)

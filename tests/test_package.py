@@ -6,6 +6,7 @@ folders laid out as /kaggle/input/<dataset>/ and /kaggle/input/<competition>/; t
 `kbert predict`'s.
 """
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -49,8 +50,10 @@ def offline(command: list[str], env: dict, cwd: Path) -> subprocess.CompletedPro
 @pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root's unshare -n")
 def test_the_package_installs_offline_and_its_notebook_writes_kbert_predicts_submission(ensemble_json, tmp_path,
                                                                                      monkeypatch):
-    package = tmp_path / "package"
+    package, checkout = tmp_path / "package", Path(__file__).resolve().parent.parent
+    built_before = (checkout / "build").exists()
     assert main(["package", str(ensemble_json), "--out", str(package), "--dataset", DATASET]) == 0
+    assert (checkout / "build").exists() == built_before  # kbert's wheel is built from a copy of the sources
     dataset, notebook = package / "dataset", package / "notebook"
     metadata = json.loads((notebook / "kernel-metadata.json").read_text())
     assert metadata["enable_internet"] is False and metadata["dataset_sources"] == [DATASET]
@@ -59,6 +62,9 @@ def test_the_package_installs_offline_and_its_notebook_writes_kbert_predicts_sub
     wheels = sorted(p.name for p in (dataset / "wheels").glob("*.whl"))
     assert any(w.startswith("kbert-") for w in wheels) and any(w.startswith("skops-") for w in wheels)
     assert not any(w.startswith(("optuna-", "kaggle-", "torch-", "pytest-")) for w in wheels), wheels
+    for name in ("mlx", "mlx_cpu", "numpy", "scikit_learn", "scipy", "tokenizers", "pandas"):  # what computes
+        wheel = next(w for w in wheels if w.lower().startswith(f"{name}-"))  # at the versions installed here
+        assert wheel.split("-")[1] == importlib.metadata.version(name), (wheel, importlib.metadata.version(name))
 
     # /kaggle/input/<dataset>/ and /kaggle/input/titanic/, /kaggle/working/; pip reads no config (no other index)
     inputs, working = tmp_path / "input", tmp_path / "working"
@@ -175,5 +181,5 @@ def test_a_requirement_without_a_wheel_for_the_python_is_one_line(ensemble_json,
                  "--python", "3.12"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["kbert: error: kbert package: no wheel of kbert-no-such-package-4f2a for Python 3.12 on Linux "
-                   "x86-64"], err
+                   "x86-64 (at the version installed here, where it is)"], err
     assert not (tmp_path / "pkg").exists()
