@@ -18,7 +18,7 @@ from kbert.pipeline.config import BUNDLED_DATA_DIR
 from tests.tiny import TINY
 
 pytestmark = pytest.mark.slow  # trains every member of kbert auto twice
-OVERRIDES = {**TINY, "epochs": 3}
+OVERRIDES = {**TINY, "epochs": 2}
 
 
 def small_titanic(folder: Path) -> Path:
