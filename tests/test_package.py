@@ -46,6 +46,34 @@ def offline(command: list[str], env: dict, cwd: Path) -> subprocess.CompletedPro
                           timeout=900)
 
 
+STATUS = ("from kbert.models import runtime; runtime.setup(); from kbert.models import cpu_kernels; "
+          "cpu_kernels.kernels(); print(runtime.status())")
+
+
+def same_submissions(notebook: Path, here: Path, ran: subprocess.CompletedProcess, python: str, env: dict) -> None:
+    """The notebook's submission is byte for byte this process's; where not, the message says what differed: the
+    rows, each side's BLAS and kernels, the libraries whose versions differ, the notebook's own warnings."""
+    if notebook.read_bytes() == here.read_bytes():
+        return
+    theirs, ours = pd.read_csv(notebook), pd.read_csv(here)
+    rows = theirs.compare(ours) if theirs.shape == ours.shape else f"shapes {theirs.shape} and {ours.shape}"
+    told = subprocess.run([python, "-c", STATUS], env=env, cwd=here.parent, capture_output=True, text=True)
+    status = told.stdout.strip() or told.stderr.strip()[-500:]
+    from kbert.models import runtime
+
+    freeze = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], env=env, capture_output=True,
+                            text=True).stdout.split()
+    def key(name: str) -> str:
+        return name.lower().replace("_", "-")
+
+    mine = {key(d.metadata["Name"]): d.version for d in importlib.metadata.distributions() if d.metadata["Name"]}
+    versions = {key(line.split("==")[0]): line.split("==")[1] for line in freeze if "==" in line}
+    differ = {name: (version, mine.get(name)) for name, version in versions.items()
+              if name != "kbert" and version != mine.get(name)}
+    pytest.fail(f"the notebook's {notebook.name} differs from {here.name}:\n{rows}\nnotebook: {status}\nhere: "
+                f"{runtime.status()}\nversions (notebook, here): {differ}\nnotebook stderr: {ran.stderr[-2000:]}")
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root's unshare -n")
 def test_the_package_installs_offline_and_its_notebook_writes_kbert_predicts_submission(ensemble_json, tmp_path,
@@ -84,7 +112,7 @@ def test_the_package_installs_offline_and_its_notebook_writes_kbert_predicts_sub
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
     assert main(["predict", str(ensemble_json), "--data", str(TITANIC / "test.csv"), "--output",
                  str(tmp_path / "here.csv")]) == 0
-    assert (working / "submission.csv").read_bytes() == (tmp_path / "here.csv").read_bytes()
+    same_submissions(working / "submission.csv", tmp_path / "here.csv", ran, python, env)
 
     # Kaggle's rerun: another test file (other ids, fewer rows) and its sample submission in the competition folder
     hidden = pd.read_csv(TITANIC / "test.csv").sample(frac=0.6, random_state=5)
@@ -97,7 +125,7 @@ def test_the_package_installs_offline_and_its_notebook_writes_kbert_predicts_sub
                  str(inputs / "titanic"), "--output", str(tmp_path / "hidden.csv")]) == 0
     submission = pd.read_csv(working / "submission.csv")
     assert submission["PassengerId"].tolist() == hidden["PassengerId"].tolist()
-    assert (working / "submission.csv").read_bytes() == (tmp_path / "hidden.csv").read_bytes()
+    same_submissions(working / "submission.csv", tmp_path / "hidden.csv", ran, python, env)
 
     # A package of one member (the embedding baseline, with the run it reads): its notebook predicts with the
     # member's folder and writes its labels (it passed --out beside the folder too, which kbert predict refuses:
@@ -114,7 +142,7 @@ def test_the_package_installs_offline_and_its_notebook_writes_kbert_predicts_sub
     assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-3000:]
     assert main(["predict", str(member), "--data", str(inputs / "titanic" / "test.csv"), "--data-dir",
                  str(inputs / "titanic"), "--submission", "--output", str(tmp_path / "member.csv")]) == 0
-    assert (working / "submission.csv").read_bytes() == (tmp_path / "member.csv").read_bytes()
+    same_submissions(working / "submission.csv", tmp_path / "member.csv", ran, python, env)
 
 
 @pytest.mark.slow
