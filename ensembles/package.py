@@ -12,9 +12,9 @@ The folder it writes holds the two things to upload:
   ``/kaggle/input/<competition>/test.csv`` and writes ``/kaggle/working/submission.csv``.
 
 Wheels come from the package index through pip (``pip download --only-binary=:all:`` for the chosen Python on
-Linux x86-64), each at the version installed here where it is (``installed_pins``): the notebook predicts with the
-libraries the runs were made and checked with, not whatever the index offers that day (another MLX, numpy's
-OpenBLAS or tokenizers changes predictions). A dependency with no such wheel is refused in one line, before
+Linux x86-64), each at the version installed here where it is (``installed_versions``): the notebook predicts
+with the libraries the runs were made and checked with, not whatever the index offers that day (another MLX,
+numpy's OpenBLAS or tokenizers changes predictions). A dependency with no such wheel is refused in one line, before
 anything is written. kbert's own wheel is built from a copy of its sources, never in the checkout (whose build/
 could pack stale files).
 """
@@ -221,24 +221,24 @@ def pip(arguments: list[str], what: str, python: str) -> str:
     return done.stdout
 
 
-def installed_pins(names: tuple[str, ...] | None = None) -> list[str]:
-    """name==version of each distribution installed here (of ``names`` only, the others as given, when given),
-    kbert itself aside."""
-    versions = {dist.metadata["Name"].lower().replace("_", "-"): dist.version for dist in metadata.distributions()
+def installed_versions() -> dict[str, str]:
+    """The version of each distribution installed here, by its normalized name; kbert itself aside."""
+    versions = {normalized(dist.metadata["Name"]): dist.version for dist in metadata.distributions()
                 if dist.metadata["Name"]}
     versions.pop("kbert", None)
-    if names is None:
-        return sorted(f"{name}=={version}" for name, version in versions.items())
-    return [f"{name}=={versions[key]}" if (key := name.lower().replace("_", "-")) in versions else name
-            for name in names]
+    return versions
+
+
+def normalized(name: str) -> str:
+    return name.lower().replace("_", "-")
 
 
 def resolve_wheels(wanted: list[str], python: str) -> list[str]:
     """The wheels ``wanted`` resolves to for ``python`` on Linux x86-64, as name==version, without downloading
-    them (pip reads the index's metadata); each at the version installed here where it is (``installed_pins``)."""
+    them (pip reads the index's metadata); each at the version installed here where it is."""
     with tempfile.TemporaryDirectory() as scratch:
         report, pins = Path(scratch) / "report.json", Path(scratch) / "installed.txt"
-        pins.write_text("\n".join(installed_pins()) + "\n")
+        pins.write_text("".join(f"{name}=={version}\n" for name, version in installed_versions().items()))
         pip(["install", "--dry-run", "--quiet", "--ignore-installed", "--report", str(report), "--target",
              str(Path(scratch) / "target"), "--constraint", str(pins), *pip_platform_options(python), *wanted],
             "kbert package", python)
@@ -257,8 +257,10 @@ def check_backend(resolved: list[str], device: str, python: str) -> list[str]:
 
 def download_wheels(resolved: list[str], folder: Path, python: str, no_deps: tuple[str, ...] = ()) -> None:
     """The ``resolved`` wheels (name==version, their dependencies among them), then ``no_deps``, into ``folder``."""
+    versions = installed_versions()
+    pinned = [f"{name}=={versions[normalized(name)]}" if normalized(name) in versions else name for name in no_deps]
     pip(["download", "--quiet", "--no-deps", "--dest", str(folder), *pip_platform_options(python), *resolved,
-         *installed_pins(no_deps)], "kbert package", python)
+         *pinned], "kbert package", python)
 
 
 def build_kbert_wheel(folder: Path) -> Path:
