@@ -63,11 +63,10 @@ def same_submissions(notebook: Path, here: Path, ran: subprocess.CompletedProces
 
     freeze = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], env=env, capture_output=True,
                             text=True).stdout.split()
-    def key(name: str) -> str:
-        return name.lower().replace("_", "-")
+    from kbert.ensembles.package import installed_versions, normalized
 
-    mine = {key(d.metadata["Name"]): d.version for d in importlib.metadata.distributions() if d.metadata["Name"]}
-    versions = {key(line.split("==")[0]): line.split("==")[1] for line in freeze if "==" in line}
+    mine = installed_versions()
+    versions = {normalized(line.split("==")[0]): line.split("==")[1] for line in freeze if "==" in line}
     differ = {name: (version, mine.get(name)) for name, version in versions.items()
               if name != "kbert" and version != mine.get(name)}
     pytest.fail(f"the notebook's {notebook.name} differs from {here.name}:\n{rows}\nnotebook: {status}\nhere: "
