@@ -17,6 +17,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 
 from kbert.errors import KbertError
+from kbert.models.recompute import Dropout
 
 # What a config without ``model_type`` describes (the checkpoints of kbert's first versions).
 DEFAULT_MODEL_TYPE = "bert"
@@ -171,3 +172,32 @@ def reinitialise_top_blocks(encoder: nn.Module, count: int, std: float = 0.02) -
         raise ValueError(f"no initialisation known for {', '.join(missed[:4])}")
     encoder.update(tree_unflatten(list(fresh.items())))
     return list(fresh)
+
+
+def train_top_blocks(encoder: nn.Module, count: int) -> list[str]:
+    """Freeze ``encoder`` but its top ``count`` blocks and its pooler, and turn off the dropout of all it froze, which
+    then runs as in evaluation; returns the names of the parameters left to train.
+
+    Whatever is outside the blocks stays frozen (the embeddings, a relative position table that every block reads, a
+    final norm), so that no gradient needs to flow below the top blocks."""
+    arch = architecture_of(encoder)
+    names = [name for name, _ in tree_flatten(encoder.parameters())]
+    blocks = sorted({arch.block_of(name) for name in names} - {None})
+    if not 0 < count <= len(blocks):
+        raise ValueError(f"{count} top blocks of an encoder with {len(blocks)}")
+    top = set(blocks[len(blocks) - count:])
+    pooler = arch.pooler.split(".", 1)[0] if arch.pooler else None
+
+    def trains(path: str) -> bool:
+        return arch.block_of(path) in top or (pooler is not None and path.split(".", 1)[0] == pooler)
+
+    encoder.freeze()
+    for path, module in encoder.named_modules():
+        if trains(path) and not trains(path.rpartition(".")[0]):  # the outermost module that trains
+            module.unfreeze()
+        elif isinstance(module, Dropout) and not trains(path):
+            module.p = 0.0
+    trainable = [name for name, _ in tree_flatten(encoder.trainable_parameters())]
+    if set(trainable) != {name for name in names if trains(name)}:  # never train a silently different set
+        raise RuntimeError(f"the top {count} blocks did not unfreeze as named: {sorted(trainable)[:4]}")
+    return trainable

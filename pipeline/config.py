@@ -272,6 +272,10 @@ class ModelConfig:
     reinit_layers: int = setting(0, bound=COUNT, flag="--reinit-layers", metavar="N",
                                  help="re-initialise the top N encoder blocks of a pretrained encoder before "
                                       "fine-tuning, as transformers initialises them (default 0: off)")
+    train_top_layers: int = setting(0, bound=COUNT, flag="--train-top-layers", metavar="N",
+                                    help="fine-tune only the top N encoder blocks of a pretrained encoder (and its "
+                                         "pooler): the embeddings and the blocks below keep their pretrained weights "
+                                         "and run without dropout, as in evaluation (default 0: every weight trains)")
     pooling: str = setting("cls", choices=words_of("kbert.models.pooling", "POOLING_KINDS"), flag="--pooling",
                            help="how token states are pooled: weighted-layers is a learned mix of the last 4 layers "
                                 "(every layer of a shallower encoder), then the mean; cls-last4 joins the CLS vectors "
@@ -1119,6 +1123,7 @@ def check_run_settings(run: RunConfig) -> None:
         raise KbertError(f"--adapter {model.adapter} needs a pretrained encoder: '{model.encoder}' trains from "
                          f"scratch, so every weight trains anyway; drop --adapter or pass a pretrained --encoder")
     check_reinit_layers(model)
+    check_train_top_layers(model)
     check_inert_settings(competition, model, train, head)
 
 
@@ -1136,6 +1141,26 @@ def check_reinit_layers(model: ModelConfig, where: str = "") -> None:
     if adapter_config(model) is not None:
         raise KbertError(f"{where}--reinit-layers {model.reinit_layers} with --adapter {model.adapter} would only add "
                          "noise: adapters keep the re-initialised blocks frozen; drop one of them")
+    if model.train_top_layers and model.reinit_layers > model.train_top_layers:
+        raise KbertError(f"{where}--reinit-layers {model.reinit_layers} with --train-top-layers "
+                         f"{model.train_top_layers} would only add noise: the re-initialised blocks below the top "
+                         f"{model.train_top_layers} stay frozen; re-initialise at most the blocks that train")
+
+
+def check_train_top_layers(model: ModelConfig) -> None:
+    """--train-top-layers needs a pretrained encoder that trains its own weights (its layer count is checked once
+    the encoder is read, pipeline/fold.py ``load_encoder_source``)."""
+    from kbert.models.encoders import trains_from_scratch
+
+    if not model.train_top_layers:
+        return
+    if trains_from_scratch(model.encoder):
+        raise KbertError(f"--train-top-layers {model.train_top_layers} needs a pretrained encoder: "
+                         f"'{model.encoder}' trains from scratch, so its frozen blocks would stay random; drop "
+                         "--train-top-layers or pass a pretrained --encoder")
+    if adapter_config(model) is not None:
+        raise KbertError(f"--train-top-layers {model.train_top_layers} with --adapter {model.adapter}: "
+                         "adapters already freeze the encoder's weights; drop one of them")
 
 
 def adapter_config(model: ModelConfig):

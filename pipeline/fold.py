@@ -28,7 +28,7 @@ from kbert.io import write_csv, write_json
 from kbert.models import runtime
 from kbert.models.adapters import (AdapterConfig, apply_adapters, check_layer_patterns, merge_adapters,
                                   weights_fingerprint)
-from kbert.models.architecture import architecture, reinitialise_top_blocks
+from kbert.models.architecture import architecture, reinitialise_top_blocks, train_top_blocks
 from kbert.models.bert import BertConfig
 from kbert.models.checkpoints import AdapterOnly, save_checkpoint
 from kbert.models.encoders import (SHIPPED, is_preset, load_encoder, max_tokens, preset_config, read_config,
@@ -245,9 +245,11 @@ def load_encoder_source(config: RunConfig) -> EncoderSource:
     pretrained, loaded_config, tokenizer = load_encoder(folder, config.model.spm_normalization,
                                                         config.train.max_length)
     encoder_config = {**read_config(folder), **loaded_config.to_dict()}  # as loaded: without a pooler it has none
-    if config.model.reinit_layers > loaded_config.num_hidden_layers:
-        raise KbertError(f"--reinit-layers {config.model.reinit_layers} asks for more blocks than encoder "
-                         f"'{config.model.encoder}' has ({loaded_config.num_hidden_layers})")
+    for flag, count in (("--reinit-layers", config.model.reinit_layers),
+                        ("--train-top-layers", config.model.train_top_layers)):
+        if count > loaded_config.num_hidden_layers:
+            raise KbertError(f"{flag} {count} asks for more blocks than encoder '{config.model.encoder}' has "
+                             f"({loaded_config.num_hidden_layers})")
     return EncoderSource(name=hub.pinned if hub is not None else config.model.encoder, from_scratch=False,
                          folder=folder, config=encoder_config, tokenizer=tokenizer,
                          weights=dict(tree_flatten(pretrained.parameters())), adapter=adapter,
@@ -401,6 +403,12 @@ def prepare_fold(job: FoldJob, source: EncoderSource, log) -> PreparedFold:
     if config.model.reinit_layers:  # after the pretrained weights, drawn from the fold's seed
         reinitialise_top_blocks(model.encoder, config.model.reinit_layers,
                                 encoder_config.get("initializer_range", 0.02))
+    if config.model.train_top_layers:
+        trained = train_top_blocks(model.encoder, config.model.train_top_layers)
+        if split.first:
+            sizes = {name: value.size for name, value in tree_flatten(model.encoder.parameters())}
+            log(f"encoder: training the top {config.model.train_top_layers} blocks and the pooler, "
+                f"{sum(sizes[name] for name in trained):,} of {sum(sizes.values()):,} parameters")
     if config.train.gradient_checkpointing:
         set_recompute(model.encoder, True)
     if source.adapter is not None:

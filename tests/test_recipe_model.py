@@ -1,20 +1,23 @@
-"""Issue 48's model settings against their definitions: multi-sample dropout in the head (``dropout_samples``) and
-re-initialising the top encoder blocks of a pretrained encoder (``reinit_layers``)."""
+"""Issue 48's model settings against their definitions: multi-sample dropout in the head (``dropout_samples``),
+re-initialising the top encoder blocks of a pretrained encoder (``reinit_layers``) and fine-tuning its top blocks
+alone (``train_top_layers``)."""
 
 from dataclasses import replace
 
 import mlx.core as mx
+import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
 from kbert.errors import KbertError
-from kbert.models.architecture import ARCHITECTURES, architecture, reinitialise_top_blocks
+from kbert.models.architecture import ARCHITECTURES, architecture, reinitialise_top_blocks, train_top_blocks
 from kbert.models.checkpoints import load_checkpoint
 from kbert.models.encoders import build_encoder, preset_config, save_encoder
 from kbert.models.fusion import FusionConfig
 from kbert.models.heads import HeadConfig, build_head
+from kbert.models.recompute import Dropout
 from kbert.models.task_model import build_task_model
 from kbert.models.tokenizer import train_wordpiece
 from kbert.pipeline.fold import FoldSplit, load_encoder_source, prepare_fold
@@ -205,3 +208,71 @@ def test_reinit_layers_is_refused_where_it_cannot_help(pretrained, tmp_path):
         tiny_config("titanic", tmp_path, encoder=str(pretrained), adapter="lora", reinit_layers=1)
     with pytest.raises(KbertError, match=r"asks for more blocks than encoder .* has \(3\)"):
         load_encoder_source(tiny_config("titanic", tmp_path, encoder=str(pretrained), reinit_layers=4))
+
+
+# ---- train_top_layers ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model_type", sorted(t for t, arch in ARCHITECTURES.items() if arch.presets))
+def test_the_frozen_blocks_run_as_in_evaluation_and_only_the_top_ones_train(model_type):
+    """Below the top block, a training-mode pass gives the evaluation-mode states bit for bit (no dropout), the top
+    block draws its dropout, and the trainable parameters are the top block's and the pooler's: the gradient of a
+    loss holds no other name."""
+    arch = architecture(model_type)
+    values = {**preset_config(next(iter(arch.presets))), "vocab_size": 60, "hidden_size": 16, "num_hidden_layers": 3,
+              "num_attention_heads": 2, "intermediate_size": 32, "hidden_dropout_prob": 0.3,
+              "attention_probs_dropout_prob": 0.3, "embedding_dropout": 0.3, "attention_dropout": 0.3,
+              "mlp_dropout": 0.3}  # (ModernBERT names its dropouts apart)
+    mx.random.seed(0)
+    encoder, _ = build_encoder(values)
+    trained = train_top_blocks(encoder, 1)
+    pooler = arch.pooler.split(".", 1)[0] if arch.pooler else None
+    names = [name for name, _ in tree_flatten(encoder.parameters())]
+    assert set(trained) == {n for n in names if arch.block_of(n) == 2 or (pooler and n.startswith(pooler + "."))}
+    assert any(arch.block_of(n) == 2 for n in trained) and len(trained) < len(names)
+    ids, mask = mx.array([[2, 5, 7, 9, 3], [2, 4, 11, 3, 0]]), mx.array([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
+    encoder.eval()
+    frozen = encoder(ids, mask, output_hidden_states=True)
+    encoder.train()
+    mx.random.seed(3)
+    training = encoder(ids, mask, output_hidden_states=True)
+    for depth in range(3):
+        np.testing.assert_array_equal(np.array(training.hidden_states[depth]), np.array(frozen.hidden_states[depth]),
+                                      err_msg=f"{model_type} hidden state {depth}")
+    draws = any(isinstance(m, Dropout) and m.p > 0 for path, m in encoder.named_modules() if arch.block_of(path) == 2)
+    assert draws == (model_type != "neobert")  # (NeoBERT has no dropout)
+    assert draws != np.allclose(np.array(training.last_hidden_state), np.array(frozen.last_hidden_state))
+
+    def loss(model):
+        return (model(ids, mask).last_hidden_state ** 2).mean()
+
+    _, grads = nn.value_and_grad(encoder, loss)(encoder)
+    assert set(name for name, _ in tree_flatten(grads)) == set(trained)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", [{"reinit_layers": 1},
+                                    {"ema": 0.9, "average_best": 2, "layerwise_lr_decay": 0.8, "adversarial": "fgm"},
+                                    {"adversarial": "awp", "gradient_checkpointing": True}],
+                         ids=["reinit", "ema-average-llrd-fgm", "awp-recompute"])
+def test_a_run_trains_the_top_block_alone_and_its_checkpoints_load(pretrained, tmp_path, recipe):
+    """The frozen weights leave the run as they came, whatever else of the recipe trains beside them (FGM perturbs
+    the frozen embeddings and puts them back)."""
+    result = run_tiny("titanic", tmp_path, encoder=str(pretrained), train_top_layers=1, limit_rows=40, epochs=2,
+                      learning_rate=1e-2, batch_size=4, **recipe)  # (steps past the warm-up)
+    model, _ = load_checkpoint(result.run_dir / "folds" / "0")
+    loaded = load_encoder_source(tiny_config("titanic", tmp_path / "again", encoder=str(pretrained))).weights
+    arch = architecture("bert")
+    for name, value in tree_flatten(model.encoder.parameters()):
+        same = np.array_equal(np.array(value), np.array(loaded[name]))
+        assert same == (arch.block_of(name) != 2 and not name.startswith("pooler.")), name
+
+
+def test_train_top_layers_is_refused_where_it_cannot_act(pretrained, tmp_path):
+    with pytest.raises(KbertError, match="--train-top-layers 1 needs a pretrained encoder"):
+        tiny_config("titanic", tmp_path, train_top_layers=1)
+    with pytest.raises(KbertError, match="adapters already freeze"):
+        tiny_config("titanic", tmp_path, encoder=str(pretrained), adapter="lora", train_top_layers=1)
+    with pytest.raises(KbertError, match="re-initialise at most the blocks that train"):
+        tiny_config("titanic", tmp_path, encoder=str(pretrained), train_top_layers=1, reinit_layers=2)
+    with pytest.raises(KbertError, match=r"--train-top-layers 4 asks for more blocks than encoder .* has \(3\)"):
+        load_encoder_source(tiny_config("titanic", tmp_path, encoder=str(pretrained), train_top_layers=4))
