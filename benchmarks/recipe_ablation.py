@@ -34,6 +34,7 @@ ARMS = {  # each part with the setting a Kaggle solution uses, against the base 
     "dropout-samples": {"dropout_samples": 5},
     "reinit-layers": {"reinit_layers": 1},
     "average-best": {"average_best": 2},
+    "top-3-layers": {"train_top_layers": 3},  # the top half of MiniLM-L6 fine-tuned, the rest frozen
     "lr-1e-4": {"learning_rate": 1e-4},  # not a recipe part: the base's learning rate doubled
     "mpnet-base": {"encoder": "mpnet-base"},  # the encoders' strength: the base on another encoder
 }

@@ -171,6 +171,38 @@ def test_kbert_validate_exit_codes(titanic, sample, tmp_path, capsys):
     assert "short.csv: 415 rows, but the sample submission has 418" in capsys.readouterr().err
 
 
+def test_kbert_validate_reads_only_the_files_it_needs(titanic, sample, tmp_path, capsys):
+    """kbert validate read the whole competition and stopped at a missing train.csv, which a submission check needs
+    only for classes that the YAML does not list."""
+    import shutil
+
+    import yaml
+
+    from kbert.cli import main
+    from kbert.pipeline.config import BUNDLED_DATA_DIR, BUNDLED_DIR
+
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(BUNDLED_DATA_DIR / "titanic" / "gender_submission.csv", data)
+    good(titanic, sample).to_csv(tmp_path / "good.csv", index=False)
+    assert main(["validate", "titanic", str(tmp_path / "good.csv"), "--data-dir", str(data)]) == 0
+    assert "valid titanic submission (418 rows)" in capsys.readouterr().out
+    raw = yaml.safe_load((BUNDLED_DIR / "titanic.yaml").read_text())
+    yaml_path = tmp_path / "pets.yaml"
+    pets = {**raw, "name": "pets", "task": "multiclass", "metric": "accuracy",
+            "submission": {"columns": {"PassengerId": "int", "Survived": "str"}}, "data_dir": str(data)}
+    yaml_path.write_text(yaml.safe_dump(pets))
+    frame = pd.DataFrame({"PassengerId": sample["PassengerId"], "Survived": "cat"})
+    frame.to_csv(tmp_path / "cats.csv", index=False)
+    assert main(["validate", str(yaml_path), str(tmp_path / "cats.csv")]) == 2  # the classes are in train.csv
+    assert f"{data / 'train.csv'}: file not found" in capsys.readouterr().err
+    yaml_path.write_text(yaml.safe_dump({**pets, "classes": ["cat", "dog"]}))
+    assert main(["validate", str(yaml_path), str(tmp_path / "cats.csv")]) == 0
+    frame.assign(Survived="fish").to_csv(tmp_path / "fish.csv", index=False)
+    assert main(["validate", str(yaml_path), str(tmp_path / "fish.csv")]) == 2
+    assert "must hold class labels cat or dog, found ['fish']" in capsys.readouterr().err
+
+
 def test_a_binary_task_of_two_words_submits_the_words_and_refuses_others(titanic, sample, tmp_path):
     from dataclasses import replace
 

@@ -35,24 +35,39 @@ def add_parser(commands) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Also the first step of ``kbert submit``: args needs competition, file and data_dir."""
+    """Also the first step of ``kbert submit``: args needs competition, file and data_dir. Reads the files it needs
+    alone: the sample submission (else the test file's ids) and, for a task with classes the YAML does not list, the
+    training rows."""
     from pathlib import Path
 
+    import pandas as pd
+
     from kbert.pipeline.config import load_competition
-    from kbert.pipeline.data import load_competition_data, read_csv, written_labels
+    from kbert.pipeline.data import read_csv, resolve_data_dir, written_labels
     from kbert.pipeline.submission import validate_submission
     from kbert.pipeline.targets import encode_targets
     from kbert.tasks import Task
 
     competition = load_competition(args.competition)
-    data = load_competition_data(competition, args.data_dir)
-    test_ids = data.test[competition.id_column]
-    classes = encode_targets(data.train, competition).classes if Task(competition.task).classes else None
+    folder = resolve_data_dir(competition, args.data_dir)
+    targets = competition.target_columns
+    if competition.sample_submission_file:
+        path = folder / competition.sample_submission_file
+        sample, test_ids = written_labels(path, read_csv(path), targets), None
+    else:
+        sample, test_ids = None, read_csv(folder / competition.test_file)[competition.id_column]
+    classes = None
+    if Task(competition.task).classes:  # multiclass, ordinal
+        path = folder / competition.train_file
+        train = (pd.DataFrame(columns=targets) if competition.classes  # the YAML's classes need no training rows
+                 else written_labels(path, read_csv(path), targets))
+        classes = encode_targets(train, competition).classes
     submission = read_csv(Path(args.file))
     labels = [c for c in submission.columns if c != competition.id_column]  # a class named NA is a class there too
-    validate_submission(written_labels(Path(args.file), submission, labels), data.sample_submission, competition,
+    validate_submission(written_labels(Path(args.file), submission, labels), sample, competition,
                         source=args.file, test_ids=test_ids, classes=classes)
-    print(f"{args.file}: valid {competition.name} submission ({len(test_ids)} rows)")
+    rows = len(sample) if sample is not None else len(test_ids)
+    print(f"{args.file}: valid {competition.name} submission ({rows} rows)")
     return 0
 
 
