@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -301,6 +302,11 @@ def read_json_value(path: Path) -> Any:
 def is_number(value: Any) -> bool:
     """A JSON number (NaN included), not a boolean: what the checks of kbert's own JSON files accept as one."""
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def is_seconds(value: Any) -> bool:
+    """A finite number of seconds, at least 0 (``is_number``): a duration kbert recorded."""
+    return is_number(value) and math.isfinite(value) and value >= 0
 
 
 def is_numbers(value: Any) -> bool:

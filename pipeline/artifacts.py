@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -25,8 +24,9 @@ import pandas as pd
 import yaml
 
 from kbert.errors import KbertError
-from kbert.io import (check_field, check_writable_folder, exclusive_lock, file_sha256, is_number, is_numbers, read_json,
-                      read_json_value, read_npz, read_table, write_csv, write_json, write_npz, write_text, write_yaml)
+from kbert.io import (check_field, check_writable_folder, exclusive_lock, file_sha256, is_number, is_numbers,
+                      is_seconds, read_json, read_json_value, read_npz, read_table, write_csv, write_json, write_npz,
+                      write_text, write_yaml)
 from kbert.models.adapters import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from kbert.models.checkpoints import CONFIG_FILE as CHECKPOINT_CONFIG_FILE
 from kbert.models.checkpoints import TOKENIZER_FILE, WEIGHTS_FILE
@@ -87,7 +87,7 @@ def read_clock(folder: Path) -> float:
         spent = json.loads((folder / CLOCK_FILE).read_text(encoding="utf-8")).get("spent_s")
     except (OSError, ValueError, AttributeError):
         return 0.0
-    return float(spent) if is_number(spent) and math.isfinite(spent) and spent >= 0 else 0.0
+    return float(spent) if is_seconds(spent) else 0.0
 
 
 CLOCK_EVERY_S = 5.0  # how often ``ticking`` writes the clock file

@@ -21,9 +21,8 @@ from kbert.auto.leaderboard import (Row, leaderboard_frame, leaderboard_text, wr
                                     write_leaderboard_report)
 from kbert.auto.plan import BEST_BASELINE, BEST_RUN, STRONGEST_FITTING, Facts, Job, plan_jobs
 from kbert.auto.state import Action, AutoState, Drift, JobState, Status, read_state
-from kbert.auto.state import seconds as valid_seconds
 from kbert.errors import KbertError
-from kbert.io import exclusive_lock, read_json
+from kbert.io import exclusive_lock, is_seconds, read_json
 from kbert.pipeline.artifacts import check_output_folder, read_clock, ticking
 from kbert.pipeline.config import RunConfig, load_competition, resolve_run_config
 
@@ -481,7 +480,7 @@ def fold_seconds(path: Path) -> float:
     file, not a traceback in the middle of the time budget."""
     record = read_json(path, required=("record",))["record"]
     value = record.get("seconds") if isinstance(record, dict) else None
-    if not valid_seconds(value):
+    if not is_seconds(value):
         raise KbertError(f"{path}: 'record' must be a mapping with the fold's 'seconds' (a number >= 0), found "
                          f"{value!r}")
     return float(value)
@@ -678,7 +677,7 @@ def leaderboard_rows(auto: Auto, members: list[str], standing: Standing) -> list
         kind = KINDS.get(job.action, "baseline") if job is not None else "trial" if "/" in name else "encoder"
         seconds = (job.seconds if job is not None and job.seconds else
                    read_metrics(auto.comp_dir / name / "metrics.json").get("wall_time_s"))
-        rows.append(Row(name, kind, auto.cv(name), honest.get(name), float(seconds if valid_seconds(seconds) else 0.0),
+        rows.append(Row(name, kind, auto.cv(name), honest.get(name), float(seconds if is_seconds(seconds) else 0.0),
                         weights.get(name)))
     return rows
 

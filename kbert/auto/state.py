@@ -6,13 +6,12 @@ time (a negative time spent) would let a job start that cannot finish.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from pathlib import Path
 
 from kbert.errors import KbertError
-from kbert.io import read_json, write_json
+from kbert.io import is_seconds, read_json, write_json
 from kbert.pipeline.config import words_of
 
 
@@ -80,12 +79,8 @@ class AutoState:
         write_json(path, self.to_dict())
 
 
-def seconds(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
-
-
 def share(value) -> bool:
-    return seconds(value) and value <= 1
+    return is_seconds(value) and value <= 1
 
 
 def read_state(path: Path, competition: str) -> AutoState:
@@ -112,18 +107,18 @@ def read_state(path: Path, competition: str) -> AutoState:
     if data.get("precision", "auto") not in precisions:
         raise refuse(f"precision {data['precision']!r} is not one of {', '.join(precisions)}")
     for key in ("spent_s", "time_limit_s"):
-        if not seconds(data.get(key, 0.0)):
+        if not is_seconds(data.get(key, 0.0)):
             raise refuse(f"{key} {data.get(key)!r} is not a number of seconds >= 0")
-    if data.get("ensemble_s_per_member") is not None and not seconds(data["ensemble_s_per_member"]):
+    if data.get("ensemble_s_per_member") is not None and not is_seconds(data["ensemble_s_per_member"]):
         raise refuse(f"ensemble_s_per_member {data['ensemble_s_per_member']!r} is not a number of seconds >= 0")
     measured = data.get("measured", {})
     if not isinstance(measured, dict) or not all(
-            isinstance(pairs, list) and all(isinstance(pair, list) and len(pair) == 2 and all(map(seconds, pair))
+            isinstance(pairs, list) and all(isinstance(pair, list) and len(pair) == 2 and all(map(is_seconds, pair))
                                             and pair[1] > 0 for pair in pairs) for pairs in measured.values()):
         raise refuse("measured must map each job kind to [work, seconds] pairs of positive numbers")
     corrections = data.get("corrections", {})
     if not isinstance(corrections, dict) or not all(
-            isinstance(ratios, list) and all(seconds(r) and r > 0 for r in ratios) for ratios in corrections.values()):
+            isinstance(ratios, list) and all(is_seconds(r) and r > 0 for r in ratios) for ratios in corrections.values()):
         raise refuse("corrections must map each encoder to positive ratios")
     adversarial = data.get("adversarial")
     if adversarial is not None and not (isinstance(adversarial, dict) and share(adversarial.get("auc"))
@@ -154,6 +149,6 @@ def read_job(name: str, job, refuse) -> JobState:
     if not isinstance(job["settings"], dict):
         raise refuse(f"jobs.{name}.settings must be a mapping")
     for key in ("limit_s", "estimate_s", "epoch_estimate_s", "probe_s", "seconds", "epoch_seconds"):
-        if job.get(key) is not None and not seconds(job[key]):
+        if job.get(key) is not None and not is_seconds(job[key]):
             raise refuse(f"jobs.{name}.{key} {job[key]!r} is not a number of seconds >= 0")
     return JobState(**{**job, "action": action, "status": status})
