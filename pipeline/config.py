@@ -1122,45 +1122,32 @@ def check_run_settings(run: RunConfig) -> None:
     if adapter is not None and trains_from_scratch(model.encoder):
         raise KbertError(f"--adapter {model.adapter} needs a pretrained encoder: '{model.encoder}' trains from "
                          f"scratch, so every weight trains anyway; drop --adapter or pass a pretrained --encoder")
-    check_reinit_layers(model)
-    check_train_top_layers(model)
+    check_block_settings(model)
     check_inert_settings(competition, model, train, head)
 
 
-def check_reinit_layers(model: ModelConfig, where: str = "") -> None:
-    """--reinit-layers needs a pretrained encoder whose weights all train (its layer count is checked once the
-    encoder is read, pipeline/fold.py ``load_encoder_source``)."""
+def check_block_settings(model: ModelConfig) -> None:
+    """--reinit-layers and --train-top-layers act on the blocks of a pretrained encoder whose own weights train
+    (their counts against its blocks are checked once the encoder is read, pipeline/fold.py ``load_encoder_source``)."""
     from kbert.models.encoders import trains_from_scratch
 
-    if not model.reinit_layers:
-        return
-    if trains_from_scratch(model.encoder):
-        raise KbertError(f"{where}--reinit-layers {model.reinit_layers} needs a pretrained encoder: "
-                         f"'{model.encoder}' trains from scratch, so every block starts fresh anyway; drop "
-                         "--reinit-layers or pass a pretrained --encoder")
-    if adapter_config(model) is not None:
-        raise KbertError(f"{where}--reinit-layers {model.reinit_layers} with --adapter {model.adapter} would only add "
-                         "noise: adapters keep the re-initialised blocks frozen; drop one of them")
+    for flag, count, fresh, frozen in (
+            ("--reinit-layers", model.reinit_layers, "every block starts fresh anyway",
+             "the re-initialised blocks would only add noise"),
+            ("--train-top-layers", model.train_top_layers, "its frozen blocks would stay random",
+             "it would act on nothing")):
+        if not count:
+            continue
+        if trains_from_scratch(model.encoder):
+            raise KbertError(f"{flag} {count} needs a pretrained encoder: '{model.encoder}' trains from scratch, so "
+                             f"{fresh}; drop {flag} or pass a pretrained --encoder")
+        if adapter_config(model) is not None:
+            raise KbertError(f"{flag} {count} with --adapter {model.adapter}: adapters keep the encoder's weights "
+                             f"frozen, so {frozen}; drop one of them")
     if model.train_top_layers and model.reinit_layers > model.train_top_layers:
-        raise KbertError(f"{where}--reinit-layers {model.reinit_layers} with --train-top-layers "
-                         f"{model.train_top_layers} would only add noise: the re-initialised blocks below the top "
-                         f"{model.train_top_layers} stay frozen; re-initialise at most the blocks that train")
-
-
-def check_train_top_layers(model: ModelConfig) -> None:
-    """--train-top-layers needs a pretrained encoder that trains its own weights (its layer count is checked once
-    the encoder is read, pipeline/fold.py ``load_encoder_source``)."""
-    from kbert.models.encoders import trains_from_scratch
-
-    if not model.train_top_layers:
-        return
-    if trains_from_scratch(model.encoder):
-        raise KbertError(f"--train-top-layers {model.train_top_layers} needs a pretrained encoder: "
-                         f"'{model.encoder}' trains from scratch, so its frozen blocks would stay random; drop "
-                         "--train-top-layers or pass a pretrained --encoder")
-    if adapter_config(model) is not None:
-        raise KbertError(f"--train-top-layers {model.train_top_layers} with --adapter {model.adapter}: "
-                         "adapters already freeze the encoder's weights; drop one of them")
+        raise KbertError(f"--reinit-layers {model.reinit_layers} with --train-top-layers {model.train_top_layers} "
+                         f"would only add noise: the re-initialised blocks below the top {model.train_top_layers} "
+                         "stay frozen; re-initialise at most the blocks that train")
 
 
 def adapter_config(model: ModelConfig):
