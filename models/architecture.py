@@ -147,6 +147,12 @@ def architecture_of(encoder: Any) -> Architecture | None:
     return next((arch for arch in ARCHITECTURES.values() if type(encoder) is arch.model), None)
 
 
+def top_blocks(encoder: nn.Module, arch: Architecture, count: int) -> set[int]:
+    """The indices of ``encoder``'s top ``count`` blocks (all of them when it has fewer)."""
+    blocks = sorted({arch.block_of(name) for name, _ in tree_flatten(encoder.parameters())} - {None})
+    return set(blocks[max(0, len(blocks) - count):]) if count else set()
+
+
 def reinitialise_top_blocks(encoder: nn.Module, count: int, std: float = 0.02) -> list[str]:
     """Re-initialise the top ``count`` blocks of ``encoder`` as transformers' ``_init_weights`` does for BERT; returns
     the names of the parameters it set.
@@ -155,8 +161,7 @@ def reinitialise_top_blocks(encoder: nn.Module, count: int, std: float = 0.02) -
     state, in the blocks' module order; biases become 0, norm weights 1. A block parameter of any other module is
     a ValueError."""
     arch = architecture_of(encoder)
-    blocks = sorted({arch.block_of(name) for name, _ in tree_flatten(encoder.parameters())} - {None})
-    top = set(blocks[len(blocks) - count:]) if count else set()
+    top = top_blocks(encoder, arch, count)
     fresh = {}
     for path, module in encoder.named_modules():
         if arch.block_of(path) not in top or not isinstance(module, (nn.Linear, nn.LayerNorm, nn.RMSNorm)):
@@ -182,10 +187,9 @@ def train_top_blocks(encoder: nn.Module, count: int) -> list[str]:
     final norm), so that no gradient needs to flow below the top blocks."""
     arch = architecture_of(encoder)
     names = [name for name, _ in tree_flatten(encoder.parameters())]
-    blocks = sorted({arch.block_of(name) for name in names} - {None})
-    if not 0 < count <= len(blocks):
-        raise ValueError(f"{count} top blocks of an encoder with {len(blocks)}")
-    top = set(blocks[len(blocks) - count:])
+    top = top_blocks(encoder, arch, count)
+    if count < 1 or len(top) != count:
+        raise ValueError(f"{count} top blocks of an encoder with fewer")
     pooler = arch.pooler.split(".", 1)[0] if arch.pooler else None
 
     def trains(path: str) -> bool:
