@@ -51,16 +51,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     competition = load_competition(args.competition)
     folder = resolve_data_dir(competition, args.data_dir)
     targets = competition.target_columns
+
+    def labelled(name: str) -> pd.DataFrame:  # a file with target columns, read as written
+        return written_labels(folder / name, read_csv(folder / name), targets)
+
     if competition.sample_submission_file:
-        path = folder / competition.sample_submission_file
-        sample, test_ids = written_labels(path, read_csv(path), targets), None
+        sample, test_ids = labelled(competition.sample_submission_file), None
     else:
         sample, test_ids = None, read_csv(folder / competition.test_file)[competition.id_column]
     classes = None
     if Task(competition.task).classes:  # multiclass, ordinal
-        path = folder / competition.train_file
         train = (pd.DataFrame(columns=targets) if competition.classes  # the YAML's classes need no training rows
-                 else written_labels(path, read_csv(path), targets))
+                 else labelled(competition.train_file))
         classes = encode_targets(train, competition).classes
     submission = read_csv(Path(args.file))
     labels = [c for c in submission.columns if c != competition.id_column]  # a class named NA is a class there too
