@@ -234,6 +234,30 @@ def test_a_key_written_twice_is_refused_naming_the_file_line_and_key(tmp_path):
     assert read_yaml(path)["run"] == {"epochs": 5, "batch_size": 8}  # a merge key's values may be overridden
 
 
+def test_libyamls_loader_reads_every_bundled_yaml_as_the_python_loader_does_and_refuses_the_same_files():
+    """read_yaml parses on libyaml where PyYAML has it (pipeline/config.py FastUniqueKeyLoader): the same values as
+    the pure-Python loader, and the same unique-key check (a refused file gets the pure-Python loader's message)."""
+    from pathlib import Path
+
+    from kbert.pipeline.config import FastUniqueKeyLoader, UniqueKeyLoader
+
+    assert FastUniqueKeyLoader.__mro__[2] is getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    root = Path(__file__).resolve().parent.parent
+    files = [*root.glob("competitions/*.yaml"), *root.glob("tests/bad_inputs/*/*.yaml"), *root.glob("docs/*.yaml")]
+    assert len(files) > 10
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        try:
+            expected = yaml.load(text, Loader=UniqueKeyLoader)
+        except yaml.YAMLError:
+            with pytest.raises(yaml.YAMLError):
+                yaml.load(text, Loader=FastUniqueKeyLoader)
+            continue
+        assert yaml.load(text, Loader=FastUniqueKeyLoader) == expected, path
+    with pytest.raises(yaml.constructor.ConstructorError, match="key 'a' appears twice"):
+        yaml.load("x: {a: 1, a: 2}\n", Loader=FastUniqueKeyLoader)
+
+
 @pytest.mark.parametrize("edit,message", [
     ({"text": {"serializer": "list", "columns": ["Name", "Sex", "Name"]}}, "text.columns lists 'Name' twice"),
     ({"text": {"serializer": "list", "truncate": "priority", "priority": ["Age", "Age"]}},
