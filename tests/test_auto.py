@@ -48,7 +48,7 @@ from kbert.pipeline import fold_processes, run
 # folds one after another, as tests/conftest.py has the uninterrupted run in the test process train them
 run.plan_folds = lambda requested, *args, **kwargs: fold_processes.plan_folds(1, *args, **kwargs)
 import kbert.auto.driver
-kbert.auto.driver.SEEDED = ()  # as in the test process
+kbert.auto.driver.SEEDED, kbert.auto.driver.MORE_SEEDS = (), 1  # as in the test process
 run_auto(options(Path(sys.argv[1]), Path(sys.argv[2])))
 """
 
@@ -56,8 +56,10 @@ run_auto(options(Path(sys.argv[1]), Path(sys.argv[2])))
 def test_auto_runs_every_member_and_resumes_after_sigkill(tmp_path, monkeypatch):
     import kbert.auto.driver
 
-    # Not the seeded baselines that fill a 30-minute limit's time left (tests/test_auto_budget.py has them).
+    # Not the seeded baselines that fill a 30-minute limit's time left (tests/test_auto_budget.py has them), and
+    # one extra seed of the best encoder run, not three: each costs a member and a blend, twice.
     monkeypatch.setattr(kbert.auto.driver, "SEEDED", ())
+    monkeypatch.setattr(kbert.auto.driver, "MORE_SEEDS", 1)
     data = small_titanic(tmp_path / "data")
     said = []
     whole = run_auto(options(data, tmp_path / "whole"), log=said.append)
@@ -73,8 +75,16 @@ def test_auto_runs_every_member_and_resumes_after_sigkill(tmp_path, monkeypatch)
     assert board["honest"].notna().sum() >= len(board) - 1 and whole.report.is_file()
     submission = pd.read_csv(whole.submission)
     assert len(submission) == 100 and set(submission["Survived"]) <= {0, 1}
-    sidecar = json.loads(whole.submission.with_suffix(".json").read_text())
-    assert sidecar["method"] == whole.chosen and abs(sidecar["honest_cv"] - whole.honest) < 1e-12
+    # The final blend's record; the submission is its own, or the best member's where picking it scored better.
+    final = tmp_path / "whole" / "subs" / "titanic" / f"{kbert.auto.driver.FINAL_BLEND}.json"
+    sidecar = json.loads(final.read_text())
+    if whole.chosen == sidecar["method"]:
+        assert whole.submission.name == f"{kbert.auto.driver.FINAL_BLEND}.csv"
+        assert abs(sidecar["honest_cv"] - whole.honest) < 1e-12
+    else:
+        assert whole.chosen == f"best member ({sidecar['best_member']})" and whole.submission.name == \
+            f"{sidecar['best_member']}.csv"
+        assert abs(sidecar["best_member_selected_in_nested_cv"] - whole.honest) < 1e-12
     # The pseudo-labelled run's teacher is the best baseline; the extra seeds are of the best encoder run.
     state = json.loads((tmp_path / "whole" / "runs" / "titanic" / "auto" / "state.json").read_text())
     assert state["jobs"]["auto-best-pseudo"]["settings"]["pseudo_label"].startswith("auto-baseline-")

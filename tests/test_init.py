@@ -208,13 +208,17 @@ def test_init_then_auto_submits_the_target_strings_at_about_the_training_rate(tm
     monkeypatch.chdir(tmp_path)
     from kbert.auto import driver as driver
 
-    monkeypatch.setattr(driver, "SEEDED", ())  # not the seeded baselines that fill the time left
+    monkeypatch.setattr(driver, "SEEDED", ())  # not the seeded baselines that fill the time left,
+    monkeypatch.setattr(driver, "MORE_SEEDS", 1)  # and one extra seed of the encoder run, not three
     result = run_auto(AutoOptions("table", 180, out_dir="runs", submissions_dir="subs", progress=False,
                                   study_trials=0, overrides={**TINY, "epochs": 2}), log=lambda _: None)
     submission = pd.read_csv(result.submission)
     assert submission["row_id"].tolist() == list(range(241, 641))
-    sidecar = json.loads(result.submission.with_suffix(".json").read_text())
+    # the final blend's record (the submission is the best member's own where picking it scored better)
+    sidecar = json.loads((tmp_path / "subs" / "table" / f"{driver.FINAL_BLEND}.json").read_text())
     assert sidecar["metric"] == spec["metric"] and sidecar["method_choice_nested"]
+    assert result.submission.name == (f"{driver.FINAL_BLEND}.csv" if result.chosen == sidecar["method"] else
+                                      f"{sidecar['best_member']}.csv"), (result.chosen, result.submission)
     values, train = submission["target"], pd.read_csv(tmp_path / "data" / "train.csv")["target"]
     assert set(values) <= {"fresh", "rotten"}
     assert abs((values == "rotten").mean() - (train == "rotten").mean()) <= 0.05
