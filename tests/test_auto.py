@@ -116,7 +116,7 @@ def test_auto_runs_every_member_and_resumes_after_sigkill(tmp_path, monkeypatch)
 
     # Run again once every job is done: the final blend of the same members is kept, not built again; without its
     # record it is built again, to the same bytes.
-    record = resumed.submission.with_suffix(".json")
+    record = out / "subs" / "titanic" / final.name
     written = record.stat().st_mtime_ns
     said = []
     kept = run_auto(options(data, out), log=said.append)
