@@ -2,7 +2,8 @@
 
 ``convert_spm`` builds what transformers' ``DebertaV2Converter`` builds, reading ``spm.model`` with protobuf (no
 sentencepiece or transformers at run time). ``normalization="sentencepiece"`` (the default) keeps the model's own
-NFKC table, as DeBERTa was pretrained; ``"transformers"`` gives transformers 5's ids instead. ``load_spm_tokenizer``
+NFKC table, as DeBERTa was pretrained (and as transformers 4 and from 5.25.0 on tokenize); ``"transformers"`` gives
+the ids of transformers 5 before 5.25.0, which normalised with NFC instead. ``load_spm_tokenizer``
 caches the conversion beside the model as ``kbert-tokenizer-<key>.json``.
 """
 
@@ -28,7 +29,7 @@ DEFAULT_SPECIAL_TOKENS = {"bos_token": "[CLS]", "eos_token": "[SEP]", "unk_token
                           "pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}  # DebertaV2Tokenizer's
 UNIGRAM, CONTROL, USER_DEFINED = 1, 3, 4  # sentencepiece's TrainerSpec.ModelType and SentencePiece.Type values
 SPIECE_UNDERLINE = "▁"
-NORMALIZATIONS = ("sentencepiece", "transformers")  # the model's own table | transformers 5's DebertaV2Tokenizer's
+NORMALIZATIONS = ("sentencepiece", "transformers")  # the model's own table | transformers 5.0-5.24's NFC
 
 
 @lru_cache(maxsize=1)
@@ -146,8 +147,9 @@ def read_settings(folder: Path) -> dict[str, Any]:
 
 
 def normalizer_steps(proto: Any, lowercase: bool, normalization: str) -> list[normalizers.Normalizer]:
-    """The normaliser: ``DebertaV2Converter``'s (the model's own charsmap) or transformers 5's ``DebertaV2Tokenizer``'s
-    (NFC, whitespace runs, tabs and newlines made one space, trailing spaces stripped)."""
+    """The normaliser: ``DebertaV2Converter``'s (the model's own charsmap, which ``DebertaV2Tokenizer`` uses too from
+    transformers 5.25) or transformers 5.0-5.24's ``DebertaV2Tokenizer``'s (NFC, whitespace runs, tabs and newlines
+    made one space, trailing spaces stripped)."""
     steps = [normalizers.Lowercase()] if lowercase else []
     if normalization == "transformers":
         return [*steps, normalizers.Replace(Regex(r"\s{2,}|[\n\r\t]"), " "), normalizers.NFC(),

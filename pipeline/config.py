@@ -297,8 +297,9 @@ class ModelConfig:
                                      flag="--spm-normalization",
                                      help="DeBERTa-v2/v3 checkpoints with spm.model and no tokenizer.json: normalise "
                                           "text with the model's own table as in pretraining (sentencepiece, the "
-                                          "default) or as transformers 5's tokenizer does (NFC; ids equal to a "
-                                          "transformers 5 notebook's)")
+                                          "default; as transformers 4 and from 5.25.0 on do) or with NFC as the "
+                                          "tokenizer of transformers 5 before 5.25.0 does (ids equal to a notebook's "
+                                          "on those versions)")
 
 
 @dataclass
