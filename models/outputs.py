@@ -32,6 +32,7 @@ class EncoderOutput:
     pooler_output: mx.array | None = None
     hidden_states: tuple[mx.array, ...] | None = None
     attentions: tuple[mx.array, ...] | None = None
+    stopped: mx.array | None = None  # the layer loop's state where ``Recording.stop`` ended it, before any final norm
 
     def with_last(self, last: mx.array) -> EncoderOutput:
         """This output with ``last`` (a norm after the layers) as the last hidden state, in ``hidden_states`` too."""
@@ -47,6 +48,12 @@ class Recording:
     hidden_states: bool = False
     attentions: bool = False
     first_token: bool = False
+    # The frozen bottom of --train-top-layers (pipeline/frozen_states.py): ``stop`` ends the loop before layer
+    # ``stop`` (its state is the output's ``stopped``); ``states``, given, stand for the output of the layers below
+    # ``start``, which then do not run.
+    stop: int | None = None
+    start: int = 0
+    states: mx.array | None = None
 
 
 class Encoder(nn.Module):
@@ -111,14 +118,23 @@ def run_layers(layers: list, x: mx.array, inputs: list[tuple], recompute: bool, 
     Each layer goes through ``call_layer`` (recomputed in the backward pass when ``recompute``), except while
     attentions are recorded. The last layer computes the first token alone where ``record`` allows and the layer's
     class declares it can (a class attribute; it is then called with a query row count of 1). ``after_first``
-    transforms the first layer's output (a convolution, say).
+    transforms the first layer's output (a convolution, say). ``record.stop`` and ``record.start``: the layers run
+    are those from ``start`` (on ``record.states``) to before ``stop``; then no layer's states are recorded.
     """
+    if (record.stop is not None or record.start) and (record.hidden_states or record.attentions):
+        raise ValueError("the layers' states are recorded only when every layer runs")
+    if record.states is not None:
+        x = record.states
     hidden_states, kept = [x], [] if record.attentions else None
-    capable = bool(layers) and getattr(layers[-1], "first_token", False)
+    capable = bool(layers) and getattr(layers[-1], "first_token", False) and record.stop is None
     last = {"query_rows": 1} if record.first_token and capable else {}
     token = _ATTENTIONS.set(kept)
     try:
         for i, (layer, (mask, *extra)) in enumerate(zip(layers, inputs, strict=True)):
+            if i == record.stop:
+                return EncoderOutput(x, stopped=x)
+            if i < record.start:
+                continue
             options = last if i == len(layers) - 1 else {}
             x = call_layer(layer, x, mask, recompute and kept is None, *extra, **options)
             if i == 0 and after_first is not None:

@@ -3,6 +3,7 @@ head, as one trainable module."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
@@ -22,12 +23,18 @@ class TaskModel(nn.Module):
         self.pooler = pooler
         self.fusion = fusion
         self.head = head
+        self.start_block = 0  # > 0: the inputs are the output of the encoder's blocks below it (frozen_states)
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array, numeric: mx.array | None = None,
                  categorical: mx.array | None = None) -> mx.array:
         """Head outputs; ``numeric`` and ``categorical`` are the rows' tabular inputs when fusion is on. A "cls" pooler
-        reads the first token alone, which an encoder that can computes alone in its last layer."""
+        reads the first token alone, which an encoder that can computes alone in its last layer. With
+        ``start_block`` B > 0, ``input_ids`` are not token ids but the states (batch, seq, hidden) that the blocks
+        below B give the rows' tokens (pipeline/frozen_states.py), and only the blocks from B run."""
         record = Recording(hidden_states=self.pooler.uses_layers, first_token=self.pooler.kind == "cls")
+        if self.start_block:  # the embeddings still see ids of the right shape; the layer loop replaces their output
+            record = replace(record, start=self.start_block, states=input_ids)
+            input_ids = mx.zeros(input_ids.shape[:2], dtype=mx.int32)
         out = self.encoder.encode(input_ids, attention_mask, None, None, record)
         pooled = self.pooler(out.last_hidden_state, attention_mask, out.hidden_states)
         return self.head(self.fusion(pooled, numeric, categorical))

@@ -276,6 +276,11 @@ class ModelConfig:
                                     help="fine-tune only the top N encoder blocks of a pretrained encoder (and its "
                                          "pooler): the embeddings and the blocks below keep their pretrained weights "
                                          "and run without dropout, as in evaluation (default 0: every weight trains)")
+    frozen_states: bool = setting(True, flag="--no-frozen-states",
+                                  help="with --train-top-layers: run the frozen blocks in every training step "
+                                       "instead of once per distinct text, their output kept in the run folder "
+                                       "while it trains (the default, where the run allows it: no --adversarial, no "
+                                       "pooling of every layer)")
     pooling: str = setting("cls", choices=words_of("kbert.models.pooling", "POOLING_KINDS"), flag="--pooling",
                            help="how token states are pooled: weighted-layers is a learned mix of the last 4 layers "
                                 "(every layer of a shallower encoder), then the mean; cls-last4 joins the CLS vectors "
@@ -949,6 +954,7 @@ ACTS_ONLY_WITH = (
     ("augment", lambda c, m, t, h: t.epochs >= 2, "two or more --epochs (epochs cycle through the plain rows first)"),
     ("spm_normalization", lambda c, m, t, h: is_pretrained(m), "a pretrained DeBERTa-v2/v3 encoder's spm.model"),
     ("adversarial_lr", lambda c, m, t, h: t.adversarial == "awp", "--adversarial awp"),
+    ("frozen_states", lambda c, m, t, h: m.train_top_layers > 0, "--train-top-layers"),
     ("adapter_checkpoint", lambda c, m, t, h: m.adapter != "none", "an --adapter"),
     ("dropout_samples", lambda c, m, t, h: m.head_dropout > 0,
      "a --head-dropout above 0 (without dropout the samples are one)"),

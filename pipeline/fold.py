@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 from kbert.errors import KbertError
 from kbert.features import GENERIC_SERIALIZERS, SERIALIZERS, Serializer
 from kbert.features.tabular import TabularFeatures
-from kbert.io import write_csv, write_json
+from kbert.io import make_folders, write_csv, write_json
 from kbert.models import runtime
 from kbert.models.adapters import (AdapterConfig, apply_adapters, check_layer_patterns, merge_adapters,
                                   weights_fingerprint)
@@ -44,7 +44,8 @@ from kbert.pipeline.artifacts import FoldPredictions, recorded_config_fingerprin
 from kbert.pipeline.config import CompetitionConfig, RunConfig, TextConfig, adapter_config
 from kbert.pipeline.splits import make_fold_sets
 from kbert.pipeline.metrics import Metric, get_metric
-from kbert.pipeline.precision import run_compute_path
+from kbert.pipeline.frozen_states import FOLDER as FROZEN_FOLDER, FrozenStates, every_sequence, stands_in, unused_because
+from kbert.pipeline.precision import DTYPES, compute_precision, run_compute_path
 from kbert.pipeline.predictions import predictions_frame, score
 from kbert.pipeline.profile import stage
 from kbert.pipeline.pseudo import PseudoLabels
@@ -378,8 +379,10 @@ class PreparedFold:
     budget: dict | None  # the first fold's token budget (report_token_budget)
 
 
-def prepare_fold(job: FoldJob, source: EncoderSource, log) -> PreparedFold:
-    """Fit the fold's transforms on its training rows, tokenize its rows and build its model (seeded)."""
+def prepare_fold(job: FoldJob, source: EncoderSource, log, keep_states: bool = True) -> PreparedFold:
+    """Fit the fold's transforms on its training rows, tokenize its rows and build its model (seeded). Under
+    --train-top-layers the frozen blocks' states stand in for the tokens where the run allows it and
+    ``keep_states`` (pipeline/frozen_states.py; a probe times the steps without them)."""
     inputs, split = job.inputs, job.split
     config, head = inputs.config, inputs.head
     with stage("data and text preparation"):
@@ -409,6 +412,10 @@ def prepare_fold(job: FoldJob, source: EncoderSource, log) -> PreparedFold:
             sizes = {name: value.size for name, value in tree_flatten(model.encoder.parameters())}
             log(f"encoder: training the top {config.model.train_top_layers} blocks and the pooler, "
                 f"{sum(sizes[name] for name in trained):,} of {sum(sizes.values()):,} parameters")
+        if keep_states and stands_in(config):
+            data = frozen_states_of(job, model, data, log)
+        elif split.first and unused_because(config):
+            log(f"encoder: the frozen blocks run in every step ({unused_because(config)})")
     if config.train.gradient_checkpointing:
         set_recompute(model.encoder, True)
     if source.adapter is not None:
@@ -417,6 +424,25 @@ def prepare_fold(job: FoldJob, source: EncoderSource, log) -> PreparedFold:
         if split.first:
             log(report.summary())
     return PreparedFold(fit, tokenizer_path, encoder_config, data, model, fusion, fold_seed, budget)
+
+
+def frozen_states_of(job: FoldJob, model, data: FoldData, log) -> FoldData:
+    """``data`` with the states of ``model``'s frozen blocks (computed now where not kept yet) standing in for its
+    tokens, and ``model`` set to start above those blocks."""
+    config, split = job.inputs.config, job.split
+    blocks = model.encoder.config.num_hidden_layers - config.model.train_top_layers
+    store = FrozenStates(job.fold_dir.parent.parent / FROZEN_FOLDER, blocks)
+    with stage("frozen blocks"):
+        make_folders(store.folder)
+        sequences = every_sequence(data)
+        computed = store.fill(model.encoder, sequences, DTYPES[compute_precision(config.train.precision)],
+                              start=split.k / config.competition.folds.k)
+        data = store.stand_in(data)
+    model.start_block = blocks
+    if split.first:
+        log(f"encoder: the bottom {blocks} blocks' states of {len(sequences):,} token sequences kept in "
+            f"{store.folder} ({computed:,} computed for {split.description}); the top blocks train on them")
+    return data
 
 
 def train_one_fold(job: FoldJob, source: EncoderSource, *, progress, log) -> FoldPredictions:
@@ -449,6 +475,7 @@ def train_one_fold(job: FoldJob, source: EncoderSource, *, progress, log) -> Fol
                 "seconds": round(result.seconds, 2), "blas": runtime.status().blas.identity(),
                 "compute": run_compute_path(config.train.precision),
                 "streams": stream_count(config.train.cpu_streams),  # (a resume trains on the same count)
+                **({"frozen_states": True} if prepared.model.start_block else {}),
                 "config_sha256": recorded_config_fingerprint(fold_dir.parent.parent),  # (a resume checks it)
                 **({"averaged_epochs": result.averaged_epochs} if result.averaged_epochs else {})},
         tokens=budget,
@@ -482,7 +509,7 @@ def probe_fold(job: FoldJob, source: EncoderSource) -> dict:
 
     config, steps = job.inputs.config.train, job.probe_steps
     with profiling() as profile:
-        prepared = prepare_fold(job, source, lambda _: None)
+        prepared = prepare_fold(job, source, lambda _: None, keep_states=False)
         prep = sum(profile.seconds.get(profile.part, {}).values())
         data, rng = prepared.data, np.random.default_rng(prepared.seed)
         rows = rng.permutation(len(data.train_tokens))[: steps * config.batch_size * config.grad_accum]

@@ -11,6 +11,7 @@ what the run created. The artifact and resume contract is in pipeline/artifacts.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
@@ -35,6 +36,7 @@ from kbert.pipeline.data import data_warnings, input_rows, load_competition_data
 from kbert.pipeline.fold import (EncoderSource, FoldPredictions, FoldSplit, RunInputs, fold_warnings,
                                  load_encoder_source, make_head_config, make_serializer, make_tabular, split_folds,
                                  train_one_fold)
+from kbert.pipeline.frozen_states import FOLDER as FROZEN_FOLDER, stands_in
 from kbert.pipeline.fold_processes import (FoldJob, FoldPlan, Machine, available_memory, plan_folds, train_folds,
                                            usable_cores, with_streams)
 from kbert.pipeline.splits import fold_rows
@@ -125,6 +127,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
         with open_run_folder(config, paths.folder, {**inputs.inputs, **trained_from(source, pseudo)}, log):
             finished = [read_back_fold(paths.folder / "folds" / split.name, split, inputs) for split in splits]
             check_kept_compute(paths.folder, finished, run_compute_path(config.train.precision))
+            check_kept_frozen_states(paths.folder, finished, stands_in(config))
             if not source.from_scratch:
                 write_text(paths.tokenizer, source.tokenizer.to_str())
             write_folds_table(paths.folder, config.competition, inputs.train[config.competition.id_column], fold_sets)
@@ -147,6 +150,7 @@ def run_competition(config: RunConfig, run_id: str | None = None, progress: bool
                     created.forget()  # a finished fold is kept: the run can be resumed
                     if on_fold is not None:
                         on_fold(step, fold.record["score"])
+            shutil.rmtree(paths.folder / FROZEN_FOLDER, ignore_errors=True)  # every fold is done with them
             predictions = collect_predictions(len(inputs.train), folds, fold_sets[0])
             final = post_process(inputs, predictions, fold_sets[0])
             if config.seeds > 1:
@@ -341,6 +345,18 @@ def check_kept_compute(run_dir: Path, kept: list[FoldPredictions | None], curren
             raise KbertError(f"{run_dir}: fold {fold.record['fold'] + 1} was computed in {recorded}, this machine "
                              f"computes in {current} (half-precision numbers differ between these paths); resume it "
                              "where it was trained, or start a new run")
+
+
+def check_kept_frozen_states(run_dir: Path, kept: list[FoldPredictions | None], keeps: bool) -> None:
+    """A resume's folds all train on their frozen blocks' kept states, or none do (the two differ by float32
+    rounding)."""
+    def how(kept_states: bool) -> str:
+        return "on its frozen blocks' kept states" if kept_states else "with its frozen blocks run in every step"
+
+    for fold in kept:
+        if fold is not None and fold.record.get("frozen_states", False) != keeps:
+            raise KbertError(f"{run_dir}: fold {fold.record['fold'] + 1} trained {how(not keeps)}, the folds left "
+                             f"would train {how(keeps)}; start a new run")
 
 
 def read_back_fold(fold_dir: Path, split: FoldSplit, inputs: RunInputs) -> FoldPredictions | None:

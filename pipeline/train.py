@@ -101,13 +101,16 @@ class FoldResult:
 def pad_batch(sequences: list[np.ndarray], length_bucket: int, pad_id: int = 0,
               width: int | None = None) -> tuple[mx.array, mx.array]:
     """Pad to the longest sequence rounded up to a multiple of ``length_bucket`` (few distinct shapes),
-    or to a fixed ``width``."""
+    or to a fixed ``width``. Token ids are int32; sequences of vectors (a frozen encoder's states, float32) keep
+    their dtype and are padded with ``pad_id``."""
     longest = max(len(s) for s in sequences)
     if width is None:
         width = -(-longest // length_bucket) * length_bucket
     elif longest > width:
         raise ValueError(f"a sequence of {longest} tokens does not fit the padded width {width}")
-    ids = np.full((len(sequences), width), pad_id, dtype=np.int32)
+    first = np.asarray(sequences[0])
+    vectors = first.ndim > 1
+    ids = np.full((len(sequences), width, *first.shape[1:]), pad_id, dtype=first.dtype if vectors else np.int32)
     mask = np.zeros((len(sequences), width), dtype=np.int32)
     for row, seq in enumerate(sequences):
         ids[row, : len(seq)] = seq
