@@ -12,6 +12,8 @@ The stages, in the order pipeline/run.py calls them:
 from __future__ import annotations
 
 import shutil
+import tempfile
+import time
 import warnings
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -44,7 +46,8 @@ from kbert.pipeline.artifacts import FoldPredictions, recorded_config_fingerprin
 from kbert.pipeline.config import CompetitionConfig, RunConfig, TextConfig, adapter_config
 from kbert.pipeline.splits import make_fold_sets
 from kbert.pipeline.metrics import Metric, get_metric
-from kbert.pipeline.frozen_states import FOLDER as FROZEN_FOLDER, FrozenStates, every_sequence, stands_in, unused_because
+from kbert.pipeline.frozen_states import (FOLDER as FROZEN_FOLDER, FrozenStates, every_sequence, sequence_key,
+                                          stands_in, unused_because)
 from kbert.pipeline.precision import DTYPES, compute_precision, run_compute_path
 from kbert.pipeline.predictions import predictions_frame, score
 from kbert.pipeline.profile import stage
@@ -436,7 +439,7 @@ def frozen_states_of(job: FoldJob, model, data: FoldData, log) -> FoldData:
         make_folders(store.folder)
         sequences = every_sequence(data)
         computed = store.fill(model.encoder, sequences, DTYPES[compute_precision(config.train.precision)],
-                              start=split.k / config.competition.folds.k)
+                              job.share)
         data = store.stand_in(data)
     model.start_block = blocks
     if split.first:
@@ -507,8 +510,9 @@ def probe_fold(job: FoldJob, source: EncoderSource) -> dict:
     steady state; pipeline/probe.py turns these figures into a run's seconds."""
     from kbert.pipeline.profile import profiling
 
-    config, steps = job.inputs.config.train, job.probe_steps
-    with profiling() as profile:
+    run, steps = job.inputs.config, job.probe_steps
+    config = run.train
+    with profiling() as profile, tempfile.TemporaryDirectory(prefix="probe-", dir=make_folders(job.cache_dir)) as kept:
         prepared = prepare_fold(job, source, lambda _: None, keep_states=False)
         prep = sum(profile.seconds.get(profile.part, {}).values())
         data, rng = prepared.data, np.random.default_rng(prepared.seed)
@@ -518,6 +522,9 @@ def probe_fold(job: FoldJob, source: EncoderSource) -> dict:
                           valid_tokens=[data.valid_tokens[i] for i in valid], valid_targets=data.valid_targets[valid],
                           test_tokens=[], train_columns=tuple(c[rows] for c in data.train_columns),
                           valid_columns=tuple(c[valid] for c in data.valid_columns))
+        states = {}
+        if run.model.train_top_layers and stands_in(run):
+            sample, states = probe_frozen_states(prepared, sample, Path(kept), run)
         train_fold(prepared.model, sample, replace(config, epochs=2, patience=2), Validation(lambda _: 0.0, True),
                    seed=prepared.seed, progress=Progress(job.split.description, False))
     stages, counts = profile.seconds.get(profile.part, {}), profile.counts.get(profile.part, {})
@@ -529,7 +536,22 @@ def probe_fold(job: FoldJob, source: EncoderSource) -> dict:
             "train_lengths": [len(t) for t in data.train_tokens],
             "eval_lengths": [len(t) for t in data.valid_tokens] + [len(t) for t in data.test_tokens],
             "train_rows": len(data.train_tokens), "valid_rows": len(data.valid_tokens),
-            "test_rows": len(data.test_tokens)}
+            "test_rows": len(data.test_tokens), **states}
+
+
+def probe_frozen_states(prepared: PreparedFold, sample: FoldData, folder: Path,
+                        config: RunConfig) -> tuple[FoldData, dict]:
+    """The probe's ``sample`` on its frozen blocks' states, computed now in ``folder`` and timed, the model
+    set to start above them (``frozen_states_of``), and what they cost: the seconds of one distinct token sequence's
+    states (and of the sample's) and how many distinct sequences the fold's run has."""
+    model = prepared.model
+    store = FrozenStates(folder, model.encoder.config.num_hidden_layers - config.model.train_top_layers)
+    began = time.perf_counter()
+    computed = store.fill(model.encoder, every_sequence(sample), DTYPES[compute_precision(config.train.precision)])
+    seconds = time.perf_counter() - began
+    model.start_block = store.blocks
+    return store.stand_in(sample), {"kept_s": seconds, "states_s": seconds / max(computed, 1),
+                                    "sequences": len({sequence_key(t) for t in every_sequence(prepared.data)})}
 
 
 def save_fold_checkpoint(prepared: PreparedFold, inputs: RunInputs, source: EncoderSource, fold_dir: Path) -> None:

@@ -101,6 +101,7 @@ class FoldJob:
     cache_dir: Path
     tokenizer_path: Path | None
     probe_steps: int = 0  # > 0: time the fold on a sample (pipeline/probe.py), train and save nothing
+    share: tuple[int, int] = (0, 1)  # (its place, the count) among the folds that start side by side
 
 
 def train_folds(jobs: list[FoldJob], plan: FoldPlan, progress: bool, log: Callable[[str], None],

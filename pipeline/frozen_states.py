@@ -4,9 +4,9 @@ sequence is computed once, kept in the run folder, and the top blocks train on i
 Under ``--train-top-layers N`` the embeddings and the blocks below the top N keep their pretrained weights and run
 without dropout, so what they give a row is a function of its token ids alone. ``FrozenStates`` keeps that output
 per token sequence: one ``.npy`` file (tokens x hidden, float32) per sequence, named by the sha256 of its ids, in
-``<run>/frozen-states/``. The folds of a run share it, side by side in fold processes too (each fold starts at its own
-place in the list, so that folds side by side compute different sequences first), and a resume reuses it; the run
-removes it when its last fold is done.
+``<run>/frozen-states/``. The folds of a run share it, side by side in fold processes too (each of the folds that
+start together computes its own share of the sequences first), and a resume reuses it; the run removes it when its
+last fold is done.
 
 Each sequence runs alone, a batch of one without padding. So its states do not depend on which rows shared its
 batch, which process computed it, or in which order: a run gives the same numbers in any fold layout. They equal
@@ -78,17 +78,16 @@ class FrozenStates:
     def path(self, tokens: np.ndarray) -> Path:
         return self.folder / f"{sequence_key(tokens)}.npy"
 
-    def fill(self, encoder: nn.Module, sequences: list[np.ndarray], dtype: mx.Dtype, start: float = 0.0) -> int:
-        """Compute and keep the states of the ``sequences`` not kept yet, beginning ``start`` (0 to 1) of the way
-        through their list; returns how many were computed here."""
+    def fill(self, encoder: nn.Module, sequences: list[np.ndarray], dtype: mx.Dtype,
+             share: tuple[int, int] = (0, 1)) -> int:
+        """Compute and keep the states of the ``sequences`` not kept yet, this fold's ``share`` of them first
+        (``first_share``); returns how many were computed here."""
         unique = {sequence_key(tokens): tokens for tokens in sequences}
-        keys = list(unique)
-        first = int(start * len(keys))
         computed = 0
         was_training = encoder.training
         encoder.eval()
         try:
-            for key in keys[first:] + keys[:first]:
+            for key in first_share(list(unique), share):
                 path = self.folder / f"{key}.npy"
                 if not path.is_file():  # (kept by a fold beside this one, or before a resume)
                     write_npy(path, bottom_states(encoder, unique[key], self.blocks, dtype))
@@ -119,6 +118,13 @@ class FrozenStates:
         return replace(data, train_tokens=swap(data.train_tokens), valid_tokens=swap(data.valid_tokens),
                        test_tokens=swap(data.test_tokens), train_variants=[swap(v) for v in data.train_variants],
                        valid_tta=[swap(v) for v in data.valid_tta], test_tta=[swap(v) for v in data.test_tta])
+
+
+def first_share(keys: list[str], share: tuple[int, int]) -> list[str]:
+    """``keys`` in the order a fold computes them: every ``count``-th from its ``place`` first, then the others (the
+    folds beside it compute those meanwhile, and a fold that starts later finds them kept)."""
+    place, count = share
+    return keys[place::count] + [key for index, key in enumerate(keys) if index % count != place]
 
 
 def every_sequence(data: FoldData) -> list[np.ndarray]:

@@ -44,17 +44,23 @@ class RunProbe:
     shapes: int  # distinct padded shapes a fold traces
     lengths: dict  # the training rows' token lengths: p50, p75, p90, p95, max; kept_p75, kept_p90 (kept_tokens)
     seconds: float  # the probe's own wall time
+    states_s: float = 0.0  # --train-top-layers on kept states: one distinct token sequence's frozen-block states
+    sequences: int = 0  # ... and the run's distinct token sequences (pipeline/frozen_states.py)
     cached: bool = False
 
     def epoch_seconds(self) -> float:
         """One fold's epoch: its training steps and its validation pass."""
         return self.steps_per_epoch * self.train_step_s + self.valid_batches * self.eval_batch_s
 
+    def states_seconds(self) -> float:
+        """The kept frozen-block states' wall time: computed once, by the first folds side by side, each its share."""
+        return self.sequences * self.states_s / min(self.at_once, self.folds)
+
     def run_seconds(self, epochs: int) -> float:
         """The run's wall time with ``epochs`` epochs in every fold (an upper bound: early stopping ends sooner)."""
         fold = (self.prep_s + self.shapes * self.trace_s + epochs * self.epoch_seconds()
                 + self.test_batches * self.eval_batch_s)
-        return self.startup_s + math.ceil(self.folds / self.at_once) * fold
+        return self.startup_s + self.states_seconds() + math.ceil(self.folds / self.at_once) * fold
 
 
 def probe_run(config: RunConfig, steps: int = PROBE_STEPS, log=lambda _: None) -> RunProbe:
@@ -103,7 +109,7 @@ def summarize(folds: list[dict], config: RunConfig, at_once: int, total: int, wa
     traced = sum(f["train_traced"] + f["eval_traced"] for f in folds)
     beyond = sum(f["tracing_s"] - f["train_traced"] * step - f["eval_traced"] * batch for f in folds)
     trace = max(beyond, 0.0) / max(traced, 1)
-    own = max(f["prep_s"] + f["tracing_s"] + f["train_s"] + f["eval_s"] for f in folds)
+    own = max(f["prep_s"] + f.get("kept_s", 0.0) + f["tracing_s"] + f["train_s"] + f["eval_s"] for f in folds)
     lengths = np.array(folds[0]["train_lengths"])
     rows_per_step = train.batch_size * train.grad_accum
     return RunProbe(
@@ -117,7 +123,8 @@ def summarize(folds: list[dict], config: RunConfig, at_once: int, total: int, wa
                                                                          ("p95", 95), ("max", 100))},
                  **{f"kept_p{q}": kept_tokens(lengths, int(np.percentile(lengths, q)), train.max_length)
                     for q in (75, 90)}},
-        seconds=round(wall, 3))
+        seconds=round(wall, 3), states_s=mean("states_s") if "states_s" in folds[0] else 0.0,
+        sequences=folds[0].get("sequences", 0))
 
 
 def kept_tokens(lengths: np.ndarray, shorter: int, max_length: int) -> float:

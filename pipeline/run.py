@@ -183,8 +183,9 @@ def train_or_keep(inputs: RunInputs, source: EncoderSource, paths: RunPaths,
     plan = fold_plan(config, source, len(folds), len(to_train))
     fold_inputs = with_streams(inputs, kept_streams([fold for _, fold in folds], plan, config, log))
     tokenizer_path = None if source.from_scratch else paths.tokenizer
-    jobs = [FoldJob(fold_inputs, split, paths.folder / "folds" / split.name, paths.cache, tokenizer_path)
-            for _, split in to_train]
+    jobs = [FoldJob(fold_inputs, split, paths.folder / "folds" / split.name, paths.cache, tokenizer_path,
+                    share=(place % plan.processes, min(plan.processes, len(to_train))))
+            for place, (_, split) in enumerate(to_train)]
 
     def train_here(job: FoldJob) -> FoldPredictions:
         set_part(job.split.description)

@@ -136,6 +136,35 @@ def test_the_strongest_pretrained_encoder_that_fits_is_fine_tuned_and_the_words_
     assert "; small: " in said[-1]
 
 
+def test_mpnets_top_blocks_are_a_second_fine_tuned_member_on_free_text_where_its_package_is_installed(
+        tmp_path, monkeypatch):
+    from kbert.auto.plan import TOP_LAYERS_MEMBER, Facts, plan_jobs
+
+    encoder, settings = TOP_LAYERS_MEMBER
+    facts = Facts("binary", has_columns=False, free_text=True, pretrained=frozenset({"minilm-l6", encoder}))
+    names = [job.name for job in plan_jobs("fast", facts)]
+    assert names.index("auto-finetune-top") == names.index("auto-finetune") + 1  # after the stronger-per-second one
+    job = next(job for job in plan_jobs("fast", facts) if job.name == "auto-finetune-top")
+    assert job.settings == {"patience": 3, "seed": 42, **settings, "encoder": encoder} and settings["train_top_layers"]
+    assert job.why == "mpnet-base's top 4 blocks on its frozen blocks' states, a second fine-tuned member"
+    from kbert.pipeline.config import load_competition, resolve_run_config
+
+    config = resolve_run_config(load_competition("nlp-getting-started"), job.settings)  # settings a run accepts
+    assert config.model.frozen_states and config.model.train_top_layers == 4
+    for other in (dataclasses.replace(facts, free_text=False), dataclasses.replace(facts, pretrained=frozenset())):
+        assert "auto-finetune-top" not in [job.name for job in plan_jobs("fast", other)]
+    probe_by_length(monkeypatch, 0.5)
+    auto = driver.Auto(AutoOptions("titanic", 1000, out_dir=str(tmp_path), submissions_dir=str(tmp_path / "s"),
+                                   progress=False), log=lambda _: None)
+    auto.load_state()
+    auto.estimator.ensemble_seconds = 1.0
+    base = resolve_run_config(load_competition("titanic"), {"max_length": 64})  # (priced by a fake probe)
+    monkeypatch.setattr(driver.Auto, "run_config", lambda auto, settings: dataclasses.replace(
+        base, train=dataclasses.replace(base.train, epochs=settings["epochs"])))
+    form = driver.plan_run(auto, job, job.settings, 2)
+    assert form.words == f"{job.why}: 3 epochs, max length 64", form.words
+
+
 def test_shorter_lengths_are_probed_only_when_they_cut_enough_and_a_refused_probe_fails_that_job_alone(
         tmp_path, monkeypatch):
     import kbert.pipeline.probe as probe

@@ -2,6 +2,7 @@
 give what running them gives, in every architecture; the files do not depend on who computed them; a run uses
 them, says so, records it and removes them; and the cases it cannot serve run the blocks in every step."""
 
+import dataclasses
 import json
 import types
 
@@ -19,7 +20,7 @@ from kbert.models.outputs import Recording
 from kbert.models.task_model import build_task_model
 from kbert.models.tokenizer import train_wordpiece
 from kbert.pipeline.config import resolve_run_config, load_competition
-from kbert.pipeline.frozen_states import FOLDER, FrozenStates, bottom_states, unused_because
+from kbert.pipeline.frozen_states import FOLDER, FrozenStates, bottom_states, first_share, unused_because
 from kbert.pipeline.run import check_kept_frozen_states
 from kbert.pipeline.train import pad_batch
 from tests.tiny import run_tiny, tiny_config
@@ -78,7 +79,7 @@ def test_kept_states_give_what_the_frozen_blocks_give(model_type):
 
 
 def test_the_kept_files_do_not_depend_on_who_computed_them_or_in_what_order(tmp_path):
-    """Folds side by side begin at different places in their lists, and a fold finds what another kept: the files
+    """Folds side by side compute different shares of their lists first, and a fold finds what another kept: the files
     hold the same bytes whichever order computed them."""
     model = build_task_model(tiny_values("bert"), "binary", "mean")
     train_top_blocks(model.encoder, 1)
@@ -86,8 +87,8 @@ def test_the_kept_files_do_not_depend_on_who_computed_them_or_in_what_order(tmp_
     one.folder.mkdir()
     other.folder.mkdir()
     assert one.fill(model.encoder, SEQUENCES + SEQUENCES[:2], mx.float32) == 4  # (each distinct sequence once)
-    assert other.fill(model.encoder, SEQUENCES[2:], mx.float32, start=0.5) == 2
-    assert other.fill(model.encoder, SEQUENCES, mx.float32, start=0.75) == 2  # the two not kept yet
+    assert other.fill(model.encoder, SEQUENCES[2:], mx.float32, share=(1, 2)) == 2
+    assert other.fill(model.encoder, SEQUENCES, mx.float32, share=(2, 3)) == 2  # the two not kept yet
     for path in one.folder.iterdir():
         assert path.read_bytes() == (other.folder / path.name).read_bytes()
     assert model.training  # (fill computes in evaluation mode and leaves the mode as it was)
@@ -159,3 +160,44 @@ def test_a_resume_does_not_mix_kept_states_and_blocks_run_in_every_step(tmp_path
         check_kept_frozen_states(tmp_path, kept, False)
     with pytest.raises(KbertError, match="fold 1 trained with its frozen blocks run in every step"):
         check_kept_frozen_states(tmp_path, [types.SimpleNamespace(record={"fold": 0})], True)
+
+
+def test_folds_side_by_side_compute_their_own_share_of_the_sequences_first():
+    keys = [str(k) for k in range(7)]
+    assert first_share(keys, (0, 1)) == keys
+    assert first_share(keys, (0, 2)) == ["0", "2", "4", "6", "1", "3", "5"]
+    assert first_share(keys, (1, 2)) == ["1", "3", "5", "0", "2", "4", "6"]
+    assert first_share(keys, (2, 3))[:2] == ["2", "5"] and sorted(first_share(keys, (2, 3))) == keys
+
+
+def test_a_probe_prices_the_kept_states_once_and_times_the_steps_on_them(pretrained, tmp_path, monkeypatch):
+    """The probe trains its sample on kept states (the model started above the frozen blocks), times one sequence's
+    states and counts the run's distinct sequences; the run's estimate adds them once, shared by the folds side by
+    side; without kept states there is nothing of the kind."""
+    import kbert.pipeline.fold as fold
+    import kbert.pipeline.probe as probe
+
+    monkeypatch.setattr(probe, "cache_path", lambda: tmp_path / "probes.json")
+    seen = []
+    real_train_fold = fold.train_fold
+
+    def train_fold(model, data, *args, **kwargs):
+        seen.append((model.start_block, {t.ndim for t in data.train_tokens + data.valid_tokens}))
+        return real_train_fold(model, data, *args, **kwargs)
+
+    monkeypatch.setattr(fold, "train_fold", train_fold)
+    settings = dict(encoder=str(pretrained), train_top_layers=1, limit_rows=40, fold_processes=1)
+    kept = probe.probe_run(tiny_config("titanic", tmp_path / "kept", **settings), steps=2)
+    assert seen == [(2, {2})]  # (tokens x hidden states in place of token ids)
+    every_step = probe.probe_run(tiny_config("titanic", tmp_path / "every", frozen_states=False, **settings), steps=2)
+    assert seen[1:] == [(0, {1})]
+    assert every_step.states_s == every_step.sequences == every_step.states_seconds() == 0
+    assert kept.states_s > 0 and 1 < kept.sequences <= 40 + 418  # (the training rows kept and the test rows)
+    assert kept.run_seconds(3) - kept.run_seconds(2) == pytest.approx(kept.epoch_seconds() * 2)  # (2 folds, 1 wave)
+    assert kept.states_seconds() == pytest.approx(kept.sequences * kept.states_s)  # one fold at a time
+    assert dataclasses.replace(kept, at_once=2).states_seconds() == pytest.approx(kept.states_seconds() / 2)
+    assert kept.run_seconds(2) == pytest.approx(dataclasses.replace(kept, states_s=0.0).run_seconds(2)
+                                                + kept.states_seconds())
+    assert probe.read_cache()  # (and it is cached with its new figures)
+    assert probe.probe_run(tiny_config("titanic", tmp_path / "kept", **settings), steps=2) == dataclasses.replace(
+        kept, cached=True)

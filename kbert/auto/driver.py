@@ -385,7 +385,9 @@ def plan_run(auto: Auto, job: Job, settings: dict, members: int) -> Form | None:
     (and a skip that names every form tried) when none fits."""
     if settings.get("encoder") != STRONGEST_FITTING:
         form, tried = fitting_form(auto, job, settings, members)
-        return form if form is not None else skip_run(auto, job, settings, members, tried)
+        if form is None:
+            return skip_run(auto, job, settings, members, tried)
+        return replace(form, words=f"{job.why}: {form.words}") if job.why else form
     passed = []
     for encoder in job.encoders:
         form, tried = fitting_form(auto, job, {**settings, "encoder": encoder}, members)
@@ -436,8 +438,9 @@ def fitting_form(auto: Auto, job: Job, settings: dict, members: int) -> tuple[Fo
                               and least * probe.lengths[f"kept_p{q}"] <= free}, reverse=True)
         words = f"max length {config.train.max_length}"
         auto.log(f"probe {job.name} ({words}, {probe.at_once} folds side by side): a fold-epoch "
-                 f"~{probe.epoch_seconds() * correction:.1f}s" + (" (cached)" if probe.cached else
-                                                                   f", probed in {probe_s:.0f}s"))
+                 f"~{probe.epoch_seconds() * correction:.1f}s" + (
+                     f", the frozen blocks' states ~{probe.states_seconds() * correction:.0f}s once"
+                     if probe.sequences else "") + (" (cached)" if probe.cached else f", probed in {probe_s:.0f}s"))
         for epochs in range(config.train.epochs, LEAST_EPOCHS - 1, -1):
             seconds = probe.run_seconds(epochs) * correction
             if seconds <= free:
